@@ -1,0 +1,68 @@
+"""treestore: chunked, compressed, content-addressed checkpoints for JAX pytrees.
+
+>>> import numpy as np, treestore
+>>> _ = treestore.save("memory://doc/init", {"params": {"w": np.eye(2)}}, "step-1")
+>>> treestore.load("memory://doc/init")["params"]["w"]
+array([[1., 0.],
+       [0., 1.]])
+"""
+
+from ._address import format_address, parse_address
+from ._codecs import Codec
+from ._errors import (
+    CheckpointExistsError,
+    CheckpointNotFoundError,
+    ChunkCorruptError,
+    ChunkMissingError,
+    CorruptionError,
+    InvalidInputError,
+    ManifestCorruptError,
+    NoMatchError,
+    NotFoundError,
+    StorageError,
+    StoreBusyError,
+    StructureMismatchError,
+    TreestoreError,
+    UnsupportedFormatError,
+    UnsupportedKeyError,
+    UnsupportedLeafError,
+)
+from ._gc import GcReport
+from ._manifest import FORMAT_VERSION, ChunkRef, LeafEntry, Manifest
+from ._save import SaveOptions, SaveResult
+from ._store import CheckpointInfo, Store, load, save
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "FORMAT_VERSION",
+    "CheckpointExistsError",
+    "CheckpointInfo",
+    "CheckpointNotFoundError",
+    "ChunkCorruptError",
+    "ChunkMissingError",
+    "ChunkRef",
+    "Codec",
+    "CorruptionError",
+    "GcReport",
+    "InvalidInputError",
+    "LeafEntry",
+    "Manifest",
+    "ManifestCorruptError",
+    "NoMatchError",
+    "NotFoundError",
+    "SaveOptions",
+    "SaveResult",
+    "StorageError",
+    "Store",
+    "StoreBusyError",
+    "StructureMismatchError",
+    "TreestoreError",
+    "UnsupportedFormatError",
+    "UnsupportedKeyError",
+    "UnsupportedLeafError",
+    "format_address",
+    "load",
+    "parse_address",
+    "save",
+]

@@ -1,0 +1,100 @@
+"""The exception tree, grouped by what a caller does about the error.
+
+Every class derives from :class:`TreestoreError` and from the builtin that matches it, so
+``except KeyError`` or ``except ValueError`` keep working for callers who do not know treestore.
+Messages name the checkpoint and the address, what was expected and what was found.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class TreestoreError(Exception):
+    """Base class of every error treestore raises."""
+
+    def __init__(self, message: str, *, checkpoint: str | None = None, address: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.checkpoint = checkpoint
+        self.address = address
+
+    def __str__(self) -> str:  # KeyError would otherwise repr() the message
+        return self.message
+
+
+# --- not found: the caller asked for something that is not there -------------------------------
+class NotFoundError(TreestoreError, KeyError):
+    """Something named by the caller does not exist."""
+
+
+class CheckpointNotFoundError(NotFoundError):
+    """No committed checkpoint of that name (or no checkpoint at all) in the store."""
+
+
+class NoMatchError(NotFoundError):
+    """An address pattern matched no leaf of the checkpoint."""
+
+
+# --- the caller's input is wrong ------------------------------------------------------------------
+class InvalidInputError(TreestoreError, ValueError):
+    """An argument is invalid (a bad name, pattern, option, URL)."""
+
+
+class CheckpointExistsError(TreestoreError, FileExistsError):
+    """A checkpoint of that name is already committed and overwriting was not asked for."""
+
+
+class UnsupportedLeafError(TreestoreError, TypeError):
+    """A leaf of the tree has a type treestore cannot store."""
+
+
+class UnsupportedKeyError(TreestoreError, TypeError):
+    """A key of the tree (a dict key, a custom node's key entry) cannot become an address."""
+
+
+class StructureMismatchError(TreestoreError, ValueError):
+    """The stored tree does not match the structure the caller expected (``like=``).
+
+    ``problems`` lists every mismatch, one line each.
+    """
+
+    def __init__(self, problems: Sequence[str], *, checkpoint: str | None = None) -> None:
+        self.problems = tuple(problems)
+        where = f" in checkpoint {checkpoint!r}" if checkpoint else ""
+        lines = "\n  ".join(self.problems)
+        super().__init__(
+            f"{len(self.problems)} structure mismatch(es){where}:\n  {lines}",
+            checkpoint=checkpoint,
+        )
+
+
+# --- the store is damaged: data cannot be trusted -------------------------------------------------
+class CorruptionError(TreestoreError):
+    """Stored bytes do not match what the checkpoint promises."""
+
+
+class ChunkCorruptError(CorruptionError):
+    """A chunk's bytes do not hash to its digest, or do not decode to its declared size."""
+
+
+class ChunkMissingError(CorruptionError, NotFoundError):
+    """A chunk the checkpoint references is not in the store."""
+
+
+class ManifestCorruptError(CorruptionError):
+    """A manifest or commit record is truncated, garbage, or breaks the schema or its bounds."""
+
+
+# --- the store is fine but this version cannot read it --------------------------------------------
+class UnsupportedFormatError(TreestoreError):
+    """The store uses a format version, codec or dtype this version of treestore does not know."""
+
+
+# --- the storage underneath failed --------------------------------------------------------------
+class StorageError(TreestoreError, OSError):
+    """The filesystem failed (permission, network, a killed server). Retrying may succeed."""
+
+
+class StoreBusyError(StorageError):
+    """Another process holds the store for a conflicting operation (a save during gc)."""

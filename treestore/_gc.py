@@ -1,0 +1,162 @@
+"""Garbage collection by reachability, and the locks that keep it from racing saves.
+
+A save announces itself with a lock object before it looks for existing chunks, and removes it
+after its commit; gc announces itself the same way, then looks for save locks. Each side writes
+before it reads, so at least one sees the other: a save waits for a running gc, and gc defers while
+a save is in flight (SPEC.md, "Garbage collection"). Locks older than ``stale_after`` seconds are
+from dead processes and are ignored (and removed by gc).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import uuid
+from dataclasses import dataclass
+
+import msgpack
+
+from . import _layout
+from ._errors import StoreBusyError
+from ._storage import Storage
+
+STALE_AFTER = 3600.0
+GRACE = 600.0
+
+
+def _lock_record(kind: str) -> bytes:
+    return msgpack.packb(
+        {"kind": kind, "created": time.time(), "host": socket.gethostname(), "pid": os.getpid()}
+    )
+
+
+def _lock_time(storage: Storage, path: str, mtime: float | None) -> float:
+    data = storage.read(path, limit=4096)
+    try:
+        rec = msgpack.unpackb(data or b"", raw=False)
+        return float(rec["created"])
+    except Exception:
+        return mtime if mtime is not None else 0.0  # an unreadable lock ages by its mtime
+
+
+def live_locks(storage: Storage, kind: str, stale_after: float) -> list[str]:
+    now = time.time()
+    found = []
+    for obj in storage.list(_layout.LOCKS):
+        name = obj.path.rsplit("/", 1)[-1]
+        if name.startswith(kind + "-") and now - _lock_time(storage, obj.path, obj.mtime) < stale_after:
+            found.append(obj.path)
+    return found
+
+
+class Lock:
+    """A lock object of one kind ("save" or "gc"); a context manager that removes it on exit."""
+
+    def __init__(self, storage: Storage, kind: str) -> None:
+        self.storage = storage
+        self.path = f"{_layout.LOCKS}/{kind}-{uuid.uuid4().hex}"
+        self.kind = kind
+        self.written = time.monotonic()
+        storage.write(self.path, [_lock_record(kind)])
+
+    def refresh(self, stale_after: float) -> None:
+        """Rewrite the lock when a quarter of ``stale_after`` has passed, so it never goes stale."""
+        if time.monotonic() - self.written > stale_after / 4:
+            self.storage.write(self.path, [_lock_record(self.kind)])
+            self.written = time.monotonic()
+
+    def release(self) -> None:
+        self.storage.delete(self.path)
+
+    def __enter__(self) -> Lock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def save_lock(storage: Storage, *, stale_after: float = STALE_AFTER, timeout: float = 600.0) -> Lock:
+    """Announce a save, then wait (up to ``timeout``) for any running gc to finish."""
+    lock = Lock(storage, "save")
+    deadline = time.monotonic() + timeout
+    delay = 0.02
+    while live_locks(storage, "gc", stale_after):
+        if time.monotonic() > deadline:
+            lock.release()
+            raise StoreBusyError(f"{storage.url}: gc has held the store for over {timeout:.0f} s")
+        time.sleep(delay)
+        delay = min(delay * 2, 1.0)
+    return lock
+
+
+@dataclass(frozen=True)
+class GcReport:
+    """What a gc run removed (or, with ``dry_run``, would remove)."""
+
+    chunks_removed: int
+    bytes_freed: int
+    manifests_removed: int
+    locks_removed: int
+    kept_young: int  # unreferenced chunks kept because they are younger than the grace period
+    dry_run: bool
+
+
+def collect(
+    storage: Storage,
+    live_manifests: set[bytes],
+    live_chunks: set[bytes],
+    *,
+    grace: float,
+    stale_after: float,
+    dry_run: bool,
+) -> GcReport:
+    """Remove what no committed checkpoint references. Call it holding a gc lock, with the live
+    sets computed after the lock was taken."""
+    now = time.time()
+    doomed: list[str] = []
+    freed = young = 0
+    for obj in storage.list(_layout.CHUNKS):
+        d = _layout.digest_from_path(obj.path)
+        if d is None or d in live_chunks:
+            continue
+        if obj.mtime is None or now - obj.mtime < grace:
+            young += 1
+            continue
+        doomed.append(obj.path)
+        freed += obj.size
+    chunks = len(doomed)
+    manifests = 0
+    for obj in storage.list(_layout.MANIFESTS):
+        d = _layout.digest_from_path(obj.path)
+        if d is not None and d not in live_manifests and obj.mtime is not None and now - obj.mtime >= grace:
+            doomed.append(obj.path)
+            freed += obj.size
+            manifests += 1
+    locks = 0
+    for obj in storage.list(_layout.LOCKS):
+        if now - _lock_time(storage, obj.path, obj.mtime) >= stale_after:
+            doomed.append(obj.path)
+            locks += 1
+    if not dry_run:
+        storage.delete_many(doomed)
+    return GcReport(chunks, freed, manifests, locks, young, dry_run)
+
+
+def gc_lock(storage: Storage, *, stale_after: float, wait: float) -> Lock:
+    """Take the gc lock once no save is in flight; StoreBusyError after ``wait`` seconds."""
+    deadline = time.monotonic() + wait
+    delay = 0.05
+    while True:
+        lock = Lock(storage, "gc")
+        saves = live_locks(storage, "save", stale_after)
+        if not saves:
+            return lock
+        lock.release()
+        if time.monotonic() + delay > deadline:
+            raise StoreBusyError(
+                f"{storage.url}: {len(saves)} save(s) in flight; gc deferred "
+                f"(locks: {', '.join(saves)}; locks older than {stale_after:.0f} s are ignored)"
+            )
+        time.sleep(delay)
+        delay = min(delay * 2, 1.0)

@@ -1,0 +1,426 @@
+"""Manifests and commit records: schema, msgpack encoding, and strict validation with bounds.
+
+Everything read from a store passes through :func:`decode_manifest` or :func:`decode_ref`, which
+check every field's type, every size against its bound and against the other fields, before any
+other code sees it. A store can make them raise ManifestCorruptError or UnsupportedFormatError,
+nothing else.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import blake3
+import msgpack
+
+from ._address import Key, format_address, key_from_record, key_to_record
+from ._errors import (
+    InvalidInputError,
+    ManifestCorruptError,
+    TreestoreError,
+    UnsupportedFormatError,
+)
+from ._leaves import (
+    ARRAY_KINDS,
+    PRNG_IMPLS,
+    PY_KINDS,
+    dtype_from_name,
+    value_from_record,
+    value_to_record,
+)
+
+FORMAT_VERSION = 1
+MANIFEST_MAGIC = "treestore.manifest"
+REF_MAGIC = "treestore.checkpoint"
+MAX_MANIFEST_BYTES = 256 * 2**20
+MAX_REF_BYTES = 2 * 2**20
+MAX_METADATA_BYTES = 1 * 2**20
+MAX_CHUNK_BYTES = 256 * 2**20
+MAX_NDIM = 64
+MAX_DEPTH = 500
+DIGEST_BYTES = 32
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=+-]{0,199}\Z")
+
+
+def check_name(name: object) -> str:
+    """A checkpoint name: 1–200 characters of ``A-Z a-z 0-9 . _ = + -``, starting alphanumeric."""
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise InvalidInputError(
+            f"checkpoint name {name!r} is not valid: use 1-200 characters of letters, digits and "
+            "'._=+-', starting with a letter or digit"
+        )
+    return name
+
+
+def digest(data: Any) -> bytes:
+    """BLAKE3 of any buffer (bytes, memoryview, contiguous numpy array)."""
+    return blake3.blake3(data).digest()
+
+
+@dataclass(frozen=True)
+class ChunkRef:
+    """One chunk of a leaf: the BLAKE3 digest of its raw bytes, raw and stored sizes.
+
+    A small leaf lives inside a pack chunk: ``pack`` indexes the manifest's packs and ``offset``
+    is where the leaf's bytes start in the pack's raw bytes.
+    """
+
+    digest: bytes
+    size: int
+    stored: int
+    pack: int | None = None
+    offset: int = 0
+
+    def to_record(self) -> list[object]:
+        rec: list[object] = [self.digest, self.size, self.stored]
+        if self.pack is not None:
+            rec += [self.pack, self.offset]
+        return rec
+
+
+@dataclass(frozen=True)
+class LeafEntry:
+    """Everything the manifest says about one leaf."""
+
+    address: str
+    path: tuple[Key, ...]
+    kind: str
+    digest: bytes
+    dtype: str | None = None
+    shape: tuple[int, ...] | None = None
+    chunks: tuple[ChunkRef, ...] = ()
+    prng_impl: str | None = None
+    value: object = None
+
+    @property
+    def is_array(self) -> bool:
+        return self.kind in ARRAY_KINDS
+
+    @property
+    def nbytes(self) -> int:
+        return sum(c.size for c in self.chunks)
+
+    @property
+    def stored_bytes(self) -> int:
+        return sum(c.stored for c in self.chunks if c.pack is None)
+
+
+@dataclass(frozen=True)
+class Manifest:
+    name: str
+    created: float
+    tree: Any
+    leaves: tuple[LeafEntry, ...]
+    packs: tuple[ChunkRef, ...] = ()
+    metadata: Any = None
+    codec: dict[str, Any] = field(default_factory=dict)
+    chunk_size: int = 0
+    version: int = FORMAT_VERSION
+
+    def chunk_digests(self) -> set[bytes]:
+        """Every chunk object this checkpoint needs."""
+        found = {c.digest for leaf in self.leaves for c in leaf.chunks if c.pack is None}
+        found.update(p.digest for p in self.packs)
+        return found
+
+    @property
+    def nbytes(self) -> int:
+        return sum(leaf.nbytes for leaf in self.leaves)
+
+
+@dataclass(frozen=True)
+class Ref:
+    """The small commit record that makes a checkpoint visible."""
+
+    name: str
+    manifest: bytes  # digest of the manifest's bytes
+    manifest_size: int
+    created: float
+    metadata: Any = None
+    leaves: int = 0
+    nbytes: int = 0
+    version: int = FORMAT_VERSION
+
+
+# --- encoding ---------------------------------------------------------------------------------
+def leaf_to_record(leaf: LeafEntry) -> dict[str, object]:
+    rec: dict[str, object] = {
+        "address": leaf.address,
+        "path": [key_to_record(k) for k in leaf.path],
+        "kind": leaf.kind,
+        "digest": leaf.digest,
+    }
+    if leaf.is_array:
+        assert leaf.shape is not None
+        rec["dtype"] = leaf.dtype
+        rec["shape"] = list(leaf.shape)
+        rec["chunks"] = [c.to_record() for c in leaf.chunks]
+        if leaf.prng_impl is not None:
+            rec["prng_impl"] = leaf.prng_impl
+    else:
+        rec["value"] = value_to_record(leaf.kind, leaf.value)
+    return rec
+
+
+def _pack(obj: object) -> bytes:
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+def check_metadata(metadata: object) -> bytes:
+    """User metadata must encode as msgpack (str keys, plain values) within 1 MiB."""
+    try:
+        data = _pack(metadata)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise InvalidInputError(
+            f"metadata must be plain data (dict, list, str, int, float, bool, bytes, None): {exc}"
+        ) from None
+    if len(data) > MAX_METADATA_BYTES:
+        raise InvalidInputError(f"metadata is {len(data)} bytes encoded, over the 1 MiB limit")
+    return data
+
+
+def encode_manifest(m: Manifest) -> bytes:
+    return _pack(
+        {
+            "format": MANIFEST_MAGIC,
+            "version": m.version,
+            "name": m.name,
+            "created": m.created,
+            "metadata": m.metadata,
+            "codec": m.codec,
+            "chunk_size": m.chunk_size,
+            "tree": m.tree,
+            "packs": [p.to_record() for p in m.packs],
+            "leaves": [leaf_to_record(leaf) for leaf in m.leaves],
+        }
+    )
+
+
+def encode_ref(r: Ref) -> bytes:
+    return _pack(
+        {
+            "format": REF_MAGIC,
+            "version": r.version,
+            "name": r.name,
+            "manifest": r.manifest,
+            "manifest_size": r.manifest_size,
+            "created": r.created,
+            "metadata": r.metadata,
+            "leaves": r.leaves,
+            "nbytes": r.nbytes,
+        }
+    )
+
+
+# --- decoding and validation ------------------------------------------------------------------
+class _Bad(Exception):
+    """Internal: a schema violation, turned into ManifestCorruptError with context."""
+
+
+def _get(rec: dict[str, Any], key: str, *types: type) -> Any:
+    if key not in rec:
+        raise _Bad(f"missing field {key!r}")
+    value = rec[key]
+    if types and not (type(value) in types or (float in types and type(value) is int)):
+        raise _Bad(
+            f"field {key!r} should be {'/'.join(t.__name__ for t in types)}, found {type(value).__name__}"
+        )
+    return value
+
+
+def _count(value: object, what: str, limit: int = 2**62) -> int:
+    if type(value) is not int or not 0 <= value <= limit:
+        raise _Bad(f"{what} should be an integer in [0, {limit}], found {value!r}")
+    return value
+
+
+def _unpack(data: bytes, what: str, checkpoint: str | None) -> dict[str, Any]:
+    try:
+        obj = msgpack.unpackb(data, raw=False, strict_map_key=True)
+    except Exception as exc:  # msgpack raises several unrelated types on garbage
+        raise ManifestCorruptError(
+            f"{what} is not valid msgpack ({type(exc).__name__}: {exc})", checkpoint=checkpoint
+        ) from None
+    if not isinstance(obj, dict):
+        raise ManifestCorruptError(f"{what} is not a map", checkpoint=checkpoint)
+    return obj
+
+
+def _check_version(rec: dict[str, Any], magic: str, what: str, checkpoint: str | None) -> int:
+    if rec.get("format") != magic:
+        raise ManifestCorruptError(
+            f"{what} has format {rec.get('format')!r}, expected {magic!r}", checkpoint=checkpoint
+        )
+    version = rec.get("version")
+    if type(version) is not int:
+        raise ManifestCorruptError(f"{what} has no integer version", checkpoint=checkpoint)
+    if version > FORMAT_VERSION or version < 1:
+        raise UnsupportedFormatError(
+            f"{what} has format version {version}; this treestore reads versions 1 to "
+            f"{FORMAT_VERSION} — upgrade treestore to read it",
+            checkpoint=checkpoint,
+        )
+    return version
+
+
+def decode_ref(data: bytes, name: str) -> Ref:
+    what = f"commit record of checkpoint {name!r}"
+    if len(data) > MAX_REF_BYTES:
+        raise ManifestCorruptError(f"{what} is {len(data)} bytes, over its limit", checkpoint=name)
+    rec = _unpack(data, what, name)
+    version = _check_version(rec, REF_MAGIC, what, name)
+    try:
+        if _get(rec, "name", str) != name:
+            raise _Bad(f"names checkpoint {rec['name']!r}")
+        manifest = _get(rec, "manifest", bytes)
+        if len(manifest) != DIGEST_BYTES:
+            raise _Bad("manifest digest has the wrong length")
+        return Ref(
+            name=name,
+            manifest=manifest,
+            manifest_size=_count(rec.get("manifest_size"), "manifest_size", MAX_MANIFEST_BYTES),
+            created=float(_get(rec, "created", float)),
+            metadata=rec.get("metadata"),
+            leaves=_count(rec.get("leaves", 0), "leaves"),
+            nbytes=_count(rec.get("nbytes", 0), "nbytes"),
+            version=version,
+        )
+    except _Bad as exc:
+        raise ManifestCorruptError(f"{what}: {exc}", checkpoint=name) from None
+
+
+def _chunk(rec: object, npacks: int) -> ChunkRef:
+    if not isinstance(rec, list) or len(rec) not in (3, 5):
+        raise _Bad(f"chunk reference should be a list of 3 or 5, found {rec!r:.80}")
+    d = rec[0]
+    if type(d) is not bytes or len(d) != DIGEST_BYTES:
+        raise _Bad("chunk digest should be 32 bytes")
+    size = _count(rec[1], "chunk size", MAX_CHUNK_BYTES)
+    stored = _count(rec[2], "stored chunk size", MAX_CHUNK_BYTES + 4096)
+    if len(rec) == 3:
+        return ChunkRef(d, size, stored)
+    pack = _count(rec[3], "pack index", max(npacks - 1, 0))
+    if pack >= npacks:
+        raise _Bad(f"pack index {pack} is out of range ({npacks} packs)")
+    return ChunkRef(d, size, stored, pack, _count(rec[4], "pack offset", MAX_CHUNK_BYTES))
+
+
+def _leaf(rec: object, packs: tuple[ChunkRef, ...]) -> LeafEntry:
+    if not isinstance(rec, dict):
+        raise _Bad("leaf entry is not a map")
+    address = _get(rec, "address", str)
+    try:
+        try:
+            path = tuple(key_from_record(k) for k in _get(rec, "path", list))
+            if format_address(path) != address:
+                raise _Bad(f"path does not match address {address!r}")
+        except TreestoreError as exc:
+            raise _Bad(f"bad path: {exc}") from None
+        kind = _get(rec, "kind", str)
+        leaf_digest = _get(rec, "digest", bytes)
+        if len(leaf_digest) != DIGEST_BYTES:
+            raise _Bad("leaf digest should be 32 bytes")
+        if kind in PY_KINDS.values():
+            try:
+                value = value_from_record(kind, rec.get("value"))
+            except ValueError as exc:
+                raise _Bad(str(exc)) from None
+            return LeafEntry(address, path, kind, leaf_digest, value=value)
+        if kind not in ARRAY_KINDS:
+            raise UnsupportedFormatError(f"{address or '(root)'}: unknown leaf kind {kind!r}")
+        dtype = dtype_from_name(_get(rec, "dtype", str), address=address)
+        shape_rec = _get(rec, "shape", list)
+        if len(shape_rec) > MAX_NDIM:
+            raise _Bad(f"{len(shape_rec)} dimensions, over the limit of {MAX_NDIM}")
+        shape = tuple(_count(n, "dimension", 2**48) for n in shape_rec)
+        chunks = tuple(_chunk(c, len(packs)) for c in _get(rec, "chunks", list))
+        expected = math.prod(shape) * dtype.itemsize
+        if sum(c.size for c in chunks) != expected:
+            raise _Bad(
+                f"shape {shape} of {dtype.name} needs {expected} bytes, chunks hold "
+                f"{sum(c.size for c in chunks)}"
+            )
+        for c in chunks:
+            if c.pack is not None and c.offset + c.size > packs[c.pack].size:
+                raise _Bad(f"bytes {c.offset}..{c.offset + c.size} lie outside pack {c.pack}")
+        impl = rec.get("prng_impl")
+        if kind == "prng_key" and impl not in PRNG_IMPLS:
+            raise UnsupportedFormatError(f"{address or '(root)'}: unknown PRNG impl {impl!r}")
+        return LeafEntry(address, path, kind, leaf_digest, dtype.name, shape, chunks, impl)
+    except _Bad as exc:
+        raise _Bad(f"leaf {address or '(root)'}: {exc}") from None
+    except UnsupportedFormatError as exc:
+        exc.address = address
+        raise
+
+
+def _check_tree(node: object, nleaves: int, seen: set[int], depth: int = 0) -> None:
+    if depth > MAX_DEPTH:
+        raise _Bad(f"tree is nested deeper than {MAX_DEPTH}")
+    if not isinstance(node, dict):
+        raise _Bad("tree node is not a map")
+    kind = _get(node, "type", str)
+    if kind == "leaf":
+        i = _count(node.get("leaf"), "leaf index", nleaves - 1)
+        if i in seen:
+            raise _Bad(f"leaf {i} appears twice in the tree")
+        seen.add(i)
+        return
+    if kind == "none":
+        return
+    if kind not in ("dict", "list", "tuple", "namedtuple", "ordereddict", "custom"):
+        raise UnsupportedFormatError(f"unknown tree node type {kind!r}")
+    children = _get(node, "children", list)
+    if kind != "list" and kind != "tuple":
+        keys = _get(node, "keys", list)
+        if len(keys) != len(children):
+            raise _Bad(f"{kind} node has {len(keys)} keys for {len(children)} children")
+        try:
+            [key_from_record(k) for k in keys]
+        except TreestoreError as exc:
+            raise _Bad(f"bad key in {kind} node: {exc}") from None
+        if kind in ("namedtuple", "custom"):
+            _get(node, "name", str)
+    for child in children:
+        _check_tree(child, nleaves, seen, depth + 1)
+
+
+def decode_manifest(data: bytes, checkpoint: str) -> Manifest:
+    what = f"manifest of checkpoint {checkpoint!r}"
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise ManifestCorruptError(f"{what} is over its size limit", checkpoint=checkpoint)
+    rec = _unpack(data, what, checkpoint)
+    version = _check_version(rec, MANIFEST_MAGIC, what, checkpoint)
+    try:
+        packs = tuple(_chunk(p, 0) for p in _get(rec, "packs", list))
+        leaves = tuple(_leaf(x, packs) for x in _get(rec, "leaves", list))
+        addresses = [leaf.address for leaf in leaves]
+        if len(set(addresses)) != len(addresses):
+            raise _Bad("two leaves share an address")
+        tree = _get(rec, "tree", dict)
+        seen: set[int] = set()
+        _check_tree(tree, len(leaves), seen)
+        if len(seen) != len(leaves):
+            raise _Bad(f"tree references {len(seen)} of {len(leaves)} leaves")
+        codec = _get(rec, "codec", dict)
+        return Manifest(
+            name=_get(rec, "name", str),
+            created=float(_get(rec, "created", float)),
+            tree=tree,
+            leaves=leaves,
+            packs=packs,
+            metadata=rec.get("metadata"),
+            codec=codec,
+            chunk_size=_count(rec.get("chunk_size"), "chunk_size", MAX_CHUNK_BYTES),
+            version=version,
+        )
+    except _Bad as exc:
+        raise ManifestCorruptError(f"{what}: {exc}", checkpoint=checkpoint) from None
+    except (UnsupportedFormatError, ManifestCorruptError) as exc:
+        exc.checkpoint = checkpoint
+        exc.message = f"{what}: {exc.message}"
+        exc.args = (exc.message,)
+        raise

@@ -1,0 +1,189 @@
+"""Reading: commit records, manifests, and chunks, each verified before use."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from . import _layout
+from ._codecs import HEADER, decode_into
+from ._errors import (
+    CheckpointNotFoundError,
+    ChunkCorruptError,
+    ChunkMissingError,
+    ManifestCorruptError,
+    TreestoreError,
+)
+from ._leaves import dtype_from_name
+from ._manifest import (
+    MAX_MANIFEST_BYTES,
+    MAX_REF_BYTES,
+    ChunkRef,
+    LeafEntry,
+    Manifest,
+    Ref,
+    check_name,
+    decode_manifest,
+    decode_ref,
+    digest,
+)
+from ._storage import Storage
+
+_SLACK = HEADER.size + 8 * 8 + 64  # the most a chunk object may exceed its raw size
+
+
+def read_ref(storage: Storage, name: str) -> Ref:
+    check_name(name)
+    data = storage.read_range(_layout.ref_path(name), 0, MAX_REF_BYTES + 1)
+    if data is None:
+        raise CheckpointNotFoundError(f"no checkpoint {name!r} in {storage.url}", checkpoint=name)
+    return decode_ref(data, name)
+
+
+def checkpoint_names(storage: Storage) -> list[str]:
+    """Names of the committed checkpoints (names that are not valid checkpoint names are ignored)."""
+    names = []
+    for obj in storage.list(_layout.CHECKPOINTS):
+        name = obj.path.rsplit("/", 1)[-1]
+        try:
+            names.append(check_name(name))
+        except TreestoreError:
+            continue
+    return names
+
+
+def newest_ref(storage: Storage) -> Ref:
+    refs = [read_ref(storage, n) for n in checkpoint_names(storage)]
+    if not refs:
+        raise CheckpointNotFoundError(f"no checkpoints in {storage.url}")
+    return max(refs, key=lambda r: (r.created, r.name))
+
+
+def read_manifest(storage: Storage, ref: Ref) -> Manifest:
+    path = _layout.manifest_path(ref.manifest)
+    data = storage.read_range(path, 0, min(ref.manifest_size, MAX_MANIFEST_BYTES) + 1)
+    if data is None:
+        raise ManifestCorruptError(
+            f"manifest of checkpoint {ref.name!r} is missing from {storage.url}",
+            checkpoint=ref.name,
+        )
+    if len(data) != ref.manifest_size or digest(data) != ref.manifest:
+        raise ManifestCorruptError(
+            f"manifest of checkpoint {ref.name!r} does not match its digest "
+            f"({len(data)} bytes read, {ref.manifest_size} expected)",
+            checkpoint=ref.name,
+        )
+    manifest = decode_manifest(data, ref.name)
+    if manifest.name != ref.name:
+        raise ManifestCorruptError(
+            f"manifest of checkpoint {ref.name!r} names checkpoint {manifest.name!r}",
+            checkpoint=ref.name,
+        )
+    return manifest
+
+
+class ChunkReader:
+    """Reads, decodes and verifies the chunks of one checkpoint; packs are read once."""
+
+    def __init__(self, storage: Storage, manifest: Manifest) -> None:
+        self.storage = storage
+        self.manifest = manifest
+        self._packs: dict[int, cf.Future[np.ndarray[Any, Any]]] = {}
+        self._lock = threading.Lock()
+        self.bytes_read = 0
+
+    def _fail(self, cls: type[TreestoreError], address: str, c: ChunkRef, problem: str) -> TreestoreError:
+        return cls(
+            f"{address or '(root)'}: chunk {c.digest.hex()[:16]} {problem} "
+            f"in checkpoint {self.manifest.name!r} of {self.storage.url}",
+            checkpoint=self.manifest.name,
+            address=address,
+        )
+
+    def _object(self, c: ChunkRef, address: str) -> bytes:
+        data = self.storage.read_range(_layout.chunk_path(c.digest), 0, c.size + _SLACK + 1)
+        if data is None:
+            raise self._fail(ChunkMissingError, address, c, "is missing")
+        with self._lock:
+            self.bytes_read += len(data)
+        if len(data) > c.size + _SLACK:
+            raise self._fail(ChunkCorruptError, address, c, "is larger than its raw size allows")
+        return data
+
+    def read_into(self, c: ChunkRef, out: np.ndarray[Any, Any], address: str) -> None:
+        """Decode the (non-packed) chunk ``c`` into ``out`` (uint8, c.size) and verify it."""
+        try:
+            decode_into(self._object(c, address), out)
+        except ChunkCorruptError as exc:
+            raise self._fail(ChunkCorruptError, address, c, str(exc)) from None
+        if digest(out) != c.digest:
+            raise self._fail(ChunkCorruptError, address, c, "does not match its digest")
+
+    def _pack(self, index: int, address: str) -> np.ndarray[Any, Any]:
+        with self._lock:
+            fut = self._packs.get(index)
+            owner = fut is None
+            if fut is None:
+                fut = self._packs[index] = cf.Future()
+        if owner:
+            try:
+                c = self.manifest.packs[index]
+                buf = np.empty(c.size, np.uint8)
+                self.read_into(c, buf, address)
+                fut.set_result(buf)
+            except BaseException as exc:
+                fut.set_exception(exc)
+                with self._lock:  # let a later reader retry and name its own address
+                    self._packs.pop(index, None)
+                raise
+        return fut.result()
+
+    def read_leaf_chunk(self, c: ChunkRef, out: np.ndarray[Any, Any], address: str) -> None:
+        if c.pack is None:
+            self.read_into(c, out, address)
+            return
+        pack = self._pack(c.pack, address)
+        part = pack[c.offset : c.offset + c.size]
+        if digest(part) != c.digest:
+            raise self._fail(ChunkCorruptError, address, c, "does not match its digest")
+        out[:] = part
+
+
+def read_arrays(
+    storage: Storage,
+    manifest: Manifest,
+    entries: Iterable[LeafEntry],
+    *,
+    threads: int,
+    reader: ChunkReader | None = None,
+) -> dict[str, np.ndarray[Any, Any]]:
+    """The host arrays of the given array leaves, every chunk verified."""
+    reader = reader or ChunkReader(storage, manifest)
+    out: dict[str, np.ndarray[Any, Any]] = {}
+    jobs: list[tuple[ChunkRef, np.ndarray[Any, Any], str]] = []
+    for entry in entries:
+        assert entry.shape is not None
+        array = np.empty(entry.shape, dtype_from_name(entry.dtype, address=entry.address))
+        flat = array.reshape(-1).view(np.uint8)
+        at = 0
+        for c in entry.chunks:
+            jobs.append((c, flat[at : at + c.size], entry.address))
+            at += c.size
+        out[entry.address] = array
+    if len(jobs) <= 1 or threads <= 1:
+        for job in jobs:
+            reader.read_leaf_chunk(*job)
+        return out
+    with cf.ThreadPoolExecutor(threads) as pool:
+        futures = [pool.submit(reader.read_leaf_chunk, *job) for job in jobs]
+        try:
+            for f in futures:
+                f.result()
+        except BaseException:
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+    return out

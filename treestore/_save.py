@@ -1,0 +1,275 @@
+"""Saving: tree -> leaves -> chunks (hashed, deduplicated, compressed, written) -> manifest -> commit.
+
+:func:`prepare` does everything that must happen before the caller may touch its tree again (it
+validates every leaf and key and copies device arrays to host); :func:`write` does the rest and can
+run in the background. Commit order: chunks, then the manifest, then the commit record.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from . import _gc, _layout
+from ._address import KeyPath, format_address
+from ._codecs import Codec, encode, plane_width
+from ._errors import CheckpointExistsError, InvalidInputError
+from ._leaves import ArrayLeaf, Leaf, ValueLeaf, prepare_leaf, value_to_record
+from ._manifest import (
+    ChunkRef,
+    LeafEntry,
+    Manifest,
+    Ref,
+    check_metadata,
+    check_name,
+    digest,
+    encode_manifest,
+    encode_ref,
+)
+from ._storage import Storage
+from ._structure import flatten
+
+MiB = 2**20
+
+
+@dataclass(frozen=True)
+class SaveOptions:
+    """Tuning for saves; the defaults suit model weights on local disks and object stores."""
+
+    codec: Codec = field(default_factory=Codec)
+    chunk_size: int = 4 * MiB  # big leaves are cut into chunks of about this many raw bytes
+    small_leaf: int = 64 * 1024  # leaves under this many bytes are packed together
+    pack_size: int = 1 * MiB  # raw bytes per pack of small leaves
+    threads: int = max(4, 2 * (os.cpu_count() or 2))
+
+    def __post_init__(self) -> None:
+        if not 4096 <= self.chunk_size <= 256 * MiB:
+            raise InvalidInputError(f"chunk_size must be between 4 KiB and 256 MiB, got {self.chunk_size}")
+        if not 0 <= self.small_leaf <= self.chunk_size:
+            raise InvalidInputError("small_leaf must be between 0 and chunk_size")
+        if not self.small_leaf <= self.pack_size <= 256 * MiB:
+            raise InvalidInputError("pack_size must be between small_leaf and 256 MiB")
+        if not 1 <= self.threads <= 256:
+            raise InvalidInputError(f"threads must be between 1 and 256, got {self.threads}")
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A tree ready to write: its node record and its leaves, on host."""
+
+    tree: dict[str, Any]
+    leaves: tuple[tuple[KeyPath, str, Leaf], ...]
+
+
+@dataclass(frozen=True)
+class SaveResult:
+    """What a save did: how much it stored and how much it found already in the store."""
+
+    name: str
+    leaves: int
+    nbytes: int  # raw bytes of all array leaves
+    chunks_written: int
+    bytes_written: int  # stored bytes of the chunks this save wrote
+    chunks_reused: int  # chunks that were already in the store (deduplicated)
+
+
+def prepare(tree: Any) -> Prepared:
+    """Validate every key and leaf and copy device arrays to host; raises before any write."""
+    leaves: list[tuple[KeyPath, str, Leaf]] = []
+
+    def visit(path: KeyPath, value: Any) -> int:
+        address = format_address(path)
+        leaves.append((path, address, prepare_leaf(value, address)))
+        return len(leaves) - 1
+
+    return Prepared(flatten(tree, visit), tuple(leaves))
+
+
+class _ChunkWriter:
+    """Hashes, deduplicates, encodes and writes chunks; safe to call from many threads."""
+
+    def __init__(self, storage: Storage, codec: Codec) -> None:
+        self.storage = storage
+        self.codec = codec
+        self._lock = threading.Lock()
+        self._claimed: dict[bytes, cf.Future[int]] = {}
+        self.written = self.written_bytes = self.reused = 0
+
+    def put(self, raw: np.ndarray[Any, Any], width: int) -> ChunkRef:
+        d = digest(raw)
+        with self._lock:
+            fut = self._claimed.get(d)
+            owner = fut is None
+            if fut is None:
+                fut = self._claimed[d] = cf.Future()
+        if not owner:
+            return ChunkRef(d, raw.nbytes, fut.result())
+        try:
+            path = _layout.chunk_path(d)
+            stored = self.storage.size(path)
+            if stored is None:
+                buffers = encode(raw, width, self.codec)
+                self.storage.write(path, buffers)
+                stored = sum(len(b) for b in buffers)
+                with self._lock:
+                    self.written += 1
+                    self.written_bytes += stored
+            else:
+                with self._lock:
+                    self.reused += 1
+            fut.set_result(stored)
+        except BaseException as exc:
+            fut.set_exception(exc)
+            raise
+        return ChunkRef(d, raw.nbytes, stored)
+
+
+def _leaf_digest(leaf: Leaf, chunks: list[ChunkRef]) -> bytes:
+    if isinstance(leaf, ValueLeaf):
+        return digest(msgpack.packb([leaf.kind, value_to_record(leaf.kind, leaf.value)], use_bin_type=True))
+    record = [leaf.dtype, list(leaf.shape), leaf.prng_impl, [c.digest for c in chunks]]
+    return digest(msgpack.packb(record, use_bin_type=True))
+
+
+def _plan_chunks(
+    leaf: ArrayLeaf, options: SaveOptions, submit: Callable[..., cf.Future[ChunkRef]]
+) -> list[cf.Future[ChunkRef]]:
+    raw = leaf.data.reshape(-1).view(np.uint8)
+    width = plane_width(leaf.data.dtype)
+    step = max(
+        leaf.data.dtype.itemsize,
+        options.chunk_size // leaf.data.dtype.itemsize * leaf.data.dtype.itemsize,
+    )
+    return [submit(raw[i : i + step], width) for i in range(0, raw.nbytes, step)]
+
+
+def write(
+    storage: Storage,
+    prepared: Prepared,
+    name: str,
+    *,
+    metadata: Any = None,
+    options: SaveOptions = SaveOptions(),
+    overwrite: bool = False,
+    on_chunk: Callable[[int], None] | None = None,
+) -> SaveResult:
+    """Write ``prepared`` as checkpoint ``name`` and commit it; on any failure nothing is visible."""
+    check_name(name)
+    check_metadata(metadata)
+    ref_path = _layout.ref_path(name)
+    if not overwrite and storage.exists(ref_path):
+        raise CheckpointExistsError(
+            f"checkpoint {name!r} already exists in {storage.url}; pass overwrite=True to replace it",
+            checkpoint=name,
+        )
+    writer = _ChunkWriter(storage, options.codec)
+    with _gc.save_lock(storage) as lock, cf.ThreadPoolExecutor(options.threads) as pool:
+
+        def submit(raw: np.ndarray[Any, Any], width: int) -> cf.Future[ChunkRef]:
+            fut = pool.submit(writer.put, raw, width)
+            if on_chunk is not None:
+                fut.add_done_callback(lambda f: f.exception() or on_chunk(raw.nbytes))
+            return fut
+
+        try:
+            entries, packs = _write_leaves(prepared, options, submit, lock)
+        except BaseException:
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+        storage.sync()
+        now = time.time()
+        manifest = Manifest(
+            name=name,
+            created=now,
+            tree=prepared.tree,
+            leaves=tuple(entries),
+            packs=tuple(packs),
+            metadata=metadata,
+            codec=options.codec.to_record(),
+            chunk_size=options.chunk_size,
+        )
+        data = encode_manifest(manifest)
+        mdigest = digest(data)
+        mpath = _layout.manifest_path(mdigest)
+        if storage.size(mpath) != len(data):
+            storage.write(mpath, [data])
+        storage.sync()
+        ref = encode_ref(Ref(name, mdigest, len(data), now, metadata, len(entries), manifest.nbytes))
+        if overwrite:
+            storage.write(ref_path, [ref])
+        elif not storage.write_new(ref_path, ref):
+            raise CheckpointExistsError(
+                f"checkpoint {name!r} was committed by another writer during this save",
+                checkpoint=name,
+            )
+        storage.sync()
+    return SaveResult(
+        name, len(entries), manifest.nbytes, writer.written, writer.written_bytes, writer.reused
+    )
+
+
+def _write_leaves(
+    prepared: Prepared,
+    options: SaveOptions,
+    submit: Callable[..., cf.Future[ChunkRef]],
+    lock: _gc.Lock,
+) -> tuple[list[LeafEntry], list[ChunkRef]]:
+    pending: list[tuple[KeyPath, str, Leaf, Any]] = []
+    pack_futures: list[cf.Future[ChunkRef]] = []
+    pack_parts: list[np.ndarray[Any, Any]] = []
+    pack_fill = 0
+
+    def flush_pack() -> None:
+        nonlocal pack_parts, pack_fill
+        if pack_parts:
+            pack_futures.append(submit(np.concatenate(pack_parts), 0))
+            pack_parts, pack_fill = [], 0
+
+    for path, address, leaf in prepared.leaves:
+        if isinstance(leaf, ValueLeaf):
+            pending.append((path, address, leaf, None))
+            continue
+        raw = leaf.data.reshape(-1).view(np.uint8)
+        if raw.nbytes == 0:
+            pending.append((path, address, leaf, []))
+        elif raw.nbytes < options.small_leaf:
+            if pack_fill + raw.nbytes > options.pack_size:
+                flush_pack()
+            ref = ChunkRef(digest(raw), raw.nbytes, 0, len(pack_futures), pack_fill)
+            pack_parts.append(raw)
+            pack_fill += raw.nbytes
+            pending.append((path, address, leaf, [ref]))
+        else:
+            pending.append((path, address, leaf, _plan_chunks(leaf, options, submit)))
+    flush_pack()
+
+    entries = []
+    for path, address, leaf, chunk_plan in pending:
+        lock.refresh(_gc.STALE_AFTER)
+        if isinstance(leaf, ValueLeaf):
+            entries.append(LeafEntry(address, path, leaf.kind, _leaf_digest(leaf, []), value=leaf.value))
+            continue
+        assert isinstance(leaf, ArrayLeaf)
+        chunks = [c if isinstance(c, ChunkRef) else c.result() for c in chunk_plan]
+        entries.append(
+            LeafEntry(
+                address,
+                path,
+                leaf.kind,
+                _leaf_digest(leaf, chunks),
+                leaf.dtype,
+                leaf.shape,
+                tuple(chunks),
+                leaf.prng_impl,
+            )
+        )
+    packs = [f.result() for f in pack_futures]
+    return entries, packs

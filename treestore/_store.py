@@ -1,0 +1,268 @@
+"""The public entry points: :class:`Store`, :func:`save` and :func:`load`."""
+
+from __future__ import annotations
+
+import builtins
+import difflib
+import fnmatch
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+
+from . import _gc, _layout, _read, _save, _template
+from ._codecs import Codec
+from ._errors import InvalidInputError, NoMatchError
+from ._leaves import restore_array
+from ._manifest import LeafEntry, Manifest, check_name
+from ._storage import Storage, open_storage
+from ._structure import rebuild
+
+Patterns = str | Sequence[str] | None
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """A committed checkpoint as listed by :meth:`Store.list`."""
+
+    name: str
+    created: float  # seconds since the epoch
+    leaves: int
+    nbytes: int  # raw bytes of its array leaves
+    metadata: Any
+
+
+def _patterns(select: Patterns) -> tuple[str, ...] | None:
+    if select is None:
+        return None
+    pats = (select,) if isinstance(select, str) else tuple(select)
+    if not pats or not all(isinstance(p, str) for p in pats):
+        raise InvalidInputError(f"select must be a pattern or a list of patterns, got {select!r}")
+    return pats
+
+
+def select_entries(manifest: Manifest, select: Patterns) -> list[LeafEntry]:
+    """The leaves whose addresses match any pattern (glob: ``*``, ``?``, ``[...]``); every
+    pattern must match something, else NoMatchError names the nearest addresses."""
+    pats = _patterns(select)
+    if pats is None:
+        return list(manifest.leaves)
+    addresses = [e.address for e in manifest.leaves]
+    for p in pats:
+        if not any(fnmatch.fnmatchcase(a, p) for a in addresses):
+            near = difflib.get_close_matches(p, addresses, n=5, cutoff=0.3) or addresses[:5]
+            raise NoMatchError(
+                f"pattern {p!r} matches no leaf of checkpoint {manifest.name!r}; "
+                f"nearest addresses: {', '.join(repr(a) for a in near)}",
+                checkpoint=manifest.name,
+            )
+    return [e for e in manifest.leaves if any(fnmatch.fnmatchcase(e.address, p) for p in pats)]
+
+
+class Store:
+    """A store of checkpoints at a URL (a local path or any fsspec URL).
+
+    >>> import numpy as np, treestore
+    >>> store = treestore.Store("memory://doc/store")
+    >>> _ = store.save({"w": np.ones(3, np.float32), "step": 1}, "step-1")
+    >>> [c.name for c in store.list()]
+    ['step-1']
+    >>> store.load("step-1")
+    {'step': 1, 'w': array([1., 1., 1.], dtype=float32)}
+    """
+
+    def __init__(self, url: str | os.PathLike[str], **storage_options: Any) -> None:
+        self.storage: Storage = open_storage(os.fspath(url), storage_options)
+        self.url = self.storage.url
+
+    def __repr__(self) -> str:
+        return f"Store({self.url!r})"
+
+    # -- writing -----------------------------------------------------------------------------
+    def save(
+        self,
+        tree: Any,
+        name: str,
+        *,
+        metadata: Any = None,
+        overwrite: bool = False,
+        codec: Codec | None = None,
+        options: _save.SaveOptions | None = None,
+    ) -> _save.SaveResult:
+        """Save ``tree`` as checkpoint ``name``; raises before writing anything if a leaf or key
+        is unsupported, and leaves nothing visible if the save fails."""
+        options = options or _save.SaveOptions()
+        if codec is not None:
+            options = _save.SaveOptions(
+                codec, options.chunk_size, options.small_leaf, options.pack_size, options.threads
+            )
+        check_name(name)
+        prepared = _save.prepare(tree)
+        return _save.write(
+            self.storage, prepared, name, metadata=metadata, options=options, overwrite=overwrite
+        )
+
+    def delete(self, name: str) -> None:
+        """Remove checkpoint ``name`` (its commit record); :meth:`gc` frees its chunks."""
+        _read.read_ref(self.storage, name)  # CheckpointNotFoundError when absent
+        self.storage.delete(_layout.ref_path(name))
+
+    def gc(
+        self,
+        *,
+        grace: float = _gc.GRACE,
+        dry_run: bool = False,
+        wait: float = 0.0,
+        stale_after: float = _gc.STALE_AFTER,
+    ) -> _gc.GcReport:
+        """Remove chunks and manifests no committed checkpoint references.
+
+        Unreferenced chunks younger than ``grace`` seconds are kept; gc waits up to ``wait``
+        seconds for saves in flight, then raises StoreBusyError.
+        """
+        with _gc.gc_lock(self.storage, stale_after=stale_after, wait=wait):
+            live_manifests: set[bytes] = set()
+            live_chunks: set[bytes] = set()
+            for name in _read.checkpoint_names(self.storage):
+                ref = _read.read_ref(self.storage, name)
+                live_manifests.add(ref.manifest)
+                live_chunks |= _read.read_manifest(self.storage, ref).chunk_digests()
+            return _gc.collect(
+                self.storage,
+                live_manifests,
+                live_chunks,
+                grace=grace,
+                stale_after=stale_after,
+                dry_run=dry_run,
+            )
+
+    # -- reading -----------------------------------------------------------------------------
+    def list(self) -> list[CheckpointInfo]:
+        """Committed checkpoints, oldest first."""
+        refs = [_read.read_ref(self.storage, n) for n in _read.checkpoint_names(self.storage)]
+        refs.sort(key=lambda r: (r.created, r.name))
+        return [CheckpointInfo(r.name, r.created, r.leaves, r.nbytes, r.metadata) for r in refs]
+
+    def exists(self, name: str) -> bool:
+        check_name(name)
+        return self.storage.exists(_layout.ref_path(name))
+
+    def latest(self) -> str:
+        """The name of the newest committed checkpoint."""
+        return _read.newest_ref(self.storage).name
+
+    def manifest(self, name: str | None = None) -> Manifest:
+        """The verified manifest of checkpoint ``name`` (default: the newest)."""
+        ref = _read.newest_ref(self.storage) if name is None else _read.read_ref(self.storage, name)
+        return _read.read_manifest(self.storage, ref)
+
+    def load(
+        self,
+        name: str | None = None,
+        *,
+        like: Any = None,
+        select: Patterns = None,
+        prefix: str = "",
+        cast: bool = False,
+        threads: int | None = None,
+    ) -> Any:
+        """Load checkpoint ``name`` (default: the newest).
+
+        Without ``like``, builtin containers come back exactly and other nodes as dicts keyed by
+        their key entries. With ``like`` (a tree of arrays, ``jax.ShapeDtypeStruct`` or scalars)
+        the result has ``like``'s structure and types, after checking that addresses, shapes and
+        dtypes match — one StructureMismatchError lists every difference. ``cast=True`` converts
+        to ``like``'s dtypes instead of failing. ``select`` (glob patterns over addresses) and
+        ``prefix`` (the address of the subtree ``like`` describes) restore part of a checkpoint;
+        only the chunks of the leaves restored are read.
+        """
+        manifest = self.manifest(name)
+        threads = threads or _save.SaveOptions().threads
+        if like is not None:
+            return self._load_like(manifest, like, select, prefix, cast, threads)
+        if prefix:
+            raise InvalidInputError("prefix= only applies with like=")
+        entries = select_entries(manifest, select)
+        arrays = self._arrays(manifest, entries, threads)
+        by_index = {id(e): e for e in entries}
+        wanted = {e.address for e in entries}
+
+        def leaf(i: int) -> Any:
+            e = manifest.leaves[i]
+            if id(e) not in by_index:
+                raise AssertionError("unselected leaf requested")
+            if e.is_array:
+                return restore_array(e.kind, arrays[e.address], e.prng_impl)
+            return e.value
+
+        keep = (lambda a: True) if select is None else (lambda a: a in wanted)
+        return rebuild(manifest.tree, leaf, keep)
+
+    def _arrays(self, manifest: Manifest, entries: builtins.list[LeafEntry], threads: int) -> dict[str, Any]:
+        return _read.read_arrays(self.storage, manifest, [e for e in entries if e.is_array], threads=threads)
+
+    def _load_like(
+        self, manifest: Manifest, like: Any, select: Patterns, prefix: str, cast: bool, threads: int
+    ) -> Any:
+        if select is not None:
+            allowed = {e.address for e in select_entries(manifest, select)}
+            manifest = Manifest(
+                manifest.name,
+                manifest.created,
+                manifest.tree,
+                tuple(e for e in manifest.leaves if e.address in allowed),
+                manifest.packs,
+                manifest.metadata,
+                manifest.codec,
+                manifest.chunk_size,
+                manifest.version,
+            )
+        slots, treedef = _template.match(manifest, like, cast=cast, strict=True, prefix=prefix)
+        arrays = self._arrays(manifest, [s.entry for s in slots], threads)
+        leaves = [_template.restore(s, arrays.get(s.address)) for s in slots]
+        return jax.tree_util.tree_unflatten(treedef, leaves)
+
+
+def save(
+    url: str | os.PathLike[str],
+    tree: Any,
+    name: str,
+    *,
+    metadata: Any = None,
+    overwrite: bool = False,
+    codec: Codec | None = None,
+    storage_options: dict[str, Any] | None = None,
+) -> _save.SaveResult:
+    """Save ``tree`` as checkpoint ``name`` in the store at ``url``.
+
+    >>> import numpy as np, treestore
+    >>> r = treestore.save("memory://doc/save", {"w": np.zeros((2, 2))}, "first")
+    >>> r.leaves, r.nbytes
+    (1, 32)
+    """
+    store = Store(url, **(storage_options or {}))
+    return store.save(tree, name, metadata=metadata, overwrite=overwrite, codec=codec)
+
+
+def load(
+    url: str | os.PathLike[str],
+    name: str | None = None,
+    *,
+    like: Any = None,
+    select: Patterns = None,
+    prefix: str = "",
+    cast: bool = False,
+    storage_options: dict[str, Any] | None = None,
+) -> Any:
+    """Load checkpoint ``name`` (default: the newest) from the store at ``url``; see
+    :meth:`Store.load`.
+
+    >>> import numpy as np, treestore
+    >>> _ = treestore.save("memory://doc/load", {"a": [1, 2.5], "b": np.arange(3)}, "one")
+    >>> treestore.load("memory://doc/load")
+    {'a': [1, 2.5], 'b': array([0, 1, 2])}
+    """
+    store = Store(url, **(storage_options or {}))
+    return store.load(name, like=like, select=select, prefix=prefix, cast=cast)

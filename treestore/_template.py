@@ -1,0 +1,136 @@
+"""Templates (``like=``): match a checkpoint's leaves to the caller's expected tree, and report
+every mismatch at once; then turn stored data into the template's leaf types."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import numpy as np
+
+from ._errors import StructureMismatchError
+from ._leaves import JAX, NPSCALAR, NUMPY, PRNG_KEY, PY_KINDS, dtype_name, restore_array
+from ._manifest import LeafEntry, Manifest
+from ._structure import leaves_with_addresses
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One leaf of the template, the stored entry that fills it, and how to restore it."""
+
+    address: str
+    like: Any
+    entry: LeafEntry
+
+
+def _is_key_like(x: Any) -> bool:
+    return hasattr(x, "dtype") and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+
+
+def _expected(like: Any) -> tuple[str, tuple[int, ...] | None, str | None]:
+    """(kind, shape, dtype name) a template leaf asks for; kind is a leaf kind or 'array'."""
+    if type(like) in PY_KINDS:
+        return PY_KINDS[type(like)], None, None
+    if _is_key_like(like):
+        data = jax.eval_shape(jax.random.key_data, like)
+        return PRNG_KEY, tuple(data.shape), dtype_name(np.dtype(data.dtype))
+    if hasattr(like, "shape") and hasattr(like, "dtype"):
+        return "array", tuple(like.shape), dtype_name(np.dtype(like.dtype)) or str(like.dtype)
+    return type(like).__name__, None, None
+
+
+def describe(entry: LeafEntry) -> str:
+    if entry.is_array:
+        what = "PRNG key data" if entry.kind == PRNG_KEY else "array"
+        return f"{what} {entry.dtype}{list(entry.shape or ())}"
+    return f"Python {entry.kind}"
+
+
+def _describe_like(like: Any) -> str:
+    kind, shape, dtype = _expected(like)
+    if shape is not None:
+        return f"{'PRNG key data' if kind == PRNG_KEY else 'array'} {dtype}{list(shape)}"
+    return f"Python {kind}"
+
+
+def match(
+    manifest: Manifest,
+    like: Any,
+    *,
+    cast: bool,
+    strict: bool,
+    prefix: str = "",
+) -> tuple[list[Slot], Any]:
+    """Pair the template's leaves with stored leaves; raise one StructureMismatchError listing
+    every missing, unexpected, kind-, shape- and dtype-mismatched address.
+
+    ``prefix`` roots the template at a subtree of the checkpoint (its addresses are relative).
+    """
+    pairs, treedef = leaves_with_addresses(like)
+    stored = {e.address: e for e in manifest.leaves}
+    joined = (lambda a: f"{prefix}/{a}" if a else prefix) if prefix else (lambda a: a)
+    problems: list[str] = []
+    slots: list[Slot] = []
+    wanted = set()
+    for rel, leaf in pairs:
+        address = joined(rel)
+        wanted.add(address)
+        entry = stored.get(address)
+        if entry is None:
+            problems.append(
+                f"{address or '(root)'}: missing: expected {_describe_like(leaf)}, not in the checkpoint"
+            )
+            continue
+        kind, shape, dtype = _expected(leaf)
+        if kind in PY_KINDS.values():
+            if entry.kind != kind:
+                problems.append(f"{address or '(root)'}: expected Python {kind}, found {describe(entry)}")
+        elif kind in ("array", PRNG_KEY):
+            if not entry.is_array or (kind == PRNG_KEY) != (entry.kind == PRNG_KEY):
+                problems.append(
+                    f"{address or '(root)'}: expected {_describe_like(leaf)}, found {describe(entry)}"
+                )
+            elif shape != entry.shape:
+                problems.append(f"{address or '(root)'}: expected shape {shape}, found {entry.shape}")
+            elif dtype != entry.dtype and not cast:
+                problems.append(
+                    f"{address or '(root)'}: expected dtype {dtype}, found {entry.dtype} "
+                    "(pass cast=True to convert)"
+                )
+        else:
+            problems.append(
+                f"{address or '(root)'}: template leaf of type {kind} is not a "
+                "supported leaf (use arrays, jax.ShapeDtypeStruct or Python scalars)"
+            )
+        slots.append(Slot(address, leaf, entry))
+    if strict:
+        under = (lambda a: a == prefix or a.startswith(prefix + "/")) if prefix else (lambda a: True)
+        for address, entry in stored.items():
+            if address not in wanted and under(address):
+                problems.append(
+                    f"{address or '(root)'}: unexpected: found {describe(entry)}, not in the template"
+                )
+    if problems:
+        raise StructureMismatchError(problems, checkpoint=manifest.name)
+    return slots, treedef
+
+
+def restore(slot: Slot, data: Any) -> Any:
+    """The stored leaf as the type its template leaf asks for."""
+    like, entry = slot.like, slot.entry
+    if not entry.is_array:
+        return entry.value
+    kind, _, dtype = _expected(like)
+    if kind == "array" and dtype is not None and dtype != entry.dtype:
+        data = data.astype(np.dtype(like.dtype))
+    if entry.kind == PRNG_KEY:
+        return restore_array(PRNG_KEY, data, entry.prng_impl)
+    if isinstance(like, np.generic):
+        return restore_array(NPSCALAR, data, None)
+    if isinstance(like, np.ndarray):
+        return restore_array(NUMPY, data, None)
+    sharding = getattr(like, "sharding", None)
+    if sharding is not None:
+        return jax.device_put(data, sharding)
+    return restore_array(JAX, data, None, as_jax=True)
