@@ -9,6 +9,7 @@ array([[1., 0.],
 
 from ._address import format_address, parse_address
 from ._codecs import Codec
+from ._diff import Diff, LeafDiff, LeafStats
 from ._errors import (
     CheckpointExistsError,
     CheckpointNotFoundError,
@@ -19,6 +20,7 @@ from ._errors import (
     ManifestCorruptError,
     NoMatchError,
     NotFoundError,
+    OutOfBoundsError,
     StorageError,
     StoreBusyError,
     StructureMismatchError,
@@ -28,14 +30,16 @@ from ._errors import (
     UnsupportedLeafError,
 )
 from ._gc import GcReport
+from ._lazy import Checkpoint, LazyLeaf
 from ._manifest import FORMAT_VERSION, ChunkRef, LeafEntry, Manifest
 from ._save import SaveOptions, SaveResult
-from ._store import CheckpointInfo, Store, load, save
+from ._store import CheckpointInfo, Store, diff, load, open, save
 
 __version__ = "0.1.0"
 
 __all__ = [
     "FORMAT_VERSION",
+    "Checkpoint",
     "CheckpointExistsError",
     "CheckpointInfo",
     "CheckpointNotFoundError",
@@ -44,13 +48,18 @@ __all__ = [
     "ChunkRef",
     "Codec",
     "CorruptionError",
+    "Diff",
     "GcReport",
     "InvalidInputError",
+    "LazyLeaf",
+    "LeafDiff",
     "LeafEntry",
+    "LeafStats",
     "Manifest",
     "ManifestCorruptError",
     "NoMatchError",
     "NotFoundError",
+    "OutOfBoundsError",
     "SaveOptions",
     "SaveResult",
     "StorageError",
@@ -61,8 +70,10 @@ __all__ = [
     "UnsupportedFormatError",
     "UnsupportedKeyError",
     "UnsupportedLeafError",
+    "diff",
     "format_address",
     "load",
+    "open",
     "parse_address",
     "save",
 ]

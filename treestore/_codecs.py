@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import zstandard
 
-from ._errors import ChunkCorruptError, InvalidInputError, UnsupportedFormatError
+from ._errors import ChunkCorruptError, InvalidInputError
 
 MAGIC = b"TSC1"
 HEADER = struct.Struct("<4sBBHQ")
@@ -162,7 +162,7 @@ def decode_into(obj: bytes, out: np.ndarray[Any, Any]) -> None:
         elif codec == PLANES:
             _decode_planes(body, out, width, mask)
         else:
-            raise UnsupportedFormatError(f"unknown chunk codec id {codec}")
+            raise ChunkCorruptError(f"has unknown codec id {codec}")
     except zstandard.ZstdError as exc:
         raise ChunkCorruptError(f"zstd frame does not decode: {exc}") from None
 

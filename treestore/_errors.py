@@ -41,6 +41,10 @@ class InvalidInputError(TreestoreError, ValueError):
     """An argument is invalid (a bad name, pattern, option, URL)."""
 
 
+class OutOfBoundsError(TreestoreError, IndexError):
+    """An index into a leaf lies outside its shape."""
+
+
 class CheckpointExistsError(TreestoreError, FileExistsError):
     """A checkpoint of that name is already committed and overwriting was not asked for."""
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import jax
 
-from . import _gc, _layout, _read, _save, _template
+from . import _diff, _gc, _layout, _lazy, _read, _save, _template
 from ._codecs import Codec
 from ._errors import InvalidInputError, NoMatchError
 from ._leaves import restore_array
@@ -70,7 +70,7 @@ class Store:
     >>> [c.name for c in store.list()]
     ['step-1']
     >>> store.load("step-1")
-    {'step': 1, 'w': array([1., 1., 1.], dtype=float32)}
+    {'w': array([1., 1., 1.], dtype=float32), 'step': 1}
     """
 
     def __init__(self, url: str | os.PathLike[str], **storage_options: Any) -> None:
@@ -157,6 +157,10 @@ class Store:
         """The verified manifest of checkpoint ``name`` (default: the newest)."""
         ref = _read.newest_ref(self.storage) if name is None else _read.read_ref(self.storage, name)
         return _read.read_manifest(self.storage, ref)
+
+    def open(self, name: str | None = None) -> _lazy.Checkpoint:
+        """A lazy, read-only view of checkpoint ``name`` (default: the newest)."""
+        return _lazy.Checkpoint(self.storage, self.manifest(name))
 
     def load(
         self,
@@ -266,3 +270,45 @@ def load(
     """
     store = Store(url, **(storage_options or {}))
     return store.load(name, like=like, select=select, prefix=prefix, cast=cast)
+
+
+def open(url: str | os.PathLike[str], name: str | None = None, **storage_options: Any) -> _lazy.Checkpoint:
+    """A lazy, read-only view of checkpoint ``name`` (default: the newest) at ``url``.
+
+    Leaves are :class:`LazyLeaf` handles with ``shape``, ``dtype``, ``address`` and numpy-style
+    slicing that reads only the chunks a slice touches.
+
+    >>> import numpy as np, treestore
+    >>> _ = treestore.save("memory://doc/open2", {"w": np.arange(6.0)}, "c")
+    >>> treestore.open("memory://doc/open2")["w"][2:4]
+    array([2., 3.])
+    """
+    return Store(url, **storage_options).open(name)
+
+
+def diff(
+    a: _lazy.Checkpoint | str | os.PathLike[str],
+    b: _lazy.Checkpoint | str | os.PathLike[str],
+    *,
+    stats: bool = False,
+    storage_options: dict[str, Any] | None = None,
+) -> _diff.Diff:
+    """The exact difference between two checkpoints, each given as ``URL`` (its newest checkpoint),
+    ``URL#NAME`` or a :class:`Checkpoint`; the stores may be on different filesystems.
+
+    Without ``stats`` only manifests are read. With ``stats=True`` each changed array leaf gets
+    max/mean |a-b|, relative L2 change, the fraction of elements changed and NaN/Inf counts.
+
+    >>> import numpy as np, treestore
+    >>> url = "memory://doc/diff"
+    >>> _ = treestore.save(url, {"w": np.zeros(4), "b": np.ones(2)}, "a")
+    >>> _ = treestore.save(url, {"w": np.zeros(4), "b": np.full(2, 1.5), "c": 0}, "b")
+    >>> d = treestore.diff(f"{url}#a", f"{url}#b")
+    >>> d.changed, d.added, d.unchanged
+    (('b',), ('c',), ('w',))
+    >>> treestore.diff(f"{url}#a", f"{url}#a").to_json()["identical"]
+    True
+    """
+    return _diff.diff_checkpoints(
+        _lazy.resolve(a, storage_options), _lazy.resolve(b, storage_options), stats=stats
+    )

@@ -1,0 +1,67 @@
+"""Tools to damage a store the way a hostile or broken one would, for the attack tests."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import blake3
+import msgpack
+
+import treestore
+from treestore import _layout
+
+
+def storage(url: str):
+    return treestore.Store(url).storage
+
+
+def ref_record(url: str, name: str) -> dict[str, Any]:
+    return msgpack.unpackb(storage(url).read(_layout.ref_path(name)), raw=False)
+
+
+def manifest_record(url: str, name: str) -> dict[str, Any]:
+    ref = ref_record(url, name)
+    return msgpack.unpackb(storage(url).read(_layout.manifest_path(ref["manifest"])), raw=False)
+
+
+def write_manifest(url: str, name: str, manifest: Any, *, raw: bytes | None = None, **ref_changes: Any) -> None:
+    """Replace the manifest of ``name`` with ``manifest`` (or the bytes ``raw``), keeping the commit
+    record consistent with it, as a hostile store would."""
+    data = raw if raw is not None else msgpack.packb(manifest, use_bin_type=True)
+    d = blake3.blake3(data).digest()
+    s = storage(url)
+    s.write(_layout.manifest_path(d), [data])
+    ref = ref_record(url, name)
+    ref.update(manifest=d, manifest_size=len(data), **ref_changes)
+    s.write(_layout.ref_path(name), [msgpack.packb(ref, use_bin_type=True)])
+
+
+def mutate_manifest(url: str, name: str, change: Callable[[dict[str, Any]], None]) -> None:
+    rec = manifest_record(url, name)
+    change(rec)
+    write_manifest(url, name, rec)
+
+
+def chunk_paths(url: str, name: str) -> dict[str, list[str]]:
+    """Chunk object paths of each leaf address (pack objects under the key '<pack N>')."""
+    m = treestore.Store(url).manifest(name)
+    out: dict[str, list[str]] = {}
+    for leaf in m.leaves:
+        out[leaf.address] = [_layout.chunk_path(c.digest) for c in leaf.chunks if c.pack is None]
+    for i, p in enumerate(m.packs):
+        out[f"<pack {i}>"] = [_layout.chunk_path(p.digest)]
+    return out
+
+
+def flip_byte(url: str, path: str, at: int) -> None:
+    s = storage(url)
+    data = bytearray(s.read(path))
+    data[at % len(data)] ^= 0xFF
+    s.write(path, [bytes(data)])
+
+
+def truncate(url: str, path: str, keep: int) -> None:
+    s = storage(url)
+    data = s.read(path)
+    s.write(path, [data[:keep]])

@@ -1,0 +1,185 @@
+"""Corruption is always detected, with a distinct error naming the checkpoint and the address."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import treestore
+from treestore import _layout
+
+from . import hostile
+
+W = (np.random.default_rng(3).standard_normal((256, 1024)) * 0.02).astype(np.float32)  # 1 MiB
+
+
+@pytest.fixture
+def saved(store_url):
+    tree = {"layer": {"w": W, "b": np.arange(8, dtype=np.float32)}, "step": 3}
+    treestore.save(store_url, tree, "ckpt", metadata={"step": 3})
+    return store_url
+
+
+@pytest.mark.parametrize("where", [0, 3, 4, 8, 20, 100, -1])
+def test_flipped_byte_in_a_chunk(saved, where):
+    (path,) = hostile.chunk_paths(saved, "ckpt")["layer/w"]
+    hostile.flip_byte(saved, path, where)
+    with pytest.raises(treestore.ChunkCorruptError) as info:
+        treestore.load(saved)
+    assert info.value.address == "layer/w" and info.value.checkpoint == "ckpt"
+    assert "layer/w: chunk" in str(info.value) and "'ckpt'" in str(info.value)
+
+
+def test_flipped_byte_in_a_pack(saved):
+    (path,) = hostile.chunk_paths(saved, "ckpt")["<pack 0>"]
+    hostile.flip_byte(saved, path, -1)
+    with pytest.raises(treestore.ChunkCorruptError, match="layer/b: chunk"):
+        treestore.load(saved)
+
+
+@pytest.mark.parametrize("keep", [0, 5, 16, 1000])
+def test_truncated_chunk(saved, keep):
+    (path,) = hostile.chunk_paths(saved, "ckpt")["layer/w"]
+    hostile.truncate(saved, path, keep)
+    with pytest.raises(treestore.ChunkCorruptError, match="layer/w"):
+        treestore.load(saved)
+
+
+def test_missing_chunk(saved):
+    (path,) = hostile.chunk_paths(saved, "ckpt")["layer/w"]
+    hostile.storage(saved).delete(path)
+    with pytest.raises(treestore.ChunkMissingError, match=r"layer/w: chunk [0-9a-f]+ is missing in checkpoint 'ckpt'"):
+        treestore.load(saved)
+    # The rest of the checkpoint still loads.
+    assert treestore.load(saved, select="layer/b")["layer"]["b"].shape == (8,)
+
+
+def test_oversized_chunk_object_is_not_read_whole(saved):
+    (path,) = hostile.chunk_paths(saved, "ckpt")["layer/w"]
+    s = hostile.storage(saved)
+    s.write(path, [s.read(path) + b"\0" * (4 << 20)])
+    with pytest.raises(treestore.ChunkCorruptError, match="larger than its raw size allows"):
+        treestore.load(saved)
+
+
+def test_truncated_manifest(saved):
+    ref = hostile.ref_record(saved, "ckpt")
+    path = _layout.manifest_path(ref["manifest"])
+    hostile.truncate(saved, path, 50)
+    with pytest.raises(treestore.ManifestCorruptError, match="manifest of checkpoint 'ckpt'"):
+        treestore.load(saved)
+
+
+def test_garbage_manifest_with_matching_digest(saved):
+    hostile.write_manifest(saved, "ckpt", None, raw=b"\xc1 not msgpack at all")
+    with pytest.raises(treestore.ManifestCorruptError, match="not valid msgpack"):
+        treestore.load(saved)
+
+
+def test_garbage_commit_record(saved):
+    hostile.storage(saved).write(_layout.ref_path("ckpt"), [b"\x92\x01"])
+    with pytest.raises(treestore.ManifestCorruptError, match="commit record of checkpoint 'ckpt'"):
+        treestore.load(saved, "ckpt")
+
+
+def test_future_format_version(saved):
+    hostile.mutate_manifest(saved, "ckpt", lambda m: m.update(version=99))
+    with pytest.raises(treestore.UnsupportedFormatError, match="format version 99.*upgrade treestore"):
+        treestore.load(saved)
+
+
+def test_future_commit_record_version(saved):
+    s = hostile.storage(saved)
+    ref = hostile.ref_record(saved, "ckpt")
+    ref["version"] = 7
+    import msgpack
+
+    s.write(_layout.ref_path("ckpt"), [msgpack.packb(ref)])
+    with pytest.raises(treestore.UnsupportedFormatError, match="version 7"):
+        treestore.Store(saved).list()
+
+
+def test_missing_checkpoint(store_url):
+    with pytest.raises(treestore.CheckpointNotFoundError, match="no checkpoints in"):
+        treestore.load(store_url)
+    treestore.save(store_url, {"a": 1}, "one")
+    with pytest.raises(treestore.CheckpointNotFoundError, match="no checkpoint 'two'") as info:
+        treestore.load(store_url, "two")
+    assert isinstance(info.value, KeyError) and info.value.checkpoint == "two"
+
+
+def _set_leaf(target: str, **fields):
+    def change(m):
+        for leaf in m["leaves"]:
+            if leaf["address"] == target:
+                leaf.update(fields)
+
+    return change
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"shape": [2**40, 2**40]}, "needs .* bytes, chunks hold"),
+        ({"shape": [-1, 4]}, "dimension should be an integer"),
+        ({"shape": [1] * 100}, "over the limit of 64"),
+        ({"shape": "big"}, "field 'shape' should be list"),
+        ({"dtype": "object"}, "unknown dtype 'object'"),
+        ({"dtype": "os.system"}, "unknown dtype"),
+        ({"kind": "pickle"}, "unknown leaf kind 'pickle'"),
+        ({"chunks": [[b"x" * 32, 2**40, 1]]}, "chunk size should be an integer"),
+        ({"chunks": [[b"short", 8, 8]]}, "chunk digest should be 32 bytes"),
+        ({"chunks": [[b"x" * 32, 32, 40, 7, 0]]}, "pack index"),
+        ({"address": "../../etc/passwd"}, "not an address segment|path does not match"),
+        ({"path": [["dict", "layer"], ["attr", "../x"]]}, "bad path"),
+    ],
+)
+def test_hostile_leaf_fields(saved, fields, message):
+    hostile.mutate_manifest(saved, "ckpt", _set_leaf("layer/b", **fields))
+    with pytest.raises((treestore.ManifestCorruptError, treestore.UnsupportedFormatError), match=message) as info:
+        treestore.load(saved)
+    assert "'ckpt'" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda m: m.update(leaves="nope"),
+        lambda m: m.update(tree={"type": "leaf", "leaf": 99}),
+        lambda m: m.update(tree={"type": "pickle", "children": []}),
+        lambda m: m.update(tree={"type": "dict", "keys": [["dict", "a"]], "children": []}),
+        lambda m: m["leaves"].append(dict(m["leaves"][0])),
+        lambda m: m.update(packs=[[b"x" * 32, 2**40, 0]]),
+        lambda m: m.pop("leaves"),
+        lambda m: m.update(format="zarr"),
+    ],
+)
+def test_hostile_manifest_structure(saved, change):
+    hostile.mutate_manifest(saved, "ckpt", change)
+    with pytest.raises((treestore.ManifestCorruptError, treestore.UnsupportedFormatError)):
+        treestore.load(saved)
+
+
+@pytest.mark.parametrize("depth", [501, 3000])
+def test_deeply_nested_tree_record(saved, depth):
+    import msgpack
+
+    rec = hostile.manifest_record(saved, "ckpt")
+    rec["tree"] = "PLACEHOLDER"
+    level = msgpack.packb({"type": "list", "children": [None]})[:-1]  # ends with the child slot
+    deep = level * depth + msgpack.packb({"type": "leaf", "leaf": 0})
+    data = msgpack.packb(rec, use_bin_type=True).replace(msgpack.packb("PLACEHOLDER"), deep)
+    hostile.write_manifest(saved, "ckpt", None, raw=data)
+    with pytest.raises(treestore.ManifestCorruptError, match="deeper than|not valid msgpack"):
+        treestore.load(saved)
+
+
+def test_chunk_of_another_checkpoint_is_caught(saved):
+    """A digest that points at other data: the bytes do not hash to what this leaf expects."""
+    treestore.save(saved, {"other": np.ones((256, 1024), np.float32)}, "other")
+    other = hostile.chunk_paths(saved, "other")["other"][0]
+    mine = hostile.chunk_paths(saved, "ckpt")["layer/w"][0]
+    s = hostile.storage(saved)
+    s.write(mine, [s.read(other)])
+    with pytest.raises(treestore.ChunkCorruptError, match="layer/w"):
+        treestore.load(saved, "ckpt")

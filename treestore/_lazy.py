@@ -1,0 +1,225 @@
+"""Lazy, read-only views of a checkpoint: leaf handles that read only the chunks a slice needs."""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+import numpy as np
+
+from . import _read
+from ._errors import InvalidInputError, OutOfBoundsError
+from ._leaves import dtype_from_name, restore_array
+from ._manifest import LeafEntry, Manifest
+from ._storage import Storage
+from ._structure import rebuild
+
+Index = Any
+
+
+class LazyLeaf:
+    """One array leaf of a checkpoint, read on demand.
+
+    Basic numpy indexing (ints, slices, ``...``) reads and decodes only the chunks that hold the
+    rows the index touches along the first axis; ``np.asarray(leaf)`` reads it all.
+    """
+
+    def __init__(self, reader: _read.ChunkReader, entry: LeafEntry) -> None:
+        assert entry.shape is not None and entry.dtype is not None
+        self._reader = reader
+        self.entry = entry
+        self.address = entry.address
+        self.shape: tuple[int, ...] = entry.shape
+        self.dtype = dtype_from_name(entry.dtype, address=entry.address)
+        self.kind = entry.kind
+
+    def __repr__(self) -> str:
+        return f"LazyLeaf({self.address!r}, shape={self.shape}, dtype={self.dtype.name})"
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.entry.nbytes
+
+    @property
+    def stored_bytes(self) -> int:
+        """Bytes of this leaf's own chunk objects (0 for leaves packed with others)."""
+        return self.entry.stored_bytes
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d leaf")
+        return self.shape[0]
+
+    def read(self) -> Any:
+        """The whole leaf, as the type it was saved as (numpy, jax array or PRNG key)."""
+        data = self._read_bytes(0, self.entry.nbytes).view(self.dtype).reshape(self.shape)
+        return restore_array(self.kind, data, self.entry.prng_impl)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray[Any, Any]:
+        data = self._read_bytes(0, self.entry.nbytes).view(self.dtype).reshape(self.shape)
+        return data if dtype is None else data.astype(dtype)
+
+    def __getitem__(self, index: Index) -> np.ndarray[Any, Any]:
+        if not self.shape:
+            return np.asarray(self)[index]
+        first, rest = self._split(index)
+        local: int | slice
+        rows = self.shape[0]
+        if isinstance(first, (int, np.integer)):
+            i = int(first)
+            if not -rows <= i < rows:
+                raise OutOfBoundsError(
+                    f"{self.address}: index {i} is out of bounds for axis 0 with size {rows}",
+                    address=self.address,
+                )
+            i %= rows
+            start, stop, local = i, i + 1, 0
+        else:
+            picked = range(rows)[first]
+            if not picked:
+                start = stop = 0
+                local = slice(0, 0)
+            else:
+                start, stop = min(picked), max(picked) + 1
+                end = picked.stop - start
+                local = slice(picked.start - start, end if end >= 0 else None, picked.step)
+        row_bytes = self.entry.nbytes // rows if rows else 0
+        block = self._read_bytes(start * row_bytes, stop * row_bytes)
+        block_arr = block.view(self.dtype).reshape((stop - start, *self.shape[1:]))
+        return block_arr[(local, *rest)]
+
+    def _split(self, index: Index) -> tuple[Any, tuple[Any, ...]]:
+        items = index if isinstance(index, tuple) else (index,)
+        for item in items:
+            if not (isinstance(item, (int, np.integer, slice)) or item is Ellipsis):
+                raise InvalidInputError(
+                    f"{self.address}: only basic indexing (ints, slices, ...) reads lazily; "
+                    f"got {type(item).__name__} — use np.asarray(leaf)[...] to read it all"
+                )
+        if not items:
+            return slice(None), ()
+        if items[0] is Ellipsis:
+            if len(items) - 1 >= len(self.shape):
+                return slice(None), items
+            return slice(None), (Ellipsis, *items[1:])
+        if len(items) - items.count(Ellipsis) > len(self.shape):
+            raise OutOfBoundsError(
+                f"{self.address}: too many indices for a leaf of shape {self.shape}",
+                address=self.address,
+            )
+        return items[0], tuple(items[1:])
+
+    def _read_bytes(self, start: int, stop: int) -> np.ndarray[Any, Any]:
+        """Raw bytes [start, stop) of the leaf, reading only the chunks that overlap them."""
+        out = np.empty(max(stop - start, 0), np.uint8)
+        at = 0
+        for c in self.entry.chunks:
+            lo, hi = at, at + c.size
+            at = hi
+            if hi <= start or lo >= stop:
+                continue
+            if start <= lo and hi <= stop:
+                self._reader.read_leaf_chunk(c, out[lo - start : hi - start], self.address)
+            else:
+                tmp = np.empty(c.size, np.uint8)
+                self._reader.read_leaf_chunk(c, tmp, self.address)
+                a, b = max(lo, start), min(hi, stop)
+                out[a - start : b - start] = tmp[a - lo : b - lo]
+        return out
+
+
+class Checkpoint:
+    """A read-only view of one committed checkpoint; nothing but its manifest is read up front.
+
+    >>> import numpy as np, treestore
+    >>> _ = treestore.save("memory://doc/open", {"emb": np.arange(12).reshape(6, 2)}, "c")
+    >>> ckpt = treestore.open("memory://doc/open")
+    >>> ckpt["emb"]
+    LazyLeaf('emb', shape=(6, 2), dtype=int64)
+    >>> ckpt["emb"][4:]
+    array([[ 8,  9],
+           [10, 11]])
+    """
+
+    def __init__(self, storage: Storage, manifest: Manifest) -> None:
+        self.storage = storage
+        self.manifest = manifest
+        self.name = manifest.name
+        self.url = storage.url
+        self.reader = _read.ChunkReader(storage, manifest)
+        self._leaves = {
+            e.address: (LazyLeaf(self.reader, e) if e.is_array else e.value) for e in manifest.leaves
+        }
+
+    def __repr__(self) -> str:
+        return f"Checkpoint({self.url!r}, {self.name!r}, leaves={len(self._leaves)})"
+
+    @property
+    def metadata(self) -> Any:
+        return self.manifest.metadata
+
+    @property
+    def leaves(self) -> dict[str, Any]:
+        """Address -> LazyLeaf (arrays) or value (Python scalars), in tree order."""
+        return dict(self._leaves)
+
+    @property
+    def tree(self) -> Any:
+        """The checkpoint's tree with LazyLeaf handles in place of arrays."""
+        entries = self.manifest.leaves
+        return rebuild(self.manifest.tree, lambda i: self._leaves[entries[i].address], lambda a: True)
+
+    def __getitem__(self, address: str) -> Any:
+        try:
+            return self._leaves[address]
+        except KeyError:
+            from ._store import select_entries
+
+            select_entries(self.manifest, address)  # raises NoMatchError naming nearest addresses
+            raise
+
+    def __contains__(self, address: object) -> bool:
+        return address in self._leaves
+
+    @property
+    def bytes_read(self) -> int:
+        """Chunk-object bytes this view has read so far."""
+        return self.reader.bytes_read
+
+
+def open_checkpoint(
+    url: str | os.PathLike[str], name: str | None = None, **storage_options: Any
+) -> Checkpoint:
+    """A lazy, read-only :class:`Checkpoint` view of checkpoint ``name`` (default: the newest)."""
+    from ._store import Store
+
+    store = Store(url, **storage_options)
+    return Checkpoint(store.storage, store.manifest(name))
+
+
+def parse_spec(spec: str | os.PathLike[str]) -> tuple[str, str | None]:
+    """``URL`` or ``URL#NAME`` -> (url, name or None)."""
+    text = os.fspath(spec)
+    if "#" in text:
+        url, name = text.rsplit("#", 1)
+        return url, name or None
+    return text, None
+
+
+def resolve(
+    spec: Checkpoint | str | os.PathLike[str], storage_options: dict[str, Any] | None
+) -> Checkpoint:
+    """A Checkpoint from a Checkpoint, or from ``URL`` (newest) / ``URL#NAME``."""
+    if isinstance(spec, Checkpoint):
+        return spec
+    url, name = parse_spec(spec)
+    return open_checkpoint(url, name, **(storage_options or {}))
