@@ -25,7 +25,9 @@ def manifest_record(url: str, name: str) -> dict[str, Any]:
     return msgpack.unpackb(storage(url).read(_layout.manifest_path(ref["manifest"])), raw=False)
 
 
-def write_manifest(url: str, name: str, manifest: Any, *, raw: bytes | None = None, **ref_changes: Any) -> None:
+def write_manifest(
+    url: str, name: str, manifest: Any, *, raw: bytes | None = None, **ref_changes: Any
+) -> None:
     """Replace the manifest of ``name`` with ``manifest`` (or the bytes ``raw``), keeping the commit
     record consistent with it, as a hostile store would."""
     data = raw if raw is not None else msgpack.packb(manifest, use_bin_type=True)

@@ -53,7 +53,10 @@ def test_list_index_int_key_and_str_key_differ():
     ("path", "address"),
     [
         ((), ""),
-        ((DictKey("params"), DictKey("layers"), SequenceKey(0), DictKey("weights")), "params/layers/0/weights"),
+        (
+            (DictKey("params"), DictKey("layers"), SequenceKey(0), DictKey("weights")),
+            "params/layers/0/weights",
+        ),
         ((GetAttrKey("layers"), SequenceKey(2), GetAttrKey("weight")), ".layers/2/.weight"),
         ((DictKey("a/b"),), '"a%2Fb"'),
         ((DictKey(".."),), '".."'),
@@ -70,7 +73,9 @@ def test_golden_addresses(path, address):
     assert parse_address(address) == path
 
 
-@pytest.mark.parametrize("bad", ["a//b", "[0]", "{x}", '"unterminated', '"%zz"', ".1x", "#-1", "a/", "-1", "01"])
+@pytest.mark.parametrize(
+    "bad", ["a//b", "[0]", "{x}", '"unterminated', '"%zz"', ".1x", "#-1", "a/", "-1", "01"]
+)
 def test_malformed_addresses_are_rejected(bad):
     with pytest.raises(treestore.InvalidInputError):
         parse_address(bad)

@@ -48,7 +48,9 @@ def test_truncated_chunk(saved, keep):
 def test_missing_chunk(saved):
     (path,) = hostile.chunk_paths(saved, "ckpt")["layer/w"]
     hostile.storage(saved).delete(path)
-    with pytest.raises(treestore.ChunkMissingError, match=r"layer/w: chunk [0-9a-f]+ is missing in checkpoint 'ckpt'"):
+    with pytest.raises(
+        treestore.ChunkMissingError, match=r"layer/w: chunk [0-9a-f]+ is missing in checkpoint 'ckpt'"
+    ):
         treestore.load(saved)
     # The rest of the checkpoint still loads.
     assert treestore.load(saved, select="layer/b")["layer"]["b"].shape == (8,)
@@ -84,7 +86,7 @@ def test_garbage_commit_record(saved):
 
 def test_future_format_version(saved):
     hostile.mutate_manifest(saved, "ckpt", lambda m: m.update(version=99))
-    with pytest.raises(treestore.UnsupportedFormatError, match="format version 99.*upgrade treestore"):
+    with pytest.raises(treestore.UnsupportedFormatError, match=r"format version 99.*upgrade treestore"):
         treestore.load(saved)
 
 
@@ -136,7 +138,9 @@ def _set_leaf(target: str, **fields):
 )
 def test_hostile_leaf_fields(saved, fields, message):
     hostile.mutate_manifest(saved, "ckpt", _set_leaf("layer/b", **fields))
-    with pytest.raises((treestore.ManifestCorruptError, treestore.UnsupportedFormatError), match=message) as info:
+    with pytest.raises(
+        (treestore.ManifestCorruptError, treestore.UnsupportedFormatError), match=message
+    ) as info:
         treestore.load(saved)
     assert "'ckpt'" in str(info.value)
 
@@ -170,7 +174,7 @@ def test_deeply_nested_tree_record(saved, depth):
     deep = level * depth + msgpack.packb({"type": "leaf", "leaf": 0})
     data = msgpack.packb(rec, use_bin_type=True).replace(msgpack.packb("PLACEHOLDER"), deep)
     hostile.write_manifest(saved, "ckpt", None, raw=data)
-    with pytest.raises(treestore.ManifestCorruptError, match="deeper than|not valid msgpack"):
+    with pytest.raises(treestore.ManifestCorruptError, match=r"deeper than|not valid msgpack"):
         treestore.load(saved)
 
 

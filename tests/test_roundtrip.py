@@ -78,8 +78,22 @@ def test_big_endian_arrays_load_as_native_values(store_url):
 
 
 def test_python_and_numpy_scalars_keep_their_type(store_url):
-    tree = [1, -(2**70), 2.5, float("nan"), True, False, 3 - 4j, "text ✓", b"\x00bytes", np.float32(1.5),
-            np.int8(-3), np.bool_(True), np.complex64(1 + 2j), ml_dtypes.bfloat16(2.0)]
+    tree = [
+        1,
+        -(2**70),
+        2.5,
+        float("nan"),
+        True,
+        False,
+        3 - 4j,
+        "text ✓",
+        b"\x00bytes",
+        np.float32(1.5),
+        np.int8(-3),
+        np.bool_(True),
+        np.complex64(1 + 2j),
+        ml_dtypes.bfloat16(2.0),
+    ]
     treestore.save(store_url, tree, "c")
     assert_tree_equal(treestore.load(store_url), tree)
 
@@ -212,7 +226,9 @@ def test_delete_keeps_other_checkpoints(store_url):
 def test_codec_choices_all_round_trip(store_url):
     weights = (RNG.standard_normal((300, 700)) * 0.02).astype(np.float32)
     store = treestore.Store(store_url)
-    for i, codec in enumerate([treestore.Codec("raw"), treestore.Codec(level=3), treestore.Codec(byte_planes=False)]):
+    for i, codec in enumerate(
+        [treestore.Codec("raw"), treestore.Codec(level=3), treestore.Codec(byte_planes=False)]
+    ):
         store.save({"w": weights}, f"c{i}", codec=codec)
         assert same_bytes(store.load(f"c{i}")["w"], weights)
 
@@ -223,7 +239,9 @@ array_leaves = st.one_of(
     ),
     hnp.arrays(np.uint16, hnp.array_shapes(max_dims=2)).map(lambda a: a.view(ml_dtypes.bfloat16)),
 )
-scalars = st.one_of(st.integers(), st.floats(allow_nan=False), st.booleans(), st.text(max_size=5), st.binary(max_size=5))
+scalars = st.one_of(
+    st.integers(), st.floats(allow_nan=False), st.booleans(), st.text(max_size=5), st.binary(max_size=5)
+)
 trees = st.recursive(
     st.one_of(array_leaves, scalars, st.none()),
     lambda children: st.one_of(

@@ -138,7 +138,7 @@ class Diff:
         if len(rows) > 1:
             lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
         n = len(self.unchanged)
-        lines.append(f"{n} leaf{'s' if n != 1 else ''} unchanged" + ("" if self else "; identical"))
+        lines.append(f"{n} {'leaf' if n == 1 else 'leaves'} unchanged" + ("" if self else "; identical"))
         return "\n".join(lines)
 
 

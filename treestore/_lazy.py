@@ -215,9 +215,7 @@ def parse_spec(spec: str | os.PathLike[str]) -> tuple[str, str | None]:
     return text, None
 
 
-def resolve(
-    spec: Checkpoint | str | os.PathLike[str], storage_options: dict[str, Any] | None
-) -> Checkpoint:
+def resolve(spec: Checkpoint | str | os.PathLike[str], storage_options: dict[str, Any] | None) -> Checkpoint:
     """A Checkpoint from a Checkpoint, or from ``URL`` (newest) / ``URL#NAME``."""
     if isinstance(spec, Checkpoint):
         return spec

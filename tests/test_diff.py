@@ -1,0 +1,168 @@
+"""Exact diffs from manifests, numeric stats from changed chunks, across stores and filesystems."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import treestore
+
+from .counting import CountingFileSystem
+
+RNG = np.random.default_rng(11)
+OPTIONS = treestore.SaveOptions(chunk_size=64 * 1024)
+
+
+def tree():
+    return {
+        "layers": [
+            {"w": RNG.standard_normal((256, 256)).astype(np.float32), "b": np.zeros(256, np.float32)}
+            for _ in range(3)
+        ],
+        "step": 100,
+        "name": "run-1",
+    }
+
+
+def test_diff_kinds(store_url):
+    a = tree()
+    b = {
+        "layers": [dict(layer) for layer in a["layers"]],
+        "step": 200,
+        "name": "run-1",
+        "new": np.ones(2),
+    }
+    b["layers"][1]["w"] = a["layers"][1]["w"].copy()
+    b["layers"][1]["w"][:8] += 1.0  # first chunk only
+    b["layers"][2]["b"] = np.zeros(255, np.float32)  # shape
+    b["layers"][0]["b"] = np.zeros(256, np.float64)  # dtype
+    del b["name"]
+    store = treestore.Store(store_url)
+    store.save(a, "a", options=OPTIONS)
+    store.save(b, "b", options=OPTIONS)
+    d = treestore.diff(f"{store_url}#a", f"{store_url}#b")
+    assert d and len(d) == 6
+    assert d.added == ("new",) and d.removed == ("name",)
+    assert set(d.changed) == {"layers/1/w", "step"}
+    assert [x.address for x in d.by_status("shape_changed")] == ["layers/2/b"]
+    assert [x.address for x in d.by_status("dtype_changed")] == ["layers/0/b"]
+    assert set(d.unchanged) == {"layers/0/w", "layers/1/b", "layers/2/w"}
+    (w,) = [x for x in d if x.address == "layers/1/w"]
+    assert w.chunks_changed == 0.25 and w.stats is None
+    text = str(d)
+    assert "~  layers/1/w" in text and "+  new" in text and "-  name" in text
+    assert text.endswith("3 leaves unchanged")
+    data = json.loads(json.dumps(d.to_json()))
+    assert data["counts"]["changed"] == 2 and data["identical"] is False
+    assert d.filter("layers/*").added == ()
+
+
+def test_diff_reads_only_manifests(tmp_path):
+    url = f"counting://diff/{uuid.uuid4().hex}"
+    store = treestore.Store(url)
+    a = tree()
+    store.save(a, "a", options=OPTIONS)
+    a["layers"][0]["w"] = a["layers"][0]["w"] * 2
+    store.save(a, "b", options=OPTIONS)
+    CountingFileSystem.reset()
+    d = treestore.diff(f"{url}#a", f"{url}#b")
+    assert d.changed == ("layers/0/w",)
+    assert CountingFileSystem.bytes_read("chunks") == 0
+    CountingFileSystem.reset()
+    d = treestore.diff(f"{url}#a", f"{url}#b", stats=True)
+    leaf = treestore.open(url, "a")["layers/0/w"].entry
+    # stats read the changed leaf only: both sides' differing chunks
+    assert CountingFileSystem.bytes_read("chunks") <= 2 * leaf.stored_bytes + 1024
+    (w,) = list(d)
+    assert w.stats is not None and w.stats.frac_changed == 1.0
+    assert w.stats.rel_l2 == pytest.approx(1.0, rel=1e-6)
+
+
+def test_stats_values(store_url):
+    a = np.linspace(-1, 1, 100_000).astype(np.float32)
+    b = a.copy()
+    b[:10] += 0.5
+    b[20] = np.nan
+    b[30] = np.inf
+    store = treestore.Store(store_url)
+    store.save({"x": a}, "a", options=OPTIONS)
+    store.save({"x": b}, "b", options=OPTIONS)
+    (x,) = list(treestore.diff(f"{store_url}#a", f"{store_url}#b", stats=True))
+    s = x.stats
+    assert s.nan_a == 0 and s.nan_b == 1 and s.inf_b == 1 and s.inf_a == 0
+    assert s.frac_changed == pytest.approx(12 / 100_000)
+    assert s.max_abs == float("inf")
+    assert x.chunks_changed == pytest.approx(1 / 7)
+    c = a.copy()
+    c[:10] += 0.5
+    store.save({"x": c}, "c", options=OPTIONS)
+    (x,) = list(treestore.diff(f"{store_url}#a", f"{store_url}#c", stats=True))
+    assert x.stats.max_abs == pytest.approx(0.5, rel=1e-6)
+    assert x.stats.mean_abs == pytest.approx(10 * 0.5 / 100_000, rel=1e-5)
+    expected = np.linalg.norm(c.astype(np.float64) - a) / np.linalg.norm(a.astype(np.float64))
+    assert x.stats.rel_l2 == pytest.approx(expected, rel=1e-9)
+
+
+def test_diff_across_stores_and_filesystems(tmp_path):
+    a = tree()
+    local = str(tmp_path / "local")
+    memory = f"memory://diff/{uuid.uuid4().hex}"
+    treestore.save(local, a, "x")
+    treestore.save(memory, a, "y")
+    assert not treestore.diff(local, memory)  # newest of each
+    a["step"] = 101
+    treestore.save(memory, a, "z")
+    assert treestore.diff(f"{local}#x", memory).changed == ("step",)
+
+
+def test_diff_with_different_chunk_sizes_compares_data(store_url):
+    a = tree()
+    store = treestore.Store(store_url)
+    store.save(a, "small", options=OPTIONS)
+    store.save(a, "big", options=treestore.SaveOptions(chunk_size=1 << 20))
+    assert not treestore.diff(f"{store_url}#small", f"{store_url}#big")
+    a["layers"][2]["w"] = a["layers"][2]["w"] + 1
+    store.save(a, "big2", options=treestore.SaveOptions(chunk_size=1 << 20))
+    d = treestore.diff(f"{store_url}#small", f"{store_url}#big2", stats=True)
+    (w,) = list(d)
+    assert w.address == "layers/2/w" and w.stats is not None and w.stats.max_abs == pytest.approx(1.0)
+
+
+def test_missing_chunk_during_stats_names_the_address(store_url):
+    a = tree()
+    store = treestore.Store(store_url)
+    store.save(a, "a", options=OPTIONS)
+    a["layers"][0]["w"] = a["layers"][0]["w"] + 1
+    store.save(a, "b", options=OPTIONS)
+    from treestore import _layout
+
+    entry = store.open("b")["layers/0/w"].entry
+    store.storage.delete(_layout.chunk_path(entry.chunks[0].digest))
+    assert treestore.diff(f"{store_url}#a", f"{store_url}#b").changed == ("layers/0/w",)  # manifests only
+    with pytest.raises(treestore.ChunkMissingError, match="layers/0/w"):
+        treestore.diff(f"{store_url}#a", f"{store_url}#b", stats=True)
+
+
+leaves = st.one_of(
+    st.integers(),
+    st.floats(allow_nan=False),
+    st.text(max_size=4),
+    st.lists(st.floats(width=32, allow_nan=False), max_size=20).map(lambda v: np.array(v, np.float32)),
+)
+trees = st.recursive(
+    leaves, lambda c: st.dictionaries(st.text("abc", min_size=1, max_size=3), c, max_size=3), max_leaves=8
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(trees)
+def test_property_diff_of_a_checkpoint_with_itself_is_empty(t):
+    url = f"memory://diffprop/{uuid.uuid4().hex}"
+    treestore.save(url, t, "x")
+    d = treestore.diff(f"{url}#x", f"{url}#x", stats=True)
+    assert not d and len(d) == 0 and d.to_json()["identical"]
