@@ -132,8 +132,10 @@ def _set_leaf(target: str, **fields):
         ({"chunks": [[b"x" * 32, 2**40, 1]]}, "chunk size should be an integer"),
         ({"chunks": [[b"short", 8, 8]]}, "chunk digest should be 32 bytes"),
         ({"chunks": [[b"x" * 32, 32, 40, 7, 0]]}, "pack index"),
-        ({"address": "../../etc/passwd"}, "not an address segment|path does not match"),
-        ({"path": [["dict", "layer"], ["attr", "../x"]]}, "bad path"),
+        ({"address": "../../etc/passwd"}, "bad address.*not an address segment"),
+        ({"address": 'layer/"b"'}, "not in canonical form"),
+        ({"address": "layer/a"}, "sits at address"),
+        ({"address": 7}, "field 'address' should be str"),
     ],
 )
 def test_hostile_leaf_fields(saved, fields, message):

@@ -20,6 +20,7 @@ Addresses never name files: chunks are named by digest, so no key can escape the
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Hashable, Sequence
 from typing import TypeAlias, Union
@@ -82,8 +83,25 @@ def _unquote(body: str, segment: str) -> str:
     return "".join(out)
 
 
+_SEGMENTS: dict[tuple[type, type, object], str] = {}
+
+
 def format_key(key: object, path: Sequence[object] = ()) -> str:
     """One key entry as an address segment; raises UnsupportedKeyError for unknown keys."""
+    # DictKey(True) == DictKey(1): the type of a dict key's value is part of the memo key.
+    memo = (type(key), type(getattr(key, "key", None)), key)
+    try:
+        return _SEGMENTS[memo]
+    except (KeyError, TypeError):
+        pass
+    segment = _format_key(key, path)
+    if len(_SEGMENTS) > 200_000:
+        _SEGMENTS.clear()
+    _SEGMENTS[memo] = segment
+    return segment
+
+
+def _format_key(key: object, path: Sequence[object]) -> str:
     if isinstance(key, SequenceKey) and type(key.idx) is int and key.idx >= 0:
         return str(key.idx)
     if isinstance(key, DictKey):
@@ -91,8 +109,19 @@ def format_key(key: object, path: Sequence[object] = ()) -> str:
         if type(k) is bool:
             return "{true}" if k else "{false}"
         if type(k) is int:
+            if not -(2**63) <= k < 2**64:
+                where = format_address(tuple(path)) if path else "the root"
+                raise UnsupportedKeyError(
+                    f"{where}: int dict key {k} is outside the 64-bit range treestore stores",
+                    address=where,
+                )
             return "{" + str(k) + "}"
         if type(k) is str:
+            if not _encodable(k):
+                where = format_address(tuple(path)) if path else "the root"
+                raise UnsupportedKeyError(
+                    f"{where}: dict key {k!r} is not valid Unicode text (lone surrogate)", address=where
+                )
             return k if _BARE.match(k) else _quote(k)
         where = format_address(tuple(path)) if path else "the root"
         raise UnsupportedKeyError(
@@ -112,6 +141,14 @@ def format_key(key: object, path: Sequence[object] = ()) -> str:
     )
 
 
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def format_address(path: Sequence[object]) -> str:
     """The address of a key path.
 
@@ -124,6 +161,7 @@ def format_address(path: Sequence[object]) -> str:
     return "/".join(format_key(k, path[:i]) for i, k in enumerate(path))
 
 
+@functools.lru_cache(maxsize=100_000)
 def parse_segment(segment: str) -> Key:
     """The key entry an address segment stands for."""
     if _NAT.match(segment):
@@ -134,10 +172,12 @@ def parse_segment(segment: str) -> Key:
             return DictKey(True)
         if inner == "false":
             return DictKey(False)
-        if _INT.match(inner) and inner != "-0":
+        if _INT.match(inner) and inner != "-0" and -(2**63) <= int(inner) < 2**64:
             return DictKey(int(inner))
     elif segment.startswith('"') and segment.endswith('"') and len(segment) >= 2:
-        return DictKey(_unquote(segment[1:-1], segment))
+        text = _unquote(segment[1:-1], segment)
+        if _encodable(text):
+            return DictKey(text)
     elif segment.startswith(".") and _ATTR.match(segment[1:]):
         return GetAttrKey(segment[1:])
     elif segment.startswith("#") and _NAT.match(segment[1:]):
@@ -145,6 +185,15 @@ def parse_segment(segment: str) -> Key:
     elif _BARE.match(segment):
         return DictKey(segment)
     raise InvalidInputError(f"not an address segment: {segment!r}")
+
+
+@functools.lru_cache(maxsize=100_000)
+def canonical_segment(segment: str) -> Key:
+    """Like :func:`parse_segment`, but only for segments in the form :func:`format_key` writes."""
+    key = parse_segment(segment)
+    if format_key(key) != segment:
+        raise InvalidInputError(f"address segment {segment!r} is not in canonical form")
+    return key
 
 
 def parse_address(address: str) -> KeyPath:

@@ -71,10 +71,11 @@ def _compressor(level: int) -> zstandard.ZstdCompressor:
     if cache is None:
         cache = _tls.compressors = {}
     if level not in cache:
-        # Weights have little to find by LZ matching: a short search keeps the entropy coding
-        # (where the gain is) at about twice the speed of the level's defaults.
+        # Weights have little to find by LZ matching: a tiny match search keeps the entropy
+        # coding (where the gain is) at about four times the speed of the level's defaults, and
+        # compresses exponent planes slightly better.
         params = zstandard.ZstdCompressionParameters.from_level(
-            level, min_match=7, search_log=1, hash_log=10, window_log=17, write_content_size=True
+            level, min_match=7, search_log=1, hash_log=6, window_log=17, write_content_size=True
         )
         cache[level] = zstandard.ZstdCompressor(compression_params=params)
     return cache[level]

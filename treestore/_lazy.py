@@ -176,7 +176,7 @@ class Checkpoint:
     def tree(self) -> Any:
         """The checkpoint's tree with LazyLeaf handles in place of arrays."""
         entries = self.manifest.leaves
-        return rebuild(self.manifest.tree, lambda i: self._leaves[entries[i].address], lambda a: True)
+        return rebuild(self.manifest.tree, lambda i: self._leaves[entries[i].address])
 
     def __getitem__(self, address: str) -> Any:
         try:

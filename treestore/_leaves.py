@@ -67,10 +67,20 @@ PY_KINDS = {
 ARRAY_KINDS = (NUMPY, JAX, NPSCALAR, PRNG_KEY)
 
 
+_NAMES: dict[np.dtype[Any], str | None] = {}
+
+
 def dtype_name(dtype: np.dtype[Any]) -> str | None:
     """The store name of a dtype, or None when treestore cannot store it."""
+    try:
+        return _NAMES[dtype]
+    except KeyError:
+        pass
     name = dtype.name
-    return name if name in DTYPES and DTYPES[name] == dtype.newbyteorder("=") else None
+    found = name if name in DTYPES and DTYPES[name] == dtype.newbyteorder("=") else None
+    if len(_NAMES) < 1000:
+        _NAMES[dtype] = found
+    return found
 
 
 def dtype_from_name(name: object, *, address: str = "", checkpoint: str | None = None) -> np.dtype[Any]:
@@ -108,30 +118,35 @@ class ValueLeaf:
 Leaf = ArrayLeaf | ValueLeaf
 
 
-def _host(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+def _host(array: np.ndarray[Any, Any], copy: bool = False) -> np.ndarray[Any, Any]:
     """C-contiguous little-endian host data; the caller's array is never modified."""
     if array.dtype.byteorder == ">":
-        array = array.astype(array.dtype.newbyteorder("<"))
-    return array if array.flags.c_contiguous else array.copy(order="C")
+        return array.astype(array.dtype.newbyteorder("<"))
+    return array.copy(order="C") if copy or not array.flags.c_contiguous else array
 
 
-def prepare_leaf(value: object, address: str) -> Leaf:
+def prepare_leaf(value: object, address: str, *, copy: bool = False) -> Leaf:
     """Classify one leaf, or raise UnsupportedLeafError naming its address and type.
 
     jax arrays are copied to host here, once.
     """
     kind = PY_KINDS.get(type(value))
     if kind is not None:
+        if kind == "str" and not _encodable(value):  # type: ignore[arg-type]
+            raise UnsupportedLeafError(
+                f"{address or '(root)'}: str leaf is not valid Unicode text (lone surrogate)",
+                address=address,
+            )
         return ValueLeaf(kind, value)
     if isinstance(value, jax.Array):
         if jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key):
             impl = str(jax.random.key_impl(value))
             data = np.asarray(jax.random.key_data(value))
-            return ArrayLeaf(PRNG_KEY, _checked_name(data.dtype, address), _host(data), impl)
+            return ArrayLeaf(PRNG_KEY, _checked_name(data.dtype, address), _host(data, copy), impl)
         data = np.asarray(value)
-        return ArrayLeaf(JAX, _checked_name(data.dtype, address), _host(data))
+        return ArrayLeaf(JAX, _checked_name(data.dtype, address), _host(data, copy))
     if isinstance(value, np.ndarray):
-        return ArrayLeaf(NUMPY, _checked_name(value.dtype, address), _host(value))
+        return ArrayLeaf(NUMPY, _checked_name(value.dtype, address), _host(value, copy))
     if isinstance(value, np.generic):
         data = np.asarray(value)
         return ArrayLeaf(NPSCALAR, _checked_name(data.dtype, address), _host(data))
@@ -141,6 +156,14 @@ def prepare_leaf(value: object, address: str) -> Leaf:
         "PRNG keys, and Python int, float, bool, complex, str and bytes",
         address=address,
     )
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _checked_name(dtype: np.dtype[Any], address: str) -> str:

@@ -8,6 +8,7 @@ nothing else.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass, field
@@ -15,8 +16,9 @@ from typing import Any
 
 import blake3
 import msgpack
+from jax.tree_util import SequenceKey
 
-from ._address import Key, format_address, key_from_record, key_to_record
+from ._address import Key, canonical_segment, format_key, key_from_record, parse_address
 from ._errors import (
     InvalidInputError,
     ManifestCorruptError,
@@ -86,14 +88,27 @@ class LeafEntry:
     """Everything the manifest says about one leaf."""
 
     address: str
-    path: tuple[Key, ...]
     kind: str
-    digest: bytes
     dtype: str | None = None
     shape: tuple[int, ...] | None = None
     chunks: tuple[ChunkRef, ...] = ()
     prng_impl: str | None = None
     value: object = None
+
+    @functools.cached_property
+    def path(self) -> tuple[Key, ...]:
+        """The typed key path the address stands for."""
+        return parse_address(self.address)
+
+    @functools.cached_property
+    def digest(self) -> bytes:
+        """Equal digests mean equal leaves (SPEC.md, section 4)."""
+        record: list[object]
+        if self.is_array:
+            record = [self.dtype, list(self.shape or ()), self.prng_impl, [c.digest for c in self.chunks]]
+        else:
+            record = [self.kind, value_to_record(self.kind, self.value)]
+        return digest(_pack(record))
 
     @property
     def is_array(self) -> bool:
@@ -147,12 +162,7 @@ class Ref:
 
 # --- encoding ---------------------------------------------------------------------------------
 def leaf_to_record(leaf: LeafEntry) -> dict[str, object]:
-    rec: dict[str, object] = {
-        "address": leaf.address,
-        "path": [key_to_record(k) for k in leaf.path],
-        "kind": leaf.kind,
-        "digest": leaf.digest,
-    }
+    rec: dict[str, object] = {"address": leaf.address, "kind": leaf.kind}
     if leaf.is_array:
         assert leaf.shape is not None
         rec["dtype"] = leaf.dtype
@@ -314,24 +324,22 @@ def _leaf(rec: object, packs: tuple[ChunkRef, ...]) -> LeafEntry:
     address = _get(rec, "address", str)
     try:
         try:
-            path = tuple(key_from_record(k) for k in _get(rec, "path", list))
-            if format_address(path) != address:
-                raise _Bad(f"path does not match address {address!r}")
+            if address:
+                for segment in address.split("/"):
+                    canonical_segment(segment)
         except TreestoreError as exc:
-            raise _Bad(f"bad path: {exc}") from None
+            raise _Bad(f"bad address {address!r:.200}: {exc}") from None
         kind = _get(rec, "kind", str)
-        leaf_digest = _get(rec, "digest", bytes)
-        if len(leaf_digest) != DIGEST_BYTES:
-            raise _Bad("leaf digest should be 32 bytes")
         if kind in PY_KINDS.values():
             try:
                 value = value_from_record(kind, rec.get("value"))
             except ValueError as exc:
                 raise _Bad(str(exc)) from None
-            return LeafEntry(address, path, kind, leaf_digest, value=value)
+            return LeafEntry(address, kind, value=value)
         if kind not in ARRAY_KINDS:
             raise UnsupportedFormatError(f"{address or '(root)'}: unknown leaf kind {kind!r}")
-        dtype = dtype_from_name(_get(rec, "dtype", str), address=address)
+        dtype_name = _get(rec, "dtype", str)
+        dtype = dtype_from_name(dtype_name, address=address)
         shape_rec = _get(rec, "shape", list)
         if len(shape_rec) > MAX_NDIM:
             raise _Bad(f"{len(shape_rec)} dimensions, over the limit of {MAX_NDIM}")
@@ -340,7 +348,7 @@ def _leaf(rec: object, packs: tuple[ChunkRef, ...]) -> LeafEntry:
         expected = math.prod(shape) * dtype.itemsize
         if sum(c.size for c in chunks) != expected:
             raise _Bad(
-                f"shape {shape} of {dtype.name} needs {expected} bytes, chunks hold "
+                f"shape {shape} of {dtype_name} needs {expected} bytes, chunks hold "
                 f"{sum(c.size for c in chunks)}"
             )
         for c in chunks:
@@ -349,7 +357,7 @@ def _leaf(rec: object, packs: tuple[ChunkRef, ...]) -> LeafEntry:
         impl = rec.get("prng_impl")
         if kind == "prng_key" and impl not in PRNG_IMPLS:
             raise UnsupportedFormatError(f"{address or '(root)'}: unknown PRNG impl {impl!r}")
-        return LeafEntry(address, path, kind, leaf_digest, dtype.name, shape, chunks, impl)
+        return LeafEntry(address, kind, dtype_name, shape, chunks, impl)
     except _Bad as exc:
         raise _Bad(f"leaf {address or '(root)'}: {exc}") from None
     except UnsupportedFormatError as exc:
@@ -357,16 +365,21 @@ def _leaf(rec: object, packs: tuple[ChunkRef, ...]) -> LeafEntry:
         raise
 
 
-def _check_tree(node: object, nleaves: int, seen: set[int], depth: int = 0) -> None:
+def _check_tree(
+    node: object, leaves: tuple[LeafEntry, ...], seen: set[int], address: str = "", depth: int = 0
+) -> None:
+    """Check a node record; every leaf must sit at the position its address names."""
     if depth > MAX_DEPTH:
         raise _Bad(f"tree is nested deeper than {MAX_DEPTH}")
     if not isinstance(node, dict):
         raise _Bad("tree node is not a map")
     kind = _get(node, "type", str)
     if kind == "leaf":
-        i = _count(node.get("leaf"), "leaf index", nleaves - 1)
+        i = _count(node.get("leaf"), "leaf index", len(leaves) - 1)
         if i in seen:
             raise _Bad(f"leaf {i} appears twice in the tree")
+        if leaves[i].address != address:
+            raise _Bad(f"leaf {leaves[i].address!r} sits at address {address!r} in the tree")
         seen.add(i)
         return
     if kind == "none":
@@ -374,18 +387,24 @@ def _check_tree(node: object, nleaves: int, seen: set[int], depth: int = 0) -> N
     if kind not in ("dict", "list", "tuple", "namedtuple", "ordereddict", "custom"):
         raise UnsupportedFormatError(f"unknown tree node type {kind!r}")
     children = _get(node, "children", list)
-    if kind != "list" and kind != "tuple":
-        keys = _get(node, "keys", list)
-        if len(keys) != len(children):
-            raise _Bad(f"{kind} node has {len(keys)} keys for {len(children)} children")
+    if kind in ("list", "tuple"):
+        keys: list[Key] = [SequenceKey(i) for i in range(len(children))]
+    else:
+        records = _get(node, "keys", list)
+        if len(records) != len(children):
+            raise _Bad(f"{kind} node has {len(records)} keys for {len(children)} children")
         try:
-            [key_from_record(k) for k in keys]
+            keys = [key_from_record(k) for k in records]
+            segments = [format_key(k) for k in keys]
         except TreestoreError as exc:
             raise _Bad(f"bad key in {kind} node: {exc}") from None
+        if len(set(segments)) != len(segments):
+            raise _Bad(f"{kind} node at {address or '(root)'} repeats a key")
         if kind in ("namedtuple", "custom"):
             _get(node, "name", str)
-    for child in children:
-        _check_tree(child, nleaves, seen, depth + 1)
+    for key, child in zip(keys, children, strict=True):
+        segment = format_key(key)
+        _check_tree(child, leaves, seen, f"{address}/{segment}" if depth else segment, depth + 1)
 
 
 def decode_manifest(data: bytes, checkpoint: str) -> Manifest:
@@ -402,7 +421,7 @@ def decode_manifest(data: bytes, checkpoint: str) -> Manifest:
             raise _Bad("two leaves share an address")
         tree = _get(rec, "tree", dict)
         seen: set[int] = set()
-        _check_tree(tree, len(leaves), seen)
+        _check_tree(tree, leaves, seen)
         if len(seen) != len(leaves):
             raise _Bad(f"tree references {len(seen)} of {len(leaves)} leaves")
         codec = _get(rec, "codec", dict)

@@ -15,14 +15,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgpack
 import numpy as np
 
 from . import _gc, _layout
-from ._address import KeyPath, format_address
 from ._codecs import Codec, encode, plane_width
-from ._errors import CheckpointExistsError, InvalidInputError
-from ._leaves import ArrayLeaf, Leaf, ValueLeaf, prepare_leaf, value_to_record
+from ._errors import CheckpointExistsError, InvalidInputError, UnsupportedKeyError
+from ._leaves import ArrayLeaf, Leaf, ValueLeaf, prepare_leaf
 from ._manifest import (
     ChunkRef,
     LeafEntry,
@@ -63,10 +61,10 @@ class SaveOptions:
 
 @dataclass(frozen=True)
 class Prepared:
-    """A tree ready to write: its node record and its leaves, on host."""
+    """A tree ready to write: its node record and its (address, leaf) pairs, on host."""
 
     tree: dict[str, Any]
-    leaves: tuple[tuple[KeyPath, str, Leaf], ...]
+    leaves: tuple[tuple[str, Leaf], ...]
 
 
 @dataclass(frozen=True)
@@ -81,13 +79,23 @@ class SaveResult:
     chunks_reused: int  # chunks that were already in the store (deduplicated)
 
 
-def prepare(tree: Any) -> Prepared:
-    """Validate every key and leaf and copy device arrays to host; raises before any write."""
-    leaves: list[tuple[KeyPath, str, Leaf]] = []
+def prepare(tree: Any, *, copy: bool = False) -> Prepared:
+    """Validate every key and leaf and copy device arrays to host; raises before any write.
 
-    def visit(path: KeyPath, value: Any) -> int:
-        address = format_address(path)
-        leaves.append((path, address, prepare_leaf(value, address)))
+    With ``copy=True`` numpy leaves are copied too, so the caller may change them at once.
+    """
+    leaves: list[tuple[str, Leaf]] = []
+    seen: set[str] = set()
+
+    def visit(address: str, value: Any) -> int:
+        if address in seen:
+            raise UnsupportedKeyError(
+                f"{address or '(root)'}: two leaves have this address (a custom node gives two "
+                "children the same key entry)",
+                address=address,
+            )
+        seen.add(address)
+        leaves.append((address, prepare_leaf(value, address, copy=copy)))
         return len(leaves) - 1
 
     return Prepared(flatten(tree, visit), tuple(leaves))
@@ -96,9 +104,10 @@ def prepare(tree: Any) -> Prepared:
 class _ChunkWriter:
     """Hashes, deduplicates, encodes and writes chunks; safe to call from many threads."""
 
-    def __init__(self, storage: Storage, codec: Codec) -> None:
+    def __init__(self, storage: Storage, codec: Codec, on_chunk: Callable[[int], None] | None) -> None:
         self.storage = storage
         self.codec = codec
+        self.on_chunk = on_chunk
         self._lock = threading.Lock()
         self._claimed: dict[bytes, cf.Future[int]] = {}
         self.written = self.written_bytes = self.reused = 0
@@ -129,14 +138,9 @@ class _ChunkWriter:
         except BaseException as exc:
             fut.set_exception(exc)
             raise
+        if self.on_chunk is not None:
+            self.on_chunk(raw.nbytes)
         return ChunkRef(d, raw.nbytes, stored)
-
-
-def _leaf_digest(leaf: Leaf, chunks: list[ChunkRef]) -> bytes:
-    if isinstance(leaf, ValueLeaf):
-        return digest(msgpack.packb([leaf.kind, value_to_record(leaf.kind, leaf.value)], use_bin_type=True))
-    record = [leaf.dtype, list(leaf.shape), leaf.prng_impl, [c.digest for c in chunks]]
-    return digest(msgpack.packb(record, use_bin_type=True))
 
 
 def _plan_chunks(
@@ -170,17 +174,10 @@ def write(
             f"checkpoint {name!r} already exists in {storage.url}; pass overwrite=True to replace it",
             checkpoint=name,
         )
-    writer = _ChunkWriter(storage, options.codec)
+    writer = _ChunkWriter(storage, options.codec, on_chunk)
     with _gc.save_lock(storage) as lock, cf.ThreadPoolExecutor(options.threads) as pool:
-
-        def submit(raw: np.ndarray[Any, Any], width: int) -> cf.Future[ChunkRef]:
-            fut = pool.submit(writer.put, raw, width)
-            if on_chunk is not None:
-                fut.add_done_callback(lambda f: f.exception() or on_chunk(raw.nbytes))
-            return fut
-
         try:
-            entries, packs = _write_leaves(prepared, options, submit, lock)
+            entries, packs = _write_leaves(prepared, options, pool, writer, lock)
         except BaseException:
             pool.shutdown(wait=True, cancel_futures=True)
             raise
@@ -219,57 +216,47 @@ def write(
 def _write_leaves(
     prepared: Prepared,
     options: SaveOptions,
-    submit: Callable[..., cf.Future[ChunkRef]],
+    pool: cf.ThreadPoolExecutor,
+    writer: _ChunkWriter,
     lock: _gc.Lock,
 ) -> tuple[list[LeafEntry], list[ChunkRef]]:
-    pending: list[tuple[KeyPath, str, Leaf, Any]] = []
-    pack_futures: list[cf.Future[ChunkRef]] = []
-    pack_parts: list[np.ndarray[Any, Any]] = []
+    # Small leaves are hashed here, before any worker runs: thousands of tiny hashes interleaved
+    # with workers would spend their time handing the GIL back and forth.
+    plans: list[Any] = []
+    packs: list[list[np.ndarray[Any, Any]]] = [[]]
     pack_fill = 0
-
-    def flush_pack() -> None:
-        nonlocal pack_parts, pack_fill
-        if pack_parts:
-            pack_futures.append(submit(np.concatenate(pack_parts), 0))
-            pack_parts, pack_fill = [], 0
-
-    for path, address, leaf in prepared.leaves:
+    for _, leaf in prepared.leaves:
         if isinstance(leaf, ValueLeaf):
-            pending.append((path, address, leaf, None))
+            plans.append(None)
             continue
         raw = leaf.data.reshape(-1).view(np.uint8)
-        if raw.nbytes == 0:
-            pending.append((path, address, leaf, []))
-        elif raw.nbytes < options.small_leaf:
-            if pack_fill + raw.nbytes > options.pack_size:
-                flush_pack()
-            ref = ChunkRef(digest(raw), raw.nbytes, 0, len(pack_futures), pack_fill)
-            pack_parts.append(raw)
-            pack_fill += raw.nbytes
-            pending.append((path, address, leaf, [ref]))
-        else:
-            pending.append((path, address, leaf, _plan_chunks(leaf, options, submit)))
-    flush_pack()
+        if raw.nbytes == 0 or raw.nbytes >= options.small_leaf:
+            plans.append(raw)
+            continue
+        if pack_fill + raw.nbytes > options.pack_size:
+            packs.append([])
+            pack_fill = 0
+        plans.append(ChunkRef(digest(raw), raw.nbytes, 0, len(packs) - 1, pack_fill))
+        packs[-1].append(raw)
+        pack_fill += raw.nbytes
+    pack_jobs = [pool.submit(writer.put, np.concatenate(m), 0) for m in packs if m]
+    for i, (_, leaf) in enumerate(prepared.leaves):
+        plan = plans[i]
+        if isinstance(plan, np.ndarray) and plan.nbytes:
+            assert isinstance(leaf, ArrayLeaf)
+            plans[i] = _plan_chunks(leaf, options, lambda raw, width: pool.submit(writer.put, raw, width))
 
     entries = []
-    for path, address, leaf, chunk_plan in pending:
-        lock.refresh(_gc.STALE_AFTER)
+    for (address, leaf), plan in zip(prepared.leaves, plans, strict=True):
         if isinstance(leaf, ValueLeaf):
-            entries.append(LeafEntry(address, path, leaf.kind, _leaf_digest(leaf, []), value=leaf.value))
+            entries.append(LeafEntry(address, leaf.kind, value=leaf.value))
             continue
-        assert isinstance(leaf, ArrayLeaf)
-        chunks = [c if isinstance(c, ChunkRef) else c.result() for c in chunk_plan]
-        entries.append(
-            LeafEntry(
-                address,
-                path,
-                leaf.kind,
-                _leaf_digest(leaf, chunks),
-                leaf.dtype,
-                leaf.shape,
-                tuple(chunks),
-                leaf.prng_impl,
-            )
-        )
-    packs = [f.result() for f in pack_futures]
-    return entries, packs
+        if isinstance(plan, ChunkRef):
+            chunks: tuple[ChunkRef, ...] = (plan,)
+        elif isinstance(plan, np.ndarray):  # empty
+            chunks = ()
+        else:
+            chunks = tuple(f.result() for f in plan)
+            lock.refresh(_gc.STALE_AFTER)
+        entries.append(LeafEntry(address, leaf.kind, leaf.dtype, leaf.shape, chunks, leaf.prng_impl))
+    return entries, [job.result() for job in pack_jobs]

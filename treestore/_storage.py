@@ -7,6 +7,7 @@ place, so a reader never sees a half-written object under its final name.
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import contextlib
 import datetime as _dt
 import os
@@ -214,7 +215,8 @@ class LocalStorage(Storage):
     def __init__(self, fs: fsspec.AbstractFileSystem, root: str, url: str) -> None:
         super().__init__(fs, root, url)
         self._made: set[str] = set()
-        self._dirty: set[str] = set()
+        self._dirty_files: list[str] = []
+        self._dirty_dirs: set[str] = set()
         self._dirty_lock = threading.Lock()
 
     def _tmp(self, full: str) -> str:
@@ -229,21 +231,43 @@ class LocalStorage(Storage):
         with open(tmp, "wb") as f:
             for buf in buffers:
                 f.write(buf)
-            f.flush()
-            os.fsync(f.fileno())
-        with self._dirty_lock:
-            self._dirty.add(os.path.dirname(full))
         return tmp
 
-    def sync(self) -> None:
+    def _durable(self, full: str, tmp: str) -> None:
+        """fsync ``tmp`` now (it is about to be linked); remember the folder for :meth:`sync`."""
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         with self._dirty_lock:
-            dirty, self._dirty = self._dirty, set()
-        for folder in dirty:
-            fd = os.open(folder, os.O_RDONLY)
+            self._dirty_dirs.add(os.path.dirname(full))
+
+    def sync(self) -> None:
+        """fsync every file written since the last sync (in parallel), then their folders."""
+        with self._dirty_lock:
+            files, self._dirty_files = self._dirty_files, []
+            dirs, self._dirty_dirs = self._dirty_dirs, set()
+        dirs.update(os.path.dirname(f) for f in files)
+
+        def fsync(path: str) -> None:
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:  # replaced or collected since: nothing to make durable
+                return
             try:
                 os.fsync(fd)
             finally:
                 os.close(fd)
+
+        if len(files) > 1:
+            with cf.ThreadPoolExecutor(min(8, len(files))) as pool:
+                list(pool.map(fsync, files))
+        else:
+            for f in files:
+                fsync(f)
+        for d in dirs:
+            fsync(d)
 
     def write(self, path: str, buffers: Buffers) -> None:
         self._check_writable(path)
@@ -257,6 +281,8 @@ class LocalStorage(Storage):
                 with contextlib.suppress(OSError):
                     os.unlink(tmp)
                 raise
+            with self._dirty_lock:
+                self._dirty_files.append(full)
 
         self._call("writing", path, put)
 
@@ -267,6 +293,7 @@ class LocalStorage(Storage):
         def put() -> bool:
             tmp = self._write_tmp(full, [data])
             try:
+                self._durable(full, tmp)
                 os.link(tmp, full)
                 return True
             except FileExistsError:

@@ -190,19 +190,15 @@ class Store:
             raise InvalidInputError("prefix= only applies with like=")
         entries = select_entries(manifest, select)
         arrays = self._arrays(manifest, entries, threads)
-        by_index = {id(e): e for e in entries}
         wanted = {e.address for e in entries}
 
         def leaf(i: int) -> Any:
             e = manifest.leaves[i]
-            if id(e) not in by_index:
-                raise AssertionError("unselected leaf requested")
             if e.is_array:
                 return restore_array(e.kind, arrays[e.address], e.prng_impl)
             return e.value
 
-        keep = (lambda a: True) if select is None else (lambda a: a in wanted)
-        return rebuild(manifest.tree, leaf, keep)
+        return rebuild(manifest.tree, leaf, None if select is None else wanted.__contains__)
 
     def _arrays(self, manifest: Manifest, entries: builtins.list[LeafEntry], threads: int) -> dict[str, Any]:
         return _read.read_arrays(self.storage, manifest, [e for e in entries if e.is_array], threads=threads)

@@ -15,7 +15,7 @@ from typing import Any
 import jax
 from jax.tree_util import DictKey, SequenceKey
 
-from ._address import Key, KeyPath, format_address, key_from_record, key_to_record, key_value
+from ._address import Key, KeyPath, format_address, format_key, key_from_record, key_to_record, key_value
 from ._errors import UnsupportedKeyError
 
 
@@ -40,49 +40,53 @@ def _children(node: Any) -> list[tuple[Key, Any]] | None:
     return out
 
 
-def flatten(tree: Any, visit: Callable[[KeyPath, Any], int]) -> dict[str, Any]:
-    """The node record of ``tree``; ``visit(path, leaf)`` is called for each leaf in order and
-    returns the leaf's index."""
+def flatten(tree: Any, visit: Callable[[str, Any], int]) -> dict[str, Any]:
+    """The node record of ``tree``; ``visit(address, leaf)`` is called for each leaf in order and
+    returns the leaf's index. Unsupported keys raise UnsupportedKeyError naming their path."""
 
-    def walk(x: Any, path: KeyPath) -> dict[str, Any]:
+    def join(address: str, path: KeyPath, key: Key) -> str:
+        segment = format_key(key, path)
+        return f"{address}/{segment}" if path else segment
+
+    def walk(x: Any, path: KeyPath, address: str) -> dict[str, Any]:
         if x is None:
             return {"type": "none"}
         t = type(x)
         if t is dict or t is collections.OrderedDict:
-            keys = list(x) if t is collections.OrderedDict else _sorted_keys(x)
             order = list(x)
+            keys = order if t is collections.OrderedDict else _sorted_keys(x)
             entries = {}
             for k in keys:
                 key = DictKey(k)
-                format_address((*path, key))  # rejects unsupported key types, naming the path
-                entries[k] = walk(x[k], (*path, key))
+                entries[k] = walk(x[k], (*path, key), join(address, path, key))
             return {
                 "type": "dict" if t is dict else "ordereddict",
                 "keys": [key_to_record(DictKey(k)) for k in order],
                 "children": [entries[k] for k in order],
             }
         if t is list or t is tuple:
-            return {
-                "type": t.__name__,
-                "children": [walk(c, (*path, SequenceKey(i))) for i, c in enumerate(x)],
-            }
-        children = _children(x)
-        if children is None:
-            return {"type": "leaf", "leaf": visit(path, x)}
+            children = []
+            for i, c in enumerate(x):
+                key = SequenceKey(i)
+                children.append(walk(c, (*path, key), join(address, path, key)))
+            return {"type": t.__name__, "children": children}
+        pairs = _children(x)
+        if pairs is None:
+            return {"type": "leaf", "leaf": visit(address, x)}
         kind = "namedtuple" if isinstance(x, tuple) and hasattr(x, "_fields") else "custom"
-        for key, _ in children:
-            format_address((*path, key))
         return {
             "type": kind,
             "name": f"{t.__module__}.{t.__qualname__}",
-            "keys": [key_to_record(k) for k, _ in children],
-            "children": [walk(c, (*path, k)) for k, c in children],
+            "keys": [key_to_record(k) for k, _ in pairs],
+            "children": [walk(c, (*path, k), join(address, path, k)) for k, c in pairs],
         }
 
-    return walk(tree, ())
+    return walk(tree, (), "")
 
 
-def rebuild(node: dict[str, Any], leaf: Callable[[int], Any], keep: Callable[[str], bool]) -> Any:
+def rebuild(
+    node: dict[str, Any], leaf: Callable[[int], Any], keep: Callable[[str], bool] | None = None
+) -> Any:
     """A tree of builtin containers from a node record; custom nodes become dicts.
 
     ``leaf(i)`` gives leaf i; subtrees whose leaves are all dropped by ``keep(address)`` are
@@ -90,12 +94,15 @@ def rebuild(node: dict[str, Any], leaf: Callable[[int], Any], keep: Callable[[st
     """
     missing = object()
 
+    def wanted(path: KeyPath) -> bool:
+        return keep is None or keep(format_address(path))
+
     def walk(n: dict[str, Any], path: KeyPath) -> Any:
         kind = n["type"]
         if kind == "leaf":
-            return leaf(n["leaf"]) if keep(format_address(path)) else missing
+            return leaf(n["leaf"]) if wanted(path) else missing
         if kind == "none":
-            return None if keep(format_address(path)) else missing
+            return None if wanted(path) else missing
         children = n["children"]
         if kind in ("list", "tuple"):
             items = [walk(c, (*path, SequenceKey(i))) for i, c in enumerate(children)]
