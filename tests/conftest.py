@@ -1,10 +1,35 @@
-"""Shared fixtures: fresh stores on each local backend."""
+"""Shared fixtures: fresh stores on each local backend, and the real object-store servers.
+
+The servers (moto S3, the GCS emulator, azurite, a static HTTP server; tests/servers.py) are
+session-scoped: each starts once, on a free 127.0.0.1 port, the first time a test asks for it,
+and stops at the end of the session. ``*_backend`` fixtures empty the server before each test.
+"""
 
 from __future__ import annotations
+
+import os
+
+# gcsfs picks its filesystem class at import time; with the zonal/HNS class every call against the
+# emulator stalls for a minute. This must run before anything imports gcsfs.
+os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
+os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
+# Eight CPU devices for the sharding tests; set before jax starts its backend.
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
 import uuid
 
 import pytest
+
+from tests import servers
+
+s3_server = servers.s3_server
+gcs_server = servers.gcs_server
+azure_server = servers.azure_server
+http_server = servers.http_server
+s3_backend = servers.s3_backend
+gcs_backend = servers.gcs_backend
+azure_backend = servers.azure_backend
+http_backend = servers.http_backend
 
 
 @pytest.fixture(params=["local", "memory"])

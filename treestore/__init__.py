@@ -31,6 +31,7 @@ from ._errors import (
 )
 from ._gc import GcReport
 from ._lazy import Checkpoint, LazyLeaf
+from ._manager import CheckpointManager, StepInfo
 from ._manifest import FORMAT_VERSION, ChunkRef, LeafEntry, Manifest
 from ._save import SaveOptions, SaveResult
 from ._store import CheckpointInfo, Store, diff, load, open, save
@@ -42,6 +43,7 @@ __all__ = [
     "Checkpoint",
     "CheckpointExistsError",
     "CheckpointInfo",
+    "CheckpointManager",
     "CheckpointNotFoundError",
     "ChunkCorruptError",
     "ChunkMissingError",
@@ -62,6 +64,7 @@ __all__ = [
     "OutOfBoundsError",
     "SaveOptions",
     "SaveResult",
+    "StepInfo",
     "StorageError",
     "Store",
     "StoreBusyError",

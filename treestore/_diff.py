@@ -12,6 +12,7 @@ import numpy as np
 
 from ._lazy import Checkpoint, LazyLeaf
 from ._manifest import LeafEntry
+from ._region import piece_bytes
 
 ADDED, REMOVED, CHANGED, SHAPE, DTYPE, UNCHANGED = (
     "added",
@@ -154,10 +155,14 @@ def _compare(ea: LeafEntry, eb: LeafEntry) -> tuple[str, float | None]:
         return DTYPE, None
     if ea.digest == eb.digest:
         return UNCHANGED, None
-    if [c.size for c in ea.chunks] == [c.size for c in eb.chunks]:
+    if _layout_of(ea) == _layout_of(eb):
         differ = sum(ca.digest != cb.digest for ca, cb in zip(ea.chunks, eb.chunks, strict=True))
         return (CHANGED if differ else UNCHANGED), differ / max(len(ea.chunks), 1)
     return "layout", None  # equal types saved with different chunk sizes: compare the data
+
+
+def _layout_of(e: LeafEntry) -> list[tuple[tuple[int, ...], tuple[int, ...], list[int]]]:
+    return [(p.start, p.shape, [c.size for c in p.chunks]) for p in e.layout]
 
 
 def diff_checkpoints(a: Checkpoint, b: Checkpoint, *, stats: bool = False) -> Diff:
@@ -253,10 +258,12 @@ def _stats(a: LazyLeaf, b: LazyLeaf, *, by_chunk: bool) -> LeafStats:
     if not by_chunk:
         acc.add(np.asarray(a).reshape(-1), np.asarray(b).reshape(-1))
         return acc.result()
-    at = 0
-    for ca, cb in zip(a.entry.chunks, b.entry.chunks, strict=True):
-        xa = a._read_bytes(at, at + ca.size).view(a.dtype)
-        xb = None if ca.digest == cb.digest else b._read_bytes(at, at + cb.size).view(b.dtype)
-        at += ca.size
-        acc.add(xa, xb)
+    for pa, pb in zip(a.entry.layout, b.entry.layout, strict=True):
+        at = 0
+        for ca, cb in zip(pa.chunks, pb.chunks, strict=True):
+            xa = piece_bytes(a.reader, pa, at, at + ca.size, a.address).view(a.dtype)
+            same = ca.digest == cb.digest
+            xb = None if same else piece_bytes(b.reader, pb, at, at + cb.size, b.address).view(b.dtype)
+            at += ca.size
+            acc.add(xa, xb)
     return acc.result()

@@ -133,6 +133,9 @@ def collect(
             doomed.append(obj.path)
             freed += obj.size
             manifests += 1
+    for obj in storage.list(_layout.STAGING):  # records of multi-process saves that died
+        if obj.mtime is not None and now - obj.mtime >= grace:
+            doomed.append(obj.path)
     locks = 0
     for obj in storage.list(_layout.LOCKS):
         if now - _lock_time(storage, obj.path, obj.mtime) >= stale_after:

@@ -6,6 +6,7 @@ CHUNKS = "chunks"
 MANIFESTS = "manifests"
 CHECKPOINTS = "checkpoints"
 LOCKS = "locks"
+STAGING = "staging"
 
 
 def chunk_path(digest: bytes) -> str:

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _read
+from . import _read, _region
 from ._errors import InvalidInputError, OutOfBoundsError
 from ._leaves import dtype_from_name, restore_array
 from ._manifest import LeafEntry, Manifest
@@ -27,7 +27,7 @@ class LazyLeaf:
 
     def __init__(self, reader: _read.ChunkReader, entry: LeafEntry) -> None:
         assert entry.shape is not None and entry.dtype is not None
-        self._reader = reader
+        self.reader = reader
         self.entry = entry
         self.address = entry.address
         self.shape: tuple[int, ...] = entry.shape
@@ -61,11 +61,16 @@ class LazyLeaf:
 
     def read(self) -> Any:
         """The whole leaf, as the type it was saved as (numpy, jax array or PRNG key)."""
-        data = self._read_bytes(0, self.entry.nbytes).view(self.dtype).reshape(self.shape)
-        return restore_array(self.kind, data, self.entry.prng_impl)
+        return restore_array(self.kind, self.region(), self.entry.prng_impl)
+
+    def region(self, region: Any = ()) -> np.ndarray[Any, Any]:
+        """The elements in a box given as unit-step slices (default: all), reading only the
+        chunks that hold them."""
+        box = _region.normalize(region, self.shape, self.address)
+        return _region.read_region(self.reader, self.entry, box)
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray[Any, Any]:
-        data = self._read_bytes(0, self.entry.nbytes).view(self.dtype).reshape(self.shape)
+        data = self.region()
         return data if dtype is None else data.astype(dtype)
 
     def __getitem__(self, index: Index) -> np.ndarray[Any, Any]:
@@ -92,10 +97,8 @@ class LazyLeaf:
                 start, stop = min(picked), max(picked) + 1
                 end = picked.stop - start
                 local = slice(picked.start - start, end if end >= 0 else None, picked.step)
-        row_bytes = self.entry.nbytes // rows if rows else 0
-        block = self._read_bytes(start * row_bytes, stop * row_bytes)
-        block_arr = block.view(self.dtype).reshape((stop - start, *self.shape[1:]))
-        return block_arr[(local, *rest)]
+        block = self.region(slice(start, stop))
+        return block[(local, *rest)]
 
     def _split(self, index: Index) -> tuple[Any, tuple[Any, ...]]:
         items = index if isinstance(index, tuple) else (index,)
@@ -117,24 +120,6 @@ class LazyLeaf:
                 address=self.address,
             )
         return items[0], tuple(items[1:])
-
-    def _read_bytes(self, start: int, stop: int) -> np.ndarray[Any, Any]:
-        """Raw bytes [start, stop) of the leaf, reading only the chunks that overlap them."""
-        out = np.empty(max(stop - start, 0), np.uint8)
-        at = 0
-        for c in self.entry.chunks:
-            lo, hi = at, at + c.size
-            at = hi
-            if hi <= start or lo >= stop:
-                continue
-            if start <= lo and hi <= stop:
-                self._reader.read_leaf_chunk(c, out[lo - start : hi - start], self.address)
-            else:
-                tmp = np.empty(c.size, np.uint8)
-                self._reader.read_leaf_chunk(c, tmp, self.address)
-                a, b = max(lo, start), min(hi, stop)
-                out[a - start : b - start] = tmp[a - lo : b - lo]
-        return out
 
 
 class Checkpoint:

@@ -95,16 +95,29 @@ def dtype_from_name(name: object, *, address: str = "", checkpoint: str | None =
 
 @dataclass(frozen=True)
 class ArrayLeaf:
-    """An array-like leaf ready to store: its kind, dtype name, and host data (C order, LE)."""
+    """An array-like leaf ready to store: its kind, dtype name, and host data (C order, LE).
+
+    A sharded jax.Array is not gathered: ``parts`` holds (start index, host data) of each shard
+    this process owns (replica 0 only), ``data`` is None, and ``global_shape`` is its shape.
+    """
 
     kind: str
     dtype: str
-    data: np.ndarray[Any, Any]
+    data: np.ndarray[Any, Any] | None
     prng_impl: str | None = None
+    parts: tuple[tuple[tuple[int, ...], np.ndarray[Any, Any]], ...] = ()
+    global_shape: tuple[int, ...] | None = None
 
     @property
     def shape(self) -> tuple[int, ...]:
+        if self.global_shape is not None:
+            return self.global_shape
+        assert self.data is not None
         return tuple(self.data.shape)
+
+    @property
+    def sharded(self) -> bool:
+        return self.global_shape is not None
 
 
 @dataclass(frozen=True)
@@ -139,12 +152,18 @@ def prepare_leaf(value: object, address: str, *, copy: bool = False) -> Leaf:
             )
         return ValueLeaf(kind, value)
     if isinstance(value, jax.Array):
+        impl = None
+        kind = JAX
         if jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key):
-            impl = str(jax.random.key_impl(value))
-            data = np.asarray(jax.random.key_data(value))
-            return ArrayLeaf(PRNG_KEY, _checked_name(data.dtype, address), _host(data, copy), impl)
-        data = np.asarray(value)
-        return ArrayLeaf(JAX, _checked_name(data.dtype, address), _host(data, copy))
+            kind, impl = PRNG_KEY, str(jax.random.key_impl(value))
+            value = jax.random.key_data(value)
+        name = _checked_name(np.dtype(value.dtype), address)
+        parts = _owned_shards(value)
+        if parts is None:
+            return ArrayLeaf(kind, name, _host(_whole(value), copy), impl)
+        return ArrayLeaf(
+            kind, name, None, impl, tuple((s, _host(d, copy)) for s, d in parts), tuple(value.shape)
+        )
     if isinstance(value, np.ndarray):
         return ArrayLeaf(NUMPY, _checked_name(value.dtype, address), _host(value, copy))
     if isinstance(value, np.generic):
@@ -156,6 +175,28 @@ def prepare_leaf(value: object, address: str, *, copy: bool = False) -> Leaf:
         "PRNG keys, and Python int, float, bool, complex, str and bytes",
         address=address,
     )
+
+
+def _whole(x: jax.Array) -> np.ndarray[Any, Any]:
+    """Host data of an unsharded or fully replicated array, copied from one device."""
+    if x.is_fully_addressable:
+        return np.asarray(x)
+    return np.asarray(x.addressable_data(0))
+
+
+def _owned_shards(x: jax.Array) -> list[tuple[tuple[int, ...], np.ndarray[Any, Any]]] | None:
+    """(start, host data) of the shards of ``x`` this process writes, or None when ``x`` is
+    not sharded (one device, or every device holds all of it)."""
+    sharding = x.sharding
+    if sharding.is_fully_replicated or len(sharding.device_set) == 1:
+        return None
+    parts = []
+    for shard in x.addressable_shards:
+        if shard.replica_id != 0:  # one replica owner writes each distinct shard
+            continue
+        start = tuple(0 if s.start is None else int(s.start) for s in shard.index)
+        parts.append((start, np.asarray(shard.data)))
+    return parts
 
 
 def _encodable(text: str) -> bool:

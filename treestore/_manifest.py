@@ -16,6 +16,7 @@ from typing import Any
 
 import blake3
 import msgpack
+import numpy as np
 from jax.tree_util import SequenceKey
 
 from ._address import Key, canonical_segment, format_key, key_from_record, parse_address
@@ -84,8 +85,30 @@ class ChunkRef:
 
 
 @dataclass(frozen=True)
+class Piece:
+    """A box of an array leaf (``start`` and ``shape`` in the leaf's index space) whose elements,
+    in C order, are the concatenated raw bytes of ``chunks``. Sharded arrays are saved as one
+    piece per distinct shard; other arrays are one piece covering the whole leaf."""
+
+    start: tuple[int, ...]
+    shape: tuple[int, ...]
+    chunks: tuple[ChunkRef, ...]
+
+    def to_record(self) -> list[object]:
+        return [list(self.start), list(self.shape), [c.to_record() for c in self.chunks]]
+
+    @property
+    def region(self) -> tuple[slice, ...]:
+        return tuple(slice(a, a + n) for a, n in zip(self.start, self.shape, strict=True))
+
+
+@dataclass(frozen=True)
 class LeafEntry:
-    """Everything the manifest says about one leaf."""
+    """Everything the manifest says about one leaf.
+
+    ``chunks`` lists every chunk of an array leaf; ``pieces`` is set only for leaves saved in
+    several pieces (sharded arrays), whose chunks then follow piece by piece.
+    """
 
     address: str
     kind: str
@@ -94,6 +117,15 @@ class LeafEntry:
     chunks: tuple[ChunkRef, ...] = ()
     prng_impl: str | None = None
     value: object = None
+    pieces: tuple[Piece, ...] = ()
+
+    @property
+    def layout(self) -> tuple[Piece, ...]:
+        """The pieces of an array leaf (one covering the leaf unless it was saved sharded)."""
+        if self.pieces:
+            return self.pieces
+        shape = self.shape or ()
+        return (Piece((0,) * len(shape), shape, self.chunks),)
 
     @functools.cached_property
     def path(self) -> tuple[Key, ...]:
@@ -104,7 +136,10 @@ class LeafEntry:
     def digest(self) -> bytes:
         """Equal digests mean equal leaves (SPEC.md, section 4)."""
         record: list[object]
-        if self.is_array:
+        if self.pieces:
+            layout = [[list(p.start), list(p.shape), [c.digest for c in p.chunks]] for p in self.pieces]
+            record = [self.dtype, list(self.shape or ()), self.prng_impl, layout]
+        elif self.is_array:
             record = [self.dtype, list(self.shape or ()), self.prng_impl, [c.digest for c in self.chunks]]
         else:
             record = [self.kind, value_to_record(self.kind, self.value)]
@@ -167,7 +202,10 @@ def leaf_to_record(leaf: LeafEntry) -> dict[str, object]:
         assert leaf.shape is not None
         rec["dtype"] = leaf.dtype
         rec["shape"] = list(leaf.shape)
-        rec["chunks"] = [c.to_record() for c in leaf.chunks]
+        if leaf.pieces:
+            rec["pieces"] = [p.to_record() for p in leaf.pieces]
+        else:
+            rec["chunks"] = [c.to_record() for c in leaf.chunks]
         if leaf.prng_impl is not None:
             rec["prng_impl"] = leaf.prng_impl
     else:
@@ -318,6 +356,59 @@ def _chunk(rec: object, npacks: int) -> ChunkRef:
     return ChunkRef(d, size, stored, pack, _count(rec[4], "pack offset", MAX_CHUNK_BYTES))
 
 
+MAX_PIECES = 65536
+MAX_GRID_CELLS = 1 << 22
+
+
+def _pieces(records: list[Any], shape: tuple[int, ...], itemsize: int) -> tuple[Piece, ...]:
+    """Pieces that tile ``shape`` exactly: inside it, no overlaps, no holes."""
+    if not 1 <= len(records) <= MAX_PIECES:
+        raise _Bad(f"{len(records)} pieces; a sharded leaf has 1 to {MAX_PIECES}")
+    pieces = []
+    for rec in records:
+        if not isinstance(rec, list) or len(rec) != 3:
+            raise _Bad("a piece should be [start, shape, chunks]")
+        start_rec, shape_rec, chunk_recs = rec
+        if not (isinstance(start_rec, list) and isinstance(shape_rec, list) and isinstance(chunk_recs, list)):
+            raise _Bad("a piece should be [start, shape, chunks] lists")
+        if len(start_rec) != len(shape) or len(shape_rec) != len(shape):
+            raise _Bad(f"a piece of a {len(shape)}-d leaf has {len(start_rec)}-d start")
+        start = tuple(_count(a, "piece start", 2**48) for a in start_rec)
+        extent = tuple(_count(n, "piece dimension", 2**48) for n in shape_rec)
+        if any(a + n > dim for a, n, dim in zip(start, extent, shape, strict=True)):
+            raise _Bad(f"piece at {start} of shape {extent} lies outside shape {shape}")
+        chunks = tuple(_chunk(c, 0) for c in chunk_recs)
+        if sum(c.size for c in chunks) != math.prod(extent) * itemsize:
+            raise _Bad(f"piece at {start} of shape {extent}: chunks hold the wrong number of bytes")
+        pieces.append(Piece(start, extent, chunks))
+    if sum(math.prod(p.shape) for p in pieces) != math.prod(shape):
+        raise _Bad("pieces do not cover the leaf exactly")
+    _check_disjoint(pieces, shape)
+    return tuple(pieces)
+
+
+def _check_disjoint(pieces: list[Piece], shape: tuple[int, ...]) -> None:
+    """With volumes summing to the whole, disjoint pieces tile it: count cover on the grid the
+    pieces' boundaries span."""
+    if len(pieces) == 1 or not shape:
+        return
+    bounds = [
+        sorted({0, dim, *(p.start[d] for p in pieces), *(p.start[d] + p.shape[d] for p in pieces)})
+        for d, dim in enumerate(shape)
+    ]
+    cells = math.prod(len(b) - 1 for b in bounds)
+    if cells > MAX_GRID_CELLS:
+        raise _Bad(f"pieces form an irregular grid of {cells} cells, over the limit")
+    cover = np.zeros([len(b) - 1 for b in bounds], np.int32)
+    for p in pieces:
+        box = tuple(
+            slice(b.index(a), b.index(a + n)) for b, a, n in zip(bounds, p.start, p.shape, strict=True)
+        )
+        cover[box] += 1
+    if cover.size and (cover.min() != 1 or cover.max() != 1):
+        raise _Bad("pieces overlap or leave holes")
+
+
 def _leaf(rec: object, packs: tuple[ChunkRef, ...]) -> LeafEntry:
     if not isinstance(rec, dict):
         raise _Bad("leaf entry is not a map")
@@ -344,7 +435,12 @@ def _leaf(rec: object, packs: tuple[ChunkRef, ...]) -> LeafEntry:
         if len(shape_rec) > MAX_NDIM:
             raise _Bad(f"{len(shape_rec)} dimensions, over the limit of {MAX_NDIM}")
         shape = tuple(_count(n, "dimension", 2**48) for n in shape_rec)
-        chunks = tuple(_chunk(c, len(packs)) for c in _get(rec, "chunks", list))
+        pieces: tuple[Piece, ...] = ()
+        if "pieces" in rec:
+            pieces = _pieces(_get(rec, "pieces", list), shape, dtype.itemsize)
+            chunks = tuple(c for p in pieces for c in p.chunks)
+        else:
+            chunks = tuple(_chunk(c, len(packs)) for c in _get(rec, "chunks", list))
         expected = math.prod(shape) * dtype.itemsize
         if sum(c.size for c in chunks) != expected:
             raise _Bad(
@@ -357,7 +453,7 @@ def _leaf(rec: object, packs: tuple[ChunkRef, ...]) -> LeafEntry:
         impl = rec.get("prng_impl")
         if kind == "prng_key" and impl not in PRNG_IMPLS:
             raise UnsupportedFormatError(f"{address or '(root)'}: unknown PRNG impl {impl!r}")
-        return LeafEntry(address, kind, dtype_name, shape, chunks, impl)
+        return LeafEntry(address, kind, dtype_name, shape, chunks, impl, pieces=pieces)
     except _Bad as exc:
         raise _Bad(f"leaf {address or '(root)'}: {exc}") from None
     except UnsupportedFormatError as exc:

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures as cf
-import functools
 import threading
-from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -19,12 +17,10 @@ from ._errors import (
     ManifestCorruptError,
     TreestoreError,
 )
-from ._leaves import dtype_from_name
 from ._manifest import (
     MAX_MANIFEST_BYTES,
     MAX_REF_BYTES,
     ChunkRef,
-    LeafEntry,
     Manifest,
     Ref,
     check_name,
@@ -152,57 +148,3 @@ class ChunkReader:
         if digest(part) != c.digest:
             raise self._fail(ChunkCorruptError, address, c, "does not match its digest")
         out[:] = part
-
-
-def read_arrays(
-    storage: Storage,
-    manifest: Manifest,
-    entries: Iterable[LeafEntry],
-    *,
-    threads: int,
-    reader: ChunkReader | None = None,
-) -> dict[str, np.ndarray[Any, Any]]:
-    """The host arrays of the given array leaves, every chunk verified.
-
-    Chunks of big leaves are read in parallel, one job each; leaves packed together are served by
-    one job per pack, which reads and verifies the pack once.
-    """
-    reader = reader or ChunkReader(storage, manifest)
-    out: dict[str, np.ndarray[Any, Any]] = {}
-    jobs: list[Callable[[], None]] = []
-    packed: dict[int, list[tuple[ChunkRef, np.ndarray[Any, Any], str]]] = {}
-    for entry in entries:
-        assert entry.shape is not None
-        array = np.empty(entry.shape, dtype_from_name(entry.dtype, address=entry.address))
-        flat = array.reshape(-1).view(np.uint8)
-        at = 0
-        for c in entry.chunks:
-            part = flat[at : at + c.size]
-            if c.pack is None:
-                jobs.append(functools.partial(reader.read_into, c, part, entry.address))
-            else:
-                packed.setdefault(c.pack, []).append((c, part, entry.address))
-            at += c.size
-        out[entry.address] = array
-    for members in packed.values():
-        jobs.append(functools.partial(_read_pack_members, reader, members))
-    if len(jobs) <= 1 or threads <= 1:
-        for job in jobs:
-            job()
-        return out
-    with cf.ThreadPoolExecutor(min(threads, len(jobs))) as pool:
-        futures = [pool.submit(job) for job in jobs]
-        try:
-            for f in futures:
-                f.result()
-        except BaseException:
-            pool.shutdown(wait=True, cancel_futures=True)
-            raise
-    return out
-
-
-def _read_pack_members(
-    reader: ChunkReader, members: list[tuple[ChunkRef, np.ndarray[Any, Any], str]]
-) -> None:
-    for c, part, address in members:
-        reader.read_leaf_chunk(c, part, address)

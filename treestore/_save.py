@@ -8,6 +8,7 @@ run in the background. Commit order: chunks, then the manifest, then the commit 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import os
 import threading
 import time
@@ -17,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _gc, _layout
+from . import _distributed, _gc, _layout
 from ._codecs import Codec, encode, plane_width
 from ._errors import CheckpointExistsError, InvalidInputError, UnsupportedKeyError
 from ._leaves import ArrayLeaf, Leaf, ValueLeaf, prepare_leaf
@@ -25,9 +26,11 @@ from ._manifest import (
     ChunkRef,
     LeafEntry,
     Manifest,
+    Piece,
     Ref,
     check_metadata,
     check_name,
+    decode_manifest,
     digest,
     encode_manifest,
     encode_ref,
@@ -144,15 +147,12 @@ class _ChunkWriter:
 
 
 def _plan_chunks(
-    leaf: ArrayLeaf, options: SaveOptions, submit: Callable[..., cf.Future[ChunkRef]]
+    data: np.ndarray[Any, Any], options: SaveOptions, submit: Callable[..., cf.Future[ChunkRef]]
 ) -> list[cf.Future[ChunkRef]]:
-    raw = leaf.data.reshape(-1).view(np.uint8)
-    width = plane_width(leaf.data.dtype)
-    step = max(
-        leaf.data.dtype.itemsize,
-        options.chunk_size // leaf.data.dtype.itemsize * leaf.data.dtype.itemsize,
-    )
-    return [submit(raw[i : i + step], width) for i in range(0, raw.nbytes, step)]
+    raw = data.reshape(-1).view(np.uint8)
+    itemsize = data.dtype.itemsize
+    step = max(itemsize, options.chunk_size // itemsize * itemsize)
+    return [submit(raw[i : i + step], plane_width(data.dtype)) for i in range(0, raw.nbytes, step)]
 
 
 def write(
@@ -175,42 +175,116 @@ def write(
             checkpoint=name,
         )
     writer = _ChunkWriter(storage, options.codec, on_chunk)
-    with _gc.save_lock(storage) as lock, cf.ThreadPoolExecutor(options.threads) as pool:
+    group = _distributed.group()
+    if group is None:
+        with _gc.save_lock(storage) as lock, cf.ThreadPoolExecutor(options.threads) as pool:
+            try:
+                entries, packs = _write_leaves(prepared, options, pool, writer, lock)
+            except BaseException:
+                pool.shutdown(wait=True, cancel_futures=True)
+                raise
+            storage.sync()
+            nbytes = _commit(storage, prepared, name, entries, packs, metadata, options, overwrite)
+        return SaveResult(name, len(entries), nbytes, writer.written, writer.written_bytes, writer.reused)
+    return _write_in_group(group, storage, prepared, name, writer, metadata, options, overwrite)
+
+
+def _write_in_group(
+    group: _distributed.Group,
+    storage: Storage,
+    prepared: Prepared,
+    name: str,
+    writer: _ChunkWriter,
+    metadata: Any,
+    options: SaveOptions,
+    overwrite: bool,
+) -> SaveResult:
+    """A save by every process of a jax.distributed job; see :mod:`treestore._distributed`.
+
+    Every process reaches both barriers whatever fails, so none waits forever for another.
+    """
+    failure: BaseException | None = None
+    entries: list[LeafEntry] = []
+    packs: list[ChunkRef] = []
+    lock: _gc.Lock | None = None
+    try:
+        lock = _gc.save_lock(storage)
+        with cf.ThreadPoolExecutor(options.threads) as pool:
+            entries, packs = _write_leaves(prepared, options, pool, writer, lock, primary=group.primary)
+        storage.sync()
+    except BaseException as exc:
+        failure = exc
+    try:
         try:
-            entries, packs = _write_leaves(prepared, options, pool, writer, lock)
-        except BaseException:
-            pool.shutdown(wait=True, cancel_futures=True)
+            group.share_pieces(storage, entries, failure)
+        except BaseException as exc:
+            failure = failure or exc
+        group.barrier("written")
+        if not group.primary:
+            group.barrier("committed")
+            if failure is not None:
+                raise failure
+            group.outcome(storage)
+            return SaveResult(name, 0, 0, writer.written, writer.written_bytes, writer.reused)
+        try:
+            if failure is not None:
+                raise failure
+            entries = group.merge(storage, entries)
+            nbytes = _commit(storage, prepared, name, entries, packs, metadata, options, overwrite)
+        except BaseException as exc:
+            with contextlib.suppress(Exception):
+                group.announce(storage, exc)
+            group.barrier("committed")
             raise
-        storage.sync()
-        now = time.time()
-        manifest = Manifest(
-            name=name,
-            created=now,
-            tree=prepared.tree,
-            leaves=tuple(entries),
-            packs=tuple(packs),
-            metadata=metadata,
-            codec=options.codec.to_record(),
-            chunk_size=options.chunk_size,
-        )
-        data = encode_manifest(manifest)
-        mdigest = digest(data)
-        mpath = _layout.manifest_path(mdigest)
-        if storage.size(mpath) != len(data):
-            storage.write(mpath, [data])
-        storage.sync()
-        ref = encode_ref(Ref(name, mdigest, len(data), now, metadata, len(entries), manifest.nbytes))
-        if overwrite:
-            storage.write(ref_path, [ref])
-        elif not storage.write_new(ref_path, ref):
-            raise CheckpointExistsError(
-                f"checkpoint {name!r} was committed by another writer during this save",
-                checkpoint=name,
-            )
-        storage.sync()
-    return SaveResult(
-        name, len(entries), manifest.nbytes, writer.written, writer.written_bytes, writer.reused
+        group.announce(storage, None)
+        group.barrier("committed")
+        group.clean(storage)
+        return SaveResult(name, len(entries), nbytes, writer.written, writer.written_bytes, writer.reused)
+    finally:
+        if lock is not None:
+            with contextlib.suppress(Exception):
+                lock.release()
+
+
+def _commit(
+    storage: Storage,
+    prepared: Prepared,
+    name: str,
+    entries: list[LeafEntry],
+    packs: list[ChunkRef],
+    metadata: Any,
+    options: SaveOptions,
+    overwrite: bool,
+) -> int:
+    """Write the manifest, then the commit record; returns the checkpoint's raw array bytes."""
+    now = time.time()
+    manifest = Manifest(
+        name=name,
+        created=now,
+        tree=prepared.tree,
+        leaves=tuple(_distributed.canonical(e) for e in entries),
+        packs=tuple(packs),
+        metadata=metadata,
+        codec=options.codec.to_record(),
+        chunk_size=options.chunk_size,
     )
+    data = encode_manifest(manifest)
+    if any(e.pieces for e in manifest.leaves):
+        decode_manifest(data, name)  # pieces gathered from several shards must tile each leaf
+    mdigest = digest(data)
+    mpath = _layout.manifest_path(mdigest)
+    if storage.size(mpath) != len(data):
+        storage.write(mpath, [data])
+    storage.sync()
+    ref = encode_ref(Ref(name, mdigest, len(data), now, metadata, len(entries), manifest.nbytes))
+    if overwrite:
+        storage.write(_layout.ref_path(name), [ref])
+    elif not storage.write_new(_layout.ref_path(name), ref):
+        raise CheckpointExistsError(
+            f"checkpoint {name!r} was committed by another writer during this save", checkpoint=name
+        )
+    storage.sync()
+    return manifest.nbytes
 
 
 def _write_leaves(
@@ -219,15 +293,25 @@ def _write_leaves(
     pool: cf.ThreadPoolExecutor,
     writer: _ChunkWriter,
     lock: _gc.Lock,
+    *,
+    primary: bool = True,
 ) -> tuple[list[LeafEntry], list[ChunkRef]]:
+    """Write the chunks of every leaf; returns the leaf entries and pack chunks.
+
+    Only the primary process of a multi-process save writes leaves that are not sharded;
+    every process writes the pieces it owns.
+    """
     # Small leaves are hashed here, before any worker runs: thousands of tiny hashes interleaved
     # with workers would spend their time handing the GIL back and forth.
     plans: list[Any] = []
     packs: list[list[np.ndarray[Any, Any]]] = [[]]
     pack_fill = 0
     for _, leaf in prepared.leaves:
-        if isinstance(leaf, ValueLeaf):
+        if isinstance(leaf, ValueLeaf) or not (primary or leaf.sharded):
             plans.append(None)
+            continue
+        if leaf.data is None:  # sharded: planned below, piece by piece
+            plans.append(leaf)
             continue
         raw = leaf.data.reshape(-1).view(np.uint8)
         if raw.nbytes == 0 or raw.nbytes >= options.small_leaf:
@@ -240,23 +324,39 @@ def _write_leaves(
         packs[-1].append(raw)
         pack_fill += raw.nbytes
     pack_jobs = [pool.submit(writer.put, np.concatenate(m), 0) for m in packs if m]
+
+    def submit(raw: np.ndarray[Any, Any], width: int) -> cf.Future[ChunkRef]:
+        return pool.submit(writer.put, raw, width)
+
     for i, (_, leaf) in enumerate(prepared.leaves):
         plan = plans[i]
         if isinstance(plan, np.ndarray) and plan.nbytes:
-            assert isinstance(leaf, ArrayLeaf)
-            plans[i] = _plan_chunks(leaf, options, lambda raw, width: pool.submit(writer.put, raw, width))
+            assert isinstance(leaf, ArrayLeaf) and leaf.data is not None
+            plans[i] = _plan_chunks(leaf.data, options, submit)
+        elif isinstance(plan, ArrayLeaf):
+            plans[i] = [
+                (start, part.shape, _plan_chunks(part, options, submit)) for start, part in plan.parts
+            ]
 
     entries = []
     for (address, leaf), plan in zip(prepared.leaves, plans, strict=True):
         if isinstance(leaf, ValueLeaf):
             entries.append(LeafEntry(address, leaf.kind, value=leaf.value))
             continue
+        if plan is None:  # another process writes it
+            continue
+        pieces: tuple[Piece, ...] = ()
         if isinstance(plan, ChunkRef):
             chunks: tuple[ChunkRef, ...] = (plan,)
         elif isinstance(plan, np.ndarray):  # empty
             chunks = ()
+        elif leaf.sharded:
+            pieces = tuple(Piece(start, shape, tuple(f.result() for f in fs)) for start, shape, fs in plan)
+            chunks = tuple(c for p in pieces for c in p.chunks)
         else:
             chunks = tuple(f.result() for f in plan)
-            lock.refresh(_gc.STALE_AFTER)
-        entries.append(LeafEntry(address, leaf.kind, leaf.dtype, leaf.shape, chunks, leaf.prng_impl))
+        lock.refresh(_gc.STALE_AFTER)
+        entries.append(
+            LeafEntry(address, leaf.kind, leaf.dtype, leaf.shape, chunks, leaf.prng_impl, pieces=pieces)
+        )
     return entries, [job.result() for job in pack_jobs]

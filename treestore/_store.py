@@ -7,12 +7,13 @@ import difflib
 import fnmatch
 import os
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import jax
 
-from . import _diff, _gc, _layout, _lazy, _read, _save, _template
+from . import _diff, _gc, _layout, _lazy, _read, _region, _save, _template
 from ._codecs import Codec
 from ._errors import InvalidInputError, NoMatchError
 from ._leaves import restore_array
@@ -201,7 +202,8 @@ class Store:
         return rebuild(manifest.tree, leaf, None if select is None else wanted.__contains__)
 
     def _arrays(self, manifest: Manifest, entries: builtins.list[LeafEntry], threads: int) -> dict[str, Any]:
-        return _read.read_arrays(self.storage, manifest, [e for e in entries if e.is_array], threads=threads)
+        reader = _read.ChunkReader(self.storage, manifest)
+        return _region.read_arrays(reader, [e for e in entries if e.is_array], threads=threads)
 
     def _load_like(
         self, manifest: Manifest, like: Any, select: Patterns, prefix: str, cast: bool, threads: int
@@ -220,8 +222,21 @@ class Store:
                 manifest.version,
             )
         slots, treedef = _template.match(manifest, like, cast=cast, strict=True, prefix=prefix)
-        arrays = self._arrays(manifest, [s.entry for s in slots], threads)
-        leaves = [_template.restore(s, arrays.get(s.address)) for s in slots]
+        shardings = [_template.target_sharding(s) for s in slots]
+        whole = [s.entry for s, sharding in zip(slots, shardings, strict=True) if sharding is None]
+        arrays = self._arrays(manifest, whole, threads)
+        reader = _read.ChunkReader(self.storage, manifest)
+        leaves = []
+        with ThreadPoolExecutor(threads) as pool:
+            for slot, sharding in zip(slots, shardings, strict=True):
+                if sharding is None:
+                    leaves.append(_template.restore(slot, arrays.get(slot.address)))
+                    continue
+
+                def read(region: tuple[slice, ...], entry: LeafEntry = slot.entry) -> Any:
+                    return _region.read_region(reader, entry, region, pool)
+
+                leaves.append(_template.assemble(slot, sharding, read))
         return jax.tree_util.tree_unflatten(treedef, leaves)
 
 

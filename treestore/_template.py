@@ -3,6 +3,7 @@ every mismatch at once; then turn stored data into the template's leaf types."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -114,6 +115,44 @@ def match(
     if problems:
         raise StructureMismatchError(problems, checkpoint=manifest.name)
     return slots, treedef
+
+
+def target_sharding(slot: Slot) -> Any:
+    """The sharding to assemble this leaf onto shard by shard, or None to read it whole: a
+    template's sharding over several devices (or other processes' devices)."""
+    sharding = getattr(slot.like, "sharding", None)
+    if sharding is None or not slot.entry.is_array or slot.entry.kind == PRNG_KEY:
+        return None
+    if len(sharding.device_set) == 1 and sharding.is_fully_addressable:
+        return None
+    return sharding
+
+
+def assemble(slot: Slot, sharding: Any, read: Callable[[tuple[slice, ...]], np.ndarray[Any, Any]]) -> Any:
+    """A jax.Array on ``sharding`` whose every addressable shard is read by ``read(region)`` —
+    each distinct region once, whatever sharding the leaf was saved with."""
+    like, entry = slot.like, slot.entry
+    dtype = np.dtype(like.dtype)
+    cache: dict[tuple[tuple[int, int], ...], np.ndarray[Any, Any]] = {}
+
+    def shard(index: tuple[slice, ...] | None) -> np.ndarray[Any, Any]:
+        region = _region_of(index or (), entry.shape or ())
+        key = tuple((r.start, r.stop) for r in region)
+        if key not in cache:
+            data = read(region)
+            cache[key] = data if data.dtype == dtype else data.astype(dtype)
+        return cache[key]
+
+    return jax.make_array_from_callback(tuple(entry.shape or ()), sharding, shard)
+
+
+def _region_of(index: tuple[slice, ...], shape: tuple[int, ...]) -> tuple[slice, ...]:
+    out = []
+    for s, n in zip(index, shape, strict=False):
+        start, stop, _ = s.indices(n)
+        out.append(slice(start, stop))
+    out += [slice(0, n) for n in shape[len(out) :]]
+    return tuple(out)
 
 
 def restore(slot: Slot, data: Any) -> Any:
