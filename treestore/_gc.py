@@ -32,15 +32,31 @@ def _lock_record(kind: str) -> bytes:
 
 
 def _lock_time(storage: Storage, path: str, mtime: float | None) -> float:
+    """When the lock was last written; 0 for a lock of a process on this host that has died."""
     data = storage.read(path, limit=4096)
     try:
         rec = msgpack.unpackb(data or b"", raw=False)
-        return float(rec["created"])
+        created = float(rec["created"])
+        host, pid = rec["host"], rec["pid"]
     except Exception:
         return mtime if mtime is not None else 0.0  # an unreadable lock ages by its mtime
+    if host == socket.gethostname() and type(pid) is int and pid > 0 and not _alive(pid):
+        return 0.0
+    return created
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, OSError):
+        return True  # exists but not ours, or cannot tell: assume alive
+    return True
 
 
 def live_locks(storage: Storage, kind: str, stale_after: float) -> list[str]:
+    """Locks of one kind held by processes that may still be running."""
     now = time.time()
     found = []
     for obj in storage.list(_layout.LOCKS):
