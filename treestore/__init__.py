@@ -30,11 +30,14 @@ from ._errors import (
     UnsupportedLeafError,
 )
 from ._gc import GcReport
+from ._interop import ExportResult, export_file, import_file
 from ._lazy import Checkpoint, LazyLeaf
 from ._manager import CheckpointManager, StepInfo
 from ._manifest import FORMAT_VERSION, ChunkRef, LeafEntry, Manifest
 from ._save import SaveOptions, SaveResult
 from ._store import CheckpointInfo, Store, diff, load, open, save
+from ._transfer import CopyReport, copy
+from ._verify import VerifyProblem, VerifyReport, verify
 
 __version__ = "0.1.0"
 
@@ -49,8 +52,10 @@ __all__ = [
     "ChunkMissingError",
     "ChunkRef",
     "Codec",
+    "CopyReport",
     "CorruptionError",
     "Diff",
+    "ExportResult",
     "GcReport",
     "InvalidInputError",
     "LazyLeaf",
@@ -73,10 +78,16 @@ __all__ = [
     "UnsupportedFormatError",
     "UnsupportedKeyError",
     "UnsupportedLeafError",
+    "VerifyProblem",
+    "VerifyReport",
+    "copy",
     "diff",
+    "export_file",
     "format_address",
+    "import_file",
     "load",
     "open",
     "parse_address",
     "save",
+    "verify",
 ]

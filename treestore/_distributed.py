@@ -45,20 +45,26 @@ class Group:
         multihost_utils.sync_global_devices(f"treestore-{self.save_id}-{step}")
 
     def share_pieces(
-        self, storage: Storage, entries: list[LeafEntry] | None, error: BaseException | None
+        self,
+        storage: Storage,
+        entries: list[LeafEntry],
+        packs: list[ChunkRef],
+        error: BaseException | None,
     ) -> None:
-        """Write this process's staging record: its pieces, or the error that stopped it."""
+        """Write this process's staging record: its pieces and packs, or the error that stopped it."""
         record: dict[str, Any] = {"ok": error is None}
         if error is not None:
             record["error"] = f"{type(error).__name__}: {error}"
         else:
-            assert entries is not None
             record["pieces"] = {e.address: [p.to_record() for p in e.pieces] for e in entries if e.pieces}
+            record["packs"] = [p.to_record() for p in packs]
         storage.write(self._path(f"process-{self.index}"), [msgpack.packb(record, use_bin_type=True)])
 
-    def merge(self, storage: Storage, entries: list[LeafEntry]) -> list[LeafEntry]:
-        """The primary's entries with every process's pieces; StorageError if any failed."""
+    def merge(self, storage: Storage, entries: list[LeafEntry]) -> tuple[list[LeafEntry], list[ChunkRef]]:
+        """The primary's entries and packs with every process's pieces and packs added (pack
+        indices renumbered); StorageError if any process failed."""
         gathered: dict[str, list[Piece]] = {}
+        all_packs: list[ChunkRef] = []  # process 0's first, so the primary's own indices hold
         problems = []
         for i in range(self.count):
             data = storage.read(self._path(f"process-{i}"), limit=1 << 28)
@@ -67,8 +73,10 @@ class Group:
                 if not record["ok"]:
                     problems.append(f"process {i}: {record['error']}")
                     continue
+                base = len(all_packs)
+                all_packs.extend(_chunk(p, 0) for p in record["packs"])
                 for address, pieces in record["pieces"].items():
-                    gathered.setdefault(address, []).extend(_piece(p) for p in pieces)
+                    gathered.setdefault(address, []).extend(_piece(p, base) for p in pieces)
             except Exception as exc:  # missing or unreadable record: that process did not finish
                 problems.append(f"process {i}: no usable staging record ({type(exc).__name__})")
         if problems:
@@ -79,7 +87,7 @@ class Group:
             if pieces:
                 e = replace(e, pieces=pieces, chunks=tuple(c for p in pieces for c in p.chunks))
             merged.append(e)
-        return merged
+        return merged, all_packs
 
     def announce(self, storage: Storage, error: BaseException | None) -> None:
         outcome = {
@@ -103,12 +111,16 @@ class Group:
         storage.delete_many([self._path(f"process-{i}") for i in range(self.count)] + [self._path("outcome")])
 
 
-def _piece(rec: Any) -> Piece:
+def _chunk(rec: Any, base: int) -> ChunkRef:
+    if len(rec) == 5:
+        return ChunkRef(bytes(rec[0]), int(rec[1]), int(rec[2]), base + int(rec[3]), int(rec[4]))
+    return ChunkRef(bytes(rec[0]), int(rec[1]), int(rec[2]))
+
+
+def _piece(rec: Any, base: int) -> Piece:
     start, shape, chunks = rec
     return Piece(
-        tuple(int(a) for a in start),
-        tuple(int(n) for n in shape),
-        tuple(ChunkRef(bytes(c[0]), int(c[1]), int(c[2])) for c in chunks),
+        tuple(int(a) for a in start), tuple(int(n) for n in shape), tuple(_chunk(c, base) for c in chunks)
     )
 
 

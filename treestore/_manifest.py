@@ -360,7 +360,9 @@ MAX_PIECES = 65536
 MAX_GRID_CELLS = 1 << 22
 
 
-def _pieces(records: list[Any], shape: tuple[int, ...], itemsize: int) -> tuple[Piece, ...]:
+def _pieces(
+    records: list[Any], shape: tuple[int, ...], itemsize: int, packs: tuple[ChunkRef, ...]
+) -> tuple[Piece, ...]:
     """Pieces that tile ``shape`` exactly: inside it, no overlaps, no holes."""
     if not 1 <= len(records) <= MAX_PIECES:
         raise _Bad(f"{len(records)} pieces; a sharded leaf has 1 to {MAX_PIECES}")
@@ -377,7 +379,7 @@ def _pieces(records: list[Any], shape: tuple[int, ...], itemsize: int) -> tuple[
         extent = tuple(_count(n, "piece dimension", 2**48) for n in shape_rec)
         if any(a + n > dim for a, n, dim in zip(start, extent, shape, strict=True)):
             raise _Bad(f"piece at {start} of shape {extent} lies outside shape {shape}")
-        chunks = tuple(_chunk(c, 0) for c in chunk_recs)
+        chunks = tuple(_chunk(c, len(packs)) for c in chunk_recs)
         if sum(c.size for c in chunks) != math.prod(extent) * itemsize:
             raise _Bad(f"piece at {start} of shape {extent}: chunks hold the wrong number of bytes")
         pieces.append(Piece(start, extent, chunks))
@@ -437,7 +439,7 @@ def _leaf(rec: object, packs: tuple[ChunkRef, ...]) -> LeafEntry:
         shape = tuple(_count(n, "dimension", 2**48) for n in shape_rec)
         pieces: tuple[Piece, ...] = ()
         if "pieces" in rec:
-            pieces = _pieces(_get(rec, "pieces", list), shape, dtype.itemsize)
+            pieces = _pieces(_get(rec, "pieces", list), shape, dtype.itemsize, packs)
             chunks = tuple(c for p in pieces for c in p.chunks)
         else:
             chunks = tuple(_chunk(c, len(packs)) for c in _get(rec, "chunks", list))

@@ -146,6 +146,10 @@ class _ChunkWriter:
         return ChunkRef(d, raw.nbytes, stored)
 
 
+def _resolved(chunk: ChunkRef | cf.Future[ChunkRef]) -> ChunkRef:
+    return chunk if isinstance(chunk, ChunkRef) else chunk.result()
+
+
 def _plan_chunks(
     data: np.ndarray[Any, Any], options: SaveOptions, submit: Callable[..., cf.Future[ChunkRef]]
 ) -> list[cf.Future[ChunkRef]]:
@@ -216,7 +220,7 @@ def _write_in_group(
         failure = exc
     try:
         try:
-            group.share_pieces(storage, entries, failure)
+            group.share_pieces(storage, entries, packs, failure)
         except BaseException as exc:
             failure = failure or exc
         group.barrier("written")
@@ -229,7 +233,7 @@ def _write_in_group(
         try:
             if failure is not None:
                 raise failure
-            entries = group.merge(storage, entries)
+            entries, packs = group.merge(storage, entries)
             nbytes = _commit(storage, prepared, name, entries, packs, metadata, options, overwrite)
         except BaseException as exc:
             with contextlib.suppress(Exception):
@@ -306,23 +310,29 @@ def _write_leaves(
     plans: list[Any] = []
     packs: list[list[np.ndarray[Any, Any]]] = [[]]
     pack_fill = 0
-    for _, leaf in prepared.leaves:
-        if isinstance(leaf, ValueLeaf) or not (primary or leaf.sharded):
-            plans.append(None)
-            continue
-        if leaf.data is None:  # sharded: planned below, piece by piece
-            plans.append(leaf)
-            continue
-        raw = leaf.data.reshape(-1).view(np.uint8)
-        if raw.nbytes == 0 or raw.nbytes >= options.small_leaf:
-            plans.append(raw)
-            continue
+
+    def pack(raw: np.ndarray[Any, Any]) -> ChunkRef:
+        nonlocal pack_fill
         if pack_fill + raw.nbytes > options.pack_size:
             packs.append([])
             pack_fill = 0
-        plans.append(ChunkRef(digest(raw), raw.nbytes, 0, len(packs) - 1, pack_fill))
+        ref = ChunkRef(digest(raw), raw.nbytes, 0, len(packs) - 1, pack_fill)
         packs[-1].append(raw)
         pack_fill += raw.nbytes
+        return ref
+
+    def small(raw: np.ndarray[Any, Any]) -> bool:
+        return 0 < raw.nbytes < options.small_leaf
+
+    for _, leaf in prepared.leaves:
+        if isinstance(leaf, ValueLeaf) or not (primary or leaf.sharded):
+            plans.append(None)
+        elif leaf.data is None:  # sharded: small pieces packed now, big ones chunked below
+            parts = [(start, part, part.reshape(-1).view(np.uint8)) for start, part in leaf.parts]
+            plans.append([(start, part, pack(raw) if small(raw) else raw) for start, part, raw in parts])
+        else:
+            raw = leaf.data.reshape(-1).view(np.uint8)
+            plans.append(pack(raw) if small(raw) else raw)
     pack_jobs = [pool.submit(writer.put, np.concatenate(m), 0) for m in packs if m]
 
     def submit(raw: np.ndarray[Any, Any], width: int) -> cf.Future[ChunkRef]:
@@ -333,9 +343,14 @@ def _write_leaves(
         if isinstance(plan, np.ndarray) and plan.nbytes:
             assert isinstance(leaf, ArrayLeaf) and leaf.data is not None
             plans[i] = _plan_chunks(leaf.data, options, submit)
-        elif isinstance(plan, ArrayLeaf):
+        elif isinstance(plan, list):
             plans[i] = [
-                (start, part.shape, _plan_chunks(part, options, submit)) for start, part in plan.parts
+                (
+                    start,
+                    part.shape,
+                    [ref] if isinstance(ref, ChunkRef) else _plan_chunks(part, options, submit),
+                )
+                for start, part, ref in plan
             ]
 
     entries = []
@@ -351,7 +366,7 @@ def _write_leaves(
         elif isinstance(plan, np.ndarray):  # empty
             chunks = ()
         elif leaf.sharded:
-            pieces = tuple(Piece(start, shape, tuple(f.result() for f in fs)) for start, shape, fs in plan)
+            pieces = tuple(Piece(start, shape, tuple(_resolved(f) for f in fs)) for start, shape, fs in plan)
             chunks = tuple(c for p in pieces for c in p.chunks)
         else:
             chunks = tuple(f.result() for f in plan)

@@ -1,0 +1,100 @@
+"""Import and export of other formats: ``import`` and ``export``."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+
+import click
+
+import treestore
+
+from . import render
+from .commands_inspect import JSON
+from .context import echo_json, progress, settings, split_spec
+
+FORMAT = click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["safetensors", "npz", "msgpack", "orbax"]),
+    help="The file's format (default: from its suffix; a folder is an orbax checkpoint).",
+)
+
+
+@click.command("import", short_help="Import a .safetensors/.npz/.msgpack file or orbax folder.")
+@click.argument("file", type=click.Path(exists=True, dir_okay=True), metavar="FILE")
+@click.argument("dst", metavar="URL#NAME")
+@FORMAT
+@click.option("--flat", is_flag=True, help="Keep keys as they are instead of nesting them at '.' and '/'.")
+@click.option("--metadata", "metadata", metavar="JSON", help="User metadata to store with the checkpoint.")
+@click.option("--overwrite", is_flag=True, help="Replace a checkpoint of that name.")
+@JSON
+def import_(
+    file: str, dst: str, fmt: str | None, flat: bool, metadata: str | None, overwrite: bool, as_json: bool
+) -> int:
+    """Import a .safetensors, .npz or flax .msgpack FILE, or an orbax checkpoint folder, as
+    checkpoint URL#NAME (NAME defaults to the file's stem). Keys with dots or slashes
+    ('encoder.layer.0.w') become nested addresses (encoder/layer/"0"/w); `treestore export`
+    joins them back, so a safetensors file comes back bit-exact."""
+    meta = None
+    if metadata is not None:
+        try:
+            meta = json.loads(metadata)
+        except ValueError as exc:
+            raise click.BadParameter(f"not JSON: {exc}", param_hint="--metadata") from None
+    with progress("import") as bar:
+        result = treestore.import_file(
+            file,
+            dst,
+            format=fmt,
+            nest_keys=not flat,
+            metadata=meta,
+            overwrite=overwrite,
+            storage_options=settings().storage_options,
+            progress=bar,
+        )
+    url = split_spec(dst)[0]
+    if as_json:
+        echo_json({"file": file, "url": url, **asdict(result)})
+        return 0
+    click.echo(
+        f"imported {file} as {url}#{result.name}: {result.leaves} leaves, {render.size(result.nbytes)}; "
+        f"{result.chunks_written} chunk(s) written ({render.size(result.bytes_written)}), "
+        f"{result.chunks_reused} reused"
+    )
+    return 0
+
+
+@click.command("export", short_help="Export a checkpoint as .safetensors/.npz/.msgpack.")
+@click.argument("src", metavar="URL[#NAME]")
+@click.argument("file", type=click.Path(dir_okay=False), metavar="FILE")
+@FORMAT
+@click.option(
+    "--separator",
+    type=click.Choice([".", "/"]),
+    help="Joins key paths into key names (default: the one found on import, else '.').",
+)
+@click.option("--overwrite", is_flag=True, help="Replace FILE if it exists.")
+@JSON
+def export(
+    src: str, file: str, fmt: str | None, separator: str | None, overwrite: bool, as_json: bool
+) -> int:
+    """Export a checkpoint (the newest when no #NAME) as a .safetensors, .npz or flax .msgpack
+    FILE. Every leaf must be an array (msgpack also holds Python scalars) under dict keys or list
+    indices; one error lists every leaf that cannot be written."""
+    with progress("export") as bar:
+        result = treestore.export_file(
+            src,
+            file,
+            format=fmt,
+            separator=separator,
+            overwrite=overwrite,
+            storage_options=settings().storage_options,
+            progress=bar,
+        )
+    if as_json:
+        echo_json(asdict(result))
+        return 0
+    size = render.size(result.nbytes)
+    click.echo(f"exported {src} to {result.path} ({result.format}): {result.tensors} tensors, {size}")
+    return 0

@@ -1,0 +1,127 @@
+"""Human output: sizes, times, aligned tables, inline bars and compact tree views."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+_UNITS = ("KiB", "MiB", "GiB", "TiB", "PiB")
+_EIGHTHS = " ▏▎▍▌▋▊▉"
+
+
+def size(n: int | float) -> str:
+    """Bytes in binary units.
+
+    >>> size(512), size(1536), size(90856960)
+    ('512 B', '1.5 KiB', '86.6 MiB')
+    """
+    if n < 1024:
+        return f"{int(n)} B"
+    value = float(n)
+    for unit in _UNITS:
+        value /= 1024
+        if value < 1024 or unit == _UNITS[-1]:
+            return f"{value:.1f} {unit}"
+    raise AssertionError("unreachable")
+
+
+def when(seconds: float) -> str:
+    """A time as local ISO 8601, to the second."""
+    return dt.datetime.fromtimestamp(seconds).astimezone().isoformat(timespec="seconds")
+
+
+def compact(value: Any, width: int = 60) -> str:
+    """Plain data as one line of JSON, cut to ``width`` characters."""
+    text = json.dumps(value, separators=(", ", ": "), default=str, ensure_ascii=False)
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _fancy() -> bool:
+    encoding = getattr(sys.stdout, "encoding", None)
+    if not encoding:  # a text buffer (tests, doctests): any character goes
+        return True
+    try:
+        "█▏…".encode(encoding)
+    except (UnicodeEncodeError, LookupError):
+        return False
+    return True
+
+
+def bar(value: float, top: float, width: int = 20) -> str:
+    """A bar of ``width`` cells for ``value`` out of ``top``, in eighths of a cell; any nonzero
+    value shows at least a sliver.
+
+    >>> bar(1.0, 2.0, width=4)
+    '██'
+    >>> bar(0.0, 2.0), bar(1e-9, 2.0)
+    ('', '▏')
+    """
+    if not value or value != value or top <= 0:
+        return ""
+    fancy = _fancy()
+    frac = 1.0 if value >= top else value / top
+    eighths = max(1, round(frac * width * 8))
+    full, part = divmod(eighths, 8)
+    if not fancy:
+        return "#" * max(full, 1)
+    return "█" * full + (_EIGHTHS[part] if part else "")
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[int] = ()) -> list[str]:
+    """Aligned columns separated by two spaces; columns in ``right`` are right-aligned.
+
+    >>> print("\\n".join(table(["name", "size"], [["a", "1 B"], ["bb", "10 B"]], right=[1])))
+    name  size
+    a      1 B
+    bb    10 B
+    """
+    cells = [list(header), *[list(r) for r in rows]]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    lines = []
+    for r in cells:
+        parts = [
+            c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))
+        ]
+        lines.append("  ".join(parts).rstrip())
+    return lines
+
+
+def tree_labels(addresses: Sequence[str]) -> list[tuple[str, int | None]]:
+    """A compact tree view of addresses: one line per folder and leaf, indented by depth, with
+    chains of single folders joined. Yields (label, index of the leaf or None for a folder).
+
+    >>> for label, i in tree_labels(["a/b/w", "a/b/v", "a/c/d/w", "step"]):
+    ...     print(label if i is None else f"{label} {i}")
+    a/
+      b/
+        w 0
+        v 1
+      c/d/w 2
+    step 3
+    """
+    trie: dict[str, Any] = {}
+    for i, address in enumerate(addresses):
+        node = trie
+        parts = address.split("/") if address else [""]
+        for part in parts[:-1]:
+            node = node.setdefault(part + "/", {})
+        node[parts[-1]] = i
+    out: list[tuple[str, int | None]] = []
+
+    def walk(node: dict[str, Any], depth: int) -> None:
+        for key, child in node.items():
+            label = key
+            while isinstance(child, dict) and len(child) == 1:
+                ((k, c),) = child.items()
+                label, child = label + k, c
+            if isinstance(child, dict):
+                out.append(("  " * depth + label, None))
+                walk(child, depth + 1)
+            else:
+                out.append(("  " * depth + (label or "(root)"), child))
+
+    walk(trie, 0)
+    return out

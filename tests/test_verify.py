@@ -1,0 +1,107 @@
+"""treestore.verify: every problem of a store is found and named, and a healthy store is clean."""
+
+from __future__ import annotations
+
+import json
+
+import msgpack
+import numpy as np
+import pytest
+
+import treestore
+from treestore import _layout
+
+from . import hostile
+
+W = (np.random.default_rng(5).standard_normal((256, 1024)) * 0.02).astype(np.float32)  # 1 MiB
+
+
+@pytest.fixture
+def two(store_url):
+    """Two checkpoints sharing the chunk of layer/w; step-2 changes layer/b."""
+    tree = {"layer": {"w": W, "b": np.arange(8, dtype=np.float32)}, "step": 1}
+    treestore.save(store_url, tree, "step-1")
+    tree = {"layer": {"w": W, "b": np.arange(8, dtype=np.float32) + 1}, "step": 2}
+    treestore.save(store_url, tree, "step-2")
+    return store_url
+
+
+def test_healthy_store(two):
+    seen = []
+    report = treestore.verify(two, progress=lambda done, total: seen.append((done, total)))
+    assert report.ok and report.problems == ()
+    assert report.checkpoints == ("step-1", "step-2")
+    assert report.chunks_checked == 3  # layer/w once, and one pack per checkpoint
+    assert report.bytes_checked == W.nbytes + 2 * 32
+    assert seen[-1] == (report.bytes_checked, report.bytes_checked)
+    assert json.loads(json.dumps(report.to_json()))["ok"] is True
+
+
+def test_one_checkpoint(two):
+    report = treestore.verify(f"{two}#step-1", storage_options={})
+    assert report.checkpoints == ("step-1",) and report.chunks_checked == 2 and report.ok
+
+
+def test_shared_corrupt_chunk_is_reported_for_every_checkpoint(two):
+    (path,) = hostile.chunk_paths(two, "step-1")["layer/w"]
+    hostile.flip_byte(two, path, -1)
+    report = treestore.verify(two)
+    assert not report.ok
+    assert [(p.checkpoint, p.address, p.kind) for p in report.problems] == [
+        ("step-1", "layer/w", "chunk_corrupt"),
+        ("step-2", "layer/w", "chunk_corrupt"),
+    ]
+    assert all("layer/w: chunk" in p.message and p.checkpoint in p.message for p in report.problems)
+
+
+def test_missing_chunk_and_corrupt_pack_are_all_collected(two):
+    paths = hostile.chunk_paths(two, "step-2")
+    hostile.storage(two).delete(paths["layer/w"][0])
+    hostile.flip_byte(two, paths["<pack 0>"][0], 20)
+    problems = {(p.checkpoint, p.address, p.kind) for p in treestore.verify(two).problems}
+    assert problems == {
+        ("step-1", "layer/w", "chunk_missing"),
+        ("step-2", "layer/w", "chunk_missing"),
+        ("step-2", "layer/b", "chunk_corrupt"),  # "step", a Python int, lives in the manifest
+    }
+
+
+def test_pack_slice_that_does_not_match_its_leaf(two):
+    def shift(rec):
+        for leaf in rec["leaves"]:
+            if leaf["address"] == "layer/b":
+                leaf["chunks"][0][0] = bytes(32)  # a digest no slice of the pack has
+
+    hostile.mutate_manifest(two, "step-1", shift)
+    (problem,) = treestore.verify(f"{two}#step-1").problems
+    assert (problem.address, problem.kind) == ("layer/b", "chunk_corrupt")
+    assert "do not match the leaf's digest" in problem.message
+
+
+def test_unreadable_manifest_and_commit_record(two):
+    ref = hostile.ref_record(two, "step-1")
+    hostile.truncate(two, _layout.manifest_path(ref["manifest"]), 10)
+    hostile.storage(two).write(_layout.ref_path("step-2"), [b"\xc1garbage"])
+    report = treestore.verify(two)
+    kinds = {(p.checkpoint, p.address, p.kind) for p in report.problems}
+    assert kinds == {("step-1", None, "manifest"), ("step-2", None, "commit_record")}
+    assert report.chunks_checked == 0
+
+
+def test_commit_record_that_disagrees_with_its_manifest(two):
+    s = hostile.storage(two)
+    ref = hostile.ref_record(two, "step-2")
+    ref["leaves"] = 99
+    s.write(_layout.ref_path("step-2"), [msgpack.packb(ref, use_bin_type=True)])
+    (problem,) = treestore.verify(two).problems
+    assert problem.kind == "commit_record" and "99 leaves" in problem.message
+
+
+def test_nothing_to_verify(tmp_path):
+    with pytest.raises(treestore.CheckpointNotFoundError, match="no checkpoints"):
+        treestore.verify(tmp_path / "nothing")
+    treestore.save(tmp_path / "s", {"x": 1}, "a")
+    with pytest.raises(treestore.CheckpointNotFoundError, match="'b'"):
+        treestore.verify(f"{tmp_path / 's'}#b")
+    with pytest.raises(treestore.InvalidInputError):
+        treestore.verify("nosuchproto://x")
