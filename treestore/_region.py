@@ -42,13 +42,15 @@ def piece_bytes(
     stop: int,
     address: str,
     jobs: list[Callable[[], None]] | None = None,
+    into: np.ndarray[Any, Any] | None = None,
 ) -> np.ndarray[Any, Any]:
     """Raw bytes [start, stop) of one piece, reading only the chunks that overlap them.
 
     With ``jobs``, whole-chunk reads are appended as callables instead of run (the caller runs
     them, possibly in parallel, before using the result); partial chunks are read at once.
+    ``into`` (uint8, stop - start bytes) receives the bytes instead of a new buffer.
     """
-    out = np.empty(max(stop - start, 0), np.uint8)
+    out = np.empty(max(stop - start, 0), np.uint8) if into is None else into
     at = 0
     for c in piece.chunks:
         lo, hi = at, at + c.size
@@ -93,6 +95,12 @@ def plan_region(
             continue
         row = math.prod(piece.shape[1:]) * dtype.itemsize
         r0, r1 = inter[0].start - piece.start[0], inter[0].stop - piece.start[0]
+        if tuple(inter) == piece.region == tuple(region) and out.flags.c_contiguous:
+            # The region is exactly this piece: decode straight into the result.
+            piece_bytes(
+                reader, piece, 0, out.nbytes, entry.address, jobs, into=out.reshape(-1).view(np.uint8)
+            )
+            continue
         data = piece_bytes(reader, piece, r0 * row, r1 * row, entry.address, jobs)
         src = (
             slice(None),
