@@ -16,10 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import statistics
 import sys
-import time
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -28,15 +25,6 @@ import treestore
 
 from . import harness as H
 from . import trees as T
-
-
-def _median_time(fn: Callable[[], Any], runs: int) -> float:
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,14 +79,14 @@ def main(argv: list[str] | None = None) -> int:
                 want += c.stored
             at += c.size
 
-        t_st = _median_time(st_one, args.runs)
-        t_ts = _median_time(ts_one, args.runs)
-        t_slice = _median_time(lambda: treestore.open(url, "a")["wte"][20000:20100], args.runs)
-        t_diff = _median_time(lambda: treestore.diff(f"{url}#a", f"{url}#b"), args.runs)
-        t_stats = _median_time(
+        t_st = H.median_time(st_one, args.runs)
+        t_ts = H.median_time(ts_one, args.runs)
+        t_slice = H.median_time(lambda: treestore.open(url, "a")["wte"][20000:20100], args.runs)
+        t_diff = H.median_time(lambda: treestore.diff(f"{url}#a", f"{url}#b"), args.runs)
+        t_stats = H.median_time(
             lambda: treestore.diff(f"{url}#a", f"{url}#b", stats=True), max(1, args.runs // 2)
         )
-        t_both = _median_time(lambda: (store.load("a"), store.load("b")), max(1, args.runs // 2))
+        t_both = H.median_time(lambda: (store.load("a"), store.load("b")), max(1, args.runs // 2))
         d = treestore.diff(f"{url}#a", f"{url}#b")
 
         def met(ok: bool) -> str:

@@ -16,9 +16,7 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 import argparse
 import logging
 import shutil
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -43,15 +41,6 @@ def spec_for(shape: tuple[int, ...], n: int) -> P:
 def shardings(tree: Any, mesh: Mesh) -> Any:
     n = mesh.devices.size
     return T.map_leaves(lambda x: NamedSharding(mesh, spec_for(tuple(x.shape), n)), tree)
-
-
-def timed(fn: Callable[[], Any], runs: int) -> float:
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
             ckptr.wait_until_finished()
             os.sync()
 
-        t_ts_save, t_ob_save = timed(ts_save, args.runs), timed(ob_save, args.runs)
+        t_ts_save, t_ob_save = H.median_time(ts_save, args.runs), H.median_time(ob_save, args.runs)
         ts_path, ob_path = os.path.join(root, "ts-fixed"), os.path.join(root, "ob-fixed")
         treestore.save(ts_path, tree, "c")
         ckptr.save(ob_path, tree)
@@ -108,13 +97,13 @@ def main(argv: list[str] | None = None) -> int:
             ("save (8 devices)", t_ts_save, t_ob_save),
             (
                 "restore onto the same 8-device sharding",
-                timed(ts_load(like8), args.runs),
-                timed(ob_load(like8), args.runs),
+                H.median_time(ts_load(like8), args.runs),
+                H.median_time(ob_load(like8), args.runs),
             ),
             (
                 "restore onto 2 devices (reshard)",
-                timed(ts_load(like2), args.runs),
-                timed(ob_load(like2), args.runs),
+                H.median_time(ts_load(like2), args.runs),
+                H.median_time(ob_load(like2), args.runs),
             ),
         ]
         print("## Sharded checkpoints, 8 CPU devices, one process (GPT-2-small shapes, 497.8 MB fp32)\n")

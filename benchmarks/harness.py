@@ -42,6 +42,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -131,6 +132,16 @@ def make_tmp_root(parent: str | None, allow_tmpfs: bool = False) -> str:
     if (typ in ("tmpfs", "ramfs") or os.path.realpath(parent).startswith("/dev/shm")) and not allow_tmpfs:
         raise SystemExit(f"{parent} is on {typ}; pass a local-disk --tmp-root (or --allow-tmpfs)")
     return tempfile.mkdtemp(prefix="treestore-bench-", dir=parent)
+
+
+def median_time(fn: Callable[[], Any], runs: int) -> float:
+    """Median wall time of ``runs`` calls of ``fn``."""
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 def _median(xs: list[float]) -> float:

@@ -117,7 +117,7 @@ def _format_key(key: object, path: Sequence[object]) -> str:
                 )
             return "{" + str(k) + "}"
         if type(k) is str:
-            if not _encodable(k):
+            if not encodable(k):
                 where = format_address(tuple(path)) if path else "the root"
                 raise UnsupportedKeyError(
                     f"{where}: dict key {k!r} is not valid Unicode text (lone surrogate)", address=where
@@ -141,7 +141,8 @@ def _format_key(key: object, path: Sequence[object]) -> str:
     )
 
 
-def _encodable(text: str) -> bool:
+def encodable(text: str) -> bool:
+    """Whether ``text`` encodes as UTF-8 (no lone surrogates), as msgpack needs."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
@@ -176,7 +177,7 @@ def parse_segment(segment: str) -> Key:
             return DictKey(int(inner))
     elif segment.startswith('"') and segment.endswith('"') and len(segment) >= 2:
         text = _unquote(segment[1:-1], segment)
-        if _encodable(text):
+        if encodable(text):
             return DictKey(text)
     elif segment.startswith(".") and _ATTR.match(segment[1:]):
         return GetAttrKey(segment[1:])

@@ -25,10 +25,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from ._errors import UnsupportedKeyError
 from ._leaves import ArrayLeaf, Leaf, prepare_leaf
-from ._save import Prepared
-from ._structure import flatten
+from ._save import Prepared, prepare
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,18 +83,9 @@ class HostSnapshot:
             if isinstance(x, jax.Array) and id(x) not in same and _on_host_already(x):
                 with contextlib.suppress(Exception):  # np.asarray below copies anyway
                     x.copy_to_host_async()
-        leaves: list[tuple[str, Leaf]] = []
-        seen: set[str] = set()
         new: dict[str, _Kept] = {}
 
-        def visit(address: str, value: Any) -> int:
-            if address in seen:
-                raise UnsupportedKeyError(
-                    f"{address or '(root)'}: two leaves have this address (a custom node gives two "
-                    "children the same key entry)",
-                    address=address,
-                )
-            seen.add(address)
+        def host_leaf(address: str, value: Any) -> Leaf:
             old = kept.get(address)
             if (
                 old is not None
@@ -106,8 +95,7 @@ class HostSnapshot:
                 and not value.is_deleted()
             ):
                 new[address] = old
-                leaves.append((address, old.leaf))
-                return len(leaves) - 1
+                return old.leaf
             leaf = prepare_leaf(value, address)
             if isinstance(leaf, ArrayLeaf):
                 if isinstance(value, jax.Array) and _on_host_already(value):
@@ -116,16 +104,15 @@ class HostSnapshot:
                     leaf = _private(leaf, old)
                     source = _weak(value) if isinstance(value, jax.Array) else None
                     new[address] = _Kept(source, leaf, owned=True)
-            leaves.append((address, leaf))
-            return len(leaves) - 1
+            return leaf
 
         try:
-            record = flatten(tree, visit)
+            prepared = prepare(tree, leaf=host_leaf)
         except BaseException:
             self._kept = {}  # some kept buffers may hold this tree's data now: trust none
             raise
         self._kept = new
-        return Prepared(record, tuple(leaves))
+        return prepared
 
 
 def _private(leaf: ArrayLeaf, old: _Kept | None) -> ArrayLeaf:

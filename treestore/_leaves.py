@@ -14,6 +14,7 @@ import jax
 import ml_dtypes
 import numpy as np
 
+from ._address import encodable
 from ._errors import UnsupportedFormatError, UnsupportedLeafError
 
 # Every dtype a store may name. Never resolved by eval or import: only looked up here.
@@ -145,7 +146,7 @@ def prepare_leaf(value: object, address: str, *, copy: bool = False) -> Leaf:
     """
     kind = PY_KINDS.get(type(value))
     if kind is not None:
-        if kind == "str" and not _encodable(value):  # type: ignore[arg-type]
+        if kind == "str" and not encodable(value):  # type: ignore[arg-type]
             raise UnsupportedLeafError(
                 f"{address or '(root)'}: str leaf is not valid Unicode text (lone surrogate)",
                 address=address,
@@ -197,14 +198,6 @@ def _owned_shards(x: jax.Array) -> list[tuple[tuple[int, ...], np.ndarray[Any, A
         start = tuple(0 if s.start is None else int(s.start) for s in shard.index)
         parts.append((start, np.asarray(shard.data)))
     return parts
-
-
-def _encodable(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _checked_name(dtype: np.dtype[Any], address: str) -> str:

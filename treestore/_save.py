@@ -82,11 +82,13 @@ class SaveResult:
     chunks_reused: int  # chunks that were already in the store (deduplicated)
 
 
-def prepare(tree: Any, *, copy: bool = False) -> Prepared:
+def prepare(tree: Any, *, copy: bool = False, leaf: Callable[[str, Any], Leaf] | None = None) -> Prepared:
     """Validate every key and leaf and copy device arrays to host; raises before any write.
 
     With ``copy=True`` numpy leaves are copied too, so the caller may change them at once.
+    ``leaf(address, value)`` replaces the default conversion of each leaf.
     """
+    make = leaf or (lambda address, value: prepare_leaf(value, address, copy=copy))
     leaves: list[tuple[str, Leaf]] = []
     seen: set[str] = set()
 
@@ -98,7 +100,7 @@ def prepare(tree: Any, *, copy: bool = False) -> Prepared:
                 address=address,
             )
         seen.add(address)
-        leaves.append((address, prepare_leaf(value, address, copy=copy)))
+        leaves.append((address, make(address, value)))
         return len(leaves) - 1
 
     return Prepared(flatten(tree, visit), tuple(leaves))
