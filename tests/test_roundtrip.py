@@ -264,3 +264,15 @@ def test_property_load_of_save_is_identity(tmp_path_factory, tree):
     assert_tree_equal(store.load("c"), tree)
     again = store.save(tree, "d")
     assert again.chunks_written == 0
+
+
+def test_weak_types_survive(store_url):
+    """A weakly typed jax scalar (as jit gives from Python numbers) must promote the same way."""
+    tree = {"lr": jnp.asarray(0.5), "step": jnp.asarray(3), "w": jnp.ones(2, jnp.bfloat16)}
+    assert tree["lr"].weak_type
+    treestore.save(store_url, tree, "c")
+    out = treestore.load(store_url)
+    assert out["lr"].weak_type and out["step"].weak_type and not out["w"].weak_type
+    assert (out["lr"] * out["w"]).dtype == jnp.bfloat16  # a strong float32 would promote to float32
+    like = treestore.load(store_url, like=tree)
+    assert like["lr"].weak_type

@@ -61,7 +61,7 @@ class LazyLeaf:
 
     def read(self) -> Any:
         """The whole leaf, as the type it was saved as (numpy, jax array or PRNG key)."""
-        return restore_array(self.kind, self.region(), self.entry.prng_impl)
+        return restore_array(self.kind, self.region(), self.entry.prng_impl, weak_type=self.entry.weak_type)
 
     def region(self, region: Any = ()) -> np.ndarray[Any, Any]:
         """The elements in a box given as unit-step slices (default: all), reading only the

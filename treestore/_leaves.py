@@ -108,6 +108,7 @@ class ArrayLeaf:
     prng_impl: str | None = None
     parts: tuple[tuple[tuple[int, ...], np.ndarray[Any, Any]], ...] = ()
     global_shape: tuple[int, ...] | None = None
+    weak_type: bool = False
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -159,12 +160,12 @@ def prepare_leaf(value: object, address: str, *, copy: bool = False) -> Leaf:
             kind, impl = PRNG_KEY, str(jax.random.key_impl(value))
             value = jax.random.key_data(value)
         name = _checked_name(np.dtype(value.dtype), address)
+        weak = bool(getattr(value, "weak_type", False))
         parts = _owned_shards(value)
         if parts is None:
-            return ArrayLeaf(kind, name, _host(_whole(value), copy), impl)
-        return ArrayLeaf(
-            kind, name, None, impl, tuple((s, _host(d, copy)) for s, d in parts), tuple(value.shape)
-        )
+            return ArrayLeaf(kind, name, _host(_whole(value), copy), impl, weak_type=weak)
+        shards = tuple((s, _host(d, copy)) for s, d in parts)
+        return ArrayLeaf(kind, name, None, impl, shards, tuple(value.shape), weak)
     if isinstance(value, np.ndarray):
         return ArrayLeaf(NUMPY, _checked_name(value.dtype, address), _host(value, copy))
     if isinstance(value, np.generic):
@@ -242,7 +243,12 @@ def value_from_record(kind: str, record: object) -> object:
 
 
 def restore_array(
-    kind: str, data: np.ndarray[Any, Any], prng_impl: str | None, *, as_jax: bool | None = None
+    kind: str,
+    data: np.ndarray[Any, Any],
+    prng_impl: str | None,
+    *,
+    as_jax: bool | None = None,
+    weak_type: bool = False,
 ) -> object:
     """Turn host data back into the leaf type it was saved as (or as the template asks)."""
     if kind == PRNG_KEY:
@@ -250,8 +256,20 @@ def restore_array(
     if kind == NPSCALAR and as_jax is not True:
         return data[()]
     if as_jax if as_jax is not None else kind == JAX:
-        return jax.numpy.asarray(data)
+        array = jax.numpy.asarray(data)
+        return _weakly_typed(array) if weak_type else array
     return data
+
+
+def _weakly_typed(array: jax.Array) -> jax.Array:
+    """``array`` as a weakly typed value (as Python scalars become in jax), so that a restored
+    training state promotes dtypes exactly as the saved one did."""
+    try:
+        from jax._src.lax import lax as lax_internal  # no public API makes weak types
+
+        return lax_internal._convert_element_type(array, array.dtype, weak_type=True)
+    except (ImportError, AttributeError, TypeError):  # a jax without it: strongly typed
+        return array
 
 
 PRNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")

@@ -118,6 +118,7 @@ class LeafEntry:
     prng_impl: str | None = None
     value: object = None
     pieces: tuple[Piece, ...] = ()
+    weak_type: bool = False  # a jax array with a weak type, as Python scalars have
 
     @property
     def layout(self) -> tuple[Piece, ...]:
@@ -208,6 +209,8 @@ def leaf_to_record(leaf: LeafEntry) -> dict[str, object]:
             rec["chunks"] = [c.to_record() for c in leaf.chunks]
         if leaf.prng_impl is not None:
             rec["prng_impl"] = leaf.prng_impl
+        if leaf.weak_type:
+            rec["weak_type"] = True
     else:
         rec["value"] = value_to_record(leaf.kind, leaf.value)
     return rec
@@ -455,7 +458,10 @@ def _leaf(rec: object, packs: tuple[ChunkRef, ...]) -> LeafEntry:
         impl = rec.get("prng_impl")
         if kind == "prng_key" and impl not in PRNG_IMPLS:
             raise UnsupportedFormatError(f"{address or '(root)'}: unknown PRNG impl {impl!r}")
-        return LeafEntry(address, kind, dtype_name, shape, chunks, impl, pieces=pieces)
+        weak = rec.get("weak_type", False)
+        if type(weak) is not bool:
+            raise _Bad("field 'weak_type' should be bool")
+        return LeafEntry(address, kind, dtype_name, shape, chunks, impl, pieces=pieces, weak_type=weak)
     except _Bad as exc:
         raise _Bad(f"leaf {address or '(root)'}: {exc}") from None
     except UnsupportedFormatError as exc:

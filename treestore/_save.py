@@ -374,6 +374,15 @@ def _write_leaves(
             chunks = tuple(f.result() for f in plan)
         lock.refresh(_gc.STALE_AFTER)
         entries.append(
-            LeafEntry(address, leaf.kind, leaf.dtype, leaf.shape, chunks, leaf.prng_impl, pieces=pieces)
+            LeafEntry(
+                address,
+                leaf.kind,
+                leaf.dtype,
+                leaf.shape,
+                chunks,
+                leaf.prng_impl,
+                pieces=pieces,
+                weak_type=leaf.weak_type,
+            )
         )
     return entries, [job.result() for job in pack_jobs]

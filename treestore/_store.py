@@ -196,7 +196,7 @@ class Store:
         def leaf(i: int) -> Any:
             e = manifest.leaves[i]
             if e.is_array:
-                return restore_array(e.kind, arrays[e.address], e.prng_impl)
+                return restore_array(e.kind, arrays[e.address], e.prng_impl, weak_type=e.weak_type)
             return e.value
 
         return rebuild(manifest.tree, leaf, None if select is None else wanted.__contains__)

@@ -169,7 +169,7 @@ def restore(slot: Slot, data: Any) -> Any:
         return restore_array(NPSCALAR, data, None)
     if isinstance(like, np.ndarray):
         return restore_array(NUMPY, data, None)
+    weak = bool(getattr(like, "weak_type", entry.weak_type))
+    array = restore_array(JAX, data, None, as_jax=True, weak_type=weak)
     sharding = getattr(like, "sharding", None)
-    if sharding is not None:
-        return jax.device_put(data, sharding)
-    return restore_array(JAX, data, None, as_jax=True)
+    return array if sharding is None else jax.device_put(array, sharding)
