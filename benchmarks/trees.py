@@ -160,7 +160,7 @@ def minilm_spec(dtype: Any = np.float32) -> Tree:
     }
     flat = {}
     with safe_open(minilm_path(), framework="np") as f:
-        for k in f:
+        for k in list(f.keys()):  # safe_open objects are not iterable
             sl = f.get_slice(k)
             src = np.dtype(np_types[sl.get_dtype()])
             d = dt if np.issubdtype(src, np.floating) else src

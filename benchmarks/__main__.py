@@ -1,0 +1,41 @@
+"""Every benchmark, one after the other, each table side by side with its peers.
+
+    python -m benchmarks [--quick]
+
+Runs, each in its own process (so one's memory and device settings cannot skew another's):
+the format comparison (``run_peers``: save, load, one leaf, size, files), partial reads and diffs
+(``bench_partial``), the training-loop manager (``bench_manager``), sharded checkpoints on 8 CPU
+devices (``bench_sharding``) and, when its server is installed, S3 (``bench_s3``). ``--quick``
+takes fewer runs. Tables go to stdout, progress to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import subprocess
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks")
+    ap.add_argument("--quick", action="store_true", help="fewer runs (3 instead of 5)")
+    args = ap.parse_args(argv)
+    runs = "3" if args.quick else "5"
+    suites = [
+        ["benchmarks.run_peers", "--runs", runs],
+        ["benchmarks.bench_partial", "--runs", runs],
+        ["benchmarks.bench_manager"],
+        ["benchmarks.bench_sharding", "--runs", "3"],
+    ]
+    if importlib.util.find_spec("benchmarks.bench_s3") and importlib.util.find_spec("moto"):
+        suites.append(["benchmarks.bench_s3"])
+    failed = 0
+    for suite in suites:
+        print(f"\n<!-- python -m {' '.join(suite)} -->\n", flush=True)
+        failed |= subprocess.call([sys.executable, "-m", *suite]) != 0
+    return int(failed)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
