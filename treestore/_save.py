@@ -130,7 +130,7 @@ class _ChunkWriter:
             path = _layout.chunk_path(d)
             stored = self.storage.size(path)
             if stored is None:
-                buffers = encode(raw, width, self.codec)
+                buffers = encode(raw, width, self.codec, reuse=True)  # written before the next
                 self.storage.write(path, buffers)
                 stored = sum(len(b) for b in buffers)
                 with self._lock:
