@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import fnmatch
+import glob
 import math
 import re
 from collections import Counter
@@ -303,10 +303,12 @@ def diff(a: str, b: str, patterns: tuple[str, ...], stats: bool, as_json: bool) 
     """Compare checkpoints A and B (each URL or URL#NAME, possibly in different stores):
     added, removed, changed, shape- and dtype-changed leaves; PATTERNS (globs over addresses)
     limit the comparison. Exit status 0 when identical, 1 when different, 2 on error."""
-    result = treestore.diff(open_checkpoint(a), open_checkpoint(b), stats=stats)
-    if patterns:
-        keep = select([x.address for x in result.leaves], patterns, "either checkpoint")
-        result = dataclasses.replace(result, leaves=tuple(x for x in result.leaves if x.address in keep))
+    ca, cb = open_checkpoint(a), open_checkpoint(b)
+    chosen = None
+    if patterns:  # resolved here so that the CLI's pattern conveniences apply; stats only for these
+        addresses = list(dict.fromkeys(e.address for c in (ca, cb) for e in c.manifest.leaves))
+        chosen = [glob.escape(x) for x in select(addresses, patterns, "either checkpoint")]
+    result = treestore.diff(ca, cb, stats=stats, select=chosen)
     if as_json:
         echo_json(result.to_json())
     else:

@@ -166,3 +166,15 @@ def test_property_diff_of_a_checkpoint_with_itself_is_empty(t):
     treestore.save(url, t, "x")
     d = treestore.diff(f"{url}#x", f"{url}#x", stats=True)
     assert not d and len(d) == 0 and d.to_json()["identical"]
+
+
+def test_select_limits_the_comparison_and_its_stats(store_url):
+    a = tree()
+    store = treestore.Store(store_url)
+    store.save(a, "a", options=OPTIONS)
+    for layer in a["layers"]:
+        layer["w"] = layer["w"] + 1
+    store.save(a, "b", options=OPTIONS)
+    d = treestore.diff(f"{store_url}#a", f"{store_url}#b", stats=True, select="layers/1/*")
+    assert [x.address for x in d.leaves] == ["layers/1/b", "layers/1/w"]  # manifest (jax) order
+    assert d.changed == ("layers/1/w",) and d.leaves[1].stats is not None

@@ -165,15 +165,22 @@ def _layout_of(e: LeafEntry) -> list[tuple[tuple[int, ...], tuple[int, ...], lis
     return [(p.start, p.shape, [c.size for c in p.chunks]) for p in e.layout]
 
 
-def diff_checkpoints(a: Checkpoint, b: Checkpoint, *, stats: bool = False) -> Diff:
+def diff_checkpoints(
+    a: Checkpoint, b: Checkpoint, *, stats: bool = False, select: Sequence[str] | None = None
+) -> Diff:
     """Compare two checkpoints (possibly in different stores on different filesystems).
 
     Without ``stats`` only the manifests are read. With ``stats``, numeric statistics of each
     changed array leaf are computed chunk by chunk, reading the chunks whose digests differ (and a's
-    unchanged chunks once, for the norm ‖a‖).
+    unchanged chunks once, for the norm ‖a‖). ``select`` (glob patterns) limits the comparison,
+    stats included, to matching addresses.
     """
-    la = {e.address: e for e in a.manifest.leaves}
-    lb = {e.address: e for e in b.manifest.leaves}
+
+    def wanted(address: str) -> bool:
+        return select is None or any(fnmatch.fnmatchcase(address, p) for p in select)
+
+    la = {e.address: e for e in a.manifest.leaves if wanted(e.address)}
+    lb = {e.address: e for e in b.manifest.leaves if wanted(e.address)}
     out: list[LeafDiff] = []
     for address in list(la) + [x for x in lb if x not in la]:
         ea, eb = la.get(address), lb.get(address)

@@ -302,6 +302,7 @@ def diff(
     b: _lazy.Checkpoint | str | os.PathLike[str],
     *,
     stats: bool = False,
+    select: Patterns = None,
     storage_options: dict[str, Any] | None = None,
 ) -> _diff.Diff:
     """The exact difference between two checkpoints, each given as ``URL`` (its newest checkpoint),
@@ -309,6 +310,7 @@ def diff(
 
     Without ``stats`` only manifests are read. With ``stats=True`` each changed array leaf gets
     max/mean |a-b|, relative L2 change, the fraction of elements changed and NaN/Inf counts.
+    ``select`` (glob patterns over addresses) limits the comparison to matching leaves.
 
     >>> import numpy as np, treestore
     >>> url = "memory://doc/diff"
@@ -321,5 +323,8 @@ def diff(
     True
     """
     return _diff.diff_checkpoints(
-        _lazy.resolve(a, storage_options), _lazy.resolve(b, storage_options), stats=stats
+        _lazy.resolve(a, storage_options),
+        _lazy.resolve(b, storage_options),
+        stats=stats,
+        select=_patterns(select),
     )
