@@ -3,6 +3,14 @@
 The store never renames. On object stores a PUT is atomic by itself; on a local disk an object is
 written to a temporary name in its final folder and then linked (put-if-absent) or replaced into
 place, so a reader never sees a half-written object under its final name.
+
+:func:`open_storage` picks the class for a URL: :class:`LocalStorage` and :class:`MemoryStorage`
+here, the object stores (S3, GCS, Azure) and read-only HTTP in ``_backends.py``, and the generic
+:class:`Storage` for any other fsspec filesystem. Every class keeps the same contract: ``write``
+replaces an object whole; ``write_new`` writes only if absent and returns False when the object
+exists; ``read``/``read_range`` return None when it is missing (and a range past the end reads as
+short or empty, never as an error); ``list`` gives sizes and mtimes; failures raise StorageError,
+after retries with backoff when they look transient.
 """
 
 from __future__ import annotations
@@ -10,7 +18,9 @@ from __future__ import annotations
 import concurrent.futures as cf
 import contextlib
 import datetime as _dt
+import errno
 import os
+import random
 import threading
 import time
 import uuid
@@ -37,7 +47,9 @@ _EXTRAS = {
     "http": "http",
     "https": "http",
 }
-_RETRIES = 4
+_RETRIES = 4  # attempts of one operation (fsspec clients retry inside each attempt too)
+_BACKOFF = 0.05  # seconds before the second attempt; x4 per attempt, with jitter
+_DELETE_THREADS = 16
 
 
 @dataclass(frozen=True)
@@ -77,6 +89,11 @@ class Storage:
         self.root = root.rstrip("/")
         self.url = url
         self.read_only = False
+        protocol = fs.protocol[0] if isinstance(fs.protocol, (tuple, list)) else fs.protocol
+        self.protocol = str(protocol)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r})"
 
     # -- paths ---------------------------------------------------------------------------------
     def _full(self, path: str) -> str:
@@ -90,7 +107,7 @@ class Storage:
     # -- error handling ------------------------------------------------------------------------
     def _call(self, what: str, path: str, fn: Callable[[], T]) -> T:
         """Run ``fn``, retrying transient failures with backoff; FileNotFoundError passes through."""
-        delay = 0.05
+        delay = _BACKOFF
         for attempt in range(_RETRIES):
             try:
                 return fn()
@@ -103,33 +120,62 @@ class Storage:
                     raise StorageError(
                         f"{what} {self.url}/{path} failed: {type(exc).__name__}: {exc}"
                     ) from exc
-                time.sleep(delay)
+                time.sleep(delay * random.uniform(0.5, 1.5))
                 delay *= 4
         raise AssertionError("unreachable")
 
     # -- reads ---------------------------------------------------------------------------------
     def read(self, path: str, *, limit: int | None = None) -> bytes | None:
-        """The whole object, or None if it does not exist. More than ``limit`` bytes is an error."""
-        full = self._full(path)
+        """The whole object, or None if it does not exist. More than ``limit`` bytes is an error.
+
+        With a limit, one ranged read of ``limit + 1`` bytes tells both the content and whether
+        the object is too big.
+        """
         if limit is not None:
-            size = self.size(path)
-            if size is None:
-                return None
-            if size > limit:
-                raise StorageError(f"{self.url}/{path} is {size} bytes, over the limit of {limit}")
+            data = self.read_range(path, 0, limit + 1)
+            if data is not None and len(data) > limit:
+                raise StorageError(f"{self.url}/{path} is over the limit of {limit} bytes")
+            return data
+        full = self._full(path)
         try:
-            data = self._call("reading", path, lambda: self.fs.cat_file(full))
+            found = self._call("reading", path, lambda: self.fs.cat_file(full))
         except FileNotFoundError:
             return None
-        return bytes(data)
+        return bytes(found)
 
     def read_range(self, path: str, start: int, end: int) -> bytes | None:
+        """Bytes ``[start, end)`` of the object (fewer when it is shorter, ``b""`` when ``start`` is
+        at or past its end), or None if it does not exist. ``end`` may exceed the object's size:
+        callers bound a read by the most they accept without knowing the size first."""
+        if start < 0 or end < start:
+            raise ValueError(f"bad byte range [{start}, {end}) of {path}")
         full = self._full(path)
+
+        def get() -> bytes:
+            try:
+                return bytes(self._cat_range(full, start, end))
+            except FileNotFoundError:
+                raise
+            except Exception as exc:
+                # Some backends refuse a range wholly past the end (S3 InvalidRange, Azure and
+                # HTTP 416) instead of returning nothing; ask for the size only then.
+                if not _past_end(exc):
+                    raise
+                info = self.fs.info(full)
+                if info.get("size") is not None and start >= int(info["size"]):
+                    return b""
+                raise
+
+        if end == start:
+            return b"" if self.exists(path) else None
         try:
-            data = self._call("reading", path, lambda: self.fs.cat_file(full, start=start, end=end))
+            return self._call("reading", path, get)
         except FileNotFoundError:
             return None
-        return bytes(data)
+
+    def _cat_range(self, full: str, start: int, end: int) -> bytes:
+        data: bytes = self.fs.cat_file(full, start=start, end=end)
+        return data
 
     def size(self, path: str) -> int | None:
         full = self._full(path)
@@ -137,6 +183,11 @@ class Storage:
             info = self._call("inspecting", path, lambda: self.fs.info(full))
         except FileNotFoundError:
             return None
+        if info.get("type", "file") != "file":
+            return None
+        if info.get("size") is None:  # e.g. an HTTP server that sends no Content-Length
+            data = self.read(path)
+            return None if data is None else len(data)
         return int(info["size"])
 
     def exists(self, path: str) -> bool:
@@ -160,26 +211,39 @@ class Storage:
     # -- writes --------------------------------------------------------------------------------
     def _check_writable(self, path: str) -> None:
         if self.read_only:
-            raise StorageError(f"cannot write {self.url}/{path}: this store is read-only")
+            raise StorageError(
+                f"cannot write {self.url}/{path}: this store is read-only "
+                f"({self.protocol}:// stores can be loaded, opened and diffed, not written)"
+            )
 
     def write(self, path: str, buffers: Buffers) -> None:
         """Write an object whole, replacing any object of that name."""
         self._check_writable(path)
         data = b"".join(buffers)
         full = self._full(path)
-        self._call("writing", path, lambda: self.fs.pipe_file(full, data))
+        self._call("writing", path, lambda: self._put(full, data))
+
+    def _put(self, full: str, data: bytes) -> None:
+        """One whole-object write (backends override it to work around client quirks)."""
+        self.fs.pipe_file(full, data)
 
     def write_new(self, path: str, data: bytes) -> bool:
-        """Write an object only if none of that name exists; False if one does.
+        """Write an object only if none of that name exists; False if one with other bytes does.
 
-        Generic fsspec filesystems have no conditional write: check-then-write is racy there
-        (SPEC.md lists what each backend guarantees).
+        An object that already holds exactly ``data`` counts as written (True): on object stores
+        that is how a retried write whose first answer was lost finds its own object, and every
+        backend answers the same way. Generic fsspec filesystems have no conditional write:
+        check-then-write is racy there (SPEC.md lists what each backend guarantees).
         """
         self._check_writable(path)
         if self.exists(path):
-            return False
+            return self._holds(path, data)
         self.write(path, [data])
         return True
+
+    def _holds(self, path: str, data: bytes) -> bool:
+        """Whether the object ``path`` holds exactly ``data`` (reads at most one byte more)."""
+        return self.read_range(path, 0, len(data) + 1) == data
 
     def sync(self) -> None:
         """Make every write so far durable before the next one (a commit) is made."""
@@ -191,8 +255,16 @@ class Storage:
             self._call("deleting", path, lambda: self.fs.rm_file(full))
 
     def delete_many(self, paths: Iterable[str]) -> None:
-        for path in paths:
-            self.delete(path)
+        """Delete every path (missing ones are fine), a bounded number at a time."""
+        todo = list(paths)
+        if todo:
+            self._check_writable(todo[0])
+        if len(todo) <= 1:
+            for path in todo:
+                self.delete(path)
+            return
+        with cf.ThreadPoolExecutor(min(_DELETE_THREADS, len(todo))) as pool:
+            list(pool.map(self.delete, todo))
 
 
 class MemoryStorage(Storage):
@@ -204,7 +276,7 @@ class MemoryStorage(Storage):
         self._check_writable(path)
         with self._lock:
             if self.exists(path):
-                return False
+                return self._holds(path, data)
             self.write(path, [data])
             return True
 
@@ -302,55 +374,132 @@ class LocalStorage(Storage):
                 with contextlib.suppress(OSError):
                     os.unlink(tmp)
 
-        return self._call("writing", path, put)
+        return self._call("writing", path, put) or self._holds(path, data)
 
     def list(self, prefix: str) -> list[ObjectInfo]:
         # Temporary files of writes in flight are not objects.
         return [o for o in super().list(prefix) if not os.path.basename(o.path).startswith(".tmp-")]
 
+    def delete_many(self, paths: Iterable[str]) -> None:
+        for path in paths:  # unlinks are fast; threads would not help
+            self.delete(path)
+
+
+_TRANSIENT_WORDS = (
+    "timeout",
+    "timed out",
+    "connect",  # connection refused/reset/aborted, "cannot connect to host", disconnected
+    "temporar",
+    "throttl",
+    "slowdown",
+    "slow down",
+    "too many requests",
+    "serverbusy",
+    "server busy",
+    "internalerror",
+    "internal error",
+    "serviceunavailable",
+    "service unavailable",
+    "bad gateway",
+    "incompleteread",
+    "incomplete read",
+    "payload",  # aiohttp ClientPayloadError: the body stopped half-way
+    "reset",
+    "broken pipe",
+    "eof occurred",
+    "remote end closed",
+)
+_TRANSIENT_STATUS = {408, 429, 500, 502, 503, 504}
+
+
+def _status(exc: BaseException) -> int | None:
+    """The HTTP status an fsspec client attached to ``exc`` (or its cause), if any."""
+    for e in (exc, exc.__cause__):
+        if e is None:
+            continue
+        for attr in ("status", "status_code", "code"):
+            value = getattr(e, attr, None)
+            if isinstance(value, int) and 100 <= value < 600:
+                return value
+        response = getattr(e, "response", None)
+        if isinstance(response, dict):  # botocore ClientError
+            value = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if isinstance(value, int):
+                return value
+    return None
+
 
 def _transient(exc: Exception) -> bool:
-    if isinstance(exc, (PermissionError, IsADirectoryError, NotADirectoryError, ValueError)):
+    """Whether retrying may help: network failures, timeouts, throttling, 5xx answers."""
+    if isinstance(exc, (PermissionError, IsADirectoryError, NotADirectoryError, ValueError, TypeError)):
         return False
+    if isinstance(exc, (ConnectionError, TimeoutError)):
+        return True
+    status = _status(exc)
+    if status is not None:
+        return status in _TRANSIENT_STATUS
     text = f"{type(exc).__name__} {exc}".lower()
-    return any(
-        word in text
-        for word in (
-            "timeout",
-            "timed out",
-            "connection",
-            "temporar",
-            "throttl",
-            "slowdown",
-            "503",
-            "500",
-            "reset",
-            "broken pipe",
-        )
+    return any(word in text for word in _TRANSIENT_WORDS) or any(
+        str(code) in text.split() for code in _TRANSIENT_STATUS
     )
 
 
+def _past_end(exc: BaseException) -> bool:
+    """Whether ``exc`` is a backend refusing a byte range that starts past the object's end."""
+    if _status(exc) == 416:
+        return True
+    if isinstance(exc, OSError) and exc.errno == errno.EINVAL:  # s3fs maps InvalidRange to EINVAL
+        return True
+    text = f"{type(exc).__name__} {exc}".lower()
+    return "not satisfiable" in text or "invalidrange" in text
+
+
+def _protocol_of(url: str) -> str:
+    if "://" in url:
+        return url.split("://", 1)[0].lower()
+    if "::" in url:  # a chained URL ("simplecache::s3://..."): the outermost layer
+        return url.split("::", 1)[0].lower()
+    return "file"
+
+
 def open_storage(url: str, storage_options: dict[str, Any] | None = None) -> Storage:
-    """The :class:`Storage` for a store URL (any fsspec URL or a local path)."""
+    """The :class:`Storage` for a store URL (any fsspec URL or a local path).
+
+    ``storage_options`` go to the filesystem unchanged, except that object stores (S3, GCS,
+    Azure) get ``use_listings_cache=False`` unless it is given: a cached listing would hide
+    objects other writers added since (a new checkpoint, a chunk another save wrote).
+    """
+    from ._backends import BACKENDS
+
     if not isinstance(url, (str, os.PathLike)):
         raise InvalidInputError(f"a store URL is a str or path, got {type(url).__name__}")
     url = os.fspath(url)
     if not url:
         raise InvalidInputError("a store URL cannot be empty")
-    protocol = url.split("://", 1)[0] if "://" in url else "file"
+    if storage_options is not None and not isinstance(storage_options, dict):
+        raise InvalidInputError(
+            f"storage_options must be a dict of fsspec options, got {type(storage_options).__name__}"
+        )
+    protocol = _protocol_of(url)
+    options = dict(storage_options or {})
+    backend = BACKENDS.get(protocol)
+    if backend is not None and backend.uncached_listings:
+        options.setdefault("use_listings_cache", False)
     try:
-        fs, root = fsspec.core.url_to_fs(url, **(storage_options or {}))
+        fs, root = fsspec.core.url_to_fs(url, **options)
     except ImportError as exc:
         extra = _EXTRAS.get(protocol)
         hint = f"; install it with: pip install 'treestore[{extra}]'" if extra else ""
         raise InvalidInputError(f"no filesystem for {url!r}: {exc}{hint}") from None
-    except ValueError as exc:
-        raise InvalidInputError(f"not a usable store URL {url!r}: {exc}") from None
+    except (ValueError, TypeError) as exc:
+        raise InvalidInputError(f"not a usable store URL {url!r} (or storage options): {exc}") from None
     protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
     if "file" in protocols or "local" in protocols:
         return LocalStorage(fs, root, url.rstrip("/"))
     if "memory" in protocols:
         return MemoryStorage(fs, root, url.rstrip("/"))
-    storage = Storage(fs, root, url.rstrip("/"))
-    storage.read_only = bool(set(protocols) & {"http", "https"})
-    return storage
+    for p in protocols:
+        found = BACKENDS.get(p)
+        if found is not None:
+            return found.cls(fs, root, url.rstrip("/"))
+    return Storage(fs, root, url.rstrip("/"))
