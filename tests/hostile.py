@@ -35,8 +35,43 @@ def write_manifest(
     s = storage(url)
     s.write(_layout.manifest_path(d), [data])
     ref = ref_record(url, name)
-    ref.update(manifest=d, manifest_size=len(data), **ref_changes)
-    s.write(_layout.ref_path(name), [msgpack.packb(ref, use_bin_type=True)])
+    ref.update(manifest=d, manifest_size=len(data))
+    ref.update(_summary(manifest))
+    ref.update(ref_changes)
+    write_ref(url, name, ref)
+
+
+def _summary(manifest: Any) -> dict[str, Any]:
+    """The commit-record fields a consistent record copies from its manifest (best effort: a
+    hostile manifest may not have them)."""
+    out: dict[str, Any] = {}
+    if not isinstance(manifest, dict):
+        return out
+    for field in ("name", "created", "metadata"):
+        if field in manifest:
+            out[field] = manifest[field]
+    leaves = manifest.get("leaves")
+    if isinstance(leaves, list):
+        out["leaves"] = len(leaves)
+        total = 0
+        try:
+            for leaf in leaves:
+                chunks = leaf.get("chunks") or [c for p in leaf.get("pieces") or [] for c in p[2]]
+                total += sum(int(c[1]) for c in chunks)
+            if total < 2**64:  # a hostile manifest may declare more than a record can hold
+                out["nbytes"] = total
+        except Exception:
+            pass
+    return out
+
+
+def write_ref(url: str, name: str, ref: dict[str, Any]) -> None:
+    """Write a commit record with a consistent check digest, as a hostile store would."""
+    fields = [
+        ref.get(k) for k in ("name", "manifest", "manifest_size", "created", "metadata", "leaves", "nbytes")
+    ]
+    ref = dict(ref, check=blake3.blake3(msgpack.packb(fields, use_bin_type=True)).digest())
+    storage(url).write(_layout.ref_path(name), [msgpack.packb(ref, use_bin_type=True)])
 
 
 def mutate_manifest(url: str, name: str, change: Callable[[dict[str, Any]], None]) -> None:

@@ -92,9 +92,12 @@ def test_commit_record_that_disagrees_with_its_manifest(two):
     s = hostile.storage(two)
     ref = hostile.ref_record(two, "step-2")
     ref["leaves"] = 99
-    s.write(_layout.ref_path("step-2"), [msgpack.packb(ref, use_bin_type=True)])
+    s.write(_layout.ref_path("step-2"), [msgpack.packb(ref, use_bin_type=True)])  # check digest stale
     (problem,) = treestore.verify(two).problems
-    assert problem.kind == "commit_record" and "99 leaves" in problem.message
+    assert problem.kind == "commit_record" and "check digest" in problem.message
+    hostile.write_ref(two, "step-2", ref)  # consistent record, but it disagrees with the manifest
+    (problem,) = treestore.verify(two).problems
+    assert problem.checkpoint == "step-2" and "does not match its manifest" in problem.message
 
 
 def test_nothing_to_verify(tmp_path):

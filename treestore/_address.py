@@ -37,6 +37,7 @@ _INT = re.compile(r"-?(0|[1-9][0-9]*)\Z")
 _NAT = re.compile(r"(0|[1-9][0-9]*)\Z")
 _ATTR = re.compile(r"[^\W\d]\w*\Z")  # a Python identifier
 _ESCAPED = frozenset('%"/')
+_MAX_INDEX = 2**31  # jax's SequenceKey and FlattenedIndexKey hold 32-bit indices
 
 
 def _quote(text: str) -> str:
@@ -165,7 +166,7 @@ def format_address(path: Sequence[object]) -> str:
 @functools.lru_cache(maxsize=100_000)
 def parse_segment(segment: str) -> Key:
     """The key entry an address segment stands for."""
-    if _NAT.match(segment):
+    if _NAT.match(segment) and int(segment) < _MAX_INDEX:
         return SequenceKey(int(segment))
     if segment.startswith("{") and segment.endswith("}"):
         inner = segment[1:-1]
@@ -181,7 +182,7 @@ def parse_segment(segment: str) -> Key:
             return DictKey(text)
     elif segment.startswith(".") and _ATTR.match(segment[1:]):
         return GetAttrKey(segment[1:])
-    elif segment.startswith("#") and _NAT.match(segment[1:]):
+    elif segment.startswith("#") and _NAT.match(segment[1:]) and int(segment[1:]) < _MAX_INDEX:
         return FlattenedIndexKey(int(segment[1:]))
     elif _BARE.match(segment):
         return DictKey(segment)
@@ -225,13 +226,13 @@ def key_from_record(record: object) -> Key:
     """The inverse of :func:`key_to_record`; raises InvalidInputError on anything else."""
     if isinstance(record, (list, tuple)) and len(record) == 2:
         kind, value = record
-        if kind == "seq" and type(value) is int and value >= 0:
+        if kind == "seq" and type(value) is int and 0 <= value < _MAX_INDEX:
             return SequenceKey(value)
         if kind == "dict" and type(value) in (str, int, bool):
             return DictKey(value)
         if kind == "attr" and isinstance(value, str) and _ATTR.match(value):
             return GetAttrKey(value)
-        if kind == "flat" and type(value) is int and value >= 0:
+        if kind == "flat" and type(value) is int and 0 <= value < _MAX_INDEX:
             return FlattenedIndexKey(value)
     raise InvalidInputError(f"not a key record: {record!r}")
 

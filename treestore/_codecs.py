@@ -160,8 +160,8 @@ def _unzstd(frame: bytes | memoryview, size: int) -> bytes:
 def decode_into(obj: bytes, out: np.ndarray[Any, Any]) -> None:
     """Decode the chunk object ``obj`` into ``out`` (1-D uint8, exactly the raw size).
 
-    Raises ChunkCorruptError (or UnsupportedFormatError for an unknown codec) on any inconsistency;
-    never allocates more than ``out.nbytes`` for decoded data.
+    Raises ChunkCorruptError on any inconsistency (an unknown codec included); never allocates
+    more than ``out.nbytes`` for decoded data.
     """
     size = out.nbytes
     if len(obj) < HEADER.size:
@@ -171,6 +171,8 @@ def decode_into(obj: bytes, out: np.ndarray[Any, Any]) -> None:
         raise ChunkCorruptError(f"chunk object starts with {magic!r}, expected {MAGIC!r}")
     if raw_size != size:
         raise ChunkCorruptError(f"chunk object declares {raw_size} raw bytes, expected {size}")
+    if codec in (RAW, ZSTD) and (width or mask):
+        raise ChunkCorruptError(f"codec {codec} chunk has plane fields {width}, {mask:#x}; expected 0")
     body = memoryview(obj)[HEADER.size :]
     try:
         if codec == RAW:

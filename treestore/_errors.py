@@ -95,6 +95,10 @@ class UnsupportedFormatError(TreestoreError):
     """The store uses a format version, codec or dtype this version of treestore does not know."""
 
 
+class OutOfMemoryError(TreestoreError, MemoryError):
+    """The host cannot hold what a load asks for (the leaf is named)."""
+
+
 # --- the storage underneath failed --------------------------------------------------------------
 class StorageError(TreestoreError, OSError):
     """The filesystem failed (permission, network, a killed server). Retrying may succeed."""

@@ -10,6 +10,7 @@ from dead processes and are ignored (and removed by gc).
 from __future__ import annotations
 
 import os
+import re
 import socket
 import time
 import uuid
@@ -118,6 +119,12 @@ class GcReport:
     dry_run: bool
 
 
+_CHUNK = re.compile(r"chunks/([0-9a-f]{2})/(\1[0-9a-f]{62})")
+_MANIFEST = re.compile(r"manifests/[0-9a-f]{64}")
+_LOCK = re.compile(r"locks/(save|gc)-[0-9a-f]{32}")
+_STAGING = re.compile(r"staging/[0-9a-f]{32}/(process-[0-9]+|outcome)")
+
+
 def collect(
     storage: Storage,
     live_manifests: set[bytes],
@@ -126,17 +133,22 @@ def collect(
     grace: float,
     stale_after: float,
     dry_run: bool,
+    own_lock: str = "",
 ) -> GcReport:
     """Remove what no committed checkpoint references. Call it holding a gc lock, with the live
-    sets computed after the lock was taken."""
+    sets computed after the lock was taken. Only objects whose names treestore writes are ever
+    deleted; anything else in the store is left alone."""
     now = time.time()
+
+    def old(mtime: float | None, limit: float) -> bool:
+        return mtime is not None and now - mtime >= limit
+
     doomed: list[str] = []
     freed = young = 0
     for obj in storage.list(_layout.CHUNKS):
-        d = _layout.digest_from_path(obj.path)
-        if d is None or d in live_chunks:
+        if not _CHUNK.fullmatch(obj.path) or bytes.fromhex(obj.path[-64:]) in live_chunks:
             continue
-        if obj.mtime is None or now - obj.mtime < grace:
+        if not old(obj.mtime, grace):
             young += 1
             continue
         doomed.append(obj.path)
@@ -144,17 +156,23 @@ def collect(
     chunks = len(doomed)
     manifests = 0
     for obj in storage.list(_layout.MANIFESTS):
-        d = _layout.digest_from_path(obj.path)
-        if d is not None and d not in live_manifests and obj.mtime is not None and now - obj.mtime >= grace:
+        live = not _MANIFEST.fullmatch(obj.path) or bytes.fromhex(obj.path[-64:]) in live_manifests
+        if not live and old(obj.mtime, grace):
             doomed.append(obj.path)
             freed += obj.size
             manifests += 1
     for obj in storage.list(_layout.STAGING):  # records of multi-process saves that died
-        if obj.mtime is not None and now - obj.mtime >= grace:
+        if _STAGING.fullmatch(obj.path) and old(obj.mtime, grace):
             doomed.append(obj.path)
+    for folder in (_layout.CHUNKS, _layout.MANIFESTS, _layout.CHECKPOINTS, _layout.LOCKS, _layout.STAGING):
+        for obj in storage.temporaries(folder):  # half-written objects of killed writers
+            if old(obj.mtime, grace):
+                doomed.append(obj.path)
+                freed += obj.size
     locks = 0
     for obj in storage.list(_layout.LOCKS):
-        if now - _lock_time(storage, obj.path, obj.mtime) >= stale_after:
+        ours = not _LOCK.fullmatch(obj.path) or obj.path == own_lock
+        if not ours and now - _lock_time(storage, obj.path, obj.mtime) >= stale_after:
             doomed.append(obj.path)
             locks += 1
     if not dry_run:

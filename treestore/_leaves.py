@@ -272,4 +272,5 @@ def _weakly_typed(array: jax.Array) -> jax.Array:
         return array
 
 
-PRNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
+PRNG_IMPLS = {"threefry2x32": 2, "rbg": 4, "unsafe_rbg": 4}  # impl -> words of key data
+NOT_IN_JAX = frozenset({"float6_e2m3fn", "float6_e3m2fn"})  # numpy holds them, jax does not

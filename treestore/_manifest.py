@@ -28,6 +28,7 @@ from ._errors import (
 )
 from ._leaves import (
     ARRAY_KINDS,
+    NOT_IN_JAX,
     PRNG_IMPLS,
     PY_KINDS,
     dtype_from_name,
@@ -171,6 +172,17 @@ class Manifest:
     chunk_size: int = 0
     version: int = FORMAT_VERSION
 
+    def mismatches(self, ref: Ref) -> list[str]:
+        """How a commit record disagrees with this manifest (empty when it describes it)."""
+        pairs = {
+            "name": (ref.name, self.name),
+            "created": (ref.created, self.created),
+            "metadata": (ref.metadata, self.metadata),
+            "leaves": (ref.leaves, len(self.leaves)),
+            "nbytes": (ref.nbytes, self.nbytes),
+        }
+        return [f"{k}: record {a!r:.60}, manifest {b!r:.60}" for k, (a, b) in pairs.items() if a != b]
+
     def chunk_digests(self) -> set[bytes]:
         """Every chunk object this checkpoint needs."""
         found = {c.digest for leaf in self.leaves for c in leaf.chunks if c.pack is None}
@@ -230,6 +242,10 @@ def check_metadata(metadata: object) -> bytes:
         ) from None
     if len(data) > MAX_METADATA_BYTES:
         raise InvalidInputError(f"metadata is {len(data)} bytes encoded, over the 1 MiB limit")
+    try:
+        msgpack.unpackb(data, raw=False, strict_map_key=True)
+    except (ValueError, TypeError) as exc:  # as readers decode it: map keys must be str or bytes
+        raise InvalidInputError(f"metadata must have str keys in every map: {exc}") from None
     return data
 
 
@@ -250,6 +266,11 @@ def encode_manifest(m: Manifest) -> bytes:
     )
 
 
+def _ref_check(r: Ref) -> bytes:
+    """The digest that covers every field of a commit record (its ``check`` field)."""
+    return digest(_pack([r.name, r.manifest, r.manifest_size, r.created, r.metadata, r.leaves, r.nbytes]))
+
+
 def encode_ref(r: Ref) -> bytes:
     return _pack(
         {
@@ -262,6 +283,7 @@ def encode_ref(r: Ref) -> bytes:
             "metadata": r.metadata,
             "leaves": r.leaves,
             "nbytes": r.nbytes,
+            "check": _ref_check(r),
         }
     )
 
@@ -329,16 +351,19 @@ def decode_ref(data: bytes, name: str) -> Ref:
         manifest = _get(rec, "manifest", bytes)
         if len(manifest) != DIGEST_BYTES:
             raise _Bad("manifest digest has the wrong length")
-        return Ref(
+        ref = Ref(
             name=name,
             manifest=manifest,
             manifest_size=_count(rec.get("manifest_size"), "manifest_size", MAX_MANIFEST_BYTES),
-            created=float(_get(rec, "created", float)),
+            created=_get(rec, "created", float),
             metadata=rec.get("metadata"),
-            leaves=_count(rec.get("leaves", 0), "leaves"),
-            nbytes=_count(rec.get("nbytes", 0), "nbytes"),
+            leaves=_count(rec.get("leaves"), "leaves"),
+            nbytes=_count(rec.get("nbytes"), "nbytes"),
             version=version,
         )
+        if _get(rec, "check", bytes) != _ref_check(ref):
+            raise _Bad("its fields do not match its check digest")
+        return ref
     except _Bad as exc:
         raise ManifestCorruptError(f"{what}: {exc}", checkpoint=name) from None
 
@@ -446,6 +471,10 @@ def _leaf(rec: object, packs: tuple[ChunkRef, ...]) -> LeafEntry:
             chunks = tuple(c for p in pieces for c in p.chunks)
         else:
             chunks = tuple(_chunk(c, len(packs)) for c in _get(rec, "chunks", list))
+        if math.prod(n for n in shape if n) * dtype.itemsize >= 2**63:
+            raise _Bad(f"shape {shape} of {dtype_name} is too large to exist")
+        if kind == "jax" and dtype_name in NOT_IN_JAX:
+            raise _Bad(f"a jax array cannot have dtype {dtype_name}")
         expected = math.prod(shape) * dtype.itemsize
         if sum(c.size for c in chunks) != expected:
             raise _Bad(
@@ -456,8 +485,14 @@ def _leaf(rec: object, packs: tuple[ChunkRef, ...]) -> LeafEntry:
             if c.pack is not None and c.offset + c.size > packs[c.pack].size:
                 raise _Bad(f"bytes {c.offset}..{c.offset + c.size} lie outside pack {c.pack}")
         impl = rec.get("prng_impl")
-        if kind == "prng_key" and impl not in PRNG_IMPLS:
-            raise UnsupportedFormatError(f"{address or '(root)'}: unknown PRNG impl {impl!r}")
+        if kind == "prng_key":
+            if not isinstance(impl, str) or impl not in PRNG_IMPLS:
+                raise UnsupportedFormatError(f"{address or '(root)'}: unknown PRNG impl {impl!r}")
+            width = PRNG_IMPLS[impl]
+            if dtype_name != "uint32" or not shape or shape[-1] != width:
+                raise _Bad(
+                    f"{impl} key data must be uint32 of shape (..., {width}), found {dtype_name}{shape}"
+                )
         weak = rec.get("weak_type", False)
         if type(weak) is not bool:
             raise _Bad("field 'weak_type' should be bool")

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import concurrent.futures as cf
+import functools
+import math
+import os
 import threading
 from typing import Any
 
@@ -15,6 +18,7 @@ from ._errors import (
     ChunkCorruptError,
     ChunkMissingError,
     ManifestCorruptError,
+    OutOfMemoryError,
     TreestoreError,
 )
 from ._manifest import (
@@ -42,19 +46,68 @@ def read_ref(storage: Storage, name: str) -> Ref:
 
 
 def checkpoint_names(storage: Storage) -> list[str]:
-    """Names of the committed checkpoints (names that are not valid checkpoint names are ignored)."""
+    """Names of the committed checkpoints: objects directly in ``checkpoints/`` whose names are
+    valid checkpoint names (anything else there is ignored)."""
     names = []
+    prefix = _layout.CHECKPOINTS + "/"
     for obj in storage.list(_layout.CHECKPOINTS):
-        name = obj.path.rsplit("/", 1)[-1]
+        name = obj.path[len(prefix) :] if obj.path.startswith(prefix) else ""
         try:
             names.append(check_name(name))
         except TreestoreError:
             continue
-    return names
+    return sorted(set(names))
+
+
+@functools.cache
+def _physical_memory() -> int:
+    try:
+        return int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):  # not a POSIX system: no cap
+        return 2**62
+
+
+def allocate(
+    shape: int | tuple[int, ...], address: str, checkpoint: str, dtype: Any = np.uint8
+) -> np.ndarray[Any, Any]:
+    """``np.empty``, with running out of memory reported as a TreestoreError naming the leaf.
+
+    More than the machine's physical memory is refused before allocating: the operating system
+    would grant it lazily and kill the process later.
+    """
+    dims = (shape,) if isinstance(shape, int) else shape
+    nbytes = math.prod(dims) * np.dtype(dtype).itemsize
+    if nbytes > _physical_memory():
+        raise OutOfMemoryError(
+            f"{address or '(root)'}: {nbytes:,} bytes declared by checkpoint {checkpoint!r} exceed "
+            f"this machine's {_physical_memory():,} bytes of memory",
+            address=address,
+            checkpoint=checkpoint,
+        )
+    try:
+        return np.empty(shape, dtype)
+    except (MemoryError, ValueError) as exc:
+        raise OutOfMemoryError(
+            f"{address or '(root)'}: cannot allocate {shape} of {np.dtype(dtype).name} "
+            f"for checkpoint {checkpoint!r}: {type(exc).__name__}",
+            address=address,
+            checkpoint=checkpoint,
+        ) from None
+
+
+def committed_refs(storage: Storage) -> list[Ref]:
+    """The commit records of every checkpoint; one deleted while listing is left out."""
+    refs = []
+    for name in checkpoint_names(storage):
+        try:
+            refs.append(read_ref(storage, name))
+        except CheckpointNotFoundError:
+            continue  # deleted since the listing: it needs no protection and no entry
+    return refs
 
 
 def newest_ref(storage: Storage) -> Ref:
-    refs = [read_ref(storage, n) for n in checkpoint_names(storage)]
+    refs = committed_refs(storage)
     if not refs:
         raise CheckpointNotFoundError(f"no checkpoints in {storage.url}")
     return max(refs, key=lambda r: (r.created, r.name))
@@ -75,9 +128,11 @@ def read_manifest(storage: Storage, ref: Ref) -> Manifest:
             checkpoint=ref.name,
         )
     manifest = decode_manifest(data, ref.name)
-    if manifest.name != ref.name:
+    differences = manifest.mismatches(ref)
+    if differences:
         raise ManifestCorruptError(
-            f"manifest of checkpoint {ref.name!r} names checkpoint {manifest.name!r}",
+            f"commit record of checkpoint {ref.name!r} does not match its manifest: "
+            + "; ".join(differences),
             checkpoint=ref.name,
         )
     return manifest
@@ -113,8 +168,11 @@ class ChunkReader:
 
     def read_into(self, c: ChunkRef, out: np.ndarray[Any, Any], address: str) -> None:
         """Decode the (non-packed) chunk ``c`` into ``out`` (uint8, c.size) and verify it."""
+        self._decode(self._object(c, address), c, out, address)
+
+    def _decode(self, obj: bytes, c: ChunkRef, out: np.ndarray[Any, Any], address: str) -> None:
         try:
-            decode_into(self._object(c, address), out)
+            decode_into(obj, out)
         except ChunkCorruptError as exc:
             raise self._fail(ChunkCorruptError, address, c, str(exc)) from None
         if digest(out) != c.digest:
@@ -129,13 +187,12 @@ class ChunkReader:
         if owner:
             try:
                 c = self.manifest.packs[index]
-                buf = np.empty(c.size, np.uint8)
-                self.read_into(c, buf, address)
+                obj = self._object(c, address)  # the object first: its size bounds what we allocate
+                buf = allocate(c.size, address, self.manifest.name)
+                self._decode(obj, c, buf, address)
                 fut.set_result(buf)
             except BaseException as exc:
-                fut.set_exception(exc)
-                with self._lock:  # let a later reader retry and name its own address
-                    self._packs.pop(index, None)
+                fut.set_exception(exc)  # other leaves of this pack fail alike, without rereading
                 raise
         return fut.result()
 

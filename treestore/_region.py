@@ -17,7 +17,7 @@ import numpy as np
 from ._errors import OutOfBoundsError
 from ._leaves import dtype_from_name
 from ._manifest import ChunkRef, LeafEntry, Piece
-from ._read import ChunkReader
+from ._read import ChunkReader, allocate
 
 Region = tuple[slice, ...]
 
@@ -50,7 +50,7 @@ def piece_bytes(
     them, possibly in parallel, before using the result); partial chunks are read at once.
     ``into`` (uint8, stop - start bytes) receives the bytes instead of a new buffer.
     """
-    out = np.empty(max(stop - start, 0), np.uint8) if into is None else into
+    out = allocate(max(stop - start, 0), address, reader.manifest.name) if into is None else into
     at = 0
     for c in piece.chunks:
         lo, hi = at, at + c.size
@@ -64,7 +64,7 @@ def piece_bytes(
             else:
                 jobs.append(functools.partial(reader.read_leaf_chunk, c, target, address))
         else:
-            tmp = np.empty(c.size, np.uint8)
+            tmp = allocate(c.size, address, reader.manifest.name)
             reader.read_leaf_chunk(c, tmp, address)
             a, b = max(lo, start), min(hi, stop)
             out[a - start : b - start] = tmp[a - lo : b - lo]
@@ -116,7 +116,7 @@ def read_region(
     """The elements of ``entry`` in ``region`` (normalized), as a new C-ordered array."""
     assert entry.shape is not None
     dtype = dtype_from_name(entry.dtype, address=entry.address)
-    out = np.empty(tuple(r.stop - r.start for r in region), dtype)
+    out = allocate(tuple(r.stop - r.start for r in region), entry.address, reader.manifest.name, dtype)
     if out.size:
         jobs: list[Callable[[], None]] = []
         fills: list[Callable[[], None]] = []
@@ -142,7 +142,8 @@ def read_arrays(
     packed: dict[int, list[tuple[ChunkRef, np.ndarray[Any, Any], str]]] = {}
     for entry in entries:
         assert entry.shape is not None
-        array = np.empty(entry.shape, dtype_from_name(entry.dtype, address=entry.address))
+        dtype = dtype_from_name(entry.dtype, address=entry.address)
+        array = allocate(entry.shape, entry.address, reader.manifest.name, dtype)
         out[entry.address] = array
         if entry.pieces:
             plan_region(reader, entry, tuple(slice(0, n) for n in entry.shape), array, jobs, fills)

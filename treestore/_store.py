@@ -15,7 +15,7 @@ import jax
 
 from . import _diff, _gc, _layout, _lazy, _read, _region, _save, _template
 from ._codecs import Codec
-from ._errors import InvalidInputError, NoMatchError
+from ._errors import CheckpointNotFoundError, InvalidInputError, NoMatchError
 from ._leaves import restore_array
 from ._manifest import LeafEntry, Manifest, check_name
 from ._storage import Storage, open_storage
@@ -107,8 +107,11 @@ class Store:
 
     def delete(self, name: str) -> None:
         """Remove checkpoint ``name`` (its commit record); :meth:`gc` frees its chunks."""
-        _read.read_ref(self.storage, name)  # CheckpointNotFoundError when absent
-        self.storage.delete(_layout.ref_path(name))
+        check_name(name)
+        path = _layout.ref_path(name)
+        if not self.storage.exists(path):  # a damaged record can still be deleted
+            raise CheckpointNotFoundError(f"no checkpoint {name!r} in {self.url}", checkpoint=name)
+        self.storage.delete(path)
 
     def gc(
         self,
@@ -123,11 +126,10 @@ class Store:
         Unreferenced chunks younger than ``grace`` seconds are kept; gc waits up to ``wait``
         seconds for saves in flight, then raises StoreBusyError.
         """
-        with _gc.gc_lock(self.storage, stale_after=stale_after, wait=wait):
+        with _gc.gc_lock(self.storage, stale_after=stale_after, wait=wait) as lock:
             live_manifests: set[bytes] = set()
             live_chunks: set[bytes] = set()
-            for name in _read.checkpoint_names(self.storage):
-                ref = _read.read_ref(self.storage, name)
+            for ref in _read.committed_refs(self.storage):
                 live_manifests.add(ref.manifest)
                 live_chunks |= _read.read_manifest(self.storage, ref).chunk_digests()
             return _gc.collect(
@@ -137,13 +139,13 @@ class Store:
                 grace=grace,
                 stale_after=stale_after,
                 dry_run=dry_run,
+                own_lock=lock.path,
             )
 
     # -- reading -----------------------------------------------------------------------------
     def list(self) -> list[CheckpointInfo]:
         """Committed checkpoints, oldest first."""
-        refs = [_read.read_ref(self.storage, n) for n in _read.checkpoint_names(self.storage)]
-        refs.sort(key=lambda r: (r.created, r.name))
+        refs = sorted(_read.committed_refs(self.storage), key=lambda r: (r.created, r.name))
         return [CheckpointInfo(r.name, r.created, r.leaves, r.nbytes, r.metadata) for r in refs]
 
     def exists(self, name: str) -> bool:

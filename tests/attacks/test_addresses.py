@@ -1,0 +1,201 @@
+"""Addresses and names with ``..``, ``/``, NUL and other surprising characters.
+
+Addresses never name objects in the store (chunks are named by digest) and checkpoint names are
+checked before any path is formed: neither can reach outside the store, and a manifest whose
+addresses are not the canonical form of its tree's keys is refused.
+"""
+
+from __future__ import annotations
+
+import msgpack
+import numpy as np
+import pytest
+
+import treestore
+from treestore import _layout
+
+from ._harness import check_readers, guarded
+
+SURPRISING = [
+    "..",
+    ".",
+    "../../outside/secret.txt",
+    "/etc/passwd",
+    "a/../../b",
+    "a\x00b",
+    "\x00",
+    "%2e%2e%2f",
+    "%",
+    '"',
+    '""',
+    "\\..\\..\\x",
+    "C:\\Windows",
+    " ",
+    "",
+    "\n",
+    "\u202e\u0000",
+    "😀",
+    "~",
+    "$HOME",
+    "{0}",
+    "#1",
+    ".attr",
+    "*",
+    "[a-z]",
+    "x" * 5000,
+]
+
+
+@pytest.mark.timeout(60)
+def test_tree_keys_with_surprising_characters_round_trip(tmp_path):
+    """A legitimate checkpoint whose dict keys look like paths: saved, listed, loaded (also by
+    select), diffed and verified without touching anything but the store."""
+    url = str(tmp_path / "store")
+    tree = {k: {k: np.full(3, i, np.int32)} for i, k in enumerate(SURPRISING)}
+    tree["big"] = np.arange(100_000, dtype=np.float32)
+    treestore.save(url, tree, "good")
+    treestore.save(url, {**tree, "big": np.zeros(3)}, "bad")
+    out = check_readers(url)
+    got = out["load"].value
+    assert sorted(got) == sorted(tree)
+    for k in SURPRISING:
+        assert list(got[k]) == [k]
+    addresses = list(treestore.open(url, "bad").leaves)
+    with guarded([url]) as g:
+        for a in addresses[:10]:
+            treestore.load(url, "bad", select=a.replace("[", "[[]").replace("*", "[*]").replace("?", "[?]"))
+    assert not g.violations
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "address", [a for a in SURPRISING if a] + ["py//n", "/py/n", "py/n/", "py\\n", "py/./n"]
+)
+def test_leaf_address_that_is_not_its_tree_position(store, address):
+    store.mutate_manifest(
+        lambda m: next(x for x in m["leaves"] if x["address"] == "py/n").update(address=address)
+    )
+    out = store.check(ops=["manifest", "load", "verify"])
+    assert isinstance(out["load"].error, treestore.ManifestCorruptError)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("key", ["../../outside", "a/b", "\x00", "x" * 5000, "😀"])
+def test_consistently_renamed_key(store, key):
+    """A hostile store may rename a key everywhere (tree and address): that is just another tree,
+    loaded with the new key and nothing else."""
+    from jax.tree_util import DictKey
+
+    from treestore import format_address
+
+    def change(m):
+        i = [k[1] for k in m["tree"]["keys"]].index("py")
+        m["tree"]["keys"][i] = ["dict", key]
+        for leaf in m["leaves"]:
+            if leaf["address"].startswith("py/"):
+                leaf["address"] = format_address((DictKey(key),)) + leaf["address"][2:]
+
+    store.mutate_manifest(change)
+    out = store.check(ops=["load", "open", "verify", "diff"])
+    assert key in out["load"].value and "py" not in out["load"].value
+
+
+NAMES = ["...", "-x", "_x", ".x", " x", "x y", "ü", "x" * 201, ".tmp-abc", "x\n", "x\\y", "x%2Fy"]
+
+
+@pytest.mark.timeout(60)
+def test_objects_in_checkpoints_that_are_not_checkpoint_names(store):
+    """Files under checkpoints/ whose names are not valid checkpoint names are not checkpoints:
+    readers ignore them, even when they hold a valid commit record."""
+    for name in NAMES:
+        rec = {**store.ref_record(), "name": name}
+        (store.root / "checkpoints" / name).write_bytes(msgpack.packb(rec, use_bin_type=True))
+    out = store.check(ops=["list", "latest", "load", "verify all"])
+    assert [c.name for c in out["list"].value] == ["good", "bad"]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "name", ["../outside/secret.txt", "../../x", "x/../bad", "/etc/passwd", "", "a\x00", "x" * 201]
+)
+def test_hostile_checkpoint_names_from_the_caller(store, name):
+    calls = [
+        lambda: treestore.load(store.url, name),
+        lambda: treestore.open(store.url, name),
+        lambda: treestore.Store(store.url).delete(name),
+        lambda: treestore.Store(store.url).exists(name),
+        lambda: treestore.save(store.url, {"a": 1}, name),
+    ]
+    if name:  # "URL#" means the newest checkpoint
+        calls.append(lambda: treestore.verify(f"{store.url}#{name}"))
+        calls.append(lambda: treestore.diff(f"{store.url}#{name}", f"{store.url}#bad"))
+    with guarded([store.root]) as g:
+        for fn in calls:
+            with pytest.raises(treestore.InvalidInputError):
+                fn()
+    assert not g.violations
+    assert store.untouched()
+
+
+@pytest.mark.timeout(60)
+def test_manifest_that_names_another_checkpoint(store):
+    """The commit record of "bad" points at the manifest of "good": refused (a hostile store
+    cannot make one checkpoint read as another)."""
+    good = store.ref_record("good")
+    store.write_ref(
+        {**store.ref_record(), "manifest": good["manifest"], "manifest_size": good["manifest_size"]}
+    )
+    out = store.check(ops=["load", "verify"])
+    assert isinstance(out["load"].error, treestore.ManifestCorruptError)
+    assert "good" in str(out["load"].error)
+
+
+@pytest.mark.timeout(60)
+def test_commit_record_under_another_name(store):
+    """checkpoints/bad holds the record of "good": refused."""
+    (store.root / _layout.ref_path("bad")).write_bytes(store.ref_bytes("good"))
+    out = store.check(ops=["list", "load", "verify all"])
+    assert isinstance(out["load"].error, treestore.ManifestCorruptError)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("index", [2**31, 2**32, 2**63, 2**64 - 1])
+@pytest.mark.parametrize("kind", ["seq", "flat"])
+def test_key_records_with_indices_beyond_32_bits(store, index, kind):
+    """A custom node keyed by ["seq", i] or ["flat", i] with a huge i (and the matching leaf
+    address): jax's key classes take 32-bit ints, so decoding must check the range itself."""
+    segment = str(index) if kind == "seq" else f"#{index}"
+
+    def change(m):
+        node = m["tree"]["children"][[k[1] for k in m["tree"]["keys"]].index("small")]
+        node.update(type="custom", name="x.Y", keys=[[kind, index - i] for i in range(len(node["keys"]))])
+        for i, leaf in enumerate(x for x in m["leaves"] if x["address"].startswith("small/")):
+            rest = leaf["address"].split("/", 1)[1]
+            leaf["address"] = f"small/{segment if i == 0 else rest}"
+
+    store.mutate_manifest(change)
+    out = store.check(ops=["manifest", "load", "verify"])
+    assert out["load"].error is None or isinstance(out["load"].error, treestore.ManifestCorruptError)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    "address", ["2147483648", "py/9223372036854775808", "#2147483648", "py/#99999999999"]
+)
+def test_address_segments_with_indices_beyond_32_bits(store, address):
+    store.mutate_manifest(
+        lambda m: next(x for x in m["leaves"] if x["address"] == "py/n").update(address=address)
+    )
+    out = store.check(ops=["manifest", "load", "verify"])
+    assert isinstance(out["load"].error, treestore.ManifestCorruptError)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("text", ["2147483648", "a/4294967296", "#2147483648", "{18446744073709551615}"])
+def test_parse_address_of_big_indices(text):
+    """parse_address is public: a big index is a valid address or an InvalidInputError."""
+    try:
+        path = treestore.parse_address(text)
+    except treestore.InvalidInputError:
+        return
+    assert treestore.format_address(path) == text
