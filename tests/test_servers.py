@@ -16,12 +16,8 @@ try:  # tests is a package (tests/__init__.py) ...
 except ImportError:  # ... or tests/ itself is on sys.path
     import servers  # type: ignore[no-redef]
 
-# Register the session-scoped server fixtures here (a conftest.py could do the same).
-s3_server = servers.s3_server
-gcs_server = servers.gcs_server
-azure_server = servers.azure_server
-http_server = servers.http_server
-http_backend = servers.http_backend
+
+# The server fixtures come from conftest.py, so each server starts once per session.
 
 OBJECT_STORES = ["s3", "gcs", "azure"]
 

@@ -9,6 +9,7 @@ from dead processes and are ignored (and removed by gc).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import socket
@@ -89,8 +90,12 @@ class Lock:
     def __enter__(self) -> Lock:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.release()
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc is None:
+            self.release()
+            return
+        with contextlib.suppress(Exception):  # keep the error that ended the work, not this one
+            self.release()
 
 
 def save_lock(storage: Storage, *, stale_after: float = STALE_AFTER, timeout: float = 600.0) -> Lock:
