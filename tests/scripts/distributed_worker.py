@@ -53,17 +53,17 @@ def main() -> None:
         if mode == "save":
             treestore.save(store, tree, "dist", metadata={"processes": int(nproc)})
         else:
-            from treestore import _storage
+            from treestore import _local
 
             if pid == "1":
-                real = _storage.LocalStorage._write_tmp
+                real = _local.LocalStorage._write_tmp
 
                 def broken(self, full, buffers):
                     if "/chunks/" in full:
                         raise PermissionError("disk on fire")
                     return real(self, full, buffers)
 
-                _storage.LocalStorage._write_tmp = broken  # type: ignore[method-assign]
+                _local.LocalStorage._write_tmp = broken  # type: ignore[method-assign]
             try:
                 treestore.save(store, tree, "broken")
             except treestore.TreestoreError as exc:
