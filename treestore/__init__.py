@@ -34,8 +34,9 @@ from ._gc import GcReport
 from ._interop import ExportResult, export_file, import_file
 from ._lazy import Checkpoint, LazyLeaf
 from ._manager import CheckpointManager, StepInfo
-from ._manifest import FORMAT_VERSION, ChunkRef, LeafEntry, Manifest
+from ._manifest import ChunkRef, LeafEntry, Manifest
 from ._save import SaveOptions, SaveResult
+from ._schema import FORMAT_VERSION
 from ._store import CheckpointInfo, Store, diff, load, open, save
 from ._transfer import CopyReport, copy
 from ._verify import VerifyProblem, VerifyReport, verify

@@ -14,7 +14,6 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-import blake3
 import msgpack
 import numpy as np
 from jax.tree_util import SequenceKey
@@ -35,17 +34,20 @@ from ._leaves import (
     value_from_record,
     value_to_record,
 )
+from ._ref import MAX_MANIFEST_BYTES, Ref
+from ._schema import DIGEST_BYTES, FORMAT_VERSION, digest
+from ._schema import Bad as _Bad
+from ._schema import check_version as _check_version
+from ._schema import count as _count
+from ._schema import field as _get
+from ._schema import pack as _pack
+from ._schema import unpack as _unpack
 
-FORMAT_VERSION = 1
 MANIFEST_MAGIC = "treestore.manifest"
-REF_MAGIC = "treestore.checkpoint"
-MAX_MANIFEST_BYTES = 256 * 2**20
-MAX_REF_BYTES = 2 * 2**20
 MAX_METADATA_BYTES = 1 * 2**20
 MAX_CHUNK_BYTES = 256 * 2**20
 MAX_NDIM = 64
 MAX_DEPTH = 500
-DIGEST_BYTES = 32
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=+-]{0,199}\Z")
 
 
@@ -57,11 +59,6 @@ def check_name(name: object) -> str:
             "'._=+-', starting with a letter or digit"
         )
     return name
-
-
-def digest(data: Any) -> bytes:
-    """BLAKE3 of any buffer (bytes, memoryview, contiguous numpy array)."""
-    return blake3.blake3(data).digest()
 
 
 @dataclass(frozen=True)
@@ -194,20 +191,6 @@ class Manifest:
         return sum(leaf.nbytes for leaf in self.leaves)
 
 
-@dataclass(frozen=True)
-class Ref:
-    """The small commit record that makes a checkpoint visible."""
-
-    name: str
-    manifest: bytes  # digest of the manifest's bytes
-    manifest_size: int
-    created: float
-    metadata: Any = None
-    leaves: int = 0
-    nbytes: int = 0
-    version: int = FORMAT_VERSION
-
-
 # --- encoding ---------------------------------------------------------------------------------
 def leaf_to_record(leaf: LeafEntry) -> dict[str, object]:
     rec: dict[str, object] = {"address": leaf.address, "kind": leaf.kind}
@@ -226,10 +209,6 @@ def leaf_to_record(leaf: LeafEntry) -> dict[str, object]:
     else:
         rec["value"] = value_to_record(leaf.kind, leaf.value)
     return rec
-
-
-def _pack(obj: object) -> bytes:
-    return msgpack.packb(obj, use_bin_type=True)
 
 
 def check_metadata(metadata: object) -> bytes:
@@ -266,108 +245,7 @@ def encode_manifest(m: Manifest) -> bytes:
     )
 
 
-def _ref_check(r: Ref) -> bytes:
-    """The digest that covers every field of a commit record (its ``check`` field)."""
-    return digest(_pack([r.name, r.manifest, r.manifest_size, r.created, r.metadata, r.leaves, r.nbytes]))
-
-
-def encode_ref(r: Ref) -> bytes:
-    return _pack(
-        {
-            "format": REF_MAGIC,
-            "version": r.version,
-            "name": r.name,
-            "manifest": r.manifest,
-            "manifest_size": r.manifest_size,
-            "created": r.created,
-            "metadata": r.metadata,
-            "leaves": r.leaves,
-            "nbytes": r.nbytes,
-            "check": _ref_check(r),
-        }
-    )
-
-
 # --- decoding and validation ------------------------------------------------------------------
-class _Bad(Exception):
-    """Internal: a schema violation, turned into ManifestCorruptError with context."""
-
-
-def _get(rec: dict[str, Any], key: str, *types: type) -> Any:
-    if key not in rec:
-        raise _Bad(f"missing field {key!r}")
-    value = rec[key]
-    if types and not (type(value) in types or (float in types and type(value) is int)):
-        raise _Bad(
-            f"field {key!r} should be {'/'.join(t.__name__ for t in types)}, found {type(value).__name__}"
-        )
-    return value
-
-
-def _count(value: object, what: str, limit: int = 2**62) -> int:
-    if type(value) is not int or not 0 <= value <= limit:
-        raise _Bad(f"{what} should be an integer in [0, {limit}], found {value!r}")
-    return value
-
-
-def _unpack(data: bytes, what: str, checkpoint: str | None) -> dict[str, Any]:
-    try:
-        obj = msgpack.unpackb(data, raw=False, strict_map_key=True)
-    except Exception as exc:  # msgpack raises several unrelated types on garbage
-        raise ManifestCorruptError(
-            f"{what} is not valid msgpack ({type(exc).__name__}: {exc})", checkpoint=checkpoint
-        ) from None
-    if not isinstance(obj, dict):
-        raise ManifestCorruptError(f"{what} is not a map", checkpoint=checkpoint)
-    return obj
-
-
-def _check_version(rec: dict[str, Any], magic: str, what: str, checkpoint: str | None) -> int:
-    if rec.get("format") != magic:
-        raise ManifestCorruptError(
-            f"{what} has format {rec.get('format')!r}, expected {magic!r}", checkpoint=checkpoint
-        )
-    version = rec.get("version")
-    if type(version) is not int:
-        raise ManifestCorruptError(f"{what} has no integer version", checkpoint=checkpoint)
-    if version > FORMAT_VERSION or version < 1:
-        raise UnsupportedFormatError(
-            f"{what} has format version {version}; this treestore reads versions 1 to "
-            f"{FORMAT_VERSION} — upgrade treestore to read it",
-            checkpoint=checkpoint,
-        )
-    return version
-
-
-def decode_ref(data: bytes, name: str) -> Ref:
-    what = f"commit record of checkpoint {name!r}"
-    if len(data) > MAX_REF_BYTES:
-        raise ManifestCorruptError(f"{what} is {len(data)} bytes, over its limit", checkpoint=name)
-    rec = _unpack(data, what, name)
-    version = _check_version(rec, REF_MAGIC, what, name)
-    try:
-        if _get(rec, "name", str) != name:
-            raise _Bad(f"names checkpoint {rec['name']!r}")
-        manifest = _get(rec, "manifest", bytes)
-        if len(manifest) != DIGEST_BYTES:
-            raise _Bad("manifest digest has the wrong length")
-        ref = Ref(
-            name=name,
-            manifest=manifest,
-            manifest_size=_count(rec.get("manifest_size"), "manifest_size", MAX_MANIFEST_BYTES),
-            created=_get(rec, "created", float),
-            metadata=rec.get("metadata"),
-            leaves=_count(rec.get("leaves"), "leaves"),
-            nbytes=_count(rec.get("nbytes"), "nbytes"),
-            version=version,
-        )
-        if _get(rec, "check", bytes) != _ref_check(ref):
-            raise _Bad("its fields do not match its check digest")
-        return ref
-    except _Bad as exc:
-        raise ManifestCorruptError(f"{what}: {exc}", checkpoint=name) from None
-
-
 def _chunk(rec: object, npacks: int) -> ChunkRef:
     if not isinstance(rec, list) or len(rec) not in (3, 5):
         raise _Bad(f"chunk reference should be a list of 3 or 5, found {rec!r:.80}")

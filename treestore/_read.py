@@ -21,17 +21,9 @@ from ._errors import (
     OutOfMemoryError,
     TreestoreError,
 )
-from ._manifest import (
-    MAX_MANIFEST_BYTES,
-    MAX_REF_BYTES,
-    ChunkRef,
-    Manifest,
-    Ref,
-    check_name,
-    decode_manifest,
-    decode_ref,
-    digest,
-)
+from ._manifest import ChunkRef, Manifest, check_name, decode_manifest
+from ._ref import MAX_MANIFEST_BYTES, MAX_REF_BYTES, Ref, decode_ref
+from ._schema import digest
 from ._storage import Storage
 
 _SLACK = HEADER.size + 8 * 8 + 64  # the most a chunk object may exceed its raw size

@@ -27,14 +27,13 @@ from ._manifest import (
     LeafEntry,
     Manifest,
     Piece,
-    Ref,
     check_metadata,
     check_name,
     decode_manifest,
-    digest,
     encode_manifest,
-    encode_ref,
 )
+from ._ref import Ref, encode_ref
+from ._schema import digest
 from ._storage import Storage
 from ._structure import flatten
 

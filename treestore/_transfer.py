@@ -23,16 +23,9 @@ from ._errors import (
     ManifestCorruptError,
     TreestoreError,
 )
-from ._manifest import (
-    MAX_MANIFEST_BYTES,
-    ChunkRef,
-    Manifest,
-    Ref,
-    check_name,
-    digest,
-    encode_manifest,
-    encode_ref,
-)
+from ._manifest import ChunkRef, Manifest, check_name, encode_manifest
+from ._ref import MAX_MANIFEST_BYTES, Ref, encode_ref
+from ._schema import digest
 from ._storage import Storage, open_storage
 from ._verify import Progress, fetch_chunk
 

@@ -26,7 +26,8 @@ from ._errors import (
     TreestoreError,
     UnsupportedFormatError,
 )
-from ._manifest import ChunkRef, Manifest, check_name, digest
+from ._manifest import ChunkRef, Manifest, check_name
+from ._schema import digest
 from ._storage import Storage, open_storage
 
 Progress = Callable[[int, int], None]  # (bytes done so far, total bytes)

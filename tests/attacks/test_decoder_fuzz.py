@@ -24,7 +24,8 @@ from hypothesis import strategies as st
 import treestore
 from treestore import _codecs, _layout
 from treestore._address import canonical_segment, format_address, key_from_record, parse_address
-from treestore._manifest import decode_manifest, decode_ref
+from treestore._manifest import decode_manifest
+from treestore._ref import decode_ref
 
 from .. import hostile
 

@@ -9,7 +9,8 @@ import msgpack
 import pytest
 
 import treestore
-from treestore._manifest import decode_manifest, decode_ref
+from treestore._manifest import decode_manifest
+from treestore._ref import decode_ref
 
 from ._harness import MiB, guarded, memory_peak
 
