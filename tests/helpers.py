@@ -64,3 +64,10 @@ def assert_tree_equal(a: Any, b: Any, path: str = "") -> None:
         assert ta == tb, f"{path}: {ta} != {tb}"
         for (p, x), y in zip(jax.tree_util.tree_flatten_with_path(a)[0], jax.tree.leaves(b), strict=True):
             assert_leaf_equal(x, y, f"{path}/{jax.tree_util.keystr(p)}")
+
+
+def read_events(path: Any) -> list[tuple[str, str]]:
+    """The ``WORD rest`` lines a test subprocess wrote to ``path`` (none if it wrote nothing)."""
+    if not path.exists():
+        return []
+    return [(word, rest) for word, _, rest in (line.partition(" ") for line in path.read_text().splitlines())]

@@ -25,7 +25,7 @@ import pytest
 import treestore
 from treestore import _layout, _read
 
-from .helpers import assert_tree_equal
+from .helpers import assert_tree_equal, read_events
 from .scripts import concurrent_writer as writer
 
 pytestmark = [pytest.mark.slow]
@@ -33,16 +33,6 @@ pytestmark = [pytest.mark.slow]
 SCRIPT = Path(__file__).parent / "scripts" / "concurrent_writer.py"
 REPO = Path(__file__).parent.parent
 SAVES = 20
-
-
-def _events(path: Path) -> list[tuple[str, str]]:
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        word, _, rest = line.partition(" ")
-        out.append((word, rest))
-    return out
 
 
 def _start(job: dict[str, Any]) -> subprocess.Popen[bytes]:
@@ -54,7 +44,7 @@ def _wait_ready(
 ) -> None:
     deadline = time.monotonic() + timeout
     while True:
-        evs = [_events(o) for o in outs]
+        evs = [read_events(o) for o in outs]
         errors = [rest for ev in evs for w, rest in ev if w == "error"]
         assert not errors, errors[0].replace("\\n", "\n")
         if all(any(f"{w} {rest}".strip() == word for w, rest in ev) for ev in evs):
@@ -150,7 +140,7 @@ def test_four_writers_with_gc_and_retention(tmp_path):
 
         def read() -> None:
             """Load checkpoints that no one may delete while everything else goes on."""
-            committed = [rest for out in outs[:2] for w, rest in _events(out) if w == "committed"]
+            committed = [rest for out in outs[:2] for w, rest in read_events(out) if w == "committed"]
             kept = [n for n in committed if int(n.split("-")[1]) % 4 != 1]  # writers delete i % 4 == 1
             for name in kept[-3:]:
                 assert_tree_equal(store.load(name), expected(name))
@@ -163,7 +153,7 @@ def test_four_writers_with_gc_and_retention(tmp_path):
             if p.poll() is None:
                 p.kill()
     failures = [f"gc loop: {f}" for f in gc_loop.join()] + [f"reader: {f}" for f in reader.join()]
-    evs = [_events(o) for o in outs]
+    evs = [read_events(o) for o in outs]
     failures += [
         f"writer {p}: {rest}".replace("\\n", "\n")
         for p, ev in enumerate(evs)
@@ -261,7 +251,7 @@ def test_two_processes_racing_for_one_name(tmp_path):
         for p in procs:
             if p.poll() is None:
                 p.kill()
-    evs = [_events(o) for o in outs]
+    evs = [read_events(o) for o in outs]
     errors = [rest for ev in evs for w, rest in ev if w == "error"]
     assert not errors, errors[0].replace("\\n", "\n")
     for r in range(rounds):

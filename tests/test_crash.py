@@ -34,7 +34,7 @@ import pytest
 import treestore
 from treestore import _gc, _layout, _read
 
-from .helpers import assert_tree_equal
+from .helpers import assert_tree_equal, read_events
 from .scripts import crash_saver as worker
 
 pytestmark = [pytest.mark.slow]
@@ -106,20 +106,10 @@ def zygote() -> Iterator[Zygote]:
     z.close()
 
 
-def events_of(path: Path) -> list[tuple[str, str]]:
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        word, _, rest = line.partition(" ")
-        out.append((word, rest))
-    return out
-
-
 def wait_for(path: Path, word: str, timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        evs = events_of(path)
+        evs = read_events(path)
         errors = [rest for w, rest in evs if w == "error"]
         assert not errors, errors[0].replace("\\n", "\n")
         if any(w == word for w, _ in evs):
@@ -347,7 +337,7 @@ def test_sigkill_at_random_moments(zygote, tmp_path, monkeypatch):
         pid = zygote.start({"mode": mode, "url": str(root), "start": hist.next_index, "out": str(out)})
         time.sleep(delay)
         kill(zygote, pid)
-        problems, cut = after_kill(store, root, hist, events_of(out))
+        problems, cut = after_kill(store, root, hist, read_events(out))
         cuts[f"{mode}/{cut}"] = cuts.get(f"{mode}/{cut}", 0) + 1
         problems += save_next(store, hist, monkeypatch)
         problems += collect_garbage(store, root)
@@ -366,7 +356,7 @@ def _held(zygote: Zygote, tmp_path: Path, mode: str, url: str, start: int = 0) -
         wait_for(out, "holding")
     finally:
         kill(zygote, pid)
-    return events_of(out)
+    return read_events(out)
 
 
 @pytest.mark.timeout(60)
@@ -460,7 +450,7 @@ def test_sigkill_of_a_freshly_started_process(tmp_path):
         proc.wait()
     store = treestore.Store(str(root))
     hist = History("delete")
-    problems, _ = after_kill(store, root, hist, events_of(out))
+    problems, _ = after_kill(store, root, hist, read_events(out))
     assert not problems, problems
     store.gc(grace=0, wait=0)
     store.save(worker.make_tree(hist.next_index), worker.name_of(hist.next_index))
