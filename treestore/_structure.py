@@ -13,10 +13,14 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import numpy as np
 from jax.tree_util import DictKey, SequenceKey
 
 from ._address import Key, KeyPath, format_address, format_key, key_from_record, key_to_record, key_value
 from ._errors import UnsupportedKeyError
+
+# Types that are always leaves: no need to ask jax's registry about each one.
+_LEAF_TYPES = frozenset({np.ndarray, int, float, bool, complex, str, bytes})
 
 
 def _sorted_keys(d: dict[Any, Any]) -> list[Any]:
@@ -70,7 +74,7 @@ def flatten(tree: Any, visit: Callable[[str, Any], int]) -> dict[str, Any]:
                 key = SequenceKey(i)
                 children.append(walk(c, (*path, key), join(address, path, key)))
             return {"type": t.__name__, "children": children}
-        pairs = _children(x)
+        pairs = None if t in _LEAF_TYPES else _children(x)
         if pairs is None:
             return {"type": "leaf", "leaf": visit(address, x)}
         kind = "namedtuple" if isinstance(x, tuple) and hasattr(x, "_fields") else "custom"
