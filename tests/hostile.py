@@ -102,3 +102,15 @@ def truncate(url: str, path: str, keep: int) -> None:
     s = storage(url)
     data = s.read(path)
     s.write(path, [data[:keep]])
+
+
+def set_leaf(target: str, /, **fields: Any) -> Callable[[dict[str, Any]], None]:
+    """A manifest change (for :func:`mutate_manifest`) that sets ``fields`` (``address`` too) on
+    the leaf entry whose address is ``target``."""
+
+    def change(m: dict[str, Any]) -> None:
+        for leaf in m["leaves"]:
+            if leaf["address"] == target:
+                leaf.update(fields)
+
+    return change

@@ -110,15 +110,6 @@ def test_missing_checkpoint(store_url):
     assert isinstance(info.value, KeyError) and info.value.checkpoint == "two"
 
 
-def _set_leaf(target: str, **fields):
-    def change(m):
-        for leaf in m["leaves"]:
-            if leaf["address"] == target:
-                leaf.update(fields)
-
-    return change
-
-
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
@@ -140,7 +131,7 @@ def _set_leaf(target: str, **fields):
     ],
 )
 def test_hostile_leaf_fields(saved, fields, message):
-    hostile.mutate_manifest(saved, "ckpt", _set_leaf("layer/b", **fields))
+    hostile.mutate_manifest(saved, "ckpt", hostile.set_leaf("layer/b", **fields))
     with pytest.raises(
         (treestore.ManifestCorruptError, treestore.UnsupportedFormatError), match=message
     ) as info:

@@ -14,18 +14,10 @@ import pytest
 import treestore
 from treestore import _codecs
 
+from .. import hostile
 from ._harness import errors
 
 READ_CHUNKS = ["load", "open", "verify", "diff"]
-
-
-def _set_leaf(address: str, **fields):
-    def change(m):
-        for leaf in m["leaves"]:
-            if leaf["address"] == address:
-                leaf.update(fields)
-
-    return change
 
 
 @pytest.mark.timeout(30)
@@ -79,7 +71,7 @@ def test_unknown_chunk_magic(store, magic):
     ],
 )
 def test_unknown_dtype(store, dtype):
-    store.mutate_manifest(_set_leaf("w", dtype=dtype))
+    store.mutate_manifest(hostile.set_leaf("w", dtype=dtype))
     out = store.check(ops=["manifest", "load", "verify", "list"])
     assert isinstance(out["load"].error, treestore.UnsupportedFormatError), errors(out)
     assert out["load"].error.address == "w"
@@ -88,7 +80,7 @@ def test_unknown_dtype(store, dtype):
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("kind", ["pickle", "object", "numpy.ndarray", "Array", "NUMPY", "", "jax "])
 def test_unknown_leaf_kind(store, kind):
-    store.mutate_manifest(_set_leaf("w", kind=kind))
+    store.mutate_manifest(hostile.set_leaf("w", kind=kind))
     out = store.check(ops=["load", "verify"])
     assert isinstance(out["load"].error, (treestore.UnsupportedFormatError, treestore.ManifestCorruptError))
 
@@ -96,7 +88,7 @@ def test_unknown_leaf_kind(store, kind):
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("impl", ["threefry", "rbg2", "os.system", "", None, 7, ["threefry2x32"]])
 def test_unknown_prng_impl(store, impl):
-    store.mutate_manifest(_set_leaf("key", prng_impl=impl))
+    store.mutate_manifest(hostile.set_leaf("key", prng_impl=impl))
     out = store.check(ops=["load", "verify"])
     assert isinstance(out["load"].error, (treestore.UnsupportedFormatError, treestore.ManifestCorruptError))
 
@@ -115,7 +107,7 @@ def test_unknown_prng_impl(store, impl):
 def test_prng_key_data_that_jax_rejects(store, address, fields):
     """The dtype and shape of a typed key's data are fixed by its implementation; a store that
     declares others must get a TreestoreError, not jax's TypeError."""
-    store.mutate_manifest(_set_leaf(address, **fields))
+    store.mutate_manifest(hostile.set_leaf(address, **fields))
     out = store.check(ops=["load", "open", "diff"])
     for op in ("load", "open"):
         assert out[op].error is not None, f"{op} restored a key from data its impl cannot hold"
@@ -129,7 +121,7 @@ def test_prng_key_data_that_jax_rejects(store, address, fields):
 def test_jax_kind_with_a_dtype_jax_may_not_support(store, dtype):
     """A leaf of kind "jax" with a dtype jax cannot hold: restored, or refused with a
     TreestoreError; never an XLA error."""
-    store.mutate_manifest(_set_leaf("ids", kind="jax", dtype=dtype, shape=[160_000]))
+    store.mutate_manifest(hostile.set_leaf("ids", kind="jax", dtype=dtype, shape=[160_000]))
     store.check(ops=["load", "open", "diff"])
 
 

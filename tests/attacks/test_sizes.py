@@ -15,19 +15,11 @@ import zstandard
 import treestore
 from treestore import _codecs, _layout
 
+from .. import hostile
 from ._harness import MiB, errors
 
 KiB = 1024
 READ_CHUNKS = ["load", "open", "verify", "diff"]
-
-
-def _set_leaf(address: str, **fields):
-    def change(m):
-        for leaf in m["leaves"]:
-            if leaf["address"] == address:
-                leaf.update(fields)
-
-    return change
 
 
 def _chunk(codec: int, raw_size: int, body: bytes, width: int = 0, mask: int = 0) -> bytes:
@@ -46,7 +38,7 @@ def _chunk(codec: int, raw_size: int, body: bytes, width: int = 0, mask: int = 0
     ],
 )
 def test_empty_leaf_with_absurd_dimensions(store, shape):
-    store.mutate_manifest(_set_leaf("empty", shape=shape, chunks=[]))
+    store.mutate_manifest(hostile.set_leaf("empty", shape=shape, chunks=[]))
     store.check(ops=["load", "open", "verify", "diff"])
 
 
@@ -67,7 +59,7 @@ def test_empty_leaf_with_absurd_dimensions(store, shape):
     ],
 )
 def test_absurd_shape(store, shape):
-    store.mutate_manifest(_set_leaf("w", shape=shape))
+    store.mutate_manifest(hostile.set_leaf("w", shape=shape))
     out = store.check(ops=["load", "verify"])
     assert isinstance(out["load"].error, treestore.ManifestCorruptError), errors(out)
 
@@ -78,7 +70,7 @@ def test_consistent_declaration_of_a_terabyte_leaf(store):
     allocate what a manifest declares (a real leaf that big needs it), but when it cannot, the
     caller must get a TreestoreError, not MemoryError."""
     refs = [[bytes([i % 256, i // 256]) + bytes(30), 256 * MiB, 10_000] for i in range(4096)]
-    store.mutate_manifest(_set_leaf("ids", dtype="uint8", shape=[2**40], chunks=refs))
+    store.mutate_manifest(hostile.set_leaf("ids", dtype="uint8", shape=[2**40], chunks=refs))
     out = store.check(ops=["manifest", "load", "open", "verify"])
     assert out["manifest"].error is None
     assert out["load"].error is not None
@@ -87,7 +79,7 @@ def test_consistent_declaration_of_a_terabyte_leaf(store):
 @pytest.mark.timeout(60)
 def test_declared_gigabyte_with_missing_chunks_allocates_at_most_what_is_declared(store):
     refs = [[bytes([i]) + bytes(31), 256 * MiB, 10_000] for i in range(4)]
-    store.mutate_manifest(_set_leaf("ids", dtype="uint8", shape=[2**30], chunks=refs))
+    store.mutate_manifest(hostile.set_leaf("ids", dtype="uint8", shape=[2**30], chunks=refs))
     out = store.check(ops=["load", "open", "verify"], memory=2**30 + 64 * MiB)
     assert isinstance(out["load"].error, treestore.ChunkMissingError)
     assert out["load"].error.address == "ids"
@@ -99,7 +91,7 @@ def test_many_tiny_chunk_refs_stay_within_a_bounded_multiple_of_the_manifest(sto
     its size, and every ref must be checked (here: all point at missing chunks)."""
     n = 5_000
     refs = [[i.to_bytes(32, "little"), 1, 9] for i in range(n)]
-    store.mutate_manifest(_set_leaf("ids", dtype="uint8", shape=[n], chunks=refs))
+    store.mutate_manifest(hostile.set_leaf("ids", dtype="uint8", shape=[n], chunks=refs))
     size = (store.root / _layout.manifest_path(store.ref_record()["manifest"])).stat().st_size
     out = store.check(ops=["manifest", "load", "verify"], memory=64 * size + 64 * MiB)
     assert isinstance(out["load"].error, treestore.ChunkMissingError)
