@@ -38,6 +38,7 @@ from ._storage import Storage
 from ._structure import flatten
 
 MiB = 2**20
+DEFAULT_THREADS = max(4, 2 * (os.cpu_count() or 2))  # hashing, compression and I/O overlap
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,7 @@ class SaveOptions:
     chunk_size: int = 4 * MiB  # big leaves are cut into chunks of about this many raw bytes
     small_leaf: int = 64 * 1024  # leaves under this many bytes are packed together
     pack_size: int = 1 * MiB  # raw bytes per pack of small leaves
-    threads: int = max(4, 2 * (os.cpu_count() or 2))
+    threads: int = DEFAULT_THREADS
 
     def __post_init__(self) -> None:
         if not 4096 <= self.chunk_size <= 256 * MiB:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import difflib
 import fnmatch
 import os
@@ -96,9 +97,7 @@ class Store:
         is unsupported, and leaves nothing visible if the save fails."""
         options = options or _save.SaveOptions()
         if codec is not None:
-            options = _save.SaveOptions(
-                codec, options.chunk_size, options.small_leaf, options.pack_size, options.threads
-            )
+            options = dataclasses.replace(options, codec=codec)
         check_name(name)
         prepared = _save.prepare(tree)
         return _save.write(
@@ -186,7 +185,7 @@ class Store:
         only the chunks of the leaves restored are read.
         """
         manifest = self.manifest(name)
-        threads = threads or _save.SaveOptions().threads
+        threads = threads or _save.DEFAULT_THREADS
         if like is not None:
             return self._load_like(manifest, like, select, prefix, cast, threads)
         if prefix:
@@ -226,8 +225,8 @@ class Store:
         slots, treedef = _template.match(manifest, like, cast=cast, strict=True, prefix=prefix)
         shardings = [_template.target_sharding(s) for s in slots]
         whole = [s.entry for s, sharding in zip(slots, shardings, strict=True) if sharding is None]
-        arrays = self._arrays(manifest, whole, threads)
-        reader = _read.ChunkReader(self.storage, manifest)
+        reader = _read.ChunkReader(self.storage, manifest)  # one reader: packs are read once
+        arrays = _region.read_arrays(reader, [e for e in whole if e.is_array], threads=threads)
         leaves = []
         with ThreadPoolExecutor(threads) as pool:
             for slot, sharding in zip(slots, shardings, strict=True):
