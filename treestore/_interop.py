@@ -253,8 +253,7 @@ def export_file(
         raise NotFoundError(f"no folder {str(out.parent)!r} to write {out.name!r} in")
     if out.exists() and not overwrite:
         raise InvalidInputError(f"{str(out)!r} exists; pass overwrite=True (--overwrite) to replace it")
-    url, name = _lazy.parse_spec(src)
-    ckpt = _lazy.open_checkpoint(url, name, **(storage_options or {}))
+    ckpt = _lazy.resolve(src, storage_options)
     source = ckpt.metadata.get("source") if isinstance(ckpt.metadata, dict) else None
     source = source if isinstance(source, dict) else {}
     sep: str = separator or (source["separator"] if source.get("separator") in (".", "/") else ".")

@@ -181,16 +181,6 @@ class Checkpoint:
         return self.reader.bytes_read
 
 
-def open_checkpoint(
-    url: str | os.PathLike[str], name: str | None = None, **storage_options: Any
-) -> Checkpoint:
-    """A lazy, read-only :class:`Checkpoint` view of checkpoint ``name`` (default: the newest)."""
-    from ._store import Store
-
-    store = Store(url, **storage_options)
-    return Checkpoint(store.storage, store.manifest(name))
-
-
 def parse_spec(spec: str | os.PathLike[str]) -> tuple[str, str | None]:
     """``URL`` or ``URL#NAME`` -> (url, name or None)."""
     text = os.fspath(spec)
@@ -204,5 +194,7 @@ def resolve(spec: Checkpoint | str | os.PathLike[str], storage_options: dict[str
     """A Checkpoint from a Checkpoint, or from ``URL`` (newest) / ``URL#NAME``."""
     if isinstance(spec, Checkpoint):
         return spec
+    from ._store import Store  # the store module builds on this one
+
     url, name = parse_spec(spec)
-    return open_checkpoint(url, name, **(storage_options or {}))
+    return Store(url, **(storage_options or {})).open(name)
