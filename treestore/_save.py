@@ -207,7 +207,8 @@ def _write_in_group(
 ) -> SaveResult:
     """A save by every process of a jax.distributed job; see :mod:`treestore._distributed`.
 
-    Every process reaches both barriers whatever fails, so none waits forever for another.
+    Every process reaches all three barriers whatever fails, so none waits forever for another,
+    and the staging records are removed only after every process has read the outcome.
     """
     failure: BaseException | None = None
     entries: list[LeafEntry] = []
@@ -228,9 +229,14 @@ def _write_in_group(
         group.barrier("written")
         if not group.primary:
             group.barrier("committed")
+            if failure is None:
+                try:
+                    group.outcome(storage)
+                except BaseException as exc:
+                    failure = exc
+            group.barrier("acknowledged")  # the primary removes the outcome only after this
             if failure is not None:
                 raise failure
-            group.outcome(storage)
             return SaveResult(name, 0, 0, writer.written, writer.written_bytes, writer.reused)
         try:
             if failure is not None:
@@ -241,9 +247,11 @@ def _write_in_group(
             with contextlib.suppress(Exception):
                 group.announce(storage, exc)
             group.barrier("committed")
+            group.barrier("acknowledged")
             raise
         group.announce(storage, None)
         group.barrier("committed")
+        group.barrier("acknowledged")
         group.clean(storage)
         return SaveResult(name, len(entries), nbytes, writer.written, writer.written_bytes, writer.reused)
     finally:
