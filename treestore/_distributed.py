@@ -3,7 +3,8 @@
 Every process writes the chunks of the shards it owns and a staging record listing their pieces;
 after a barrier the primary process (index 0) merges the records, writes the manifest and commits;
 after a second barrier the others read the outcome, and after a third the primary removes the
-staging records. If any process fails, nothing is committed and every process raises. Synchronisation uses JAX's own runtime (``multihost_utils``).
+staging records. If any process fails, nothing is committed and every process raises.
+Synchronisation uses JAX's own runtime (``multihost_utils``).
 """
 
 from __future__ import annotations
