@@ -64,7 +64,9 @@ def main(argv: list[str] | None = None) -> int:
         one_read = ckpt.bytes_read
         msize = (
             store.storage.size(
-                treestore._layout.manifest_path(treestore._read.read_ref(store.storage, "a").manifest)
+                treestore._format.layout.manifest_path(
+                    treestore._engine.read.read_commit_record(store.storage, "a").manifest
+                )
             )
             or 0
         )

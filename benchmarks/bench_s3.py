@@ -37,8 +37,8 @@ os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
 import numpy as np
 
 import treestore
-from treestore import _layout
-from treestore._storage import Storage
+from treestore._format import layout as _layout
+from treestore._storage.base import Storage
 
 from . import trees as T
 
@@ -169,11 +169,11 @@ def main(argv: list[str] | None = None) -> int:
             fs.rm(raw)
 
             url = backend.url(f"store-{run}")
-            store = treestore.Store(url, **opts)
+            store = treestore.Store(url, storage_options=opts)
             dt, result = timed(lambda: store.save(tree, "ckpt"))  # noqa: B023
             samples["ts_save"].append(dt)
             stored_total = sum(o.size for o in store.storage.list(_layout.CHUNKS))
-            dt, loaded = timed(lambda: treestore.Store(url, **opts).load("ckpt"))  # noqa: B023
+            dt, loaded = timed(lambda: treestore.Store(url, storage_options=opts).load("ckpt"))  # noqa: B023
             samples["ts_load"].append(dt)
             if run == 0:
                 got = T.flatten(loaded)

@@ -23,7 +23,7 @@ JSON = click.option("--json", "as_json", is_flag=True, help="Print the result as
 
 
 def open_store(url: str) -> treestore.Store:
-    return treestore.Store(url, **settings().storage_options)
+    return treestore.Store(url, storage_options=settings().storage_options)
 
 
 def require_store(store: treestore.Store) -> None:

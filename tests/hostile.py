@@ -9,7 +9,7 @@ import blake3
 import msgpack
 
 import treestore
-from treestore import _layout
+from treestore._format import layout as _layout
 
 
 def storage(url: str):
@@ -17,7 +17,7 @@ def storage(url: str):
 
 
 def ref_record(url: str, name: str) -> dict[str, Any]:
-    return msgpack.unpackb(storage(url).read(_layout.ref_path(name)), raw=False)
+    return msgpack.unpackb(storage(url).read(_layout.record_path(name)), raw=False)
 
 
 def manifest_record(url: str, name: str) -> dict[str, Any]:
@@ -71,7 +71,7 @@ def write_ref(url: str, name: str, ref: dict[str, Any]) -> None:
         ref.get(k) for k in ("name", "manifest", "manifest_size", "created", "metadata", "leaves", "nbytes")
     ]
     ref = dict(ref, check=blake3.blake3(msgpack.packb(fields, use_bin_type=True)).digest())
-    storage(url).write(_layout.ref_path(name), [msgpack.packb(ref, use_bin_type=True)])
+    storage(url).write(_layout.record_path(name), [msgpack.packb(ref, use_bin_type=True)])
 
 
 def mutate_manifest(url: str, name: str, change: Callable[[dict[str, Any]], None]) -> None:

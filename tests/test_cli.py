@@ -203,16 +203,22 @@ def test_errors(tmp_path):
 
 
 def test_storage_options_reach_the_filesystem(store, monkeypatch):
-    seen = {}
-    real = treestore.Store.__init__
+    """What -o gives arrives, unchanged, where fsspec builds the filesystem (the real one is
+    built from it: LocalFileSystem takes auto_mkdir)."""
+    import fsspec.core
 
-    def spy(self, url, **options):
-        seen.update(options)
-        real(self, url)
+    seen = []
+    real = fsspec.core.url_to_fs
 
-    monkeypatch.setattr(treestore.Store, "__init__", spy)
-    assert run("-o", "anon=true", "-o", "region=eu", "ls", store).exit_code == 0
-    assert seen == {"anon": True, "region": "eu"}
+    def recording(url, **options):
+        fs, root = real(url, **options)
+        seen.append((options, fs))
+        return fs, root
+
+    monkeypatch.setattr(fsspec.core, "url_to_fs", recording)
+    assert run("-o", "auto_mkdir=true", "ls", store).exit_code == 0
+    assert seen and all(options == {"auto_mkdir": True} for options, _ in seen)
+    assert all(fs.auto_mkdir is True for _, fs in seen)
 
 
 def test_progress_bar_only_on_a_terminal(monkeypatch, capsys):

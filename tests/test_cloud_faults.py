@@ -33,8 +33,8 @@ import pytest
 from fsspec.asyn import AsyncFileSystem
 
 import treestore
-from treestore import _layout
-from treestore._backends import ObjectStorage
+from treestore._format import layout as _layout
+from treestore._storage.cloud import ObjectStorage
 
 from . import servers
 from .helpers import assert_tree_equal
@@ -202,10 +202,10 @@ def test_connection_cut_mid_save(s3_backend: servers.Backend, proxy: Proxy) -> N
     url = s3_backend.url("faults")
     opts = {**s3_backend.storage_options, **FAIL_FAST, "endpoint_url": proxy.url}
     first = {"w": np.arange(1000, dtype=np.float32), "step": 1}
-    treestore.Store(url, **opts).save(first, "first", options=OPTIONS)
+    treestore.Store(url, storage_options=opts).save(first, "first", options=OPTIONS)
 
     tree = big_tree()
-    _, out = save_in_background(treestore.Store(url, **opts), tree, "second", 10, proxy.cut)
+    _, out = save_in_background(treestore.Store(url, storage_options=opts), tree, "second", 10, proxy.cut)
     error = out.get("error")
     assert isinstance(error, treestore.StorageError), out
     assert url in str(error) and "failed" in str(error)
@@ -213,10 +213,10 @@ def test_connection_cut_mid_save(s3_backend: servers.Backend, proxy: Proxy) -> N
 
     # While the server is unreachable every call fails fast and clearly.
     with pytest.raises(treestore.StorageError):
-        treestore.Store(url, **opts).list()
+        treestore.Store(url, storage_options=opts).list()
 
     proxy.restore()
-    store = treestore.Store(url, **opts)
+    store = treestore.Store(url, storage_options=opts)
     assert [c.name for c in store.list()] == ["first"]  # nothing of the failed save is visible
     assert not store.exists("second")
     assert_tree_equal(store.load("first"), first)
@@ -295,7 +295,7 @@ def test_server_killed_mid_save() -> None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(10)
 
-        _, out = save_in_background(treestore.Store(url, **opts), big_tree(), "second", 10, kill)
+        _, out = save_in_background(treestore.Store(url, storage_options=opts), big_tree(), "second", 10, kill)
         error = out.get("error")
         assert isinstance(error, treestore.StorageError), out
         assert url in str(error)

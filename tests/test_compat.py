@@ -9,8 +9,9 @@ import jax
 import numpy as np
 
 import treestore
-from treestore import _layout, _read
-from treestore._manifest import decode_manifest, encode_manifest
+from treestore._engine import read as _read
+from treestore._format import layout as _layout
+from treestore._format.manifest import decode_manifest, encode_manifest
 
 from .data.make_store_v1 import tree
 from .helpers import assert_leaf_equal
@@ -41,7 +42,7 @@ def test_version_1_store_loads_exactly(tmp_path):
 def test_version_1_manifests_reencode_byte_for_byte():
     storage = treestore.Store(str(STORE)).storage
     for name in _read.checkpoint_names(storage):
-        ref = _read.read_ref(storage, name)
+        ref = _read.read_commit_record(storage, name)
         data = storage.read(_layout.manifest_path(ref.manifest))
         assert data is not None
         assert encode_manifest(decode_manifest(data, name)) == data, name

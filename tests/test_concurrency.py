@@ -23,7 +23,8 @@ from typing import Any
 import pytest
 
 import treestore
-from treestore import _layout, _read
+from treestore._engine import read as _read
+from treestore._format import layout as _layout
 
 from .helpers import assert_tree_equal, read_events
 from .scripts import concurrent_writer as writer
@@ -64,7 +65,7 @@ def expected(name: str) -> Any:
 def _referenced(store: treestore.Store) -> set[str]:
     paths = set()
     for name in _read.checkpoint_names(store.storage):
-        ref = _read.read_ref(store.storage, name)
+        ref = _read.read_commit_record(store.storage, name)
         paths.add(_layout.manifest_path(ref.manifest))
         paths |= {_layout.chunk_path(d) for d in _read.read_manifest(store.storage, ref).chunk_digests()}
     return paths

@@ -29,8 +29,8 @@ import numpy as np
 import pytest
 
 import treestore
-from treestore import _layout
-from treestore._storage import Storage
+from treestore._format import layout as _layout
+from treestore._storage.base import Storage
 
 from .helpers import assert_tree_equal
 
@@ -65,10 +65,10 @@ class Target:
     probe_option: dict[str, Any] = field(default_factory=dict)
 
     def store(self) -> treestore.Store:
-        return treestore.Store(self.url, **self.options)
+        return treestore.Store(self.url, storage_options=self.options)
 
     def reader(self) -> treestore.Store:
-        return treestore.Store(self.read_url, **self.read_options)
+        return treestore.Store(self.read_url, storage_options=self.read_options)
 
     def spec(self, name: str) -> str:
         return f"{self.read_url}#{name}"
@@ -200,7 +200,7 @@ class StoreConformance:
             reader.load("nope")
         assert exc.value.checkpoint == "nope"
         with pytest.raises(treestore.CheckpointNotFoundError, match="'nope'"):
-            treestore.open(target.read_url, "nope", **target.read_options)
+            treestore.open(target.read_url, "nope", storage_options=target.read_options)
         with pytest.raises(treestore.CheckpointNotFoundError):
             treestore.diff(target.spec("a"), target.spec("nope"), storage_options=target.read_options)
 
@@ -281,7 +281,7 @@ class StoreConformance:
     def test_lazy_slices(self, target: Target) -> None:
         tree = mixed_tree()
         target.store().save(tree, "a", options=OPTIONS)
-        ckpt = treestore.open(target.read_url, **target.read_options)
+        ckpt = treestore.open(target.read_url, storage_options=target.read_options)
         assert ckpt.name == "a" and ckpt.bytes_read == 0
         leaf = ckpt["big"]
         assert (leaf.shape, leaf.dtype) == ((1024, 64), np.float32)
@@ -295,7 +295,7 @@ class StoreConformance:
         assert ckpt["layers/42/step"] == 42
         with pytest.raises(treestore.NoMatchError):
             ckpt["bigg"]
-        named = treestore.open(target.read_url, "a", **target.read_options)
+        named = treestore.open(target.read_url, "a", storage_options=target.read_options)
         np.testing.assert_array_equal(named["bf16"][3:5], tree["bf16"][3:5])
 
     # -- diff -------------------------------------------------------------------------------------
@@ -322,7 +322,7 @@ class StoreConformance:
         local = str(tmp_path / "other-store")
         treestore.save(local, base, "same")
         treestore.Store(local).save(changed_tree(base), "changed", options=OPTIONS)
-        here = treestore.open(target.read_url, "a", **target.read_options)
+        here = treestore.open(target.read_url, "a", storage_options=target.read_options)
         d = treestore.diff(here, treestore.open(local, "same"))  # default chunk size there: by data
         assert not d, d.table()
         d = treestore.diff(here, f"{local}#changed")
@@ -343,7 +343,7 @@ class StoreConformance:
             target.reader().load("a")
         assert exc.value.address == "big" and "big" in str(exc.value)
         assert exc.value.checkpoint == "a"
-        ckpt = treestore.open(target.read_url, "a", **target.read_options)
+        ckpt = treestore.open(target.read_url, "a", storage_options=target.read_options)
         np.testing.assert_array_equal(ckpt["big"][:256], tree["big"][:256])  # chunk 0 is fine
         with pytest.raises(treestore.ChunkCorruptError, match="big"):
             ckpt["big"][300]
@@ -412,9 +412,9 @@ class StoreConformance:
         assert used(target.url, wopts)
         assert_tree_equal(treestore.load(target.read_url, "a", storage_options=ropts), tree)
         assert used(target.read_url, ropts)
-        assert [i.name for i in treestore.Store(target.read_url, **ropts).list()] == ["a"]
+        assert [i.name for i in treestore.Store(target.read_url, storage_options=ropts).list()] == ["a"]
         assert used(target.read_url, ropts)
-        np.testing.assert_array_equal(treestore.open(target.read_url, **ropts)["w"][2:4], [2.0, 3.0])
+        np.testing.assert_array_equal(treestore.open(target.read_url, storage_options=ropts)["w"][2:4], [2.0, 3.0])
         assert used(target.read_url, ropts)
         assert not treestore.diff(target.spec("a"), target.spec("a"), storage_options=ropts)
         assert used(target.read_url, ropts)

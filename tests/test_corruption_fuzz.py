@@ -28,7 +28,8 @@ import numpy as np
 import pytest
 
 import treestore
-from treestore import _layout, _read
+from treestore._engine import read as _read
+from treestore._format import layout as _layout
 
 from .helpers import assert_tree_equal
 
@@ -82,8 +83,8 @@ def store(tmp_path_factory) -> tuple[str, dict[str, Any], dict[str, Users], list
     saved = {name: s.load(name) for name in trees()}
     objects: dict[str, Users] = {}
     for name in trees():
-        ref = _read.read_ref(s.storage, name)
-        objects[_layout.ref_path(name)] = Users("record", [(name, None)])
+        ref = _read.read_commit_record(s.storage, name)
+        objects[_layout.record_path(name)] = Users("record", [(name, None)])
         objects.setdefault(_layout.manifest_path(ref.manifest), Users("manifest", [])).users.append(
             (name, None)
         )

@@ -32,7 +32,9 @@ import msgpack
 import pytest
 
 import treestore
-from treestore import _gc, _layout, _read
+from treestore._engine import locks as _locks
+from treestore._engine import read as _read
+from treestore._format import layout as _layout
 
 from .helpers import assert_tree_equal, read_events
 from .scripts import crash_saver as worker
@@ -133,7 +135,7 @@ def referenced(store: treestore.Store) -> tuple[set[str], set[str]]:
     """The chunk and manifest object paths the committed checkpoints reference."""
     chunks, manifests = set(), set()
     for info in store.list():
-        ref = _read.read_ref(store.storage, info.name)
+        ref = _read.read_commit_record(store.storage, info.name)
         manifests.add(_layout.manifest_path(ref.manifest))
         chunks |= {_layout.chunk_path(d) for d in _read.read_manifest(store.storage, ref).chunk_digests()}
     return chunks, manifests
@@ -167,9 +169,9 @@ def check_loads(store: treestore.Store, names: list[str]) -> list[str]:
 
 def save_bounded(store: treestore.Store, make: Any, monkeypatch: pytest.MonkeyPatch) -> str | None:
     """Run ``make()`` (a save) with the save's wait for gc locks bounded; None or the problem."""
-    real = _gc.save_lock
+    real = _locks.save_lock
     with monkeypatch.context() as m:
-        m.setattr(_gc, "save_lock", functools.partial(real, timeout=SAVE_TIMEOUT))
+        m.setattr(_locks, "save_lock", functools.partial(real, timeout=SAVE_TIMEOUT))
         try:
             make()
         except treestore.StoreBusyError as exc:
@@ -415,7 +417,7 @@ def test_locks_of_other_hosts_count_until_stale(tmp_path, monkeypatch):
     )
     assert problem is not None and "gc" in problem  # a live gc elsewhere: the save waits
     store.storage.delete(gc_lock)
-    _foreign_lock(store, "gc", age=2 * _gc.STALE_AFTER)  # a stale one does not hold saves
+    _foreign_lock(store, "gc", age=2 * _locks.STALE_AFTER)  # a stale one does not hold saves
     store.save(worker.make_tree(2), "c-00002", options=worker.save_options())
     assert [c.name for c in store.list()] == ["c-00000", "c-00001", "c-00002"]
     assert not check_loads(store, ["c-00000", "c-00001", "c-00002"])

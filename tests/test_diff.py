@@ -139,7 +139,7 @@ def test_missing_chunk_during_stats_names_the_address(store_url):
     store.save(a, "a", options=OPTIONS)
     a["layers"][0]["w"] = a["layers"][0]["w"] + 1
     store.save(a, "b", options=OPTIONS)
-    from treestore import _layout
+    from treestore._format import layout as _layout
 
     entry = store.open("b")["layers/0/w"].entry
     store.storage.delete(_layout.chunk_path(entry.chunks[0].digest))

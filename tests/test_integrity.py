@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import treestore
-from treestore import _layout
+from treestore._format import layout as _layout
 
 from . import hostile
 
@@ -79,7 +79,7 @@ def test_garbage_manifest_with_matching_digest(saved):
 
 
 def test_garbage_commit_record(saved):
-    hostile.storage(saved).write(_layout.ref_path("ckpt"), [b"\x92\x01"])
+    hostile.storage(saved).write(_layout.record_path("ckpt"), [b"\x92\x01"])
     with pytest.raises(treestore.ManifestCorruptError, match="commit record of checkpoint 'ckpt'"):
         treestore.load(saved, "ckpt")
 
@@ -96,7 +96,7 @@ def test_future_commit_record_version(saved):
     ref["version"] = 7
     import msgpack
 
-    s.write(_layout.ref_path("ckpt"), [msgpack.packb(ref)])
+    s.write(_layout.record_path("ckpt"), [msgpack.packb(ref)])
     with pytest.raises(treestore.UnsupportedFormatError, match="version 7"):
         treestore.Store(saved).list()
 

@@ -19,7 +19,7 @@ import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
 import treestore
-from treestore._manager import StepInfo, _Policy, step_name
+from treestore._api.manager import StepInfo, _Policy, step_name
 
 from .helpers import assert_tree_equal
 

@@ -167,7 +167,7 @@ def test_lazy_read_of_missing_chunk_names_the_address(counted):
     url, _ = counted
     store = treestore.Store(url)
     entry = store.open("c")["opt_state/mu"].entry
-    from treestore import _layout
+    from treestore._format import layout as _layout
 
     store.storage.delete(_layout.chunk_path(entry.chunks[1].digest))
     ckpt = store.open("c")

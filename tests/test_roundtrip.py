@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import treestore
-from treestore._leaves import DTYPES
+from treestore._format.dtypes import DTYPES
 
 from .helpers import assert_tree_equal, same_bytes
 

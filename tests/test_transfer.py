@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import treestore
-from treestore import _layout
+from treestore._format import layout as _layout
 
 from . import hostile
 from .helpers import assert_tree_equal

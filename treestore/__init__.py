@@ -7,10 +7,20 @@ array([[1., 0.],
        [0., 1.]])
 """
 
-from ._address import format_address, parse_address
-from ._codecs import Codec
-from ._diff import Diff, LeafDiff, LeafStats
-from ._errors import (
+from treestore._api.checkpoint import Checkpoint, LazyLeaf
+from treestore._api.copy import CopyReport, copy
+from treestore._api.diff import Diff, LeafDiff, LeafStats
+from treestore._api.interop import ExportResult, export_file, import_file
+from treestore._api.manager import CheckpointManager, StepInfo
+from treestore._api.store import CheckpointInfo, Store, diff, load, open, save
+from treestore._api.verify import VerifyProblem, VerifyReport, verify
+from treestore._engine.gc import GcReport
+from treestore._engine.write import SaveOptions, SaveResult
+from treestore._format.address import format_address, parse_address
+from treestore._format.codecs import Codec
+from treestore._format.encoding import FORMAT_VERSION
+from treestore._format.manifest import ChunkRef, LeafEntry, Manifest
+from treestore.errors import (
     CheckpointExistsError,
     CheckpointNotFoundError,
     ChunkCorruptError,
@@ -30,16 +40,6 @@ from ._errors import (
     UnsupportedKeyError,
     UnsupportedLeafError,
 )
-from ._gc import GcReport
-from ._interop import ExportResult, export_file, import_file
-from ._lazy import Checkpoint, LazyLeaf
-from ._manager import CheckpointManager, StepInfo
-from ._manifest import ChunkRef, LeafEntry, Manifest
-from ._save import SaveOptions, SaveResult
-from ._schema import FORMAT_VERSION
-from ._store import CheckpointInfo, Store, diff, load, open, save
-from ._transfer import CopyReport, copy
-from ._verify import VerifyProblem, VerifyReport, verify
 
 __version__ = "0.1.0"
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import treestore
-from treestore import _layout
+from treestore._format import layout as _layout
 
 from ._harness import check_readers, guarded
 
@@ -153,7 +153,7 @@ def test_manifest_that_names_another_checkpoint(store):
 @pytest.mark.timeout(60)
 def test_commit_record_under_another_name(store):
     """checkpoints/bad holds the record of "good": refused."""
-    (store.root / _layout.ref_path("bad")).write_bytes(store.ref_bytes("good"))
+    (store.root / _layout.record_path("bad")).write_bytes(store.ref_bytes("good"))
     out = store.check(ops=["list", "load", "verify all"])
     assert isinstance(out["load"].error, treestore.ManifestCorruptError)
 

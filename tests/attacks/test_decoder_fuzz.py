@@ -22,10 +22,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import treestore
-from treestore import _codecs, _layout
-from treestore._address import canonical_segment, format_address, key_from_record, parse_address
-from treestore._manifest import decode_manifest
-from treestore._ref import decode_ref
+from treestore._format import codecs as _codecs
+from treestore._format import layout as _layout
+from treestore._format.address import canonical_segment, format_address, key_from_record, parse_address
+from treestore._format.commit_record import decode_commit_record
+from treestore._format.manifest import decode_manifest
 
 from .. import hostile
 
@@ -107,7 +108,7 @@ def test_decode_manifest_of_arbitrary_bytes(data):
 @FAST
 @given(st.binary(max_size=300))
 def test_decode_ref_of_arbitrary_bytes(data):
-    _decodes(decode_ref, data)
+    _decodes(decode_commit_record, data)
 
 
 @FAST
@@ -115,7 +116,7 @@ def test_decode_ref_of_arbitrary_bytes(data):
 def test_decoders_of_arbitrary_msgpack(value):
     data = msgpack.packb(value, use_bin_type=True)
     _decodes(decode_manifest, data)
-    _decodes(decode_ref, data)
+    _decodes(decode_commit_record, data)
 
 
 @FAST
@@ -133,7 +134,7 @@ def test_commit_record_with_one_field_replaced(data):
     _, _, ref, _ = sample()
     path = data.draw(st.sampled_from(_paths(ref)), label="path")
     value = data.draw(values, label="value")
-    _decodes(decode_ref, msgpack.packb(_replace(ref, path, value), use_bin_type=True))
+    _decodes(decode_commit_record, msgpack.packb(_replace(ref, path, value), use_bin_type=True))
 
 
 @SLOW
@@ -145,11 +146,11 @@ def test_load_of_a_manifest_with_one_field_replaced(data):
     value = data.draw(values, label="value")
     name = f"f{uuid.uuid4().hex[:12]}"
     blob = msgpack.packb({**_replace(manifest, path, value), "name": name}, use_bin_type=True)
-    digest = treestore._manifest.digest(blob)
+    digest = treestore._format.manifest.digest(blob)
     storage = hostile.storage(url)
     storage.write(_layout.manifest_path(digest), [blob])
     rec = {**ref, "name": name, "manifest": digest, "manifest_size": len(blob)}
-    storage.write(_layout.ref_path(name), [msgpack.packb(rec, use_bin_type=True)])
+    storage.write(_layout.record_path(name), [msgpack.packb(rec, use_bin_type=True)])
     try:
         for fn in (
             lambda: treestore.load(url, name),
@@ -159,7 +160,7 @@ def test_load_of_a_manifest_with_one_field_replaced(data):
             with contextlib.suppress(treestore.TreestoreError):
                 fn()
     finally:
-        storage.delete(_layout.ref_path(name))
+        storage.delete(_layout.record_path(name))
 
 
 # --- chunk objects ----------------------------------------------------------------------------------
@@ -224,7 +225,7 @@ def test_real_chunk_with_bytes_changed(data):
         _codecs.decode_into(bytes(obj), out)
     except (treestore.ChunkCorruptError, treestore.UnsupportedFormatError):
         return
-    if treestore._manifest.digest(out) != treestore._manifest.digest(good):
+    if treestore._format.manifest.digest(out) != treestore._format.manifest.digest(good):
         assert bytes(obj) != chunk  # decoded to other bytes: the reader's digest check catches it
 
 

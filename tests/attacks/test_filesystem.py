@@ -22,7 +22,7 @@ import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
 import treestore
-from treestore import _layout
+from treestore._format import layout as _layout
 
 from .. import hostile
 from ._harness import check_readers
@@ -52,7 +52,7 @@ def test_object_symlinked_to_a_file_outside(store, what):
     elif what == "manifest":
         path = store.root / _layout.manifest_path(store.ref_record()["manifest"])
     else:
-        path = store.root / _layout.ref_path("bad")
+        path = store.root / _layout.record_path("bad")
     elsewhere = store.root.parent / "elsewhere"  # (not store.outside: that must stay untouched)
     elsewhere.mkdir()
     target = elsewhere / "copy"
@@ -103,7 +103,7 @@ def test_fifo_in_place_of_an_object(store, what):
     elif what == "manifest":
         path = store.root / _layout.manifest_path(store.ref_record()["manifest"])
     else:
-        path = store.root / _layout.ref_path("bad")
+        path = store.root / _layout.record_path("bad")
     hung, result = _with_fifo(path, lambda: treestore.load(store.url, "bad"))
     assert not hung, f"load blocked on a FIFO at {path.relative_to(store.root)}"
     assert isinstance(result, treestore.TreestoreError), result
@@ -117,7 +117,7 @@ def test_folder_in_place_of_an_object(store, what):
     elif what == "manifest":
         path = store.root / _layout.manifest_path(store.ref_record()["manifest"])
     else:
-        path = store.root / _layout.ref_path("bad")
+        path = store.root / _layout.record_path("bad")
     path.unlink()
     path.mkdir()
     (path / "x").write_bytes(b"x")

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import treestore
-from treestore import _layout
+from treestore._format import layout as _layout
 
 from ._harness import errors
 

@@ -12,7 +12,7 @@ import struct
 import pytest
 
 import treestore
-from treestore import _codecs
+from treestore._format import codecs as _codecs
 
 from .. import hostile
 from ._harness import errors

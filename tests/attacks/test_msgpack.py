@@ -9,8 +9,8 @@ import msgpack
 import pytest
 
 import treestore
-from treestore._manifest import decode_manifest
-from treestore._ref import decode_ref
+from treestore._format.commit_record import decode_commit_record
+from treestore._format.manifest import decode_manifest
 
 from ._harness import MiB, guarded, memory_peak
 
@@ -86,7 +86,7 @@ def test_msgpack_garbage(store, bomb, where):
 def test_decoders_alone(bomb):
     data = BOMBS[bomb]
     with guarded([]), memory_peak() as peak:
-        for decode in (decode_manifest, decode_ref):
+        for decode in (decode_manifest, decode_commit_record):
             with pytest.raises((treestore.ManifestCorruptError, treestore.UnsupportedFormatError)):
                 decode(data, "x")
     assert peak[0] < 16 * MiB

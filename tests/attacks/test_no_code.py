@@ -88,7 +88,7 @@ def test_object_dtypes_are_refused_not_unpickled(store, dtype):
 )
 def test_the_guards_catch_what_they_guard(store, monkeypatch, breach, reported):
     """The harness itself: a reader that misbehaves in each guarded way is reported."""
-    from treestore import _store
+    from treestore._api import store as _store
 
     real = _store.restore_array
 

@@ -13,7 +13,8 @@ import pytest
 import zstandard
 
 import treestore
-from treestore import _codecs, _layout
+from treestore._format import codecs as _codecs
+from treestore._format import layout as _layout
 
 from .. import hostile
 from ._harness import MiB, errors
@@ -298,7 +299,7 @@ def test_huge_manifest_object_is_not_read_beyond_its_bound(store, declared):
 
 @pytest.mark.timeout(60)
 def test_huge_commit_record_is_not_read_whole(store):
-    path = store.root / _layout.ref_path("bad")
+    path = store.root / _layout.record_path("bad")
     _sparse(path, 8 * 2**30, path.read_bytes())
     out = store.check(ops=["list", "load", "verify all"], memory=16 * MiB)
     assert isinstance(out["load"].error, treestore.ManifestCorruptError)

@@ -93,7 +93,7 @@ def _hold(out: _Out) -> None:
 
 def run(job: dict[str, Any]) -> None:
     import treestore
-    from treestore import _gc
+    from treestore._engine import locks as _locks
 
     mode, url, start = job["mode"], job["url"], int(job["start"])
     out = _Out(job["out"])
@@ -101,7 +101,7 @@ def run(job: dict[str, Any]) -> None:
     opts = save_options()
 
     if mode == "gc-hold":
-        _gc.gc_lock(store.storage, stale_after=_gc.STALE_AFTER, wait=0)
+        _locks.gc_lock(store.storage, stale_after=_locks.STALE_AFTER, wait=0)
         _hold(out)
     if mode == "save-hold":
         real_sync = type(store.storage).sync

@@ -53,7 +53,7 @@ def main() -> None:
         if mode == "save":
             treestore.save(store, tree, "dist", metadata={"processes": int(nproc)})
         else:
-            from treestore import _local
+            from treestore._storage import local as _local
 
             if pid == "1":
                 real = _local.LocalStorage._write_tmp

@@ -1,0 +1,184 @@
+"""Lazy, read-only views of a checkpoint: leaf handles that read only the chunks a slice needs."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from treestore._engine import read as _read
+from treestore._engine import region as _region
+from treestore._format import select as _select
+from treestore._format.dtypes import dtype_from_name
+from treestore._format.manifest import LeafEntry, Manifest
+from treestore._storage.base import Storage
+from treestore._tree.leaves import restore_array
+from treestore._tree.structure import rebuild
+from treestore.errors import InvalidInputError, OutOfBoundsError
+
+Index = Any
+
+
+class LazyLeaf:
+    """One array leaf of a checkpoint, read on demand.
+
+    Basic numpy indexing (ints, slices, ``...``) reads and decodes only the chunks that hold the
+    rows the index touches along the first axis; ``np.asarray(leaf)`` reads it all.
+    """
+
+    def __init__(self, reader: _read.ChunkReader, entry: LeafEntry) -> None:
+        assert entry.shape is not None and entry.dtype is not None
+        self.reader = reader
+        self.entry = entry
+        self.address = entry.address
+        self.shape: tuple[int, ...] = entry.shape
+        self.dtype = dtype_from_name(entry.dtype, address=entry.address)
+        self.kind = entry.kind
+
+    def __repr__(self) -> str:
+        return f"LazyLeaf({self.address!r}, shape={self.shape}, dtype={self.dtype.name})"
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.entry.nbytes
+
+    @property
+    def stored_bytes(self) -> int:
+        """Bytes of this leaf's own chunk objects (0 for leaves packed with others)."""
+        return self.entry.stored_bytes
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d leaf")
+        return self.shape[0]
+
+    def read(self) -> Any:
+        """The whole leaf, as the type it was saved as (numpy, jax array or PRNG key)."""
+        return restore_array(self.kind, self.region(), self.entry.prng_impl, weak_type=self.entry.weak_type)
+
+    def region(self, region: Any = ()) -> np.ndarray[Any, Any]:
+        """The elements in a box given as unit-step slices (default: all), reading only the
+        chunks that hold them."""
+        box = _region.normalize(region, self.shape, self.address)
+        return _region.read_region(self.reader, self.entry, box)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray[Any, Any]:
+        data = self.region()
+        return data if dtype is None else data.astype(dtype)
+
+    def __getitem__(self, index: Index) -> np.ndarray[Any, Any]:
+        if not self.shape:
+            return np.asarray(self)[index]
+        first, rest = self._split(index)
+        local: int | slice
+        rows = self.shape[0]
+        if isinstance(first, (int, np.integer)):
+            i = int(first)
+            if not -rows <= i < rows:
+                raise OutOfBoundsError(
+                    f"{self.address}: index {i} is out of bounds for axis 0 with size {rows}",
+                    address=self.address,
+                )
+            i %= rows
+            start, stop, local = i, i + 1, 0
+        else:
+            picked = range(rows)[first]
+            if not picked:
+                start = stop = 0
+                local = slice(0, 0)
+            else:
+                start, stop = min(picked), max(picked) + 1
+                end = picked.stop - start
+                local = slice(picked.start - start, end if end >= 0 else None, picked.step)
+        block = self.region(slice(start, stop))
+        return block[(local, *rest)]
+
+    def _split(self, index: Index) -> tuple[Any, tuple[Any, ...]]:
+        items = index if isinstance(index, tuple) else (index,)
+        for item in items:
+            if not (isinstance(item, (int, np.integer, slice)) or item is Ellipsis):
+                raise InvalidInputError(
+                    f"{self.address}: only basic indexing (ints, slices, ...) reads lazily; "
+                    f"got {type(item).__name__} — use np.asarray(leaf)[...] to read it all"
+                )
+        if not items:
+            return slice(None), ()
+        if items[0] is Ellipsis:
+            if len(items) - 1 >= len(self.shape):
+                return slice(None), items
+            return slice(None), (Ellipsis, *items[1:])
+        if len(items) - items.count(Ellipsis) > len(self.shape):
+            raise OutOfBoundsError(
+                f"{self.address}: too many indices for a leaf of shape {self.shape}",
+                address=self.address,
+            )
+        return items[0], tuple(items[1:])
+
+
+class Checkpoint:
+    """A read-only view of one committed checkpoint; nothing but its manifest is read up front.
+
+    >>> import numpy as np, treestore
+    >>> _ = treestore.save("memory://doc/open", {"emb": np.arange(12).reshape(6, 2)}, "c")
+    >>> ckpt = treestore.open("memory://doc/open")
+    >>> ckpt["emb"]
+    LazyLeaf('emb', shape=(6, 2), dtype=int64)
+    >>> ckpt["emb"][4:]
+    array([[ 8,  9],
+           [10, 11]])
+    """
+
+    def __init__(self, storage: Storage, manifest: Manifest) -> None:
+        self.storage = storage
+        self.manifest = manifest
+        self.name = manifest.name
+        self.url = storage.url
+        self.reader = _read.ChunkReader(storage, manifest)
+        self._leaves = {
+            e.address: (LazyLeaf(self.reader, e) if e.is_array else e.value) for e in manifest.leaves
+        }
+
+    def __repr__(self) -> str:
+        return f"Checkpoint({self.url!r}, {self.name!r}, leaves={len(self._leaves)})"
+
+    @property
+    def metadata(self) -> Any:
+        return self.manifest.metadata
+
+    @property
+    def leaves(self) -> dict[str, Any]:
+        """Address -> LazyLeaf (arrays) or value (Python scalars), in tree order."""
+        return dict(self._leaves)
+
+    @property
+    def tree(self) -> Any:
+        """The checkpoint's tree with LazyLeaf handles in place of arrays."""
+        entries = self.manifest.leaves
+        return rebuild(self.manifest.tree, lambda i: self._leaves[entries[i].address])
+
+    def __getitem__(self, address: str) -> Any:
+        try:
+            return self._leaves[address]
+        except KeyError:
+            # raises NoMatchError naming the nearest addresses
+            _select.select(
+                list(self._leaves), address, where=f"checkpoint {self.name!r}", checkpoint=self.name
+            )
+            raise
+
+    def __contains__(self, address: object) -> bool:
+        return address in self._leaves
+
+    @property
+    def bytes_read(self) -> int:
+        """Chunk-object bytes this view has read so far."""
+        return self.reader.bytes_read

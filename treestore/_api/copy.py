@@ -1,0 +1,207 @@
+"""Copying checkpoints between stores, on the same or different filesystems.
+
+Only chunks the destination lacks are transferred, as the stored objects they are (chunks are named
+by the digest of their raw bytes, so an object means the same in every store). Each one is decoded
+and checked against its digest before it is written, so a damaged source is never propagated. The
+destination sees the same commit protocol as a save: lock, chunks, manifest, commit record.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import os
+import threading
+from dataclasses import dataclass, replace
+from typing import Any
+
+from treestore._api.spec import parse_spec
+from treestore._api.verify import Progress
+from treestore._engine import locks as _locks
+from treestore._engine import read as _read
+from treestore._engine.commit import commit
+from treestore._engine.read import fetch_chunk
+from treestore._engine.threads import default_threads
+from treestore._format import layout as _layout
+from treestore._format.encoding import digest
+from treestore._format.manifest import ChunkRef, Manifest, check_name, encode_manifest
+from treestore._storage.base import Storage
+from treestore._storage.registry import open_storage
+from treestore.errors import (
+    CheckpointExistsError,
+    CheckpointNotFoundError,
+    CorruptionError,
+    InvalidInputError,
+    TreestoreError,
+)
+
+
+@dataclass(frozen=True)
+class CopyReport:
+    """What :func:`copy` did: the checkpoints it committed at the destination, those that were
+    already there unchanged, and how many chunks it transferred or found present."""
+
+    src: str
+    dst: str
+    copied: tuple[str, ...]
+    unchanged: tuple[str, ...]
+    chunks_copied: int
+    bytes_copied: int  # stored bytes transferred
+    chunks_present: int  # chunks the destination already held
+
+
+def _chunk_owners(manifest: Manifest) -> dict[bytes, tuple[ChunkRef, str]]:
+    """Each chunk object of a checkpoint, with the leaf (or leaves of a pack) it holds."""
+    owners: dict[bytes, tuple[ChunkRef, str]] = {}
+    in_pack: dict[int, list[str]] = {}
+    for entry in manifest.leaves:
+        for c in entry.chunks:
+            if c.pack is None:
+                owners.setdefault(c.digest, (c, entry.address or "(root)"))
+            else:
+                in_pack.setdefault(c.pack, []).append(entry.address or "(root)")
+    for i, p in enumerate(manifest.packs):
+        leaves = in_pack.get(i, [])
+        more = f" and {len(leaves) - 3} more" if len(leaves) > 3 else ""
+        owners.setdefault(p.digest, (p, f"{', '.join(leaves[:3])}{more} (pack {i})"))
+    return owners
+
+
+class _Copier:
+    def __init__(self, src: Storage, dst: Storage, threads: int, progress: Progress | None) -> None:
+        self.src, self.dst = src, dst
+        self.threads = threads
+        self.progress = progress
+        self.copied = self.copied_bytes = self.present = 0
+        self.done = self.total = 0
+        self._lock = threading.Lock()
+
+    def _chunk(self, c: ChunkRef, owner: str, checkpoint: str) -> None:
+        path = _layout.chunk_path(c.digest)
+        if self.dst.size(path) is None:
+            try:
+                data, _ = fetch_chunk(self.src, c)
+            except CorruptionError as exc:
+                raise type(exc)(
+                    f"{owner}: {exc} in checkpoint {checkpoint!r} of {self.src.url}; "
+                    "nothing was committed at the destination",
+                    checkpoint=checkpoint,
+                    address=owner,
+                ) from None
+            self.dst.write(path, [data])
+            with self._lock:
+                self.copied += 1
+                self.copied_bytes += len(data)
+        else:
+            with self._lock:
+                self.present += 1
+        with self._lock:
+            self.done += c.size
+            if self.progress is not None:
+                self.progress(self.done, self.total)
+
+    def chunks(self, owners: dict[bytes, tuple[ChunkRef, str]], checkpoint: str, lock: _locks.Lock) -> None:
+        with cf.ThreadPoolExecutor(self.threads) as pool:
+            futures = [pool.submit(self._chunk, c, owner, checkpoint) for c, owner in owners.values()]
+            try:
+                for f in cf.as_completed(futures):
+                    f.result()
+                    lock.refresh(_locks.STALE_AFTER)
+            except BaseException:
+                pool.shutdown(wait=True, cancel_futures=True)
+                raise
+
+
+def _names(src: Storage, name: str | None, all_checkpoints: bool) -> list[str]:
+    if all_checkpoints:
+        if name is not None:
+            raise InvalidInputError("copy every checkpoint (all_checkpoints=True) or one named one, not both")
+        refs = [_read.read_commit_record(src, n) for n in _read.checkpoint_names(src)]
+        if not refs:
+            raise CheckpointNotFoundError(f"no checkpoints in {src.url}")
+        return [r.name for r in sorted(refs, key=lambda r: (r.created, r.name))]
+    return [check_name(name) if name is not None else _read.newest_record(src).name]
+
+
+def copy(
+    src: str | os.PathLike[str],
+    dst: str | os.PathLike[str],
+    *,
+    name: str | None = None,
+    all_checkpoints: bool = False,
+    overwrite: bool = False,
+    storage_options: dict[str, Any] | None = None,
+    dst_storage_options: dict[str, Any] | None = None,
+    threads: int | None = None,
+    progress: Progress | None = None,
+) -> CopyReport:
+    """Copy checkpoint ``src`` (``URL`` for its newest, ``URL#NAME``) into the store ``dst``,
+    transferring only the chunks the destination lacks.
+
+    The copy keeps its name unless ``dst`` is ``URL#NEWNAME`` or ``name=`` is given, and keeps its
+    creation time and metadata. ``all_checkpoints=True`` copies every checkpoint of the source
+    store, oldest first. A checkpoint already at the destination with the same contents is left as
+    it is; one with other contents raises CheckpointExistsError unless ``overwrite=True``.
+    ``storage_options`` apply to the source and, unless ``dst_storage_options`` are given, to the
+    destination. ``progress(done, total)`` is called with raw bytes as chunks are done.
+
+    >>> import numpy as np, treestore
+    >>> _ = treestore.save("memory://doc/cp-a", {"w": np.arange(4.0)}, "step-1")
+    >>> r = treestore.copy("memory://doc/cp-a#step-1", "memory://doc/cp-b")
+    >>> r.copied, r.chunks_copied
+    (('step-1',), 1)
+    >>> treestore.copy("memory://doc/cp-a", "memory://doc/cp-b#again").chunks_present
+    1
+    """
+    src_url, src_name = parse_spec(src)
+    dst_url, dst_name = parse_spec(dst)
+    if name is not None and dst_name is not None and name != dst_name:
+        raise InvalidInputError(f"destination name given twice: {dst_name!r} in dst and {name!r} in name=")
+    dst_name = dst_name or name
+    if all_checkpoints and dst_name is not None:
+        raise InvalidInputError("a destination name cannot apply to every checkpoint of a store")
+    s = open_storage(src_url, storage_options)
+    d = open_storage(dst_url, storage_options if dst_storage_options is None else dst_storage_options)
+    names = _names(s, src_name, all_checkpoints)
+    copier = _Copier(s, d, threads or default_threads(), progress)
+    plans = []
+    for n in names:
+        ref = _read.read_commit_record(s, n)
+        data = _read.read_manifest_bytes(s, ref)
+        manifest = _read.read_manifest(s, ref, data)
+        new = check_name(dst_name or n)
+        if new != n:
+            data = encode_manifest(replace(manifest, name=new))
+        if _already_there(d, new, digest(data), overwrite):
+            continue
+        owners = _chunk_owners(manifest)
+        copier.total += sum(c.size for c, _ in owners.values())
+        plans.append((ref, manifest, new, data, owners))
+    copied: list[str] = []
+    if plans:
+        with _locks.save_lock(d) as lock:
+            for ref, _manifest, new, data, owners in plans:
+                copier.chunks(owners, ref.name, lock)
+                commit(d, data, replace(ref, name=new), overwrite=overwrite)
+                copied.append(new)
+    unchanged = tuple(dst_name or n for n in names if (dst_name or n) not in copied)
+    return CopyReport(
+        s.url, d.url, tuple(copied), unchanged, copier.copied, copier.copied_bytes, copier.present
+    )
+
+
+def _already_there(dst: Storage, name: str, manifest_digest: bytes, overwrite: bool) -> bool:
+    """True when ``dst`` holds ``name`` with this manifest; raises when it holds other contents."""
+    if not dst.exists(_layout.record_path(name)):
+        return False
+    try:
+        if _read.read_commit_record(dst, name).manifest == manifest_digest:
+            return True
+    except TreestoreError:
+        pass  # an unreadable record: overwrite it only when asked
+    if overwrite:
+        return False
+    raise CheckpointExistsError(
+        f"checkpoint {name!r} already exists in {dst.url} with other contents; "
+        "pass overwrite=True (--overwrite) to replace it",
+        checkpoint=name,
+    )

@@ -1,0 +1,195 @@
+"""Reading and writing other checkpoint formats: .safetensors, .npz, flax msgpack, orbax folders.
+
+Readers return a flat dict of arrays (safetensors, npz) or the nested tree the format holds (flax
+msgpack, orbax), plus a record of what they found; writers write one file from named arrays. Every
+failure of a foreign file is an UnsupportedFormatError naming the file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from treestore._format.dtypes import DTYPES
+from treestore.errors import InvalidInputError, TreestoreError, UnsupportedFormatError
+
+FORMATS = ("safetensors", "npz", "msgpack", "orbax")
+SUFFIXES = {".safetensors": "safetensors", ".npz": "npz", ".msgpack": "msgpack"}
+FLAT = ("safetensors", "npz")
+NPY_DTYPES = frozenset(n for n, d in DTYPES.items() if d.type.__module__ == "numpy")  # .npy holds these
+# safetensors dtype codes -> our dtype names (every code safetensors writes that numpy can hold)
+_ST_DTYPES = {
+    "BOOL": "bool", "U8": "uint8", "I8": "int8", "U16": "uint16", "I16": "int16", "U32": "uint32",
+    "I32": "int32", "U64": "uint64", "I64": "int64", "F16": "float16", "BF16": "bfloat16",
+    "F32": "float32", "F64": "float64", "C64": "complex64", "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2", "F8_E4M3FNUZ": "float8_e4m3fnuz", "F8_E5M2FNUZ": "float8_e5m2fnuz",
+    "F8_E8M0": "float8_e8m0fnu",
+}  # fmt: skip
+
+
+def detect_format(path: str | os.PathLike[str], format: str | None = None) -> str:
+    """The format of ``path``: ``format`` when given, else from its suffix (a folder is orbax)."""
+    if format is not None:
+        if format not in FORMATS:
+            raise InvalidInputError(f"unknown format {format!r}; treestore knows {', '.join(FORMATS)}")
+        return format
+    p = Path(path)
+    if p.is_dir():
+        return "orbax"
+    found = SUFFIXES.get(p.suffix.lower())
+    if found is None:
+        raise InvalidInputError(
+            f"cannot tell the format of {str(p)!r} from its name; use a .safetensors, .npz or "
+            f".msgpack file, an orbax folder, or say which with format= (--format)"
+        )
+    return found
+
+
+def read_safetensors(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    from safetensors import safe_open  # validates the header: offsets, overlaps, sizes
+
+    try:
+        with safe_open(str(path), framework="np") as f:
+            keys = list(f.keys())
+            file_meta = f.metadata()
+    except Exception as exc:
+        raise UnsupportedFormatError(f"{path} is not a valid safetensors file: {exc}") from None
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+        base = 8 + n
+        flat: dict[str, Any] = {}
+        for key in keys:
+            info = header[key]
+            name = _ST_DTYPES.get(info["dtype"])
+            if name is None or name not in DTYPES:
+                raise UnsupportedFormatError(
+                    f"{path}: tensor {key!r} has dtype {info['dtype']}, which treestore cannot store"
+                )
+            dtype = DTYPES[name]
+            start, stop = info["data_offsets"]
+            buf = np.empty(stop - start, np.uint8)
+            f.seek(base + start)
+            if f.readinto(buf.data) != buf.size or buf.size != int(np.prod(info["shape"])) * dtype.itemsize:
+                raise UnsupportedFormatError(f"{path}: tensor {key!r} is truncated")
+            flat[key] = buf.view(dtype).reshape(info["shape"])
+    return flat, {"metadata": file_meta or {}}
+
+
+def read_npz(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            if not hasattr(z, "files"):
+                raise UnsupportedFormatError(f"{path} holds a single array, not an .npz archive")
+            return {k: z[k] for k in z.files}, {}
+    except TreestoreError:
+        raise
+    except (ValueError, OSError, zipfile.BadZipFile) as exc:
+        raise UnsupportedFormatError(f"{path} is not a readable .npz archive: {exc}") from None
+
+
+def read_msgpack(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    try:
+        from flax import serialization
+    except ImportError:
+        raise UnsupportedFormatError("reading flax msgpack files needs flax: pip install flax") from None
+    try:
+        tree = serialization.msgpack_restore(path.read_bytes())
+    except Exception as exc:
+        raise UnsupportedFormatError(f"{path} is not a flax msgpack file: {exc}") from None
+    if not isinstance(tree, dict):
+        raise UnsupportedFormatError(f"{path} holds a {type(tree).__name__}, not a flax state dict")
+    return tree, {}
+
+
+def orbax_item(path: Path) -> Path:
+    if (path / "_METADATA").exists() or (path / "checkpoint").exists():
+        return path
+    subdirs = sorted(p for p in path.iterdir() if p.is_dir())
+    items = [p for p in subdirs if (p / "_METADATA").exists() and not p.name.isdigit()]
+    if len(items) == 1:
+        return items[0]
+    if items:
+        names = ", ".join(p.name for p in items)
+        raise InvalidInputError(f"{path} holds several orbax items ({names}); import one: {items[0]}")
+    steps = [p.name for p in subdirs if p.name.isdigit()]
+    if steps:
+        steps.sort(key=int)
+        raise InvalidInputError(
+            f"{path} is an orbax CheckpointManager folder with steps {', '.join(steps[-5:])}; "
+            f"import one step folder, for example {path / steps[-1]}"
+        )
+    raise UnsupportedFormatError(f"{path} is not an orbax checkpoint folder (no _METADATA)")
+
+
+def read_orbax(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    try:
+        import jax
+        import orbax.checkpoint as ocp
+        from orbax.checkpoint import metadata as ocp_metadata
+    except ImportError:
+        raise UnsupportedFormatError(
+            "importing orbax checkpoints needs orbax-checkpoint: pip install 'treestore[orbax]'"
+        ) from None
+    item = orbax_item(path)
+    checkpointer = ocp.PyTreeCheckpointer()
+    try:
+        meta = checkpointer.metadata(item)
+        meta = getattr(meta, "item_metadata", meta)
+        meta = getattr(meta, "tree", meta)
+
+        def args(m: Any) -> Any:  # arrays come back as host numpy arrays, whatever their sharding
+            if isinstance(m, ocp_metadata.ArrayMetadata):
+                return ocp.RestoreArgs(restore_type=np.ndarray)
+            return ocp.RestoreArgs()
+
+        tree = checkpointer.restore(item, restore_args=jax.tree.map(args, meta))
+    except TreestoreError:
+        raise
+    except Exception as exc:
+        raise UnsupportedFormatError(f"orbax could not restore {item}: {type(exc).__name__}: {exc}") from None
+    return tree, {"item": str(item)}
+
+
+READERS = {
+    "safetensors": read_safetensors,
+    "npz": read_npz,
+    "msgpack": read_msgpack,
+    "orbax": read_orbax,
+}
+
+
+def write_safetensors(tmp: str, items: Iterator[tuple[str, Any]], metadata: dict[str, str] | None) -> None:
+    import safetensors.numpy
+
+    tensors = dict(items)
+    try:
+        safetensors.numpy.save_file(tensors, tmp, metadata=metadata)
+    except Exception as exc:
+        raise UnsupportedFormatError(f"safetensors cannot write these tensors: {exc}") from None
+
+
+def write_npz(tmp: str, items: Iterator[tuple[str, Any]]) -> None:
+    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED, allowZip64=True) as z:
+        for key, array in items:  # what np.savez does, one array at a time
+            with z.open(key + ".npy", "w", force_zip64=True) as f:
+                np.lib.format.write_array(f, np.asarray(array), allow_pickle=False)
+
+
+def write_msgpack(tmp: str, items: Iterator[tuple[tuple[str, ...], Any]]) -> None:
+    from flax import serialization
+
+    root: dict[str, Any] = {}
+    for names, value in items:
+        node = root
+        for part in names[:-1]:
+            node = node.setdefault(part, {})
+        node[names[-1]] = value
+    Path(tmp).write_bytes(serialization.msgpack_serialize(root))

@@ -1,0 +1,288 @@
+"""Import and export of other checkpoint formats: .safetensors, .npz, flax msgpack, orbax.
+
+Flat formats (safetensors, npz) name tensors with keys like ``encoder.layer.0.w``; on import a key
+is split at ``.`` and ``/`` into nested dicts with string keys (``{"encoder": {"layer": {"0":
+...}}}``), so export joins the segments back into the same key names. The separator found on import
+(``/`` when keys use only slashes, else ``.``) is kept in the checkpoint's metadata with the source
+file's own metadata, and export uses both, so a safetensors file comes back bit-exact.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+from jax.tree_util import DictKey, GetAttrKey, SequenceKey
+
+from treestore._api import file_formats as _formats
+from treestore._api.checkpoint import Checkpoint
+from treestore._api.spec import parse_spec
+from treestore._api.store import resolve
+from treestore._engine import write as _write
+from treestore._format.manifest import LeafEntry
+from treestore._storage.registry import open_storage
+from treestore.errors import InvalidInputError, NotFoundError
+
+Progress = Callable[[int, int], None]  # (bytes done so far, total bytes)
+FORMATS = _formats.FORMATS
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    """What :func:`export_file` wrote: the file, its format, how many tensors and raw bytes."""
+
+    path: str
+    format: str
+    tensors: int
+    nbytes: int
+
+
+# --- flat keys <-> nested dicts --------------------------------------------------------------------
+def nest(flat: dict[str, Any], *, source: str) -> tuple[dict[str, Any], str]:
+    """Nested dicts from flat keys split at ``.`` and ``/``, and the separator to join them back."""
+    dots = any("." in k for k in flat)
+    slashes = any("/" in k for k in flat)
+    separator = "/" if slashes and not dots else "."
+    root: dict[str, Any] = {}
+    problems = []
+    for key, value in flat.items():
+        parts = re.split(r"[./]", key)
+        if "" in parts:
+            problems.append(f"key {key!r} has an empty segment")
+            continue
+        node = root
+        for i, part in enumerate(parts[:-1]):
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                problems.append(f"key {key!r} extends tensor {'.'.join(parts[: i + 1])!r}")
+                break
+            node = child
+        else:
+            if parts[-1] in node:
+                problems.append(f"key {key!r} names a tensor and a prefix of other keys")
+            else:
+                node[parts[-1]] = value
+    if problems:
+        raise InvalidInputError(
+            f"{source}: cannot nest its keys ({'; '.join(problems[:5])}); "
+            "import it with flat keys instead (nest=False, --flat)"
+        )
+    return root, separator
+
+
+def _segment(key: object) -> str | None:
+    if isinstance(key, DictKey) and type(key.key) in (str, int):
+        return str(key.key)
+    if isinstance(key, SequenceKey):
+        return str(key.idx)
+    if isinstance(key, GetAttrKey):
+        return key.name
+    return None
+
+
+def _names(
+    entries: list[LeafEntry], separator: str | None, scalars: bool
+) -> list[tuple[tuple[str, ...], LeafEntry]]:
+    """Each leaf's key segments, after checking that the target format can express it."""
+    problems: list[str] = []
+    out: list[tuple[tuple[str, ...], LeafEntry]] = []
+    seen: dict[tuple[str, ...], str] = {}
+    for e in entries:
+        where = e.address or "(root)"
+        found = [_segment(k) for k in e.path]
+        segments = tuple(s for s in found if s is not None)
+        if not found:
+            problems.append("the checkpoint is a single leaf without a key name")
+        elif len(segments) != len(found):
+            problems.append(f"{where}: a key of this path cannot be a key name (bool or index key)")
+        elif separator is not None and len(segments) > 1 and any(separator in s for s in segments):
+            problems.append(f"{where}: a key contains {separator!r}, the separator of the key names")
+        elif e.kind == "prng_key":
+            problems.append(f"{where}: PRNG keys cannot be exported; export jax.random.key_data of them")
+        elif not e.is_array and not scalars:
+            problems.append(f"{where}: a Python {e.kind} is not an array; this format holds arrays only")
+        else:
+            if segments in seen:
+                problems.append(f"{where} and {seen[segments]} would get the same key name")
+            seen[segments] = where
+            out.append((segments, e))
+    if problems:
+        more = f" (and {len(problems) - 10} more)" if len(problems) > 10 else ""
+        raise InvalidInputError(
+            f"cannot export {len(problems)} leaves:\n  " + "\n  ".join(problems[:10]) + more
+        )
+    return out
+
+
+def read_file(
+    path: str | os.PathLike[str], *, format: str | None = None, nest_keys: bool = True
+) -> tuple[Any, dict[str, Any]]:
+    """The tree held by a .safetensors/.npz/flax msgpack file or orbax folder, and a record of
+    where it came from (kept as the ``source`` metadata of an imported checkpoint)."""
+    p = Path(path)
+    if not p.exists():
+        raise NotFoundError(f"no file or folder {str(p)!r}")
+    fmt = _formats.detect_format(p, format)
+    tree, extra = _formats.READERS[fmt](p)
+    source: dict[str, Any] = {"format": fmt, "file": p.name, **extra}
+    if fmt in _formats.FLAT and nest_keys:
+        tree, source["separator"] = nest(tree, source=str(p))
+    return tree, source
+
+
+def _default_name(path: Path) -> str:
+    stem = re.sub(r"[^A-Za-z0-9._=+-]", "-", path.stem if path.is_file() else path.name)
+    stem = stem.lstrip("._=+-")[:200]
+    if not stem:
+        raise InvalidInputError(f"name the checkpoint to import {str(path)!r} into: URL#NAME")
+    return stem
+
+
+def import_file(
+    path: str | os.PathLike[str],
+    dst: str | os.PathLike[str],
+    *,
+    format: str | None = None,
+    nest_keys: bool = True,
+    metadata: Any = None,
+    overwrite: bool = False,
+    storage_options: dict[str, Any] | None = None,
+    options: _write.SaveOptions | None = None,
+    progress: Progress | None = None,
+) -> _write.SaveResult:
+    """Save the tensors of a .safetensors, .npz or flax .msgpack file, or of an orbax checkpoint
+    folder, as checkpoint ``dst`` (``URL#NAME``; without a name, the file's stem).
+
+    Flat keys are split at ``.`` and ``/`` into nested dicts (``nest_keys=False`` keeps them
+    flat). The checkpoint's metadata is ``{"source": {...}}`` (format, file name, separator, the
+    file's own metadata), merged with ``metadata`` when that is a dict.
+
+    >>> import numpy as np, treestore, tempfile, os
+    >>> f = os.path.join(tempfile.mkdtemp(), "w.npz")
+    >>> np.savez(f, **{"dense.kernel": np.ones((2, 2)), "dense.bias": np.zeros(2)})
+    >>> treestore.import_file(f, "memory://doc/import#w").leaves
+    2
+    >>> treestore.load("memory://doc/import", "w")["dense"]["bias"]
+    array([0., 0.])
+    """
+    url, name = parse_spec(dst)
+    tree, source = read_file(path, format=format, nest_keys=nest_keys)
+    meta: Any = {"source": source}
+    if isinstance(metadata, dict):
+        meta = {**metadata, "source": source}
+    elif metadata is not None:
+        meta = {"source": source, "user": metadata}
+    storage = open_storage(url, storage_options)
+    prepared = _write.prepare(tree)
+    total = sum(getattr(x, "nbytes", 0) for x in jax.tree_util.tree_leaves(tree))
+    return _write.write(
+        storage,
+        prepared,
+        name or _default_name(Path(path)),
+        metadata=meta,
+        options=options or _write.SaveOptions(),
+        overwrite=overwrite,
+        on_chunk=_counter(progress, total),
+    )
+
+
+def _counter(progress: Progress | None, total: int) -> Callable[[int], None] | None:
+    if progress is None:
+        return None
+    lock = threading.Lock()
+    done = [0]
+    progress(0, total)
+
+    def advance(n: int) -> None:
+        with lock:
+            done[0] += n
+            progress(done[0], total)
+
+    return advance
+
+
+# --- writing other formats -------------------------------------------------------------------------
+def _leaves(
+    ckpt: Checkpoint, named: list[tuple[tuple[str, ...], LeafEntry]], progress: Progress | None
+) -> Iterator[tuple[tuple[str, ...], Any]]:
+    """Each leaf's value (host numpy arrays for arrays), read one leaf at a time."""
+    advance = _counter(progress, sum(e.nbytes for _, e in named))
+    for names, e in named:
+        value: Any = e.value
+        if e.is_array:
+            value = np.asarray(ckpt[e.address])
+            if advance is not None:
+                advance(e.nbytes)
+        yield names, value
+
+
+def export_file(
+    src: str | os.PathLike[str],
+    path: str | os.PathLike[str],
+    *,
+    format: str | None = None,
+    separator: str | None = None,
+    overwrite: bool = False,
+    storage_options: dict[str, Any] | None = None,
+    progress: Progress | None = None,
+) -> ExportResult:
+    """Write checkpoint ``src`` (``URL`` or ``URL#NAME``) as a .safetensors, .npz or flax
+    .msgpack file.
+
+    Flat formats name each tensor by joining its key path with ``separator`` (default: the one
+    recorded on import, else ``.``); every leaf must be an array whose keys are dict keys or list
+    indices, and no key of a nested leaf may contain the separator. One error lists every leaf that
+    cannot be written. The file is written whole (to a temporary name, then renamed).
+
+    >>> import numpy as np, treestore, tempfile, os
+    >>> _ = treestore.save("memory://doc/export", {"dense": {"bias": np.zeros(2)}}, "w")
+    >>> f = os.path.join(tempfile.mkdtemp(), "w.npz")
+    >>> treestore.export_file("memory://doc/export#w", f).tensors
+    1
+    >>> list(np.load(f))
+    ['dense.bias']
+    """
+    out = Path(path)
+    fmt = _formats.detect_format(out, format)
+    if fmt == "orbax":
+        raise InvalidInputError("treestore exports .safetensors, .npz and .msgpack files, not orbax folders")
+    if not out.parent.is_dir():
+        raise NotFoundError(f"no folder {str(out.parent)!r} to write {out.name!r} in")
+    if out.exists() and not overwrite:
+        raise InvalidInputError(f"{str(out)!r} exists; pass overwrite=True (--overwrite) to replace it")
+    ckpt = resolve(src, storage_options)
+    source = ckpt.metadata.get("source") if isinstance(ckpt.metadata, dict) else None
+    source = source if isinstance(source, dict) else {}
+    sep: str = separator or (source["separator"] if source.get("separator") in (".", "/") else ".")
+    named = _names(list(ckpt.manifest.leaves), sep if fmt in _formats.FLAT else None, fmt == "msgpack")
+    if fmt == "npz":
+        bad = [e.address for _, e in named if e.dtype not in _formats.NPY_DTYPES]
+        if bad:
+            raise InvalidInputError(
+                f".npz holds numpy dtypes only; {', '.join(bad[:5])} cannot go in one (use .safetensors)"
+            )
+    tmp = str(out.with_name(f".{out.name}.tmp-{os.getpid()}"))
+    items = _leaves(ckpt, named, progress)
+    try:
+        if fmt == "safetensors":
+            meta = source.get("metadata") if source.get("format") == "safetensors" else None
+            ok = isinstance(meta, dict) and all(isinstance(v, str) for v in meta.values())
+            _formats.write_safetensors(
+                tmp, ((sep.join(n), v) for n, v in items), meta if ok and meta else None
+            )
+        elif fmt == "npz":
+            _formats.write_npz(tmp, ((sep.join(n), v) for n, v in items))
+        else:
+            _formats.write_msgpack(tmp, items)
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return ExportResult(str(out), fmt, len(named), sum(e.nbytes for _, e in named))

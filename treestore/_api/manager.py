@@ -1,0 +1,420 @@
+"""The checkpoint manager: when to save a training loop's state, which steps to keep, async saves,
+preemption, and resuming (see :class:`CheckpointManager`)."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import re
+import signal
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from treestore._api.store import Store
+from treestore._engine import write as _write
+from treestore._engine.snapshot import Background, HostSnapshot
+from treestore._format.manifest import check_metadata
+from treestore.errors import CheckpointExistsError, CheckpointNotFoundError, InvalidInputError, StoreBusyError
+
+_STEP_NAME = re.compile(r"step-(\d{9,})\Z")
+
+
+def step_name(step: int) -> str:
+    """The checkpoint name of a step: zero-padded, so names sort like steps.
+
+    >>> step_name(123)
+    'step-000000123'
+    """
+    return f"step-{step:09d}"
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    """One saved step: its checkpoint name, when it was saved (seconds since the epoch), its
+    metrics and the caller's data."""
+
+    step: int
+    name: str
+    created: float
+    metrics: Mapping[str, float]
+    user: Any
+
+
+def _count(name: str, value: object) -> int | None:
+    if value is None:
+        return None
+    if type(value) is not int or value < 1:
+        raise InvalidInputError(f"{name} must be a positive int or None, got {value!r}")
+    return value
+
+
+def _step(step: object) -> int:
+    if type(step) is not int or step < 0:
+        raise InvalidInputError(f"step must be an int >= 0, got {step!r}")
+    return step
+
+
+def _metrics(metrics: object) -> dict[str, float]:
+    if metrics is None:
+        return {}
+    if not isinstance(metrics, Mapping):
+        raise InvalidInputError(f"metrics must be a dict of names to numbers, got {type(metrics).__name__}")
+    out = {}
+    for key, value in metrics.items():
+        if not isinstance(key, str):
+            raise InvalidInputError(f"metric names must be str, got {key!r}")
+        try:
+            if isinstance(value, (str, bytes)):
+                raise TypeError
+            out[key] = float(value)
+        except (TypeError, ValueError):
+            raise InvalidInputError(
+                f"metric {key!r} must be a real number, got {type(value).__name__}"
+            ) from None
+    return out
+
+
+@dataclass(frozen=True)
+class _Policy:
+    """When to save and which steps to keep; validated on construction."""
+
+    save_every_steps: int | None = None
+    save_every_seconds: float | None = None
+    keep_last: int | None = None
+    keep_every: int | None = None
+    keep_best: int | None = None
+    best_metric: str | None = None
+    best_mode: str | None = None
+
+    def __post_init__(self) -> None:
+        _count("save_every_steps", self.save_every_steps)
+        _count("keep_last", self.keep_last)
+        _count("keep_every", self.keep_every)
+        _count("keep_best", self.keep_best)
+        s = self.save_every_seconds
+        if s is not None and (
+            isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(s) or s <= 0
+        ):
+            raise InvalidInputError(f"save_every_seconds must be a positive number or None, got {s!r}")
+        if self.keep_best is None and (self.best_metric is not None or self.best_mode is not None):
+            raise InvalidInputError("best_metric and best_mode apply only with keep_best=N")
+        if self.keep_best is not None and not (isinstance(self.best_metric, str) and self.best_metric):
+            raise InvalidInputError(
+                f"keep_best={self.keep_best} needs best_metric, the name of a metric passed to "
+                f"save(), got {self.best_metric!r}"
+            )
+        if self.best_mode not in (None, "min", "max"):
+            raise InvalidInputError(f"best_mode must be 'min' or 'max', got {self.best_mode!r}")
+
+    def due(self, step: int, elapsed: float) -> bool:
+        """Whether the interval asks for a save at ``step``, ``elapsed`` s after the last save."""
+        if self.save_every_steps is None and self.save_every_seconds is None:
+            return True
+        by_steps = self.save_every_steps is not None and step % self.save_every_steps == 0
+        by_time = self.save_every_seconds is not None and elapsed >= self.save_every_seconds
+        return by_steps or by_time
+
+    def retained(self, infos: Mapping[int, StepInfo]) -> set[int]:
+        """The steps to keep: any rule keeps a step, and the newest step is always kept."""
+        steps = sorted(infos)
+        if not steps or (self.keep_last is None and self.keep_every is None and self.keep_best is None):
+            return set(steps)
+        keep = {steps[-1]}
+        if self.keep_last is not None:
+            keep.update(steps[-self.keep_last :])
+        if self.keep_every is not None:
+            keep.update(s for s in steps if s % self.keep_every == 0)
+        if self.keep_best is not None:
+            sign = -1.0 if self.best_mode == "max" else 1.0
+            scored = [
+                (sign * v, -s, s)
+                for s in steps
+                if (v := infos[s].metrics.get(str(self.best_metric))) is not None and not math.isnan(v)
+            ]
+            keep.update(s for *_, s in sorted(scored)[: self.keep_best])
+        return keep
+
+
+class CheckpointManager:
+    """Saves a training loop's state every so often, keeps the steps a retention policy names,
+    and restores the newest (or a given) step.
+
+    >>> import numpy as np, treestore
+    >>> with treestore.CheckpointManager("memory://doc/mgr", save_every_steps=10, keep_last=2) as m:
+    ...     for step in range(0, 35):
+    ...         saved = m.save(step, {"w": np.full(2, step, np.float32)}, metrics={"loss": 1 / (step + 1)})
+    ...     m.wait()
+    ...     m.steps(), m.latest_step(), m.restore()["w"], m.info(30).metrics["loss"]
+    ([20, 30], 30, array([30., 30.], dtype=float32), 0.03225806451612903)
+
+    **Saving.** ``save(step, tree)`` saves when ``force=True``; or after a SIGTERM (with
+    ``preemption=True``); or when the interval asks: ``step % save_every_steps == 0``, or at
+    least ``save_every_seconds`` passed on ``clock`` since the last save (or since the manager
+    was made); with no interval set, every call saves. A step already saved (or in flight) is a
+    CheckpointExistsError unless ``force=True``, which replaces it. Each step is the checkpoint
+    ``step-000000123`` (zero-padded) with metadata ``{"step", "metrics", "user"}``; checkpoints
+    of other names in the store are ignored and never deleted.
+
+    **Async.** With ``async_save=True`` (the default) ``save`` blocks only while the tree is
+    validated and its arrays are copied to host (see :class:`treestore._engine.snapshot.HostSnapshot`,
+    which keeps one host copy of the last save to reuse); hashing, compressing, writing,
+    retention and gc run on one background thread. At most one save is in flight: a save waits
+    for the previous one. An error of a background save is raised, as it was raised, by the next
+    ``save``, ``wait``, ``restore`` or ``close`` that finds it finished, and that call saves
+    nothing; a failed save leaves no visible checkpoint. ``steps()``, ``latest_step()`` and
+    ``info()`` list committed steps only (``wait()`` first to include one in flight).
+
+    **Retention.** ``keep_last=N`` keeps the N newest steps, ``keep_every=K`` every step divisible
+    by K, ``keep_best=N`` the N best by ``best_metric`` (``best_mode`` "min", the default, or
+    "max"; a save must then pass that metric; ties go to the newer step). A step is kept if any rule
+    keeps it, and the newest step is always kept; with no rule every step is kept. After each
+    save the other steps' checkpoints are deleted, then gc removes the chunks no checkpoint uses;
+    gc never touches a save in flight in any process and is retried later when one is.
+
+    **Preemption.** ``preemption=True`` installs a SIGTERM handler (main thread only; it calls
+    any previous Python handler, and close() puts it back). After a SIGTERM, every ``save`` saves
+    its step at once (unless that step is saved already) and waits until it is committed, and
+    ``reached_preemption(step)`` is True once ``step`` is committed, so the loop can stop::
+
+        for step in range(start, total):
+            state = train_step(state)
+            manager.save(step + 1, state)
+            if manager.reached_preemption(step + 1):
+                break
+
+    A manager is meant for one training loop: call it from one thread.
+    """
+
+    def __init__(
+        self,
+        url: str | os.PathLike[str],
+        *,
+        save_every_steps: int | None = None,
+        save_every_seconds: float | None = None,
+        keep_last: int | None = None,
+        keep_every: int | None = None,
+        keep_best: int | None = None,
+        best_metric: str | None = None,
+        best_mode: str | None = None,
+        async_save: bool = True,
+        preemption: bool = False,
+        options: _write.SaveOptions | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        storage_options: dict[str, Any] | None = None,
+    ) -> None:
+        self._policy = _Policy(
+            save_every_steps, save_every_seconds, keep_last, keep_every, keep_best, best_metric, best_mode
+        )
+        if preemption and threading.current_thread() is not threading.main_thread():
+            raise InvalidInputError(
+                "preemption=True installs a SIGTERM handler: make the manager in the main thread"
+            )
+        self.store = Store(url, **(storage_options or {}))
+        self._options = options or _write.SaveOptions()
+        self._clock = clock
+        self._last_save = clock()
+        self._async = bool(async_save)
+        self._background = Background() if self._async else None
+        self._snapshot = HostSnapshot()
+        self._known = set(self._infos())  # committed steps (this manager's view)
+        self._pending: int | None = None  # the step of the save in flight
+        self._gc_due = False
+        self._preempted = False
+        self._closed = False
+        self.last_result: _write.SaveResult | None = None  # of the last save that committed
+        self._previous_handler: Any = None
+        self._preemption = bool(preemption)
+        if self._preemption:
+            self._previous_handler = signal.getsignal(signal.SIGTERM)
+            signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def __repr__(self) -> str:
+        return f"CheckpointManager({self.store.url!r})"
+
+    def __enter__(self) -> CheckpointManager:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- saving ------------------------------------------------------------------------------
+    def save(
+        self,
+        step: int,
+        tree: Any,
+        metrics: Mapping[str, Any] | None = None,
+        *,
+        force: bool = False,
+        user: Any = None,
+    ) -> bool:
+        """Save ``tree`` as ``step`` if the policy says so (see the class); True when it saved.
+
+        ``metrics`` (names to numbers) and ``user`` (plain data) are stored with the step.
+        """
+        self._check_open()
+        step = _step(step)
+        metrics_ = _metrics(metrics)
+        metadata = {"step": step, "metrics": metrics_, "user": user}
+        check_metadata(metadata)
+        self._collect(block=False)  # an earlier failure surfaces here
+        preempted = self._preempted
+        if not (force or preempted or self._policy.due(step, self._clock() - self._last_save)):
+            return False
+        best = self._policy.best_metric
+        if self._policy.keep_best is not None and best not in metrics_:
+            raise InvalidInputError(
+                f"keep_best ranks steps by metric {best!r}, but save({step}) got metrics "
+                f"{sorted(metrics_)}; pass metrics={{{best!r}: value}}"
+            )
+        self._collect(block=True)  # one save in flight at most; raises the previous one's error
+        if step in self._known and not force:
+            if preempted:
+                return False
+            raise CheckpointExistsError(
+                f"step {step} is already saved in {self.store.url} as {step_name(step)!r}; "
+                "pass force=True to replace it",
+                checkpoint=step_name(step),
+            )
+        if self._background is None:
+            prepared = _write.prepare(tree)
+            self._last_save = self._clock()
+            self._commit(prepared, step, metadata, force)
+            return True
+        prepared = self._snapshot.take(tree)
+        self._last_save = self._clock()
+        self._pending = step
+        self._background.submit(lambda: self._commit(prepared, step, metadata, force))
+        if preempted:
+            self._collect(block=True)
+        return True
+
+    def _commit(self, prepared: _write.Prepared, step: int, metadata: Any, overwrite: bool) -> None:
+        name = step_name(step)
+        self.last_result = _write.write(
+            self.store.storage, prepared, name, metadata=metadata, options=self._options, overwrite=overwrite
+        )
+        self._known.add(step)
+        self._retain()
+
+    def _retain(self) -> None:
+        infos = self._infos()
+        keep = self._policy.retained(infos)
+        for step, info in infos.items():
+            if step not in keep:
+                with contextlib.suppress(CheckpointNotFoundError):  # deleted by someone else
+                    self.store.delete(info.name)
+                self._known.discard(step)
+                self._gc_due = True
+        if self._gc_due:
+            try:
+                self.store.gc(grace=0, wait=0)
+                self._gc_due = False
+            except StoreBusyError:
+                pass  # a save is in flight somewhere: gc again after the next save
+
+    def _collect(self, *, block: bool) -> None:
+        if self._background is not None and (block or self._background.done()):
+            try:
+                self._background.collect()
+            finally:
+                self._pending = None
+
+    def wait(self) -> None:
+        """Wait for the save in flight; raise its error if it failed."""
+        self._collect(block=True)
+
+    def close(self) -> None:
+        """Finish the save in flight (raising its error), stop the worker, and put back the
+        SIGTERM handler this manager replaced. Closing twice is harmless."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.wait()
+        finally:
+            if self._background is not None:
+                self._background.shutdown()
+            self._snapshot.clear()
+            if (
+                self._preemption
+                and threading.current_thread() is threading.main_thread()
+                and signal.getsignal(signal.SIGTERM) == self._on_sigterm
+            ):
+                signal.signal(signal.SIGTERM, self._previous_handler)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise InvalidInputError(f"{self!r} is closed")
+
+    # -- preemption --------------------------------------------------------------------------
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        self._preempted = True
+        if callable(self._previous_handler):
+            self._previous_handler(signum, frame)
+
+    def reached_preemption(self, step: int) -> bool:
+        """True once a SIGTERM arrived (with ``preemption=True``) and ``step`` is committed: the
+        loop may stop. While it is False after a SIGTERM, the next ``save`` saves at once."""
+        step = _step(step)
+        if not self._preempted:
+            return False
+        if self._pending == step:
+            self._collect(block=True)
+        return step in self._known
+
+    # -- reading -----------------------------------------------------------------------------
+    def _infos(self) -> dict[int, StepInfo]:
+        out = {}
+        for c in self.store.list():
+            match = _STEP_NAME.match(c.name)
+            meta = c.metadata
+            if match is None or not isinstance(meta, dict) or meta.get("step") != int(match.group(1)):
+                continue
+            metrics = meta.get("metrics")
+            metrics = (
+                {k: v for k, v in metrics.items() if isinstance(v, float)}
+                if isinstance(metrics, dict)
+                else {}
+            )
+            out[int(match.group(1))] = StepInfo(
+                int(match.group(1)), c.name, c.created, metrics, meta.get("user")
+            )
+        return out
+
+    def steps(self) -> list[int]:
+        """The committed steps, oldest first."""
+        return sorted(self._infos())
+
+    def latest_step(self) -> int | None:
+        """The newest committed step, or None when there is none."""
+        return max(self._infos(), default=None)
+
+    def info(self, step: int | None = None) -> StepInfo:
+        """What was stored with ``step`` (default: the newest step)."""
+        return self._find(step)
+
+    def restore(self, like: Any = None, step: int | None = None) -> Any:
+        """The tree of ``step`` (default: the newest), after waiting for the save in flight.
+
+        With ``like`` (a tree of arrays, ``jax.ShapeDtypeStruct`` or scalars, e.g. a freshly
+        initialised train state) the result has its structure and types; see :meth:`Store.load`.
+        """
+        self.wait()
+        return self.store.load(self._find(step).name, like=like)
+
+    def _find(self, step: int | None) -> StepInfo:
+        infos = self._infos()
+        step = max(infos, default=None) if step is None else _step(step)
+        if step is None:
+            raise CheckpointNotFoundError(f"no steps saved in {self.store.url}")
+        if step not in infos:
+            shown = ", ".join(map(str, sorted(infos)[-10:])) or "none"
+            raise CheckpointNotFoundError(
+                f"step {step} is not saved in {self.store.url}; saved steps: {shown}",
+                checkpoint=step_name(step),
+            )
+        return infos[step]

@@ -1,0 +1,30 @@
+"""The one reading of a checkpoint argument: ``URL`` (its store's newest checkpoint),
+``URL#NAME``, or a ``(URL, NAME)`` pair."""
+
+from __future__ import annotations
+
+import os
+from typing import Union
+
+from treestore.errors import InvalidInputError
+
+Spec = Union[str, "os.PathLike[str]", tuple[Union[str, "os.PathLike[str]"], str]]
+
+
+def parse_spec(spec: Spec, name: str | None = None) -> tuple[str, str | None]:
+    """(store URL, checkpoint name or None) of a checkpoint argument; ``name`` is the separate
+    name argument of functions that have one, which must agree with a name in ``spec``."""
+    found: str | None
+    if isinstance(spec, tuple):
+        if len(spec) != 2 or not isinstance(spec[0], (str, os.PathLike)) or not isinstance(spec[1], str):
+            raise InvalidInputError(f"a checkpoint is URL, URL#NAME or (URL, NAME), got {spec!r}")
+        url, found = os.fspath(spec[0]), spec[1]
+    elif isinstance(spec, (str, os.PathLike)):
+        text = os.fspath(spec)
+        head, sep, tail = text.rpartition("#")
+        url, found = (head, tail or None) if sep else (text, None)
+    else:
+        raise InvalidInputError(f"a checkpoint is URL, URL#NAME or (URL, NAME), got {type(spec).__name__}")
+    if name is not None and found is not None and name != found:
+        raise InvalidInputError(f"checkpoint named twice: {found!r} in {os.fspath(url)}#... and {name!r}")
+    return url, found if found is not None else name

@@ -1,0 +1,327 @@
+"""The public entry points: :class:`Store`, :func:`save`, :func:`load`, :func:`open` and :func:`diff`."""
+
+from __future__ import annotations
+
+import builtins
+import dataclasses
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+
+from treestore._api import diff as _diff
+from treestore._api.checkpoint import Checkpoint
+from treestore._api.spec import Spec, parse_spec
+from treestore._engine import gc as _gc
+from treestore._engine import locks as _locks
+from treestore._engine import read as _read
+from treestore._engine import region as _region
+from treestore._engine import write as _write
+from treestore._engine.threads import default_threads
+from treestore._format import layout as _layout
+from treestore._format import select as _select
+from treestore._format.codecs import Codec
+from treestore._format.manifest import LeafEntry, Manifest, check_name
+from treestore._storage.base import Storage
+from treestore._storage.registry import open_storage
+from treestore._tree import template as _template
+from treestore._tree.leaves import restore_array
+from treestore._tree.structure import rebuild
+from treestore.errors import CheckpointNotFoundError, InvalidInputError
+
+Patterns = _select.Patterns
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """A committed checkpoint as listed by :meth:`Store.list`."""
+
+    name: str
+    created: float  # seconds since the epoch
+    leaves: int
+    nbytes: int  # raw bytes of its array leaves
+    metadata: Any
+
+
+class Store:
+    """A store of checkpoints at a URL (a local path or any fsspec URL).
+
+    >>> import numpy as np, treestore
+    >>> store = treestore.Store("memory://doc/store")
+    >>> _ = store.save({"w": np.ones(3, np.float32), "step": 1}, "step-1")
+    >>> [c.name for c in store.list()]
+    ['step-1']
+    >>> store.load("step-1")
+    {'w': array([1., 1., 1.], dtype=float32), 'step': 1}
+    """
+
+    def __init__(self, url: str | os.PathLike[str], *, storage_options: dict[str, Any] | None = None) -> None:
+        if not isinstance(url, (str, os.PathLike)):
+            raise InvalidInputError(f"a store URL is a str or path, got {type(url).__name__}")
+        base, name = parse_spec(url)
+        if name is not None:
+            raise InvalidInputError(
+                f"{os.fspath(url)!r} names a checkpoint; a store is its URL without #NAME "
+                f"(Store({base!r}).load({name!r}), or treestore.load({os.fspath(url)!r}))"
+            )
+        self.storage: Storage = open_storage(os.fspath(url), storage_options)
+        self.url = self.storage.url
+
+    def __repr__(self) -> str:
+        return f"Store({self.url!r})"
+
+    # -- writing -----------------------------------------------------------------------------
+    def save(
+        self,
+        tree: Any,
+        name: str,
+        *,
+        metadata: Any = None,
+        overwrite: bool = False,
+        codec: Codec | None = None,
+        options: _write.SaveOptions | None = None,
+    ) -> _write.SaveResult:
+        """Save ``tree`` as checkpoint ``name``; raises before writing anything if a leaf or key
+        is unsupported, and leaves nothing visible if the save fails."""
+        options = options or _write.SaveOptions()
+        if codec is not None:
+            options = dataclasses.replace(options, codec=codec)
+        check_name(name)
+        prepared = _write.prepare(tree)
+        return _write.write(
+            self.storage, prepared, name, metadata=metadata, options=options, overwrite=overwrite
+        )
+
+    def delete(self, name: str) -> None:
+        """Remove checkpoint ``name`` (its commit record); :meth:`gc` frees its chunks."""
+        check_name(name)
+        path = _layout.record_path(name)
+        if not self.storage.exists(path):  # a damaged record can still be deleted
+            raise CheckpointNotFoundError(f"no checkpoint {name!r} in {self.url}", checkpoint=name)
+        self.storage.delete(path)
+
+    def gc(
+        self,
+        *,
+        grace: float = _gc.GRACE,
+        dry_run: bool = False,
+        wait: float = 0.0,
+        stale_after: float = _locks.STALE_AFTER,
+    ) -> _gc.GcReport:
+        """Remove chunks and manifests no committed checkpoint references.
+
+        Unreferenced chunks younger than ``grace`` seconds are kept; gc waits up to ``wait``
+        seconds for saves in flight, then raises StoreBusyError.
+        """
+        return _gc.collect_garbage(
+            self.storage, grace=grace, dry_run=dry_run, wait=wait, stale_after=stale_after
+        )
+
+    # -- reading -----------------------------------------------------------------------------
+    def list(self) -> list[CheckpointInfo]:
+        """Committed checkpoints, oldest first."""
+        refs = sorted(_read.committed_records(self.storage), key=lambda r: (r.created, r.name))
+        return [CheckpointInfo(r.name, r.created, r.leaves, r.nbytes, r.metadata) for r in refs]
+
+    def exists(self, name: str) -> bool:
+        """Whether checkpoint ``name`` is committed."""
+        check_name(name)
+        return self.storage.exists(_layout.record_path(name))
+
+    def is_store(self) -> bool:
+        """Whether anything of a treestore store is at this URL (a mistyped URL is not)."""
+        return any(self.storage.exists(folder) for folder in _layout.FOLDERS)
+
+    def latest(self) -> str:
+        """The name of the newest committed checkpoint."""
+        return _read.newest_record(self.storage).name
+
+    def manifest(self, name: str | None = None) -> Manifest:
+        """The verified manifest of checkpoint ``name`` (default: the newest)."""
+        if name is None:
+            record = _read.newest_record(self.storage)
+        else:
+            record = _read.read_commit_record(self.storage, name)
+        return _read.read_manifest(self.storage, record)
+
+    def open(self, name: str | None = None) -> Checkpoint:
+        """A lazy, read-only view of checkpoint ``name`` (default: the newest)."""
+        return Checkpoint(self.storage, self.manifest(name))
+
+    def load(
+        self,
+        name: str | None = None,
+        *,
+        like: Any = None,
+        select: Patterns = None,
+        prefix: str = "",
+        cast: bool = False,
+        threads: int | None = None,
+    ) -> Any:
+        """Load checkpoint ``name`` (default: the newest).
+
+        Without ``like``, builtin containers come back exactly and other nodes as dicts keyed by
+        their key entries. With ``like`` (a tree of arrays, ``jax.ShapeDtypeStruct`` or scalars)
+        the result has ``like``'s structure and types, after checking that addresses, shapes and
+        dtypes match — one StructureMismatchError lists every difference. ``cast=True`` converts
+        to ``like``'s dtypes instead of failing. ``select`` (glob patterns over addresses) and
+        ``prefix`` (the address of the subtree ``like`` describes) restore part of a checkpoint;
+        only the chunks of the leaves restored are read.
+        """
+        manifest = self.manifest(name)
+        threads = threads or default_threads()
+        if like is not None:
+            chosen = manifest if select is None else _selected(manifest, select)
+            return self._load_like(chosen, like, prefix, cast, threads)
+        if prefix:
+            raise InvalidInputError("prefix= only applies with like=")
+        entries = manifest.leaves if select is None else _selected(manifest, select).leaves
+        arrays = self._arrays(manifest, builtins.list(entries), threads)
+        wanted = {e.address for e in entries}
+
+        def leaf(i: int) -> Any:
+            e = manifest.leaves[i]
+            if e.is_array:
+                return restore_array(e.kind, arrays[e.address], e.prng_impl, weak_type=e.weak_type)
+            return e.value
+
+        return rebuild(manifest.tree, leaf, None if select is None else wanted.__contains__)
+
+    def _arrays(self, manifest: Manifest, entries: builtins.list[LeafEntry], threads: int) -> dict[str, Any]:
+        reader = _read.ChunkReader(self.storage, manifest)
+        return _region.read_arrays(reader, [e for e in entries if e.is_array], threads=threads)
+
+    def _load_like(self, manifest: Manifest, like: Any, prefix: str, cast: bool, threads: int) -> Any:
+        slots, treedef = _template.match(manifest, like, cast=cast, prefix=prefix)
+        shardings = [_template.target_sharding(s) for s in slots]
+        whole = [s.entry for s, sharding in zip(slots, shardings, strict=True) if sharding is None]
+        reader = _read.ChunkReader(self.storage, manifest)  # one reader: packs are read once
+        arrays = _region.read_arrays(reader, [e for e in whole if e.is_array], threads=threads)
+        leaves = []
+        with ThreadPoolExecutor(threads) as pool:
+            for slot, sharding in zip(slots, shardings, strict=True):
+                if sharding is None:
+                    leaves.append(_template.restore(slot, arrays.get(slot.address)))
+                    continue
+
+                def read(region: tuple[slice, ...], entry: LeafEntry = slot.entry) -> Any:
+                    return _region.read_region(reader, entry, region, pool)
+
+                leaves.append(_template.assemble(slot, sharding, read))
+        return jax.tree_util.tree_unflatten(treedef, leaves)
+
+
+def _selected(manifest: Manifest, select: Patterns) -> Manifest:
+    """``manifest`` with only the leaves ``select`` matches (every pattern must match one)."""
+    chosen = set(
+        _select.select(
+            [e.address for e in manifest.leaves],
+            select,
+            where=f"checkpoint {manifest.name!r}",
+            checkpoint=manifest.name,
+        )
+    )
+    return dataclasses.replace(manifest, leaves=tuple(e for e in manifest.leaves if e.address in chosen))
+
+
+def save(
+    url: str | os.PathLike[str],
+    tree: Any,
+    name: str,
+    *,
+    metadata: Any = None,
+    overwrite: bool = False,
+    codec: Codec | None = None,
+    options: _write.SaveOptions | None = None,
+    storage_options: dict[str, Any] | None = None,
+) -> _write.SaveResult:
+    """Save ``tree`` as checkpoint ``name`` in the store at ``url``; see :meth:`Store.save`.
+
+    >>> import numpy as np, treestore
+    >>> r = treestore.save("memory://doc/save", {"w": np.zeros((2, 2))}, "first")
+    >>> r.leaves, r.nbytes
+    (1, 32)
+    """
+    store = Store(url, storage_options=storage_options)
+    return store.save(tree, name, metadata=metadata, overwrite=overwrite, codec=codec, options=options)
+
+
+def load(
+    spec: Spec,
+    name: str | None = None,
+    *,
+    like: Any = None,
+    select: Patterns = None,
+    prefix: str = "",
+    cast: bool = False,
+    threads: int | None = None,
+    storage_options: dict[str, Any] | None = None,
+) -> Any:
+    """Load a checkpoint — ``URL`` (its newest), ``URL#NAME`` or ``(URL, NAME)`` — see
+    :meth:`Store.load`.
+
+    >>> import numpy as np, treestore
+    >>> _ = treestore.save("memory://doc/load", {"a": [1, 2.5], "b": np.arange(3)}, "one")
+    >>> treestore.load("memory://doc/load#one")
+    {'a': [1, 2.5], 'b': array([0, 1, 2])}
+    """
+    url, name = parse_spec(spec, name)
+    store = Store(url, storage_options=storage_options)
+    return store.load(name, like=like, select=select, prefix=prefix, cast=cast, threads=threads)
+
+
+def open(spec: Spec, name: str | None = None, *, storage_options: dict[str, Any] | None = None) -> Checkpoint:
+    """A lazy, read-only view of a checkpoint (``URL`` for its newest, ``URL#NAME`` or
+    ``(URL, NAME)``).
+
+    Leaves are :class:`LazyLeaf` handles with ``shape``, ``dtype``, ``address`` and numpy-style
+    slicing that reads only the chunks a slice touches.
+
+    >>> import numpy as np, treestore
+    >>> _ = treestore.save("memory://doc/open2", {"w": np.arange(6.0)}, "c")
+    >>> treestore.open("memory://doc/open2#c")["w"][2:4]
+    array([2., 3.])
+    """
+    url, name = parse_spec(spec, name)
+    return Store(url, storage_options=storage_options).open(name)
+
+
+def resolve(spec: Checkpoint | Spec, storage_options: dict[str, Any] | None = None) -> Checkpoint:
+    """A Checkpoint from a Checkpoint, or from ``URL`` (newest) / ``URL#NAME`` / ``(URL, NAME)``."""
+    if isinstance(spec, Checkpoint):
+        return spec
+    return open(spec, storage_options=storage_options)
+
+
+def diff(
+    a: Checkpoint | Spec,
+    b: Checkpoint | Spec,
+    *,
+    stats: bool = False,
+    select: Patterns = None,
+    storage_options: dict[str, Any] | None = None,
+) -> _diff.Diff:
+    """The exact difference between two checkpoints, each given as ``URL`` (its newest checkpoint),
+    ``URL#NAME``, ``(URL, NAME)`` or a :class:`Checkpoint`; the stores may be on different
+    filesystems.
+
+    Without ``stats`` only manifests are read. With ``stats=True`` each changed array leaf gets
+    max/mean |a-b|, relative L2 change, the fraction of elements changed and NaN/Inf counts.
+    ``select`` (patterns over addresses) limits the comparison to matching leaves; every pattern
+    must match a leaf of either checkpoint.
+
+    >>> import numpy as np, treestore
+    >>> url = "memory://doc/diff"
+    >>> _ = treestore.save(url, {"w": np.zeros(4), "b": np.ones(2)}, "a")
+    >>> _ = treestore.save(url, {"w": np.zeros(4), "b": np.full(2, 1.5), "c": 0}, "b")
+    >>> d = treestore.diff(f"{url}#a", f"{url}#b")
+    >>> d.changed, d.added, d.unchanged
+    (('b',), ('c',), ('w',))
+    >>> treestore.diff(f"{url}#a", f"{url}#a").to_json()["identical"]
+    True
+    """
+    return _diff.diff_checkpoints(
+        resolve(a, storage_options), resolve(b, storage_options), stats=stats, select=select
+    )

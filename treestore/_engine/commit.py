@@ -1,0 +1,39 @@
+"""The one commit (SPEC.md, "Commit protocol"): every chunk durable, then the manifest, then the
+commit record, each made durable before the next. Saves, copies and imports all commit here."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from treestore._format import layout
+from treestore._format.commit_record import CommitRecord, encode_commit_record
+from treestore._format.encoding import digest
+from treestore._storage.base import Storage
+from treestore.errors import CheckpointExistsError
+
+
+def commit(storage: Storage, manifest: bytes, record: CommitRecord, *, overwrite: bool) -> CommitRecord:
+    """Make checkpoint ``record.name`` visible with ``manifest`` (its encoded bytes).
+
+    The chunks the manifest references must already be written. ``record``'s manifest digest and
+    size are filled in here. Without ``overwrite`` the commit record is put-if-absent, and a
+    checkpoint of that name committed by another writer meanwhile raises CheckpointExistsError.
+    Returns the record as committed.
+    """
+    storage.sync()  # chunks before the manifest
+    mdigest = digest(manifest)
+    path = layout.manifest_path(mdigest)
+    if storage.size(path) != len(manifest):
+        storage.write(path, [manifest])
+    storage.sync()  # the manifest before the record
+    record = dataclasses.replace(record, manifest=mdigest, manifest_size=len(manifest))
+    data = encode_commit_record(record)
+    if overwrite:
+        storage.write(layout.record_path(record.name), [data])
+    elif not storage.write_new(layout.record_path(record.name), data):
+        raise CheckpointExistsError(
+            f"checkpoint {record.name!r} was committed in {storage.url} by another writer meanwhile",
+            checkpoint=record.name,
+        )
+    storage.sync()
+    return record

@@ -1,0 +1,238 @@
+"""Reading: commit records, manifests, and chunks, each verified before use."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import functools
+import math
+import os
+import threading
+from typing import Any
+
+import numpy as np
+
+from treestore._format import layout as _layout
+from treestore._format.codecs import decode_into
+from treestore._format.commit_record import CommitRecord, decode_commit_record
+from treestore._format.encoding import digest
+from treestore._format.limits import CHUNK_SLACK, MAX_MANIFEST_BYTES, MAX_RECORD_BYTES
+from treestore._format.manifest import ChunkRef, Manifest, check_name, decode_manifest
+from treestore._storage.base import Storage
+from treestore.errors import (
+    CheckpointNotFoundError,
+    ChunkCorruptError,
+    ChunkMissingError,
+    ManifestCorruptError,
+    OutOfMemoryError,
+    TreestoreError,
+)
+
+
+def read_commit_record(storage: Storage, name: str) -> CommitRecord:
+    check_name(name)
+    data = storage.read_range(_layout.record_path(name), 0, MAX_RECORD_BYTES + 1)
+    if data is None:
+        raise CheckpointNotFoundError(f"no checkpoint {name!r} in {storage.url}", checkpoint=name)
+    return decode_commit_record(data, name)
+
+
+def checkpoint_names(storage: Storage) -> list[str]:
+    """Names of the committed checkpoints: objects directly in ``checkpoints/`` whose names are
+    valid checkpoint names (anything else there is ignored)."""
+    names = []
+    prefix = _layout.CHECKPOINTS + "/"
+    for obj in storage.list(_layout.CHECKPOINTS):
+        name = obj.path[len(prefix) :] if obj.path.startswith(prefix) else ""
+        try:
+            names.append(check_name(name))
+        except TreestoreError:
+            continue
+    return sorted(set(names))
+
+
+@functools.cache
+def _physical_memory() -> int:
+    try:
+        return int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):  # not a POSIX system: no cap
+        return 2**62
+
+
+def allocate(
+    shape: int | tuple[int, ...], address: str, checkpoint: str, dtype: Any = np.uint8
+) -> np.ndarray[Any, Any]:
+    """``np.empty``, with running out of memory reported as a TreestoreError naming the leaf.
+
+    More than the machine's physical memory is refused before allocating: the operating system
+    would grant it lazily and kill the process later.
+    """
+    dims = (shape,) if isinstance(shape, int) else shape
+    nbytes = math.prod(dims) * np.dtype(dtype).itemsize
+    if nbytes > _physical_memory():
+        raise OutOfMemoryError(
+            f"{address or '(root)'}: {nbytes:,} bytes declared by checkpoint {checkpoint!r} exceed "
+            f"this machine's {_physical_memory():,} bytes of memory",
+            address=address,
+            checkpoint=checkpoint,
+        )
+    try:
+        return np.empty(shape, dtype)
+    except (MemoryError, ValueError) as exc:
+        raise OutOfMemoryError(
+            f"{address or '(root)'}: cannot allocate {shape} of {np.dtype(dtype).name} "
+            f"for checkpoint {checkpoint!r}: {type(exc).__name__}",
+            address=address,
+            checkpoint=checkpoint,
+        ) from None
+
+
+def committed_records(storage: Storage) -> list[CommitRecord]:
+    """The commit records of every checkpoint; one deleted while listing is left out."""
+    refs = []
+    for name in checkpoint_names(storage):
+        try:
+            refs.append(read_commit_record(storage, name))
+        except CheckpointNotFoundError:
+            continue  # deleted since the listing: it needs no protection and no entry
+    return refs
+
+
+def newest_record(storage: Storage) -> CommitRecord:
+    refs = committed_records(storage)
+    if not refs:
+        raise CheckpointNotFoundError(f"no checkpoints in {storage.url}")
+    return max(refs, key=lambda r: (r.created, r.name))
+
+
+def read_manifest_bytes(storage: Storage, record: CommitRecord) -> bytes:
+    """The manifest a commit record names, after checking its size and digest."""
+    path = _layout.manifest_path(record.manifest)
+    data = storage.read_range(path, 0, min(record.manifest_size, MAX_MANIFEST_BYTES) + 1)
+    if data is None:
+        raise ManifestCorruptError(
+            f"manifest of checkpoint {record.name!r} is missing from {storage.url}",
+            checkpoint=record.name,
+        )
+    if len(data) != record.manifest_size or digest(data) != record.manifest:
+        raise ManifestCorruptError(
+            f"manifest of checkpoint {record.name!r} does not match its digest "
+            f"({len(data)} bytes read, {record.manifest_size} expected)",
+            checkpoint=record.name,
+        )
+    return data
+
+
+def read_manifest(storage: Storage, record: CommitRecord, data: bytes | None = None) -> Manifest:
+    """The verified, decoded manifest of a commit record (``data``: its bytes, if already read
+    with :func:`read_manifest_bytes`)."""
+    manifest = decode_manifest(
+        data if data is not None else read_manifest_bytes(storage, record), record.name
+    )
+    differences = manifest.mismatches(record)
+    if differences:
+        raise ManifestCorruptError(
+            f"commit record of checkpoint {record.name!r} does not match its manifest: "
+            + "; ".join(differences),
+            checkpoint=record.name,
+        )
+    return manifest
+
+
+def fetch_object(storage: Storage, c: ChunkRef) -> bytes:
+    """The stored object of chunk ``c``, read no further than its size bound allows.
+
+    Raises ChunkMissingError or ChunkCorruptError naming the chunk (callers add the checkpoint and
+    the address).
+    """
+    data = storage.read_range(_layout.chunk_path(c.digest), 0, c.size + CHUNK_SLACK + 1)
+    if data is None:
+        raise ChunkMissingError(f"chunk {c.digest.hex()[:16]} is missing")
+    if len(data) > c.size + CHUNK_SLACK:
+        raise ChunkCorruptError(f"chunk {c.digest.hex()[:16]} is larger than its raw size allows")
+    return data
+
+
+def decode_chunk(obj: bytes, c: ChunkRef, out: np.ndarray[Any, Any]) -> None:
+    """Decode the object of chunk ``c`` into ``out`` (uint8, its raw size) and check its digest."""
+    try:
+        decode_into(obj, out)
+    except ChunkCorruptError as exc:
+        raise ChunkCorruptError(f"chunk {c.digest.hex()[:16]} {exc}") from None
+    if digest(out) != c.digest:
+        raise ChunkCorruptError(f"chunk {c.digest.hex()[:16]} does not match its digest")
+
+
+def fetch_chunk(storage: Storage, c: ChunkRef) -> tuple[bytes, np.ndarray[Any, Any]]:
+    """The stored object of chunk ``c`` and its decoded raw bytes, verified against its digest."""
+    obj = fetch_object(storage, c)
+    raw = np.empty(c.size, np.uint8)
+    decode_chunk(obj, c, raw)
+    return obj, raw
+
+
+class ChunkReader:
+    """Reads, decodes and verifies the chunks of one checkpoint; packs are read once."""
+
+    def __init__(self, storage: Storage, manifest: Manifest) -> None:
+        self.storage = storage
+        self.manifest = manifest
+        self._packs: dict[int, cf.Future[np.ndarray[Any, Any]]] = {}
+        self._lock = threading.Lock()
+        self.bytes_read = 0
+
+    def _located(self, exc: TreestoreError, address: str) -> TreestoreError:
+        """``exc`` (raised for a chunk) with the address and checkpoint it concerns."""
+        return type(exc)(
+            f"{address or '(root)'}: {exc} in checkpoint {self.manifest.name!r} of {self.storage.url}",
+            checkpoint=self.manifest.name,
+            address=address,
+        )
+
+    def _object(self, c: ChunkRef, address: str) -> bytes:
+        try:
+            data = fetch_object(self.storage, c)
+        except (ChunkMissingError, ChunkCorruptError) as exc:
+            raise self._located(exc, address) from None
+        with self._lock:
+            self.bytes_read += len(data)
+        return data
+
+    def read_into(self, c: ChunkRef, out: np.ndarray[Any, Any], address: str) -> None:
+        """Decode the (non-packed) chunk ``c`` into ``out`` (uint8, c.size) and verify it."""
+        self._decode(self._object(c, address), c, out, address)
+
+    def _decode(self, obj: bytes, c: ChunkRef, out: np.ndarray[Any, Any], address: str) -> None:
+        try:
+            decode_chunk(obj, c, out)
+        except ChunkCorruptError as exc:
+            raise self._located(exc, address) from None
+
+    def _pack(self, index: int, address: str) -> np.ndarray[Any, Any]:
+        with self._lock:
+            fut = self._packs.get(index)
+            owner = fut is None
+            if fut is None:
+                fut = self._packs[index] = cf.Future()
+        if owner:
+            try:
+                c = self.manifest.packs[index]
+                obj = self._object(c, address)  # the object first: its size bounds what we allocate
+                buf = allocate(c.size, address, self.manifest.name)
+                self._decode(obj, c, buf, address)
+                fut.set_result(buf)
+            except BaseException as exc:
+                fut.set_exception(exc)  # other leaves of this pack fail alike, without rereading
+                raise
+        return fut.result()
+
+    def read_leaf_chunk(self, c: ChunkRef, out: np.ndarray[Any, Any], address: str) -> None:
+        if c.pack is None:
+            self.read_into(c, out, address)
+            return
+        pack = self._pack(c.pack, address)
+        part = pack[c.offset : c.offset + c.size]
+        if digest(part) != c.digest:
+            raise self._located(
+                ChunkCorruptError(f"chunk {c.digest.hex()[:16]} does not match its digest"), address
+            )
+        out[:] = part

@@ -1,0 +1,204 @@
+"""Reading any box of an array leaf from the pieces and chunks that hold it.
+
+A piece's elements are in C order, so the rows of a piece (its first axis) that a box touches are
+one contiguous byte range: only the chunks overlapping that range are read and decoded.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import functools
+import math
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import numpy as np
+
+from treestore._engine.read import ChunkReader, allocate
+from treestore._format.dtypes import dtype_from_name
+from treestore._format.manifest import ChunkRef, LeafEntry, Piece
+from treestore.errors import OutOfBoundsError
+
+Region = tuple[slice, ...]
+
+
+def normalize(region: Any, shape: tuple[int, ...], address: str) -> Region:
+    """A tuple of unit-step slices with concrete bounds, one per dimension."""
+    items = tuple(region) if isinstance(region, tuple) else (region,)
+    items = items + (slice(None),) * (len(shape) - len(items))
+    out = []
+    for item, dim in zip(items, shape, strict=True):
+        start, stop, step = item.indices(dim)
+        if step != 1:
+            raise OutOfBoundsError(f"{address}: regions are unit-step slices, got {item}", address=address)
+        out.append(slice(start, max(start, stop)))
+    return tuple(out)
+
+
+def piece_bytes(
+    reader: ChunkReader,
+    piece: Piece,
+    start: int,
+    stop: int,
+    address: str,
+    jobs: list[Callable[[], None]] | None = None,
+    into: np.ndarray[Any, Any] | None = None,
+) -> np.ndarray[Any, Any]:
+    """Raw bytes [start, stop) of one piece, reading only the chunks that overlap them.
+
+    With ``jobs``, whole-chunk reads are appended as callables instead of run (the caller runs
+    them, possibly in parallel, before using the result); partial chunks are read at once.
+    ``into`` (uint8, stop - start bytes) receives the bytes instead of a new buffer.
+    """
+    out = allocate(max(stop - start, 0), address, reader.manifest.name) if into is None else into
+    at = 0
+    for c in piece.chunks:
+        lo, hi = at, at + c.size
+        at = hi
+        if hi <= start or lo >= stop:
+            continue
+        if start <= lo and hi <= stop:
+            target = out[lo - start : hi - start]
+            if jobs is None:
+                reader.read_leaf_chunk(c, target, address)
+            else:
+                jobs.append(functools.partial(reader.read_leaf_chunk, c, target, address))
+        else:
+            tmp = allocate(c.size, address, reader.manifest.name)
+            reader.read_leaf_chunk(c, tmp, address)
+            a, b = max(lo, start), min(hi, stop)
+            out[a - start : b - start] = tmp[a - lo : b - lo]
+    return out
+
+
+def plan_region(
+    reader: ChunkReader,
+    entry: LeafEntry,
+    region: Region,
+    out: np.ndarray[Any, Any],
+    jobs: list[Callable[[], None]],
+    fills: list[Callable[[], None]],
+) -> None:
+    """Queue the reads (``jobs``, independent) and copies (``fills``, after all jobs) that put the
+    elements of ``entry`` in ``region`` into ``out``."""
+    dtype = out.dtype
+    for piece in entry.layout:
+        inter = [
+            slice(max(r.start, a), min(r.stop, a + n))
+            for r, a, n in zip(region, piece.start, piece.shape, strict=True)
+        ]
+        if any(s.start >= s.stop for s in inter):
+            continue
+        if not piece.shape:  # a 0-d leaf
+            data = piece_bytes(reader, piece, 0, dtype.itemsize, entry.address, jobs)
+            fills.append(functools.partial(_fill, out, (), data, dtype, ()))
+            continue
+        row = math.prod(piece.shape[1:]) * dtype.itemsize
+        r0, r1 = inter[0].start - piece.start[0], inter[0].stop - piece.start[0]
+        if tuple(inter) == piece.region == tuple(region) and out.flags.c_contiguous:
+            # The region is exactly this piece: decode straight into the result.
+            piece_bytes(
+                reader, piece, 0, out.nbytes, entry.address, jobs, into=out.reshape(-1).view(np.uint8)
+            )
+            continue
+        data = piece_bytes(reader, piece, r0 * row, r1 * row, entry.address, jobs)
+        src = (
+            slice(None),
+            *(slice(s.start - a, s.stop - a) for s, a in zip(inter[1:], piece.start[1:], strict=True)),
+        )
+        dst = tuple(slice(s.start - r.start, s.stop - r.start) for s, r in zip(inter, region, strict=True))
+        fills.append(functools.partial(_fill, out, dst, data, dtype, (r1 - r0, *piece.shape[1:]), src))
+
+
+def read_region(
+    reader: ChunkReader, entry: LeafEntry, region: Region, pool: cf.Executor | None = None
+) -> np.ndarray[Any, Any]:
+    """The elements of ``entry`` in ``region`` (normalized), as a new C-ordered array."""
+    assert entry.shape is not None
+    dtype = dtype_from_name(entry.dtype, address=entry.address)
+    out = allocate(tuple(r.stop - r.start for r in region), entry.address, reader.manifest.name, dtype)
+    if out.size:
+        jobs: list[Callable[[], None]] = []
+        fills: list[Callable[[], None]] = []
+        plan_region(reader, entry, region, out, jobs, fills)
+        run(jobs, pool)
+        for fill in fills:
+            fill()
+    return out
+
+
+def read_arrays(
+    reader: ChunkReader, entries: Iterable[LeafEntry], *, threads: int
+) -> dict[str, np.ndarray[Any, Any]]:
+    """The host arrays of the given array leaves, every chunk verified.
+
+    Chunks are read in parallel, one job each, decoded straight into the result when a leaf is
+    one piece; leaves packed together are served by one job per pack, which reads and verifies
+    the pack once; sharded leaves are assembled piece by piece.
+    """
+    out: dict[str, np.ndarray[Any, Any]] = {}
+    jobs: list[Callable[[], None]] = []
+    fills: list[Callable[[], None]] = []
+    packed: dict[int, list[tuple[ChunkRef, np.ndarray[Any, Any], str]]] = {}
+    for entry in entries:
+        assert entry.shape is not None
+        dtype = dtype_from_name(entry.dtype, address=entry.address)
+        array = allocate(entry.shape, entry.address, reader.manifest.name, dtype)
+        out[entry.address] = array
+        if entry.pieces:
+            plan_region(reader, entry, tuple(slice(0, n) for n in entry.shape), array, jobs, fills)
+            continue
+        flat = array.reshape(-1).view(np.uint8)
+        at = 0
+        for c in entry.chunks:
+            part = flat[at : at + c.size]
+            if c.pack is None:
+                jobs.append(functools.partial(reader.read_into, c, part, entry.address))
+            else:
+                packed.setdefault(c.pack, []).append((c, part, entry.address))
+            at += c.size
+    for members in packed.values():
+        jobs.append(functools.partial(_read_pack_members, reader, members))
+    if len(jobs) > 1 and threads > 1:
+        with cf.ThreadPoolExecutor(min(threads, len(jobs))) as pool:
+            run(jobs, pool)
+    else:
+        run(jobs, None)
+    for fill in fills:
+        fill()
+    return out
+
+
+def _read_pack_members(
+    reader: ChunkReader, members: list[tuple[ChunkRef, np.ndarray[Any, Any], str]]
+) -> None:
+    for c, part, address in members:
+        reader.read_leaf_chunk(c, part, address)
+
+
+def _fill(
+    out: np.ndarray[Any, Any],
+    dst: Any,
+    data: np.ndarray[Any, Any],
+    dtype: np.dtype[Any],
+    shape: tuple[int, ...],
+    src: Any = (),
+) -> None:
+    out[dst] = data.view(dtype).reshape(shape)[src]
+
+
+def run(jobs: list[Callable[[], None]], pool: cf.Executor | None) -> None:
+    """Run jobs, in ``pool`` when given; the first error propagates after the rest stop."""
+    if pool is None or len(jobs) <= 1:
+        for job in jobs:
+            job()
+        return
+    futures = [pool.submit(job) for job in jobs]
+    try:
+        for f in futures:
+            f.result()
+    except BaseException:
+        for f in futures:
+            f.cancel()
+        cf.wait(futures)
+        raise

@@ -1,0 +1,176 @@
+"""Async saves: a host snapshot of a tree that the caller may change at once, and one background
+worker that writes it while the caller goes on.
+
+:class:`HostSnapshot` does the part of a save that must block the caller: it validates the tree
+(as :func:`treestore._engine.write.prepare` does) and copies every array leaf to host memory the caller
+cannot reach, so the caller may mutate its numpy arrays or donate its jax arrays to the next step.
+It keeps the copies of the last snapshot and reuses them: a jax array that is the *same object* as
+at the last snapshot holds the same bytes (jax arrays are immutable), so it is not copied again,
+and an array that changed is copied into the last snapshot's buffer of its address when the shape
+and dtype match, which avoids the page faults of fresh allocations. The price is one host copy of
+the tree, held until :meth:`HostSnapshot.clear`.
+
+:class:`Background` runs one job at a time on one thread and keeps its error until it is collected.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import contextlib
+import dataclasses
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+from treestore._engine.write import Prepared, prepare
+from treestore._tree.leaves import ArrayLeaf, Leaf, prepare_leaf
+
+
+@dataclasses.dataclass(frozen=True)
+class _Kept:
+    """The host copy of one address at the last snapshot, and the jax array it came from."""
+
+    source: weakref.ref[Any] | None  # the jax array, while it lives; None for other leaves
+    leaf: ArrayLeaf
+    owned: bool  # the buffer is ours to overwrite (False: jax's own host copy, read-only)
+
+
+def _on_host_already(value: jax.Array) -> bool:
+    """np.asarray of this array is a fresh host copy (not a view of a CPU device buffer)."""
+    try:
+        return all(d.platform != "cpu" for d in value.devices())
+    except Exception:  # an array without devices (deleted, abstract) is never trusted
+        return False
+
+
+def _weak(value: object) -> weakref.ref[Any] | None:
+    try:
+        return weakref.ref(value)
+    except TypeError:
+        return None
+
+
+class HostSnapshot:
+    """Host copies of trees' array leaves, reused from one snapshot to the next.
+
+    Call :meth:`take` only when no tree it returned before is still being written: changed
+    arrays are copied into the buffers of the last snapshot.
+
+    >>> import numpy as np, jax.numpy as jnp
+    >>> snap = HostSnapshot()
+    >>> tree = {"w": np.zeros(3, np.float32), "b": jnp.ones(2)}
+    >>> prepared = snap.take(tree)
+    >>> tree["w"][0] = 5.0  # the snapshot does not see later changes
+    >>> dict((a, leaf.data.tolist()) for a, leaf in prepared.leaves)
+    {'b': [1.0, 1.0], 'w': [0.0, 0.0, 0.0]}
+    """
+
+    def __init__(self) -> None:
+        self._kept: dict[str, _Kept] = {}
+
+    def clear(self) -> None:
+        """Drop the kept host copies."""
+        self._kept = {}
+
+    def take(self, tree: Any) -> Prepared:
+        """Validate ``tree`` and copy its array leaves to host; raises before keeping anything."""
+        kept = self._kept
+        same = {id(v) for k in kept.values() if k.source is not None and (v := k.source()) is not None}
+        for x in jax.tree_util.tree_leaves(tree):  # start every device-to-host copy at once
+            if isinstance(x, jax.Array) and id(x) not in same and _on_host_already(x):
+                with contextlib.suppress(Exception):  # np.asarray below copies anyway
+                    x.copy_to_host_async()
+        new: dict[str, _Kept] = {}
+
+        def host_leaf(address: str, value: Any) -> Leaf:
+            old = kept.get(address)
+            if (
+                old is not None
+                and old.source is not None
+                and old.source() is value
+                and isinstance(value, jax.Array)
+                and not value.is_deleted()
+            ):
+                new[address] = old
+                return old.leaf
+            leaf = prepare_leaf(value, address)
+            if isinstance(leaf, ArrayLeaf):
+                if isinstance(value, jax.Array) and _on_host_already(value):
+                    new[address] = _Kept(_weak(value), leaf, owned=False)
+                else:
+                    leaf = _private(leaf, old)
+                    source = _weak(value) if isinstance(value, jax.Array) else None
+                    new[address] = _Kept(source, leaf, owned=True)
+            return leaf
+
+        try:
+            prepared = prepare(tree, leaf=host_leaf)
+        except BaseException:
+            self._kept = {}  # some kept buffers may hold this tree's data now: trust none
+            raise
+        self._kept = new
+        return prepared
+
+
+def _private(leaf: ArrayLeaf, old: _Kept | None) -> ArrayLeaf:
+    """``leaf`` with its host data copied: into the old buffer of its address when it fits,
+    else (and for the shards of a sharded array) into new ones."""
+    if leaf.data is None:
+        parts = tuple((start, np.array(d, copy=True, order="C")) for start, d in leaf.parts)
+        return dataclasses.replace(leaf, parts=parts)
+    data, buf = leaf.data, old.leaf.data if old is not None and old.owned else None
+    if buf is not None and buf.shape == data.shape and buf.dtype == data.dtype and buf.flags.c_contiguous:
+        np.copyto(buf, data)
+        return dataclasses.replace(leaf, data=buf)
+    return dataclasses.replace(leaf, data=np.array(data, copy=True, order="C"))
+
+
+class Background:
+    """One worker thread running at most one job at a time; a job's error is kept until
+    :meth:`collect` raises it, as it was raised.
+
+    >>> bg = Background()
+    >>> bg.submit(lambda: 1 / 0)
+    >>> bg.collect()
+    Traceback (most recent call last):
+    ...
+    ZeroDivisionError: division by zero
+    >>> bg.collect() is None  # an error is raised once
+    True
+    >>> bg.shutdown()
+    """
+
+    def __init__(self, name: str = "treestore-save") -> None:
+        self._pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        self._job: cf.Future[Any] | None = None
+
+    @property
+    def busy(self) -> bool:
+        """A job was submitted and its outcome not collected yet."""
+        return self._job is not None
+
+    def done(self) -> bool:
+        """No job, or the job has finished (its outcome may still be uncollected)."""
+        return self._job is None or self._job.done()
+
+    def submit(self, job: Callable[[], Any]) -> None:
+        """Start ``job``; the previous job's outcome must have been collected."""
+        if self._job is not None:
+            raise AssertionError("a background job is still uncollected")
+        self._job = self._pool.submit(job)
+
+    def collect(self, *, block: bool = True) -> Any:
+        """The finished job's result (None without one), raising its error; with ``block=False``
+        a job still running is left alone and None is returned."""
+        job = self._job
+        if job is None or (not block and not job.done()):
+            return None
+        self._job = None
+        return job.result()
+
+    def shutdown(self) -> None:
+        """Wait for the running job (its outcome is dropped) and stop the thread."""
+        self._pool.shutdown(wait=True)

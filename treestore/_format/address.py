@@ -1,0 +1,248 @@
+"""Key paths <-> addresses.
+
+An address is the text form of a leaf's key path: one segment per key, joined by ``/``.
+
+=======================  ==================  ===========================================
+key                      segment             example
+=======================  ==================  ===========================================
+``SequenceKey(3)``       ``3``               ``layers/3/w``
+``DictKey("w")``         ``w``               bare when it matches ``[A-Za-z_][A-Za-z0-9_.-]*``
+``DictKey("0")``         ``"0"``             quoted otherwise; ``%``-escapes inside quotes
+``DictKey(0)``           ``{0}``             int dict keys in braces
+``DictKey(True)``        ``{true}``          bool dict keys in braces
+``GetAttrKey("w")``      ``.w``              attributes of namedtuples, dataclasses, modules
+``FlattenedIndexKey(2)`` ``#2``              custom nodes without named keys
+=======================  ==================  ===========================================
+
+The root leaf (a tree that is a single array) has the empty address ``""``.
+Addresses never name files: chunks are named by digest, so no key can escape the store.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Hashable, Sequence
+from typing import TypeAlias, Union
+
+from jax.tree_util import DictKey, FlattenedIndexKey, GetAttrKey, SequenceKey
+
+from treestore._format.limits import MAX_INDEX
+from treestore.errors import InvalidInputError, UnsupportedKeyError
+
+Key: TypeAlias = Union[SequenceKey, DictKey, GetAttrKey, FlattenedIndexKey]  # noqa: UP007
+KeyPath: TypeAlias = tuple[Key, ...]
+
+_BARE = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*\Z")
+_INT = re.compile(r"-?(0|[1-9][0-9]*)\Z")
+_NAT = re.compile(r"(0|[1-9][0-9]*)\Z")
+_ATTR = re.compile(r"[^\W\d]\w*\Z")  # a Python identifier
+_ESCAPED = frozenset('%"/')
+
+
+def _quote(text: str) -> str:
+    out = []
+    for ch in text:
+        code = ord(ch)
+        if ch in _ESCAPED or not ch.isprintable():
+            if code < 0x100:
+                out.append(f"%{code:02X}")
+            elif code < 0x10000:
+                out.append(f"%u{code:04X}")
+            else:
+                out.append(f"%U{code:06X}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
+def _unquote(body: str, segment: str) -> str:
+    out = []
+    i = 0
+    while i < len(body):
+        ch = body[i]
+        if ch == "%":
+            if body.startswith("%u", i):
+                width, start = 4, i + 2
+            elif body.startswith("%U", i):
+                width, start = 6, i + 2
+            else:
+                width, start = 2, i + 1
+            digits = body[start : start + width]
+            if len(digits) != width or not all(c in "0123456789ABCDEF" for c in digits):
+                raise InvalidInputError(f"bad escape in address segment {segment!r}")
+            code = int(digits, 16)
+            if code > 0x10FFFF:
+                raise InvalidInputError(f"bad escape in address segment {segment!r}")
+            out.append(chr(code))
+            i = start + width
+        elif ch in _ESCAPED:
+            raise InvalidInputError(f"unescaped {ch!r} in address segment {segment!r}")
+        else:
+            out.append(ch)
+            i += 1
+    return "".join(out)
+
+
+_SEGMENTS: dict[tuple[type, type, object], str] = {}
+
+
+def format_key(key: object, path: Sequence[object] = ()) -> str:
+    """One key entry as an address segment; raises UnsupportedKeyError for unknown keys."""
+    # DictKey(True) == DictKey(1): the type of a dict key's value is part of the memo key.
+    memo = (type(key), type(getattr(key, "key", None)), key)
+    try:
+        return _SEGMENTS[memo]
+    except (KeyError, TypeError):
+        pass
+    segment = _format_key(key, path)
+    if len(_SEGMENTS) > 200_000:
+        _SEGMENTS.clear()
+    _SEGMENTS[memo] = segment
+    return segment
+
+
+def _format_key(key: object, path: Sequence[object]) -> str:
+    if isinstance(key, SequenceKey) and type(key.idx) is int and key.idx >= 0:
+        return str(key.idx)
+    if isinstance(key, DictKey):
+        k = key.key
+        if type(k) is bool:
+            return "{true}" if k else "{false}"
+        if type(k) is int:
+            if not -(2**63) <= k < 2**64:
+                where = format_address(tuple(path)) if path else "the root"
+                raise UnsupportedKeyError(
+                    f"{where}: int dict key {k} is outside the 64-bit range treestore stores",
+                    address=where,
+                )
+            return "{" + str(k) + "}"
+        if type(k) is str:
+            if not encodable(k):
+                where = format_address(tuple(path)) if path else "the root"
+                raise UnsupportedKeyError(
+                    f"{where}: dict key {k!r} is not valid Unicode text (lone surrogate)", address=where
+                )
+            return k if _BARE.match(k) else _quote(k)
+        where = format_address(tuple(path)) if path else "the root"
+        raise UnsupportedKeyError(
+            f"{where}: dict key {k!r} has type {type(k).__name__}; "
+            "treestore supports dict keys of type str, int and bool",
+            address=where,
+        )
+    if isinstance(key, GetAttrKey) and isinstance(key.name, str) and _ATTR.match(key.name):
+        return "." + key.name
+    if isinstance(key, FlattenedIndexKey) and type(key.key) is int and key.key >= 0:
+        return "#" + str(key.key)
+    where = format_address(tuple(path)) if path else "the root"
+    raise UnsupportedKeyError(
+        f"{where}: key entry {key!r} of type {type(key).__name__} cannot become an address; "
+        "register custom nodes with SequenceKey, DictKey, GetAttrKey or FlattenedIndexKey keys",
+        address=where,
+    )
+
+
+def encodable(text: str) -> bool:
+    """Whether ``text`` encodes as UTF-8 (no lone surrogates), as msgpack needs."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def format_address(path: Sequence[object]) -> str:
+    """The address of a key path.
+
+    >>> from jax.tree_util import DictKey, SequenceKey, GetAttrKey
+    >>> format_address((DictKey("params"), SequenceKey(0), GetAttrKey("w")))
+    'params/0/.w'
+    >>> [format_address((k,)) for k in (SequenceKey(0), DictKey(0), DictKey("0"))]
+    ['0', '{0}', '"0"']
+    """
+    return "/".join(format_key(k, path[:i]) for i, k in enumerate(path))
+
+
+@functools.lru_cache(maxsize=100_000)
+def parse_segment(segment: str) -> Key:
+    """The key entry an address segment stands for."""
+    if _NAT.match(segment) and int(segment) < MAX_INDEX:
+        return SequenceKey(int(segment))
+    if segment.startswith("{") and segment.endswith("}"):
+        inner = segment[1:-1]
+        if inner == "true":
+            return DictKey(True)
+        if inner == "false":
+            return DictKey(False)
+        if _INT.match(inner) and inner != "-0" and -(2**63) <= int(inner) < 2**64:
+            return DictKey(int(inner))
+    elif segment.startswith('"') and segment.endswith('"') and len(segment) >= 2:
+        text = _unquote(segment[1:-1], segment)
+        if encodable(text):
+            return DictKey(text)
+    elif segment.startswith(".") and _ATTR.match(segment[1:]):
+        return GetAttrKey(segment[1:])
+    elif segment.startswith("#") and _NAT.match(segment[1:]) and int(segment[1:]) < MAX_INDEX:
+        return FlattenedIndexKey(int(segment[1:]))
+    elif _BARE.match(segment):
+        return DictKey(segment)
+    raise InvalidInputError(f"not an address segment: {segment!r}")
+
+
+@functools.lru_cache(maxsize=100_000)
+def canonical_segment(segment: str) -> Key:
+    """Like :func:`parse_segment`, but only for segments in the form :func:`format_key` writes."""
+    key = parse_segment(segment)
+    if format_key(key) != segment:
+        raise InvalidInputError(f"address segment {segment!r} is not in canonical form")
+    return key
+
+
+def parse_address(address: str) -> KeyPath:
+    """The typed key path of an address; the inverse of :func:`format_address`.
+
+    >>> parse_address('params/0/.w')
+    (DictKey(key='params'), SequenceKey(idx=0), GetAttrKey(name='w'))
+    """
+    if not isinstance(address, str):
+        raise InvalidInputError(f"an address is a str, got {type(address).__name__}")
+    if address == "":
+        return ()
+    return tuple(parse_segment(s) for s in address.split("/"))
+
+
+def key_to_record(key: Key) -> list[object]:
+    """A key entry as a msgpack-able pair ``[kind, value]`` for the manifest."""
+    if isinstance(key, SequenceKey):
+        return ["seq", key.idx]
+    if isinstance(key, DictKey):
+        return ["dict", key.key]
+    if isinstance(key, GetAttrKey):
+        return ["attr", key.name]
+    return ["flat", key.key]
+
+
+def key_from_record(record: object) -> Key:
+    """The inverse of :func:`key_to_record`; raises InvalidInputError on anything else."""
+    if isinstance(record, (list, tuple)) and len(record) == 2:
+        kind, value = record
+        if kind == "seq" and type(value) is int and 0 <= value < MAX_INDEX:
+            return SequenceKey(value)
+        if kind == "dict" and type(value) in (str, int, bool):
+            return DictKey(value)
+        if kind == "attr" and isinstance(value, str) and _ATTR.match(value):
+            return GetAttrKey(value)
+        if kind == "flat" and type(value) is int and 0 <= value < MAX_INDEX:
+            return FlattenedIndexKey(value)
+    raise InvalidInputError(f"not a key record: {record!r}")
+
+
+def key_value(key: Key) -> Hashable:
+    """The plain Python value a key entry carries (index, dict key or attribute name)."""
+    if isinstance(key, SequenceKey):
+        return key.idx
+    if isinstance(key, DictKey):
+        return key.key
+    if isinstance(key, GetAttrKey):
+        return key.name
+    return key.key

@@ -1,0 +1,85 @@
+"""Commit records: the small object ``checkpoints/NAME`` whose existence makes a checkpoint visible
+(SPEC.md, section 6). Its ``check`` digest covers every field, so a damaged record is caught by a
+listing without reading manifests."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from treestore._format.encoding import DIGEST_BYTES, FORMAT_VERSION, digest
+from treestore._format.encoding import Bad as _Bad
+from treestore._format.encoding import check_version as _check_version
+from treestore._format.encoding import count as _count
+from treestore._format.encoding import field as _get
+from treestore._format.encoding import pack as _pack
+from treestore._format.encoding import unpack as _unpack
+from treestore._format.limits import MAX_MANIFEST_BYTES, MAX_RECORD_BYTES
+from treestore.errors import ManifestCorruptError
+
+RECORD_MAGIC = "treestore.checkpoint"
+
+
+@dataclass(frozen=True)
+class CommitRecord:
+    """The small commit record that makes a checkpoint visible."""
+
+    name: str
+    manifest: bytes  # digest of the manifest's bytes
+    manifest_size: int
+    created: float
+    metadata: Any = None
+    leaves: int = 0
+    nbytes: int = 0
+    version: int = FORMAT_VERSION
+
+
+def _record_check(r: CommitRecord) -> bytes:
+    """The digest that covers every field of a commit record (its ``check`` field)."""
+    return digest(_pack([r.name, r.manifest, r.manifest_size, r.created, r.metadata, r.leaves, r.nbytes]))
+
+
+def encode_commit_record(r: CommitRecord) -> bytes:
+    return _pack(
+        {
+            "format": RECORD_MAGIC,
+            "version": r.version,
+            "name": r.name,
+            "manifest": r.manifest,
+            "manifest_size": r.manifest_size,
+            "created": r.created,
+            "metadata": r.metadata,
+            "leaves": r.leaves,
+            "nbytes": r.nbytes,
+            "check": _record_check(r),
+        }
+    )
+
+
+def decode_commit_record(data: bytes, name: str) -> CommitRecord:
+    what = f"commit record of checkpoint {name!r}"
+    if len(data) > MAX_RECORD_BYTES:
+        raise ManifestCorruptError(f"{what} is {len(data)} bytes, over its limit", checkpoint=name)
+    rec = _unpack(data, what, name)
+    version = _check_version(rec, RECORD_MAGIC, what, name)
+    try:
+        if _get(rec, "name", str) != name:
+            raise _Bad(f"names checkpoint {rec['name']!r}")
+        manifest = _get(rec, "manifest", bytes)
+        if len(manifest) != DIGEST_BYTES:
+            raise _Bad("manifest digest has the wrong length")
+        ref = CommitRecord(
+            name=name,
+            manifest=manifest,
+            manifest_size=_count(rec.get("manifest_size"), "manifest_size", MAX_MANIFEST_BYTES),
+            created=_get(rec, "created", float),
+            metadata=rec.get("metadata"),
+            leaves=_count(rec.get("leaves"), "leaves"),
+            nbytes=_count(rec.get("nbytes"), "nbytes"),
+            version=version,
+        )
+        if _get(rec, "check", bytes) != _record_check(ref):
+            raise _Bad("its fields do not match its check digest")
+        return ref
+    except _Bad as exc:
+        raise ManifestCorruptError(f"{what}: {exc}", checkpoint=name) from None

@@ -1,0 +1,73 @@
+"""What every record treestore reads has in common: msgpack decoding that trusts nothing, a
+format version, typed fields with bounds, and BLAKE3 digests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import blake3
+import msgpack
+
+from treestore.errors import ManifestCorruptError, UnsupportedFormatError
+
+FORMAT_VERSION = 1
+DIGEST_BYTES = 32
+
+
+def digest(data: Any) -> bytes:
+    """BLAKE3 of any buffer (bytes, memoryview, contiguous numpy array)."""
+    return blake3.blake3(data).digest()
+
+
+def pack(obj: object) -> bytes:
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+class Bad(Exception):
+    """Internal: a schema violation, turned into ManifestCorruptError with context."""
+
+
+def field(rec: dict[str, Any], key: str, *types: type) -> Any:
+    if key not in rec:
+        raise Bad(f"missing field {key!r}")
+    value = rec[key]
+    if types and not (type(value) in types or (float in types and type(value) is int)):
+        raise Bad(
+            f"field {key!r} should be {'/'.join(t.__name__ for t in types)}, found {type(value).__name__}"
+        )
+    return value
+
+
+def count(value: object, what: str, limit: int = 2**62) -> int:
+    if type(value) is not int or not 0 <= value <= limit:
+        raise Bad(f"{what} should be an integer in [0, {limit}], found {value!r}")
+    return value
+
+
+def unpack(data: bytes, what: str, checkpoint: str | None) -> dict[str, Any]:
+    try:
+        obj = msgpack.unpackb(data, raw=False, strict_map_key=True)
+    except Exception as exc:  # msgpack raises several unrelated types on garbage
+        raise ManifestCorruptError(
+            f"{what} is not valid msgpack ({type(exc).__name__}: {exc})", checkpoint=checkpoint
+        ) from None
+    if not isinstance(obj, dict):
+        raise ManifestCorruptError(f"{what} is not a map", checkpoint=checkpoint)
+    return obj
+
+
+def check_version(rec: dict[str, Any], magic: str, what: str, checkpoint: str | None) -> int:
+    if rec.get("format") != magic:
+        raise ManifestCorruptError(
+            f"{what} has format {rec.get('format')!r}, expected {magic!r}", checkpoint=checkpoint
+        )
+    version = rec.get("version")
+    if type(version) is not int:
+        raise ManifestCorruptError(f"{what} has no integer version", checkpoint=checkpoint)
+    if version > FORMAT_VERSION or version < 1:
+        raise UnsupportedFormatError(
+            f"{what} has format version {version}; this treestore reads versions 1 to "
+            f"{FORMAT_VERSION} — upgrade treestore to read it",
+            checkpoint=checkpoint,
+        )
+    return version

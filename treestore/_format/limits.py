@@ -1,0 +1,24 @@
+"""Every bound a reader enforces, defined once; writers check the same bounds before writing, so
+a save can never commit what a load refuses (SPEC.md, "Limits")."""
+
+from __future__ import annotations
+
+MiB = 2**20
+
+MAX_RECORD_BYTES = 2 * MiB  # a commit record
+MAX_MANIFEST_BYTES = 256 * MiB  # a manifest
+MAX_METADATA_BYTES = 1 * MiB  # user metadata, encoded
+MAX_CHUNK_BYTES = 256 * MiB  # raw bytes of one chunk (and of one pack)
+CHUNK_HEADER_BYTES = 16  # the fixed header of a chunk object
+MAX_PLANE_WIDTH = 8  # bytes per element a byte-plane chunk may split into planes
+# The most a chunk object may exceed its raw size: the header, one stored length per plane, and
+# the overhead of zstd frames that did not pay (writers store such planes raw).
+CHUNK_SLACK = CHUNK_HEADER_BYTES + 8 * MAX_PLANE_WIDTH + 64
+MAX_NDIM = 64  # dimensions of an array leaf
+MAX_DIM = 2**48  # one dimension (and a piece's start)
+MAX_DEPTH = 500  # nesting of tree nodes
+MAX_PIECES = 65536  # pieces of one sharded leaf
+MAX_GRID_CELLS = 1 << 22  # cells of the grid the pieces of a leaf span
+MAX_INT_DIGITS = 4300  # digits of a big int leaf stored as text
+MAX_INDEX = 2**31  # a sequence or flattened index in a key (jax holds 32-bit indices)
+MAX_NAME = 200  # characters of a checkpoint name

@@ -1,0 +1,163 @@
+"""Leaves: what kinds of values treestore stores, and how each is turned into bytes and back.
+
+Array-like leaves (numpy arrays, jax arrays, numpy scalars, typed PRNG key arrays) become a dtype,
+a shape and C-ordered little-endian bytes. Python scalars (int, float, bool, complex, str, bytes)
+are stored as values in the manifest and restored as the same type."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import numpy as np
+
+from treestore._format.address import encodable
+from treestore._format.dtypes import JAX, NPSCALAR, NUMPY, PRNG_KEY, PY_KINDS, dtype_name
+from treestore.errors import UnsupportedLeafError
+
+
+@dataclass(frozen=True)
+class ArrayLeaf:
+    """An array-like leaf ready to store: its kind, dtype name, and host data (C order, LE).
+
+    A sharded jax.Array is not gathered: ``parts`` holds (start index, host data) of each shard
+    this process owns (replica 0 only), ``data`` is None, and ``global_shape`` is its shape.
+    """
+
+    kind: str
+    dtype: str
+    data: np.ndarray[Any, Any] | None
+    prng_impl: str | None = None
+    parts: tuple[tuple[tuple[int, ...], np.ndarray[Any, Any]], ...] = ()
+    global_shape: tuple[int, ...] | None = None
+    weak_type: bool = False
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        if self.global_shape is not None:
+            return self.global_shape
+        assert self.data is not None
+        return tuple(self.data.shape)
+
+    @property
+    def sharded(self) -> bool:
+        return self.global_shape is not None
+
+
+@dataclass(frozen=True)
+class ValueLeaf:
+    """A Python scalar leaf, stored in the manifest as its value."""
+
+    kind: str
+    value: object
+
+
+Leaf = ArrayLeaf | ValueLeaf
+
+
+def _host(array: np.ndarray[Any, Any], copy: bool = False) -> np.ndarray[Any, Any]:
+    """C-contiguous little-endian host data; the caller's array is never modified."""
+    if array.dtype.byteorder == ">":
+        return array.astype(array.dtype.newbyteorder("<"))
+    return array.copy(order="C") if copy or not array.flags.c_contiguous else array
+
+
+def prepare_leaf(value: object, address: str, *, copy: bool = False) -> Leaf:
+    """Classify one leaf, or raise UnsupportedLeafError naming its address and type.
+
+    jax arrays are copied to host here, once.
+    """
+    kind = PY_KINDS.get(type(value))
+    if kind is not None:
+        if kind == "str" and not encodable(value):  # type: ignore[arg-type]
+            raise UnsupportedLeafError(
+                f"{address or '(root)'}: str leaf is not valid Unicode text (lone surrogate)",
+                address=address,
+            )
+        return ValueLeaf(kind, value)
+    if isinstance(value, jax.Array):
+        impl = None
+        kind = JAX
+        if jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key):
+            kind, impl = PRNG_KEY, str(jax.random.key_impl(value))
+            value = jax.random.key_data(value)
+        name = _checked_name(np.dtype(value.dtype), address)
+        weak = bool(getattr(value, "weak_type", False))
+        parts = _owned_shards(value)
+        if parts is None:
+            return ArrayLeaf(kind, name, _host(_whole(value), copy), impl, weak_type=weak)
+        shards = tuple((s, _host(d, copy)) for s, d in parts)
+        return ArrayLeaf(kind, name, None, impl, shards, tuple(value.shape), weak)
+    if isinstance(value, np.ndarray):
+        return ArrayLeaf(NUMPY, _checked_name(value.dtype, address), _host(value, copy))
+    if isinstance(value, np.generic):
+        data = np.asarray(value)
+        return ArrayLeaf(NPSCALAR, _checked_name(data.dtype, address), _host(data))
+    raise UnsupportedLeafError(
+        f"{address or '(root)'}: cannot store a leaf of type {type(value).__module__}."
+        f"{type(value).__qualname__}; treestore stores numpy and jax arrays, numpy scalars, "
+        "PRNG keys, and Python int, float, bool, complex, str and bytes",
+        address=address,
+    )
+
+
+def _whole(x: jax.Array) -> np.ndarray[Any, Any]:
+    """Host data of an unsharded or fully replicated array, copied from one device."""
+    if x.is_fully_addressable:
+        return np.asarray(x)
+    return np.asarray(x.addressable_data(0))
+
+
+def _owned_shards(x: jax.Array) -> list[tuple[tuple[int, ...], np.ndarray[Any, Any]]] | None:
+    """(start, host data) of the shards of ``x`` this process writes, or None when ``x`` is
+    not sharded (one device, or every device holds all of it)."""
+    sharding = x.sharding
+    if sharding.is_fully_replicated or len(sharding.device_set) == 1:
+        return None
+    parts = []
+    for shard in x.addressable_shards:
+        if shard.replica_id != 0:  # one replica owner writes each distinct shard
+            continue
+        start = tuple(0 if s.start is None else int(s.start) for s in shard.index)
+        parts.append((start, np.asarray(shard.data)))
+    return parts
+
+
+def _checked_name(dtype: np.dtype[Any], address: str) -> str:
+    name = dtype_name(dtype)
+    if name is None:
+        raise UnsupportedLeafError(
+            f"{address or '(root)'}: cannot store arrays of dtype {dtype}", address=address
+        )
+    return name
+
+
+def restore_array(
+    kind: str,
+    data: np.ndarray[Any, Any],
+    prng_impl: str | None,
+    *,
+    as_jax: bool | None = None,
+    weak_type: bool = False,
+) -> object:
+    """Turn host data back into the leaf type it was saved as (or as the template asks)."""
+    if kind == PRNG_KEY:
+        return jax.random.wrap_key_data(jax.numpy.asarray(data), impl=prng_impl)
+    if kind == NPSCALAR and as_jax is not True:
+        return data[()]
+    if as_jax if as_jax is not None else kind == JAX:
+        array = jax.numpy.asarray(data)
+        return _weakly_typed(array) if weak_type else array
+    return data
+
+
+def _weakly_typed(array: jax.Array) -> jax.Array:
+    """``array`` as a weakly typed value (as Python scalars become in jax), so that a restored
+    training state promotes dtypes exactly as the saved one did."""
+    try:
+        from jax._src.lax import lax as lax_internal  # no public API makes weak types
+
+        return lax_internal._convert_element_type(array, array.dtype, weak_type=True)
+    except (ImportError, AttributeError, TypeError):  # a jax without it: strongly typed
+        return array
