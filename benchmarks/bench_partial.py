@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         np.asarray(ckpt["wte"])
         one_read = ckpt.bytes_read
         msize = (
-            store.storage.size(
+            store.storage.object_size(
                 treestore._format.layout.manifest_path(
                     treestore._engine.read.read_commit_record(store.storage, "a").manifest
                 )
@@ -77,9 +77,9 @@ def main(argv: list[str] | None = None) -> int:
         row = 768 * 4
         lo, hi, at, want = 20000 * row, 20100 * row, 0, 0
         for c in entry.chunks:
-            if at < hi and at + c.size > lo:
-                want += c.stored
-            at += c.size
+            if at < hi and at + c.raw_size > lo:
+                want += c.stored_size
+            at += c.raw_size
 
         t_st = H.median_time(st_one, args.runs)
         t_ts = H.median_time(ts_one, args.runs)

@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
             partial = {
                 "leaf_mb": leaf.nbytes / MB,
                 "chunks": len(entry.chunks),
-                "stored": sum(c.stored for c in entry.chunks),
+                "stored": sum(c.stored_size for c in entry.chunks),
                 "requests": len(chunk_reqs),
                 "returned": sum(n for _, _, n in chunk_reqs),
                 "asked": sum(n for _, n, _ in chunk_reqs),

@@ -65,7 +65,7 @@ def fresh_store(folder: Path) -> treestore.Store:
     return store
 
 
-def saved_line(label: str, r: treestore.SaveResult) -> str:
+def saved_line(label: str, r: treestore.types.SaveResult) -> str:
     return (
         f"saved {label}: {r.leaves} leaves, {render.size(r.nbytes)}; wrote {r.chunks_written} chunk(s) "
         f"({render.size(r.bytes_written)}), reused {r.chunks_reused}"

@@ -38,10 +38,10 @@ def open_checkpoint(spec: str) -> treestore.Checkpoint:
     return open_store(url).open(name)
 
 
-def chunk_objects(manifest: treestore.Manifest) -> dict[bytes, int]:
+def chunk_objects(manifest: treestore.types.Manifest) -> dict[bytes, int]:
     """Stored bytes of each chunk object a checkpoint references."""
-    found = {c.digest: c.stored for leaf in manifest.leaves for c in leaf.chunks if c.pack is None}
-    found.update((p.digest, p.stored) for p in manifest.packs)
+    found = {c.digest: c.stored_size for leaf in manifest.leaves for c in leaf.chunks if c.pack is None}
+    found.update((p.digest, p.stored_size) for p in manifest.packs)
     return found
 
 
@@ -65,7 +65,7 @@ def select(addresses: Sequence[str], patterns: Sequence[str], where: str) -> set
         if not any(matches(a, p) for a in addresses):
             near = difflib.get_close_matches(p, list(addresses), n=3, cutoff=0.3) or list(addresses[:3])
             hint = f"; nearest addresses: {', '.join(repr(a) for a in near)}" if near else ""
-            raise treestore.NoMatchError(f"pattern {p!r} matches no leaf of {where}{hint}")
+            raise treestore.errors.NoMatchError(f"pattern {p!r} matches no leaf of {where}{hint}")
     return {a for a in addresses if any(matches(a, p) for p in patterns)}
 
 
@@ -132,14 +132,14 @@ def ls(url: str, as_json: bool) -> int:
 
 
 # --- show -----------------------------------------------------------------------------------------
-def codec_of(leaf: Any, entry: treestore.LeafEntry, codec: dict[str, Any]) -> str:
+def codec_of(leaf: Any, entry: treestore.types.LeafEntry, codec: dict[str, Any]) -> str:
     """How a leaf's chunks are stored, read from its sizes: a chunk stored at its raw size plus
     the header is raw; others are compressed as the checkpoint's codec says."""
     if not entry.chunks:
         return "-"
     if any(c.pack is not None for c in entry.chunks):
         return "-"
-    raw = [c.stored == c.size + CHUNK_HEADER for c in entry.chunks]
+    raw = [c.stored_size == c.raw_size + CHUNK_HEADER for c in entry.chunks]
     if all(raw):
         return "raw"
     floating = leaf.dtype.kind in "fcV" or leaf.dtype.name.startswith(("bfloat", "float"))
@@ -147,7 +147,7 @@ def codec_of(leaf: Any, entry: treestore.LeafEntry, codec: dict[str, Any]) -> st
     return name + ("/raw" if any(raw) else "")
 
 
-def leaf_record(ckpt: treestore.Checkpoint, entry: treestore.LeafEntry) -> dict[str, Any]:
+def leaf_record(ckpt: treestore.Checkpoint, entry: treestore.types.LeafEntry) -> dict[str, Any]:
     rec: dict[str, Any] = {"address": entry.address, "kind": entry.kind}
     if entry.is_array:
         leaf = ckpt[entry.address]
@@ -249,7 +249,7 @@ def _num(x: float) -> str:
     return "inf" if math.isinf(x) else f"{x:.3g}"
 
 
-def diff_lines(d: treestore.Diff, stats: bool) -> list[str]:
+def diff_lines(d: treestore.types.Diff, stats: bool) -> list[str]:
     """The human table of a diff. With stats, each changed floating-point leaf's relative L2
     change is also drawn as a bar, scaled to the largest in the table."""
     shown = list(d)

@@ -83,7 +83,7 @@ def test_malformed_addresses_are_rejected(bad):
 
 @pytest.mark.parametrize("key", [1.5, None, (1, 2), b"bytes"])
 def test_unsupported_dict_keys_name_the_path(key):
-    with pytest.raises(treestore.UnsupportedKeyError, match=r"params/0: dict key"):
+    with pytest.raises(treestore.errors.UnsupportedKeyError, match=r"params/0: dict key"):
         format_address((DictKey("params"), SequenceKey(0), DictKey(key)))
 
 
@@ -91,5 +91,5 @@ def test_unsupported_key_entry_type():
     class Odd:
         pass
 
-    with pytest.raises(treestore.UnsupportedKeyError, match="cannot become an address"):
+    with pytest.raises(treestore.errors.UnsupportedKeyError, match="cannot become an address"):
         format_address((Odd(),))

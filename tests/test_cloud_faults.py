@@ -223,7 +223,7 @@ def test_connection_cut_mid_save(s3_backend: servers.Backend, proxy: Proxy) -> N
     orphans = len(store.storage.list(_layout.CHUNKS)) - 1
     assert orphans >= 10  # chunks of the failed save: unreferenced, harmless
     # The dead save's lock keeps gc away until it is stale (an hour by default) ...
-    with pytest.raises(treestore.StoreBusyError):
+    with pytest.raises(treestore.errors.StoreBusyError):
         store.gc(grace=0)
     # ... and once it is, gc removes exactly the orphans.
     time.sleep(0.6)
@@ -295,7 +295,9 @@ def test_server_killed_mid_save() -> None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(10)
 
-        _, out = save_in_background(treestore.Store(url, storage_options=opts), big_tree(), "second", 10, kill)
+        _, out = save_in_background(
+            treestore.Store(url, storage_options=opts), big_tree(), "second", 10, kill
+        )
         error = out.get("error")
         assert isinstance(error, treestore.StorageError), out
         assert url in str(error)

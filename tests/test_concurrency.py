@@ -136,7 +136,7 @@ def test_four_writers_with_gc_and_retention(tmp_path):
             try:
                 store.gc(grace=0, wait=0.2)
                 gc_runs["ok"] += 1
-            except treestore.StoreBusyError:
+            except treestore.errors.StoreBusyError:
                 gc_runs["busy"] += 1
 
         def read() -> None:
@@ -218,7 +218,7 @@ def test_two_threads_racing_for_one_name(tmp_path, backend):
         winners = [p for p, v in results.items() if v == "won"]
         assert len(winners) == 1, f"round {r}: {results}"
         (loser,) = {0, 1} - set(winners)
-        assert isinstance(results[loser], treestore.CheckpointExistsError), results[loser]
+        assert isinstance(results[loser], treestore.errors.CheckpointExistsError), results[loser]
         assert f"race-{r}" in str(results[loser])
         assert_tree_equal(treestore.load(url, f"race-{r}"), writer.make_tree(winners[0], r))
 

@@ -36,10 +36,6 @@ from .helpers import assert_tree_equal
 
 OPTIONS = treestore.SaveOptions(chunk_size=64 * 1024)
 CHUNK = 64 * 1024
-HAS_COPY = hasattr(treestore, "copy")
-HAS_VERIFY = hasattr(treestore, "verify")
-NO_COPY = "treestore.copy (cp) has not landed in this checkout"
-NO_VERIFY = "treestore.verify has not landed in this checkout"
 GCS_RACE = (
     "the GCS emulator ignores ifGenerationMatch=0, so two writers that both passed the existence "
     "check both commit (the later record wins); real GCS enforces the precondition (SPEC.md §2, §9)"
@@ -126,7 +122,7 @@ def changed_tree(base: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def chunk_paths(manifest: treestore.Manifest, address: str) -> list[str]:
+def chunk_paths(manifest: treestore.types.Manifest, address: str) -> list[str]:
     entry = next(e for e in manifest.leaves if e.address == address)
     return [_layout.chunk_path(c.digest) for c in entry.chunks]
 
@@ -191,31 +187,31 @@ class StoreConformance:
     def test_missing_checkpoint(self, target: Target) -> None:
         reader = target.reader()
         assert reader.list() == []
-        with pytest.raises(treestore.CheckpointNotFoundError, match="no checkpoints"):
+        with pytest.raises(treestore.errors.CheckpointNotFoundError, match="no checkpoints"):
             reader.latest()
-        with pytest.raises(treestore.CheckpointNotFoundError):
+        with pytest.raises(treestore.errors.CheckpointNotFoundError):
             treestore.load(target.read_url, storage_options=target.read_options)
         target.store().save({"x": 1}, "a")
-        with pytest.raises(treestore.CheckpointNotFoundError, match="'nope'") as exc:
+        with pytest.raises(treestore.errors.CheckpointNotFoundError, match="'nope'") as exc:
             reader.load("nope")
         assert exc.value.checkpoint == "nope"
-        with pytest.raises(treestore.CheckpointNotFoundError, match="'nope'"):
+        with pytest.raises(treestore.errors.CheckpointNotFoundError, match="'nope'"):
             treestore.open(target.read_url, "nope", storage_options=target.read_options)
-        with pytest.raises(treestore.CheckpointNotFoundError):
+        with pytest.raises(treestore.errors.CheckpointNotFoundError):
             treestore.diff(target.spec("a"), target.spec("nope"), storage_options=target.read_options)
 
     def test_overwrite_refused_then_allowed(self, target: Target) -> None:
         store = target.store()
         store.save({"x": np.zeros(3)}, "a")
         if not target.writable:
-            with pytest.raises(treestore.CheckpointExistsError):
+            with pytest.raises(treestore.errors.CheckpointExistsError):
                 target.reader().save({"x": np.ones(3)}, "a")
             with pytest.raises(treestore.StorageError) as exc:
                 target.reader().save({"x": np.ones(3)}, "a", overwrite=True)
             assert read_only(exc)
             assert_tree_equal(target.reader().load("a"), {"x": np.zeros(3)})
             return
-        with pytest.raises(treestore.CheckpointExistsError, match="overwrite=True") as exc2:
+        with pytest.raises(treestore.errors.CheckpointExistsError, match="overwrite=True") as exc2:
             target.reader().save({"x": np.ones(3)}, "a")
         assert exc2.value.checkpoint == "a"
         assert_tree_equal(target.reader().load("a"), {"x": np.zeros(3)})
@@ -240,9 +236,9 @@ class StoreConformance:
         before = chunk_digests_in(store.storage)
         reader.delete("a")
         assert [i.name for i in reader.list()] == ["b"]
-        with pytest.raises(treestore.CheckpointNotFoundError):
+        with pytest.raises(treestore.errors.CheckpointNotFoundError):
             reader.load("a")
-        with pytest.raises(treestore.CheckpointNotFoundError):
+        with pytest.raises(treestore.errors.CheckpointNotFoundError):
             reader.delete("a")
         young = reader.gc()  # default grace: everything was written just now
         assert (young.chunks_removed, young.manifests_removed) == (0, 0) and young.kept_young > 0
@@ -287,13 +283,13 @@ class StoreConformance:
         assert (leaf.shape, leaf.dtype) == ((1024, 64), np.float32)
         np.testing.assert_array_equal(leaf[10:20], tree["big"][10:20])
         first_chunk = leaf.entry.chunks[0]
-        assert 0 < ckpt.bytes_read <= first_chunk.stored + 200  # one chunk, not the leaf
+        assert 0 < ckpt.bytes_read <= first_chunk.stored_size + 200  # one chunk, not the leaf
         np.testing.assert_array_equal(leaf[-1], tree["big"][-1])
         np.testing.assert_array_equal(leaf[250:260, 3], tree["big"][250:260, 3])  # two chunks
         np.testing.assert_array_equal(np.asarray(leaf), tree["big"])
         np.testing.assert_array_equal(ckpt["layers/42/w"][2:5], tree["layers"][42]["w"][2:5])
         assert ckpt["layers/42/step"] == 42
-        with pytest.raises(treestore.NoMatchError):
+        with pytest.raises(treestore.errors.NoMatchError):
             ckpt["bigg"]
         named = treestore.open(target.read_url, "a", storage_options=target.read_options)
         np.testing.assert_array_equal(named["bf16"][3:5], tree["bf16"][3:5])
@@ -339,19 +335,19 @@ class StoreConformance:
         other = store.storage.read(paths[2])
         assert other is not None
         store.storage.write(paths[1], [other])
-        with pytest.raises(treestore.ChunkCorruptError, match="does not match its digest") as exc:
+        with pytest.raises(treestore.errors.ChunkCorruptError, match="does not match its digest") as exc:
             target.reader().load("a")
         assert exc.value.address == "big" and "big" in str(exc.value)
         assert exc.value.checkpoint == "a"
         ckpt = treestore.open(target.read_url, "a", storage_options=target.read_options)
         np.testing.assert_array_equal(ckpt["big"][:256], tree["big"][:256])  # chunk 0 is fine
-        with pytest.raises(treestore.ChunkCorruptError, match="big"):
+        with pytest.raises(treestore.errors.ChunkCorruptError, match="big"):
             ckpt["big"][300]
         store.storage.write(paths[1], [b"TSC1 garbage"])
-        with pytest.raises(treestore.ChunkCorruptError, match="big"):
+        with pytest.raises(treestore.errors.ChunkCorruptError, match="big"):
             target.reader().load("a", select="big")
         store.storage.delete(paths[1])
-        with pytest.raises(treestore.ChunkMissingError, match="big"):
+        with pytest.raises(treestore.errors.ChunkMissingError, match="big"):
             target.reader().load("a")
 
     # -- commit races -----------------------------------------------------------------------------
@@ -383,8 +379,8 @@ class StoreConformance:
             t.start()
         for t in threads:
             t.join(60)
-        won = [i for i in range(2) if isinstance(outcome[i], treestore.SaveResult)]
-        lost = [o for o in outcome if isinstance(o, treestore.CheckpointExistsError)]
+        won = [i for i in range(2) if isinstance(outcome[i], treestore.types.SaveResult)]
+        lost = [o for o in outcome if isinstance(o, treestore.errors.CheckpointExistsError)]
         assert len(won) == 1 and len(lost) == 1, outcome
         assert "another writer" in str(lost[0])
         assert_tree_equal(target.reader().load("race"), trees[won[0]])
@@ -414,14 +410,15 @@ class StoreConformance:
         assert used(target.read_url, ropts)
         assert [i.name for i in treestore.Store(target.read_url, storage_options=ropts).list()] == ["a"]
         assert used(target.read_url, ropts)
-        np.testing.assert_array_equal(treestore.open(target.read_url, storage_options=ropts)["w"][2:4], [2.0, 3.0])
+        np.testing.assert_array_equal(
+            treestore.open(target.read_url, storage_options=ropts)["w"][2:4], [2.0, 3.0]
+        )
         assert used(target.read_url, ropts)
         assert not treestore.diff(target.spec("a"), target.spec("a"), storage_options=ropts)
         assert used(target.read_url, ropts)
-        if HAS_VERIFY:
-            assert treestore.verify(target.read_url, storage_options=ropts).ok
-            assert used(target.read_url, ropts)
-        if HAS_COPY and target.writable:
+        assert treestore.verify(target.read_url, storage_options=ropts).ok
+        assert used(target.read_url, ropts)
+        if target.writable:
             treestore.copy(target.spec("a"), f"{target.url}#a2", storage_options=ropts)
             assert used(target.url, ropts)
 
@@ -445,7 +442,6 @@ class StoreConformance:
         assert main([*flags, "diff", target.spec("a"), target.spec("b")]) == 1  # different
         assert "w" in capsys.readouterr().out
 
-    @pytest.mark.skipif(not HAS_COPY, reason=NO_COPY)
     def test_copy(self, target: Target, tmp_path: Any) -> None:
         tree = mixed_tree()
         target.store().save(tree, "a", options=OPTIONS)
@@ -467,7 +463,6 @@ class StoreConformance:
         assert back.copied == ("b",) and back.chunks_copied == 2 and back.chunks_present == 3
         assert_tree_equal(target.reader().load("b"), changed_tree(tree))
 
-    @pytest.mark.skipif(not HAS_VERIFY, reason=NO_VERIFY)
     def test_verify(self, target: Target) -> None:
         store = target.store()
         store.save(mixed_tree(), "a", options=OPTIONS)
@@ -495,7 +490,7 @@ class StoreConformance:
         assert r.read_range("x/obj", 10, 20) == b""
         assert r.read_range("x/empty", 0, 10) == b""
         assert r.read_range("x/missing", 0, 10) is None
-        assert (r.size("x/obj"), r.size("x/empty"), r.size("x/missing")) == (5, 0, None)
+        assert (r.object_size("x/obj"), r.object_size("x/empty"), r.object_size("x/missing")) == (5, 0, None)
         assert r.exists("x/obj") and not r.exists("x/missing")
         listed = r.list("x")
         assert [o.path for o in listed] == ["x/empty", "x/obj"]
@@ -579,7 +574,7 @@ class TestGCS(StoreConformance):
     def test_sequential_put_if_absent_holds(self, target: Target) -> None:
         """Without a race the emulator still refuses a second commit: the existence check."""
         target.store().save({"x": 1}, "a")
-        with pytest.raises(treestore.CheckpointExistsError):
+        with pytest.raises(treestore.errors.CheckpointExistsError):
             target.store().save({"x": 2}, "a")
         assert target.store().storage.write_new("checkpoints/a", b"other") is False
 

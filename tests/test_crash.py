@@ -174,7 +174,7 @@ def save_bounded(store: treestore.Store, make: Any, monkeypatch: pytest.MonkeyPa
         m.setattr(_locks, "save_lock", functools.partial(real, timeout=SAVE_TIMEOUT))
         try:
             make()
-        except treestore.StoreBusyError as exc:
+        except treestore.errors.StoreBusyError as exc:
             return f"a save after the crash is blocked by the dead process's lock: {exc}"
     return None
 
@@ -185,7 +185,7 @@ def collect_garbage(store: treestore.Store, root: Path) -> list[str]:
     problems = []
     try:
         store.gc(grace=0, wait=0)
-    except treestore.StoreBusyError as exc:
+    except treestore.errors.StoreBusyError as exc:
         problems.append(f"gc is blocked by the locks of the killed process: {exc}")
         store.gc(grace=0, stale_after=1e-6)
     chunks, manifests = referenced(store)
@@ -407,7 +407,7 @@ def test_locks_of_other_hosts_count_until_stale(tmp_path, monkeypatch):
     store = treestore.Store(str(tmp_path / "store"))
     store.save(worker.make_tree(0), "c-00000", options=worker.save_options())
     save_lock = _foreign_lock(store, "save", age=10)
-    with pytest.raises(treestore.StoreBusyError, match=save_lock.rsplit("/", 1)[1]):
+    with pytest.raises(treestore.errors.StoreBusyError, match=save_lock.rsplit("/", 1)[1]):
         store.gc(grace=0, wait=0)
     store.save(worker.make_tree(1), "c-00001", options=worker.save_options())  # saves do not wait
     assert store.gc(grace=0, wait=0, stale_after=5).locks_removed == 1

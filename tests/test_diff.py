@@ -144,7 +144,7 @@ def test_missing_chunk_during_stats_names_the_address(store_url):
     entry = store.open("b")["layers/0/w"].entry
     store.storage.delete(_layout.chunk_path(entry.chunks[0].digest))
     assert treestore.diff(f"{store_url}#a", f"{store_url}#b").changed == ("layers/0/w",)  # manifests only
-    with pytest.raises(treestore.ChunkMissingError, match="layers/0/w"):
+    with pytest.raises(treestore.errors.ChunkMissingError, match="layers/0/w"):
         treestore.diff(f"{store_url}#a", f"{store_url}#b", stats=True)
 
 

@@ -24,7 +24,7 @@ def saved(store_url):
 def test_flipped_byte_in_a_chunk(saved, where):
     (path,) = hostile.chunk_paths(saved, "ckpt")["layer/w"]
     hostile.flip_byte(saved, path, where)
-    with pytest.raises(treestore.ChunkCorruptError) as info:
+    with pytest.raises(treestore.errors.ChunkCorruptError) as info:
         treestore.load(saved)
     assert info.value.address == "layer/w" and info.value.checkpoint == "ckpt"
     assert "layer/w: chunk" in str(info.value) and "'ckpt'" in str(info.value)
@@ -33,7 +33,7 @@ def test_flipped_byte_in_a_chunk(saved, where):
 def test_flipped_byte_in_a_pack(saved):
     (path,) = hostile.chunk_paths(saved, "ckpt")["<pack 0>"]
     hostile.flip_byte(saved, path, -1)
-    with pytest.raises(treestore.ChunkCorruptError, match="layer/b: chunk"):
+    with pytest.raises(treestore.errors.ChunkCorruptError, match="layer/b: chunk"):
         treestore.load(saved)
 
 
@@ -41,7 +41,7 @@ def test_flipped_byte_in_a_pack(saved):
 def test_truncated_chunk(saved, keep):
     (path,) = hostile.chunk_paths(saved, "ckpt")["layer/w"]
     hostile.truncate(saved, path, keep)
-    with pytest.raises(treestore.ChunkCorruptError, match="layer/w"):
+    with pytest.raises(treestore.errors.ChunkCorruptError, match="layer/w"):
         treestore.load(saved)
 
 
@@ -49,7 +49,7 @@ def test_missing_chunk(saved):
     (path,) = hostile.chunk_paths(saved, "ckpt")["layer/w"]
     hostile.storage(saved).delete(path)
     with pytest.raises(
-        treestore.ChunkMissingError, match=r"layer/w: chunk [0-9a-f]+ is missing in checkpoint 'ckpt'"
+        treestore.errors.ChunkMissingError, match=r"layer/w: chunk [0-9a-f]+ is missing in checkpoint 'ckpt'"
     ):
         treestore.load(saved)
     # The rest of the checkpoint still loads.
@@ -60,7 +60,7 @@ def test_oversized_chunk_object_is_not_read_whole(saved):
     (path,) = hostile.chunk_paths(saved, "ckpt")["layer/w"]
     s = hostile.storage(saved)
     s.write(path, [s.read(path) + b"\0" * (4 << 20)])
-    with pytest.raises(treestore.ChunkCorruptError, match="larger than its raw size allows"):
+    with pytest.raises(treestore.errors.ChunkCorruptError, match="larger than its raw size allows"):
         treestore.load(saved)
 
 
@@ -68,19 +68,19 @@ def test_truncated_manifest(saved):
     ref = hostile.ref_record(saved, "ckpt")
     path = _layout.manifest_path(ref["manifest"])
     hostile.truncate(saved, path, 50)
-    with pytest.raises(treestore.ManifestCorruptError, match="manifest of checkpoint 'ckpt'"):
+    with pytest.raises(treestore.errors.ManifestCorruptError, match="manifest of checkpoint 'ckpt'"):
         treestore.load(saved)
 
 
 def test_garbage_manifest_with_matching_digest(saved):
     hostile.write_manifest(saved, "ckpt", None, raw=b"\xc1 not msgpack at all")
-    with pytest.raises(treestore.ManifestCorruptError, match="not valid msgpack"):
+    with pytest.raises(treestore.errors.ManifestCorruptError, match="not valid msgpack"):
         treestore.load(saved)
 
 
 def test_garbage_commit_record(saved):
     hostile.storage(saved).write(_layout.record_path("ckpt"), [b"\x92\x01"])
-    with pytest.raises(treestore.ManifestCorruptError, match="commit record of checkpoint 'ckpt'"):
+    with pytest.raises(treestore.errors.ManifestCorruptError, match="commit record of checkpoint 'ckpt'"):
         treestore.load(saved, "ckpt")
 
 
@@ -102,10 +102,10 @@ def test_future_commit_record_version(saved):
 
 
 def test_missing_checkpoint(store_url):
-    with pytest.raises(treestore.CheckpointNotFoundError, match="no checkpoints in"):
+    with pytest.raises(treestore.errors.CheckpointNotFoundError, match="no checkpoints in"):
         treestore.load(store_url)
     treestore.save(store_url, {"a": 1}, "one")
-    with pytest.raises(treestore.CheckpointNotFoundError, match="no checkpoint 'two'") as info:
+    with pytest.raises(treestore.errors.CheckpointNotFoundError, match="no checkpoint 'two'") as info:
         treestore.load(store_url, "two")
     assert isinstance(info.value, KeyError) and info.value.checkpoint == "two"
 
@@ -133,7 +133,7 @@ def test_missing_checkpoint(store_url):
 def test_hostile_leaf_fields(saved, fields, message):
     hostile.mutate_manifest(saved, "ckpt", hostile.set_leaf("layer/b", **fields))
     with pytest.raises(
-        (treestore.ManifestCorruptError, treestore.UnsupportedFormatError), match=message
+        (treestore.errors.ManifestCorruptError, treestore.UnsupportedFormatError), match=message
     ) as info:
         treestore.load(saved)
     assert "'ckpt'" in str(info.value)
@@ -154,7 +154,7 @@ def test_hostile_leaf_fields(saved, fields, message):
 )
 def test_hostile_manifest_structure(saved, change):
     hostile.mutate_manifest(saved, "ckpt", change)
-    with pytest.raises((treestore.ManifestCorruptError, treestore.UnsupportedFormatError)):
+    with pytest.raises((treestore.errors.ManifestCorruptError, treestore.UnsupportedFormatError)):
         treestore.load(saved)
 
 
@@ -168,7 +168,7 @@ def test_deeply_nested_tree_record(saved, depth):
     deep = level * depth + msgpack.packb({"type": "leaf", "leaf": 0})
     data = msgpack.packb(rec, use_bin_type=True).replace(msgpack.packb("PLACEHOLDER"), deep)
     hostile.write_manifest(saved, "ckpt", None, raw=data)
-    with pytest.raises(treestore.ManifestCorruptError, match=r"deeper than|not valid msgpack"):
+    with pytest.raises(treestore.errors.ManifestCorruptError, match=r"deeper than|not valid msgpack"):
         treestore.load(saved)
 
 
@@ -179,5 +179,5 @@ def test_chunk_of_another_checkpoint_is_caught(saved):
     mine = hostile.chunk_paths(saved, "ckpt")["layer/w"][0]
     s = hostile.storage(saved)
     s.write(mine, [s.read(other)])
-    with pytest.raises(treestore.ChunkCorruptError, match="layer/w"):
+    with pytest.raises(treestore.errors.ChunkCorruptError, match="layer/w"):
         treestore.load(saved, "ckpt")

@@ -215,7 +215,7 @@ def test_closed_manager():
 def test_a_saved_step_is_an_error_unless_forced():
     with treestore.CheckpointManager(mem(), async_save=False) as m:
         m.save(1, {"x": big(1)})
-        with pytest.raises(treestore.CheckpointExistsError, match="force=True") as err:
+        with pytest.raises(treestore.errors.CheckpointExistsError, match="force=True") as err:
             m.save(1, {"x": big(2)})
         assert isinstance(err.value, FileExistsError)
         assert m.save(1, {"x": big(3)}, force=True)
@@ -238,13 +238,13 @@ def test_metadata_restore_and_reopen():
     m2 = treestore.CheckpointManager(url)
     assert m2.steps() == [2]
     assert m2.restore()["w"][0] == 2 and m2.restore(step=2)["w"][0] == 2
-    with pytest.raises(treestore.CheckpointNotFoundError, match="saved steps: 2"):
+    with pytest.raises(treestore.errors.CheckpointNotFoundError, match="saved steps: 2"):
         m2.restore(step=1)
-    with pytest.raises(treestore.CheckpointNotFoundError):
+    with pytest.raises(treestore.errors.CheckpointNotFoundError):
         m2.info(5)
     empty = treestore.CheckpointManager(mem())
     assert empty.latest_step() is None
-    with pytest.raises(treestore.CheckpointNotFoundError, match="no steps saved"):
+    with pytest.raises(treestore.errors.CheckpointNotFoundError, match="no steps saved"):
         empty.restore()
 
 
@@ -298,7 +298,7 @@ def test_a_failed_snapshot_keeps_no_stale_buffer():
     a = jnp.arange(40000.0)
     with treestore.CheckpointManager(url) as m:
         m.save(1, {"a": a})
-        with pytest.raises(treestore.UnsupportedLeafError):
+        with pytest.raises(treestore.errors.UnsupportedLeafError):
             m.save(2, {"a": a + 1, "z": object()})  # "a" was copied before "z" failed
         m.save(3, {"a": a})
         m.wait()
@@ -404,7 +404,7 @@ def test_gc_never_removes_a_chunk_of_a_save_in_flight(gated):
     assert GatedFileSystem.waiting.wait(30)
     trainer.save(2, {"a": big(4)})  # retention deletes step 1; its gc must defer
     assert trainer.steps() == [2] and trainer._gc_due
-    with pytest.raises(treestore.StoreBusyError, match="in flight"):
+    with pytest.raises(treestore.errors.StoreBusyError, match="in flight"):
         treestore.Store(f"memory://{gated}").gc(grace=0, wait=0)
     GatedFileSystem.gate.set()
     slow.close()

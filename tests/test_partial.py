@@ -51,7 +51,7 @@ def counted():
 
 def chunk_bytes(url, addresses):
     m = treestore.Store(url).manifest("c")
-    return sum(c.stored for e in m.leaves if e.address in addresses for c in e.chunks if c.pack is None)
+    return sum(c.stored_size for e in m.leaves if e.address in addresses for c in e.chunks if c.pack is None)
 
 
 def test_select_reads_only_selected_chunks(counted):
@@ -82,7 +82,9 @@ def test_several_patterns(counted):
 
 def test_pattern_matching_nothing_lists_nearest(counted):
     url, _ = counted
-    with pytest.raises(treestore.NoMatchError, match=r"'params/embedd'.*nearest addresses: 'params/embed'"):
+    with pytest.raises(
+        treestore.errors.NoMatchError, match=r"'params/embedd'.*nearest addresses: 'params/embed'"
+    ):
         treestore.load(url, "c", select="params/embedd")
 
 
@@ -114,7 +116,7 @@ def test_lazy_handles(counted):
     assert CountingFileSystem.bytes_read("chunks") == 0  # nothing read until indexed
     rows = emb[10:20]
     assert same_bytes(rows, tree["params"]["embed"][10:20])
-    assert CountingFileSystem.bytes_read("chunks") == emb.entry.chunks[0].stored
+    assert CountingFileSystem.bytes_read("chunks") == emb.entry.chunks[0].stored_size
     for index in [
         5,
         -1,
@@ -142,16 +144,18 @@ def test_lazy_slice_reads_only_intersecting_chunks(counted):
     start, stop = 300 * row_bytes, 400 * row_bytes
     at, expected = 0, 0
     for c in entry.chunks:
-        if at < stop and at + c.size > start:
-            expected += c.stored
-        at += c.size
+        if at < stop and at + c.raw_size > start:
+            expected += c.stored_size
+        at += c.raw_size
     assert CountingFileSystem.bytes_read("chunks") == expected
 
 
 def test_lazy_errors(counted):
     url, _ = counted
     emb = treestore.open(url, "c")["params/embed"]
-    with pytest.raises(treestore.OutOfBoundsError, match="params/embed: index 1000 is out of bounds") as info:
+    with pytest.raises(
+        treestore.errors.OutOfBoundsError, match="params/embed: index 1000 is out of bounds"
+    ) as info:
         emb[1000]
     assert isinstance(info.value, IndexError)
     with pytest.raises(IndexError):
@@ -159,7 +163,7 @@ def test_lazy_errors(counted):
     with pytest.raises(treestore.InvalidInputError, match="only basic indexing"):
         emb[[1, 2]]
     assert emb[2000:3000].shape == (0, 64)  # slices past the end are empty, as in numpy
-    with pytest.raises(treestore.NoMatchError, match="nearest addresses"):
+    with pytest.raises(treestore.errors.NoMatchError, match="nearest addresses"):
         treestore.open(url, "c")["params/embedding"]
 
 
@@ -172,5 +176,5 @@ def test_lazy_read_of_missing_chunk_names_the_address(counted):
     store.storage.delete(_layout.chunk_path(entry.chunks[1].digest))
     ckpt = store.open("c")
     assert ckpt["opt_state/mu"][:10].shape == (10, 64)  # first chunk still readable
-    with pytest.raises(treestore.ChunkMissingError, match=r"opt_state/mu: chunk .* is missing"):
+    with pytest.raises(treestore.errors.ChunkMissingError, match=r"opt_state/mu: chunk .* is missing"):
         np.asarray(ckpt["opt_state/mu"])

@@ -34,7 +34,11 @@ from . import hostile
 from .helpers import assert_tree_equal
 
 # The errors a save may refuse its input with (SPEC: a writer refuses what a reader would refuse).
-INPUT_ERRORS = (treestore.InvalidInputError, treestore.UnsupportedLeafError, treestore.UnsupportedKeyError)
+INPUT_ERRORS = (
+    treestore.InvalidInputError,
+    treestore.errors.UnsupportedLeafError,
+    treestore.errors.UnsupportedKeyError,
+)
 
 BASE = {"base": np.arange(6, dtype=np.float32), "step": 3}
 
@@ -187,7 +191,7 @@ def test_hostile_keys_one_and_true_are_not_aliased(tmp_path, node_type):
     hostile.mutate_manifest(url, "c", _one_and_true(node_type))
     try:
         out = treestore.load(url, "c")
-    except treestore.ManifestCorruptError:
+    except treestore.errors.ManifestCorruptError:
         report = treestore.verify(url)
         assert not report.ok, "load refuses the checkpoint but verify passes it"
         return
@@ -360,7 +364,7 @@ def test_unstorable_array_leaf_is_refused_with_unsupported_leaf_error(tmp_path, 
     url = with_base(tmp_path)
     tree = {"a_bad": make(), "z": np.zeros(3), "zz": np.arange(20000.0)}
     exc = assert_refused(url, tree, address="a_bad")
-    assert isinstance(exc, treestore.UnsupportedLeafError), type(exc)
+    assert isinstance(exc, treestore.errors.UnsupportedLeafError), type(exc)
 
 
 # --- 12.12: a missing optional package is a TreestoreError that says what to install ------------

@@ -146,16 +146,18 @@ def test_tied_and_frozen_weights_are_stored_once(store_url):
 
 def test_unsupported_leaf_raises_before_writing(store_url):
     store = treestore.Store(store_url)
-    with pytest.raises(treestore.UnsupportedLeafError, match=r"b/1: cannot store a leaf of type .*object"):
+    with pytest.raises(
+        treestore.errors.UnsupportedLeafError, match=r"b/1: cannot store a leaf of type .*object"
+    ):
         store.save({"a": np.ones(10**6), "b": [1, object()]}, "c")
     assert store.list() == []
     assert store.storage.list("chunks") == []
 
 
 def test_unsupported_dtype_names_the_address(store_url):
-    with pytest.raises(treestore.UnsupportedLeafError, match="x: cannot store arrays of dtype"):
+    with pytest.raises(treestore.errors.UnsupportedLeafError, match="x: cannot store arrays of dtype"):
         treestore.save(store_url, {"x": np.array(["a"], dtype=object)}, "c")
-    with pytest.raises(treestore.UnsupportedLeafError, match="x: cannot store arrays of dtype"):
+    with pytest.raises(treestore.errors.UnsupportedLeafError, match="x: cannot store arrays of dtype"):
         treestore.save(store_url, {"x": np.zeros(2, dtype="datetime64[s]")}, "c")
 
 
@@ -195,7 +197,7 @@ def test_metadata_and_listing(store_url):
 def test_overwrite_needs_consent(store_url):
     store = treestore.Store(store_url)
     store.save({"v": 1}, "c")
-    with pytest.raises(treestore.CheckpointExistsError, match="'c' already exists"):
+    with pytest.raises(treestore.errors.CheckpointExistsError, match="'c' already exists"):
         store.save({"v": 2}, "c")
     assert store.load("c") == {"v": 1}
     store.save({"v": 2}, "c", overwrite=True)
@@ -214,9 +216,9 @@ def test_delete_keeps_other_checkpoints(store_url):
     store.save({"v": np.arange(100_000), "w": np.ones(3)}, "b")
     store.delete("a")
     assert [c.name for c in store.list()] == ["b"]
-    with pytest.raises(treestore.CheckpointNotFoundError):
+    with pytest.raises(treestore.errors.CheckpointNotFoundError):
         store.load("a")
-    with pytest.raises(treestore.CheckpointNotFoundError):
+    with pytest.raises(treestore.errors.CheckpointNotFoundError):
         store.delete("a")
     report = store.gc(grace=0)
     assert report.chunks_removed == 0  # every chunk of "a" is shared with "b"

@@ -51,7 +51,7 @@ def test_tutorial_tree_with_an_object_leaf_is_refused_and_nothing_is_written(tmp
     tree = [1, "a", object()]
     try:
         treestore.save(url, tree, "c")
-    except treestore.UnsupportedLeafError as exc:
+    except treestore.errors.UnsupportedLeafError as exc:
         assert exc.address == "2"
         assert str(exc).startswith("2:")
         assert "object" in str(exc)

@@ -119,7 +119,7 @@ class StoreMachine(RuleBasedStateMachine):
     @rule(name=NAMES, tree=trees, meta=metadata)
     def save(self, name: str, tree: Any, meta: Any) -> None:
         if name in self.model:
-            with pytest.raises(treestore.CheckpointExistsError, match=name.replace("+", r"\+")):
+            with pytest.raises(treestore.errors.CheckpointExistsError, match=name.replace("+", r"\+")):
                 self.store.save(tree, name, metadata=meta, options=OPTIONS)
             return
         self.store.save(tree, name, metadata=meta, options=OPTIONS)
@@ -134,7 +134,7 @@ class StoreMachine(RuleBasedStateMachine):
     @rule(name=NAMES)
     def delete(self, name: str) -> None:
         if name not in self.model:
-            with pytest.raises(treestore.CheckpointNotFoundError):
+            with pytest.raises(treestore.errors.CheckpointNotFoundError):
                 self.store.delete(name)
             return
         self.store.delete(name)
@@ -150,7 +150,7 @@ class StoreMachine(RuleBasedStateMachine):
     @rule(name=NAMES)
     def load(self, name: str) -> None:
         if name not in self.model:
-            with pytest.raises(treestore.CheckpointNotFoundError):
+            with pytest.raises(treestore.errors.CheckpointNotFoundError):
                 self.store.load(name)
             return
         assert_tree_equal(self.store.load(name), self.model[name][0])
@@ -163,7 +163,7 @@ class StoreMachine(RuleBasedStateMachine):
     @rule(name=NAMES)
     def open_lazily(self, name: str) -> None:
         if name not in self.model:
-            with pytest.raises(treestore.CheckpointNotFoundError):
+            with pytest.raises(treestore.errors.CheckpointNotFoundError):
                 self.store.open(name)
             return
         expected = flat(self.model[name][0])

@@ -281,7 +281,7 @@ def test_equinox_module_comes_back_as_the_module(tmp_path):
 @pytest.mark.parametrize("bad_key", [(1, 2), 1.5, None, b"bytes", frozenset()])
 def test_unsupported_dict_keys_are_refused_naming_the_path(tmp_path, bad_key):
     tree = {"outer": [arange(1), {"ok": 1, bad_key: arange(2)}]}
-    with pytest.raises(treestore.UnsupportedKeyError) as info:
+    with pytest.raises(treestore.errors.UnsupportedKeyError) as info:
         treestore.save(tmp_path, tree, "c")
     assert info.value.address == "outer/1"
     assert str(info.value).startswith("outer/1:")
@@ -290,7 +290,7 @@ def test_unsupported_dict_keys_are_refused_naming_the_path(tmp_path, bad_key):
 
 
 def test_unsupported_key_at_the_root(tmp_path):
-    with pytest.raises(treestore.UnsupportedKeyError) as info:
+    with pytest.raises(treestore.errors.UnsupportedKeyError) as info:
         treestore.save(tmp_path, {(1, 2): 0}, "c")
     assert "the root" in str(info.value)
 
@@ -316,7 +316,7 @@ def test_duplicate_key_entries_are_refused_before_writing(tmp_path):
         "['net'].w",
         "['net'].w",
     ]
-    with pytest.raises(treestore.UnsupportedKeyError) as info:
+    with pytest.raises(treestore.errors.UnsupportedKeyError) as info:
         treestore.save(tmp_path, tree, "c")
     assert "net/.w" in str(info.value)
     assert treestore.Store(tmp_path).list() == []
@@ -329,7 +329,7 @@ def test_extreme_keys_round_trip_or_are_refused_before_writing(tmp_path, key):
     tree = {key: arange(3)}
     try:
         treestore.save(tmp_path, tree, "c")
-    except treestore.UnsupportedKeyError:
+    except treestore.errors.UnsupportedKeyError:
         assert treestore.Store(tmp_path).list() == []
         assert not [p for p in tmp_path.rglob("*") if p.is_file()], "a refused save wrote files"
     else:

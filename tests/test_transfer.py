@@ -77,7 +77,7 @@ def test_existing_checkpoints(src):
     treestore.copy(f"{src}#step-1", mem)
     r = treestore.copy(f"{src}#step-1", mem)
     assert r.copied == () and r.unchanged == ("step-1",) and r.chunks_copied == 0
-    with pytest.raises(treestore.CheckpointExistsError, match="other contents"):
+    with pytest.raises(treestore.errors.CheckpointExistsError, match="other contents"):
         treestore.copy(f"{src}#step-2", f"{mem}#step-1")
     r = treestore.copy(f"{src}#step-2", f"{mem}#step-1", overwrite=True)
     assert r.copied == ("step-1",)
@@ -99,7 +99,7 @@ def test_corrupt_source_chunk_is_not_propagated(src):
     (path,) = hostile.chunk_paths(src, "step-1")["w"]
     hostile.flip_byte(src, path, -1)
     mem = memory()
-    with pytest.raises(treestore.ChunkCorruptError) as info:
+    with pytest.raises(treestore.errors.ChunkCorruptError) as info:
         treestore.copy(f"{src}#step-1", mem)
     assert info.value.address == "w" and info.value.checkpoint == "step-1"
     assert "nothing was committed" in str(info.value)
@@ -109,7 +109,7 @@ def test_corrupt_source_chunk_is_not_propagated(src):
 
 
 def test_missing_source(tmp_path):
-    with pytest.raises(treestore.CheckpointNotFoundError):
+    with pytest.raises(treestore.errors.CheckpointNotFoundError):
         treestore.copy(tmp_path / "nothing", memory())
-    with pytest.raises(treestore.CheckpointNotFoundError):
+    with pytest.raises(treestore.errors.CheckpointNotFoundError):
         treestore.copy(tmp_path / "nothing", memory(), all_checkpoints=True)

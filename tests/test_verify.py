@@ -101,10 +101,10 @@ def test_commit_record_that_disagrees_with_its_manifest(two):
 
 
 def test_nothing_to_verify(tmp_path):
-    with pytest.raises(treestore.CheckpointNotFoundError, match="no checkpoints"):
+    with pytest.raises(treestore.errors.CheckpointNotFoundError, match="no checkpoints"):
         treestore.verify(tmp_path / "nothing")
     treestore.save(tmp_path / "s", {"x": 1}, "a")
-    with pytest.raises(treestore.CheckpointNotFoundError, match="'b'"):
+    with pytest.raises(treestore.errors.CheckpointNotFoundError, match="'b'"):
         treestore.verify(f"{tmp_path / 's'}#b")
     with pytest.raises(treestore.InvalidInputError):
         treestore.verify("nosuchproto://x")

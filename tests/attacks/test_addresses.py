@@ -76,7 +76,7 @@ def test_leaf_address_that_is_not_its_tree_position(store, address):
         lambda m: next(x for x in m["leaves"] if x["address"] == "py/n").update(address=address)
     )
     out = store.check(ops=["manifest", "load", "verify"])
-    assert isinstance(out["load"].error, treestore.ManifestCorruptError)
+    assert isinstance(out["load"].error, treestore.errors.ManifestCorruptError)
 
 
 @pytest.mark.timeout(60)
@@ -146,7 +146,7 @@ def test_manifest_that_names_another_checkpoint(store):
         {**store.ref_record(), "manifest": good["manifest"], "manifest_size": good["manifest_size"]}
     )
     out = store.check(ops=["load", "verify"])
-    assert isinstance(out["load"].error, treestore.ManifestCorruptError)
+    assert isinstance(out["load"].error, treestore.errors.ManifestCorruptError)
     assert "good" in str(out["load"].error)
 
 
@@ -155,7 +155,7 @@ def test_commit_record_under_another_name(store):
     """checkpoints/bad holds the record of "good": refused."""
     (store.root / _layout.record_path("bad")).write_bytes(store.ref_bytes("good"))
     out = store.check(ops=["list", "load", "verify all"])
-    assert isinstance(out["load"].error, treestore.ManifestCorruptError)
+    assert isinstance(out["load"].error, treestore.errors.ManifestCorruptError)
 
 
 @pytest.mark.timeout(30)
@@ -175,7 +175,7 @@ def test_key_records_with_indices_beyond_32_bits(store, index, kind):
 
     store.mutate_manifest(change)
     out = store.check(ops=["manifest", "load", "verify"])
-    assert out["load"].error is None or isinstance(out["load"].error, treestore.ManifestCorruptError)
+    assert out["load"].error is None or isinstance(out["load"].error, treestore.errors.ManifestCorruptError)
 
 
 @pytest.mark.timeout(30)
@@ -187,7 +187,7 @@ def test_address_segments_with_indices_beyond_32_bits(store, address):
         lambda m: next(x for x in m["leaves"] if x["address"] == "py/n").update(address=address)
     )
     out = store.check(ops=["manifest", "load", "verify"])
-    assert isinstance(out["load"].error, treestore.ManifestCorruptError)
+    assert isinstance(out["load"].error, treestore.errors.ManifestCorruptError)
 
 
 @pytest.mark.timeout(30)

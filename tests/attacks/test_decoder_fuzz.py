@@ -50,7 +50,7 @@ values = st.recursive(
     lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
     max_leaves=12,
 )
-ALLOWED = (treestore.ManifestCorruptError, treestore.UnsupportedFormatError)
+ALLOWED = (treestore.errors.ManifestCorruptError, treestore.UnsupportedFormatError)
 
 
 @functools.cache
@@ -166,7 +166,7 @@ def test_load_of_a_manifest_with_one_field_replaced(data):
 # --- chunk objects ----------------------------------------------------------------------------------
 def _decode_chunk(obj: bytes, size: int) -> None:
     out = np.empty(size, np.uint8)
-    with contextlib.suppress(treestore.ChunkCorruptError, treestore.UnsupportedFormatError):
+    with contextlib.suppress(treestore.errors.ChunkCorruptError, treestore.UnsupportedFormatError):
         _codecs.decode_into(obj, out)
 
 
@@ -223,7 +223,7 @@ def test_real_chunk_with_bytes_changed(data):
     out = np.empty(size, np.uint8)
     try:
         _codecs.decode_into(bytes(obj), out)
-    except (treestore.ChunkCorruptError, treestore.UnsupportedFormatError):
+    except (treestore.errors.ChunkCorruptError, treestore.UnsupportedFormatError):
         return
     if treestore._format.manifest.digest(out) != treestore._format.manifest.digest(good):
         assert bytes(obj) != chunk  # decoded to other bytes: the reader's digest check catches it

@@ -286,7 +286,7 @@ def test_memory_store_reads_only_under_its_root():
     hostile.mutate_manifest(url, "bad", lambda m: m["leaves"][0].update(address="../../store-evil/w"))
     AuditedMemory.paths.clear()
     check_readers(url, root=None)
-    with pytest.raises(treestore.ManifestCorruptError):
+    with pytest.raises(treestore.errors.ManifestCorruptError):
         treestore.Store(url).gc(grace=0)
     outside = sorted({p for p in AuditedMemory.paths if not p.startswith(f"{base}/store/")})
     assert not outside, f"paths outside the store were used: {outside[:5]}"

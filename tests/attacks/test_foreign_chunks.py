@@ -47,7 +47,7 @@ def test_chunk_of_another_checkpoint_with_another_size(store, delta):
 
     store.mutate_manifest(change)
     out = store.check(ops=["load", "open", "verify", "diff"])
-    assert isinstance(out["load"].error, treestore.ChunkCorruptError), errors(out)
+    assert isinstance(out["load"].error, treestore.errors.ChunkCorruptError), errors(out)
     assert out["load"].error.address == "w"
 
 
@@ -57,7 +57,7 @@ def test_pack_of_another_checkpoint(store):
     store.mutate_manifest(lambda m: m["packs"].__setitem__(0, list(good["packs"][0])))
     out = store.check(ops=["load", "open", "verify", "diff"])
     err = out["load"].error
-    assert isinstance(err, treestore.ChunkCorruptError), errors(out)
+    assert isinstance(err, treestore.errors.ChunkCorruptError), errors(out)
     packed = {
         e.address
         for e in treestore.Store(store.url).manifest("good").leaves
@@ -75,8 +75,10 @@ def test_packed_leaf_pointing_at_its_neighbours_bytes(store, shift):
 
     store.mutate_manifest(change)
     out = store.check(ops=["load", "open", "verify", "diff"])
-    assert isinstance(out["load"].error, (treestore.ChunkCorruptError, treestore.ManifestCorruptError))
-    if isinstance(out["load"].error, treestore.ChunkCorruptError):
+    assert isinstance(
+        out["load"].error, (treestore.errors.ChunkCorruptError, treestore.errors.ManifestCorruptError)
+    )
+    if isinstance(out["load"].error, treestore.errors.ChunkCorruptError):
         assert out["load"].error.address == "small/a"
 
 
@@ -99,7 +101,9 @@ def test_object_swapped_for_another_chunk(store):
     a, b = store.chunk_file("w", 0), store.chunk_file("ids", 0)
     a.write_bytes(b.read_bytes())
     out = store.check(ops=["load", "open", "verify", "diff"])
-    assert isinstance(out["load"].error, treestore.ChunkCorruptError) and out["load"].error.address == "w"
+    assert (
+        isinstance(out["load"].error, treestore.errors.ChunkCorruptError) and out["load"].error.address == "w"
+    )
 
 
 @pytest.mark.timeout(30)
@@ -109,7 +113,7 @@ def test_chunk_digest_naming_a_manifest(store):
     good = store.ref_record("good")
     store.mutate_manifest(lambda m: _leaf(m, "w")["chunks"][0].__setitem__(0, good["manifest"]))
     out = store.check(ops=["load", "verify"])
-    assert isinstance(out["load"].error, treestore.ChunkMissingError)
+    assert isinstance(out["load"].error, treestore.errors.ChunkMissingError)
 
 
 @pytest.mark.timeout(30)
@@ -120,4 +124,4 @@ def test_manifest_digest_naming_a_chunk(store):
     size = (store.root / _layout.manifest_path(chunk)).stat().st_size
     store.write_ref({**store.ref_record(), "manifest": chunk, "manifest_size": size})
     out = store.check(ops=["load", "verify"])
-    assert isinstance(out["load"].error, treestore.ManifestCorruptError)
+    assert isinstance(out["load"].error, treestore.errors.ManifestCorruptError)

@@ -30,7 +30,7 @@ def test_unknown_chunk_codec(store, codec):
     out = store.check(ops=READ_CHUNKS)
     assert errors(out) == dict.fromkeys(["load", "open", "diff"], errors(out)["load"])
     err = out["load"].error
-    assert isinstance(err, (treestore.ChunkCorruptError, treestore.UnsupportedFormatError))
+    assert isinstance(err, (treestore.errors.ChunkCorruptError, treestore.UnsupportedFormatError))
     assert err.address == "w" and f"codec id {codec}" in str(err)
     assert out["verify"].value.problems[0].address == "w"
 
@@ -41,7 +41,7 @@ def test_unknown_chunk_magic(store, magic):
     path = store.chunk_file("w")
     path.write_bytes(magic + path.read_bytes()[4:])
     out = store.check(ops=READ_CHUNKS)
-    assert isinstance(out["load"].error, treestore.ChunkCorruptError)
+    assert isinstance(out["load"].error, treestore.errors.ChunkCorruptError)
     assert out["load"].error.address == "w"
 
 
@@ -82,7 +82,9 @@ def test_unknown_dtype(store, dtype):
 def test_unknown_leaf_kind(store, kind):
     store.mutate_manifest(hostile.set_leaf("w", kind=kind))
     out = store.check(ops=["load", "verify"])
-    assert isinstance(out["load"].error, (treestore.UnsupportedFormatError, treestore.ManifestCorruptError))
+    assert isinstance(
+        out["load"].error, (treestore.UnsupportedFormatError, treestore.errors.ManifestCorruptError)
+    )
 
 
 @pytest.mark.timeout(30)
@@ -90,7 +92,9 @@ def test_unknown_leaf_kind(store, kind):
 def test_unknown_prng_impl(store, impl):
     store.mutate_manifest(hostile.set_leaf("key", prng_impl=impl))
     out = store.check(ops=["load", "verify"])
-    assert isinstance(out["load"].error, (treestore.UnsupportedFormatError, treestore.ManifestCorruptError))
+    assert isinstance(
+        out["load"].error, (treestore.UnsupportedFormatError, treestore.errors.ManifestCorruptError)
+    )
 
 
 @pytest.mark.timeout(60)
@@ -133,7 +137,9 @@ def test_unknown_tree_node_type(store, node_type):
 
     store.mutate_manifest(change)
     out = store.check(ops=["load", "verify"])
-    assert isinstance(out["load"].error, (treestore.UnsupportedFormatError, treestore.ManifestCorruptError))
+    assert isinstance(
+        out["load"].error, (treestore.UnsupportedFormatError, treestore.errors.ManifestCorruptError)
+    )
 
 
 @pytest.mark.timeout(30)
@@ -161,7 +167,9 @@ def test_format_version_that_never_existed(store, version, where):
     else:
         store.write_ref({**store.ref_record(), "version": version})
     out = store.check(ops=["load", "verify"])
-    assert isinstance(out["load"].error, (treestore.UnsupportedFormatError, treestore.ManifestCorruptError))
+    assert isinstance(
+        out["load"].error, (treestore.UnsupportedFormatError, treestore.errors.ManifestCorruptError)
+    )
 
 
 @pytest.mark.timeout(30)
@@ -173,7 +181,7 @@ def test_bad_byte_plane_width(store, width):
     data[5] = width
     path.write_bytes(bytes(data))
     out = store.check(ops=READ_CHUNKS)
-    assert isinstance(out["load"].error, treestore.ChunkCorruptError)
+    assert isinstance(out["load"].error, treestore.errors.ChunkCorruptError)
 
 
 @pytest.mark.timeout(30)
@@ -191,6 +199,6 @@ def test_plane_fields_of_a_chunk_without_planes(store, field, leaf):
         struct.pack_into("<H", data, 6, 0x5)
     path.write_bytes(bytes(data))
     out = store.check(ops=["load", "verify"])
-    assert isinstance(out["load"].error, treestore.ChunkCorruptError), (
+    assert isinstance(out["load"].error, treestore.errors.ChunkCorruptError), (
         "a non-canonical chunk header was accepted"
     )

@@ -62,7 +62,7 @@ def test_empty_leaf_with_absurd_dimensions(store, shape):
 def test_absurd_shape(store, shape):
     store.mutate_manifest(hostile.set_leaf("w", shape=shape))
     out = store.check(ops=["load", "verify"])
-    assert isinstance(out["load"].error, treestore.ManifestCorruptError), errors(out)
+    assert isinstance(out["load"].error, treestore.errors.ManifestCorruptError), errors(out)
 
 
 @pytest.mark.timeout(60)
@@ -82,7 +82,7 @@ def test_declared_gigabyte_with_missing_chunks_allocates_at_most_what_is_declare
     refs = [[bytes([i]) + bytes(31), 256 * MiB, 10_000] for i in range(4)]
     store.mutate_manifest(hostile.set_leaf("ids", dtype="uint8", shape=[2**30], chunks=refs))
     out = store.check(ops=["load", "open", "verify"], memory=2**30 + 64 * MiB)
-    assert isinstance(out["load"].error, treestore.ChunkMissingError)
+    assert isinstance(out["load"].error, treestore.errors.ChunkMissingError)
     assert out["load"].error.address == "ids"
 
 
@@ -95,7 +95,7 @@ def test_many_tiny_chunk_refs_stay_within_a_bounded_multiple_of_the_manifest(sto
     store.mutate_manifest(hostile.set_leaf("ids", dtype="uint8", shape=[n], chunks=refs))
     size = (store.root / _layout.manifest_path(store.ref_record()["manifest"])).stat().st_size
     out = store.check(ops=["manifest", "load", "verify"], memory=64 * size + 64 * MiB)
-    assert isinstance(out["load"].error, treestore.ChunkMissingError)
+    assert isinstance(out["load"].error, treestore.errors.ChunkMissingError)
 
 
 # --- chunk refs: sizes, offsets, packs -----------------------------------------------------------
@@ -123,7 +123,7 @@ def test_negative_or_overflowing_chunk_ref_fields(store, address, index, value):
 
     store.mutate_manifest(change)
     out = store.check(ops=["load", "open", "verify"])
-    assert isinstance(out["load"].error, treestore.ManifestCorruptError), errors(out)
+    assert isinstance(out["load"].error, treestore.errors.ManifestCorruptError), errors(out)
 
 
 @pytest.mark.timeout(30)
@@ -137,7 +137,9 @@ def test_chunk_size_that_disagrees_with_the_object(store):
 
     store.mutate_manifest(change)
     out = store.check(ops=READ_CHUNKS)
-    assert isinstance(out["load"].error, treestore.ChunkCorruptError) and out["load"].error.address == "w"
+    assert (
+        isinstance(out["load"].error, treestore.errors.ChunkCorruptError) and out["load"].error.address == "w"
+    )
 
 
 @pytest.mark.timeout(30)
@@ -150,7 +152,7 @@ def test_pack_declared_huge_with_a_small_object(store):
 
     store.mutate_manifest(change)
     out = store.check(ops=["load", "open", "verify"], memory=2 * 256 * MiB + 64 * MiB)
-    assert isinstance(out["load"].error, treestore.ChunkCorruptError)
+    assert isinstance(out["load"].error, treestore.errors.ChunkCorruptError)
 
 
 # --- chunk objects -------------------------------------------------------------------------------
@@ -162,7 +164,7 @@ def test_chunk_header_declares_another_raw_size(store, raw_size):
     struct.pack_into("<Q", data, 8, raw_size)
     path.write_bytes(bytes(data))
     out = store.check(ops=READ_CHUNKS)
-    assert isinstance(out["load"].error, treestore.ChunkCorruptError)
+    assert isinstance(out["load"].error, treestore.errors.ChunkCorruptError)
     assert "ids" in str(out["load"].error)
 
 
@@ -224,7 +226,7 @@ def test_zstd_frames_that_lie(store, case):
         assert case in ("two frames", "trailing garbage"), f"{case}: accepted"
         assert bytes(load.value["ids"].view("uint8")[:size]) == raw
     else:
-        assert isinstance(load.error, treestore.ChunkCorruptError) and load.error.address == "ids"
+        assert isinstance(load.error, treestore.errors.ChunkCorruptError) and load.error.address == "ids"
 
 
 @pytest.mark.timeout(30)
@@ -252,7 +254,9 @@ def test_byte_plane_tables_that_lie(store, lengths):
         struct.pack_into("<4Q", obj, 16, *lengths)
     path.write_bytes(bytes(obj))
     out = store.check(ops=READ_CHUNKS, memory=16 * MiB)
-    assert isinstance(out["load"].error, treestore.ChunkCorruptError) and out["load"].error.address == "w"
+    assert (
+        isinstance(out["load"].error, treestore.errors.ChunkCorruptError) and out["load"].error.address == "w"
+    )
 
 
 @pytest.mark.timeout(30)
@@ -266,7 +270,7 @@ def test_raw_chunk_body_of_the_wrong_length(store):
     for body in (raw[:-1], raw + b"\0", b""):
         path.write_bytes(_chunk(_codecs.RAW, size, body))
         out = store.check(ops=READ_CHUNKS)
-        assert isinstance(out["load"].error, treestore.ChunkCorruptError)
+        assert isinstance(out["load"].error, treestore.errors.ChunkCorruptError)
 
 
 # --- huge objects: never read whole ---------------------------------------------------------------
@@ -281,7 +285,7 @@ def test_huge_chunk_object_is_not_read_whole(store):
     path = store.chunk_file("w")
     _sparse(path, 8 * 2**30, path.read_bytes()[:16])
     out = store.check(ops=READ_CHUNKS, memory=16 * MiB)
-    assert isinstance(out["load"].error, treestore.ChunkCorruptError)
+    assert isinstance(out["load"].error, treestore.errors.ChunkCorruptError)
 
 
 @pytest.mark.timeout(60)
@@ -294,7 +298,7 @@ def test_huge_manifest_object_is_not_read_beyond_its_bound(store, declared):
     if declared == "the maximum":
         store.write_ref({**ref, "manifest_size": 256 * MiB})
     out = store.check(ops=["load"], memory=256 * MiB + 64 * MiB)
-    assert isinstance(out["load"].error, treestore.ManifestCorruptError)
+    assert isinstance(out["load"].error, treestore.errors.ManifestCorruptError)
 
 
 @pytest.mark.timeout(60)
@@ -302,7 +306,7 @@ def test_huge_commit_record_is_not_read_whole(store):
     path = store.root / _layout.record_path("bad")
     _sparse(path, 8 * 2**30, path.read_bytes())
     out = store.check(ops=["list", "load", "verify all"], memory=16 * MiB)
-    assert isinstance(out["load"].error, treestore.ManifestCorruptError)
+    assert isinstance(out["load"].error, treestore.errors.ManifestCorruptError)
 
 
 # --- pieces of sharded leaves --------------------------------------------------------------------
@@ -339,4 +343,4 @@ def test_pieces_that_do_not_tile_the_leaf(store, case):
         first[0] = first[0] + [0]
     store.write_manifest(rec)
     out = store.check(ops=["load", "verify"], memory=96 * MiB)
-    assert isinstance(out["load"].error, treestore.ManifestCorruptError), errors(out)
+    assert isinstance(out["load"].error, treestore.errors.ManifestCorruptError), errors(out)

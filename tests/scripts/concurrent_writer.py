@@ -74,7 +74,7 @@ def run(job: dict[str, Any], emit: Any) -> None:
             name = f"race-{r}"
             try:
                 store.save(make_tree(p, r), name, options=options())
-            except treestore.CheckpointExistsError as exc:
+            except treestore.errors.CheckpointExistsError as exc:
                 emit(f"lost {name} {type(exc).__name__}")
             else:
                 emit(f"won {name}")

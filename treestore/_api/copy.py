@@ -77,7 +77,7 @@ class _Copier:
 
     def _chunk(self, c: ChunkRef, owner: str, checkpoint: str) -> None:
         path = _layout.chunk_path(c.digest)
-        if self.dst.size(path) is None:
+        if self.dst.object_size(path) is None:
             try:
                 data, _ = fetch_chunk(self.src, c)
             except CorruptionError as exc:
@@ -95,7 +95,7 @@ class _Copier:
             with self._lock:
                 self.present += 1
         with self._lock:
-            self.done += c.size
+            self.done += c.raw_size
             if self.progress is not None:
                 self.progress(self.done, self.total)
 
@@ -174,7 +174,7 @@ def copy(
         if _already_there(d, new, digest(data), overwrite):
             continue
         owners = _chunk_owners(manifest)
-        copier.total += sum(c.size for c, _ in owners.values())
+        copier.total += sum(c.raw_size for c, _ in owners.values())
         plans.append((ref, manifest, new, data, owners))
     copied: list[str] = []
     if plans:

@@ -162,7 +162,7 @@ def _compare(ea: LeafEntry, eb: LeafEntry) -> tuple[str, float | None]:
 
 
 def _layout_of(e: LeafEntry) -> list[tuple[tuple[int, ...], tuple[int, ...], list[int]]]:
-    return [(p.start, p.shape, [c.size for c in p.chunks]) for p in e.layout]
+    return [(p.start, p.shape, [c.raw_size for c in p.chunks]) for p in e.layout]
 
 
 def diff_checkpoints(
@@ -267,9 +267,9 @@ def _stats(a: LazyLeaf, b: LazyLeaf, *, by_chunk: bool) -> LeafStats:
     for pa, pb in zip(a.entry.layout, b.entry.layout, strict=True):
         at = 0
         for ca, cb in zip(pa.chunks, pb.chunks, strict=True):
-            xa = piece_bytes(a.reader, pa, at, at + ca.size, a.address).view(a.dtype)
+            xa = piece_bytes(a.reader, pa, at, at + ca.raw_size, a.address).view(a.dtype)
             same = ca.digest == cb.digest
-            xb = None if same else piece_bytes(b.reader, pb, at, at + cb.size, b.address).view(b.dtype)
-            at += ca.size
+            xb = None if same else piece_bytes(b.reader, pb, at, at + cb.raw_size, b.address).view(b.dtype)
+            at += ca.raw_size
             acc.add(xa, xb)
     return acc.result()

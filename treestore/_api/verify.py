@@ -134,21 +134,6 @@ class _Verifier:
         except TreestoreError as exc:
             self.add(name, None, _kind(exc, MANIFEST), str(exc))
             return
-        where = f"commit record of checkpoint {name!r}"
-        if ref.leaves != len(manifest.leaves):
-            self.add(
-                name,
-                None,
-                RECORD,
-                f"{where} counts {ref.leaves} leaves, its manifest has {len(manifest.leaves)}",
-            )
-        if ref.nbytes != manifest.nbytes:
-            self.add(
-                name,
-                None,
-                RECORD,
-                f"{where} says {ref.nbytes} array bytes, its manifest holds {manifest.nbytes}",
-            )
         self._queue(manifest)
 
     def _queue(self, manifest: Manifest) -> None:
@@ -160,14 +145,14 @@ class _Verifier:
                     self._job(c).users.append((name, address))
                 else:
                     pack = self._job(manifest.packs[c.pack])
-                    pack.slices.setdefault((c.digest, c.offset, c.size), []).append((name, address))
+                    pack.slices.setdefault((c.digest, c.offset, c.raw_size), []).append((name, address))
 
     def _job(self, ref: ChunkRef) -> _Job:
-        key = (ref.digest, ref.size)
+        key = (ref.digest, ref.raw_size)
         job = self.jobs.get(key)
         if job is None:
             job = self.jobs[key] = _Job(ref)
-            self.total += ref.size
+            self.total += ref.raw_size
         return job
 
     def _report(self, users: Users, kind: str, problem: str) -> None:
@@ -190,7 +175,7 @@ class _Verifier:
                         f"{job.ref.digest.hex()[:16]} do not match the leaf's digest",
                     )
         with self._lock:
-            self.done += job.ref.size
+            self.done += job.ref.raw_size
             if self.progress is not None:
                 self.progress(self.done, self.total)
 

@@ -144,10 +144,10 @@ def fetch_object(storage: Storage, c: ChunkRef) -> bytes:
     Raises ChunkMissingError or ChunkCorruptError naming the chunk (callers add the checkpoint and
     the address).
     """
-    data = storage.read_range(_layout.chunk_path(c.digest), 0, c.size + CHUNK_SLACK + 1)
+    data = storage.read_range(_layout.chunk_path(c.digest), 0, c.raw_size + CHUNK_SLACK + 1)
     if data is None:
         raise ChunkMissingError(f"chunk {c.digest.hex()[:16]} is missing")
-    if len(data) > c.size + CHUNK_SLACK:
+    if len(data) > c.raw_size + CHUNK_SLACK:
         raise ChunkCorruptError(f"chunk {c.digest.hex()[:16]} is larger than its raw size allows")
     return data
 
@@ -165,7 +165,7 @@ def decode_chunk(obj: bytes, c: ChunkRef, out: np.ndarray[Any, Any]) -> None:
 def fetch_chunk(storage: Storage, c: ChunkRef) -> tuple[bytes, np.ndarray[Any, Any]]:
     """The stored object of chunk ``c`` and its decoded raw bytes, verified against its digest."""
     obj = fetch_object(storage, c)
-    raw = np.empty(c.size, np.uint8)
+    raw = np.empty(c.raw_size, np.uint8)
     decode_chunk(obj, c, raw)
     return obj, raw
 
@@ -198,7 +198,7 @@ class ChunkReader:
         return data
 
     def read_into(self, c: ChunkRef, out: np.ndarray[Any, Any], address: str) -> None:
-        """Decode the (non-packed) chunk ``c`` into ``out`` (uint8, c.size) and verify it."""
+        """Decode the (non-packed) chunk ``c`` into ``out`` (uint8, c.raw_size) and verify it."""
         self._decode(self._object(c, address), c, out, address)
 
     def _decode(self, obj: bytes, c: ChunkRef, out: np.ndarray[Any, Any], address: str) -> None:
@@ -217,7 +217,7 @@ class ChunkReader:
             try:
                 c = self.manifest.packs[index]
                 obj = self._object(c, address)  # the object first: its size bounds what we allocate
-                buf = allocate(c.size, address, self.manifest.name)
+                buf = allocate(c.raw_size, address, self.manifest.name)
                 self._decode(obj, c, buf, address)
                 fut.set_result(buf)
             except BaseException as exc:
@@ -230,7 +230,7 @@ class ChunkReader:
             self.read_into(c, out, address)
             return
         pack = self._pack(c.pack, address)
-        part = pack[c.offset : c.offset + c.size]
+        part = pack[c.offset : c.offset + c.raw_size]
         if digest(part) != c.digest:
             raise self._located(
                 ChunkCorruptError(f"chunk {c.digest.hex()[:16]} does not match its digest"), address

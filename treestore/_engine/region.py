@@ -53,7 +53,7 @@ def piece_bytes(
     out = allocate(max(stop - start, 0), address, reader.manifest.name) if into is None else into
     at = 0
     for c in piece.chunks:
-        lo, hi = at, at + c.size
+        lo, hi = at, at + c.raw_size
         at = hi
         if hi <= start or lo >= stop:
             continue
@@ -64,7 +64,7 @@ def piece_bytes(
             else:
                 jobs.append(functools.partial(reader.read_leaf_chunk, c, target, address))
         else:
-            tmp = allocate(c.size, address, reader.manifest.name)
+            tmp = allocate(c.raw_size, address, reader.manifest.name)
             reader.read_leaf_chunk(c, tmp, address)
             a, b = max(lo, start), min(hi, stop)
             out[a - start : b - start] = tmp[a - lo : b - lo]
@@ -151,12 +151,12 @@ def read_arrays(
         flat = array.reshape(-1).view(np.uint8)
         at = 0
         for c in entry.chunks:
-            part = flat[at : at + c.size]
+            part = flat[at : at + c.raw_size]
             if c.pack is None:
                 jobs.append(functools.partial(reader.read_into, c, part, entry.address))
             else:
                 packed.setdefault(c.pack, []).append((c, part, entry.address))
-            at += c.size
+            at += c.raw_size
     for members in packed.values():
         jobs.append(functools.partial(_read_pack_members, reader, members))
     if len(jobs) > 1 and threads > 1:

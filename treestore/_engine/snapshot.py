@@ -119,8 +119,8 @@ def _private(leaf: ArrayLeaf, old: _Kept | None) -> ArrayLeaf:
     """``leaf`` with its host data copied: into the old buffer of its address when it fits,
     else (and for the shards of a sharded array) into new ones."""
     if leaf.data is None:
-        parts = tuple((start, np.array(d, copy=True, order="C")) for start, d in leaf.parts)
-        return dataclasses.replace(leaf, parts=parts)
+        pieces = tuple((start, np.array(d, copy=True, order="C")) for start, d in leaf.pieces)
+        return dataclasses.replace(leaf, pieces=pieces)
     data, buf = leaf.data, old.leaf.data if old is not None and old.owned else None
     if buf is not None and buf.shape == data.shape and buf.dtype == data.dtype and buf.flags.c_contiguous:
         np.copyto(buf, data)
@@ -146,11 +146,6 @@ class Background:
     def __init__(self, name: str = "treestore-save") -> None:
         self._pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
         self._job: cf.Future[Any] | None = None
-
-    @property
-    def busy(self) -> bool:
-        """A job was submitted and its outcome not collected yet."""
-        return self._job is not None
 
     def done(self) -> bool:
         """No job, or the job has finished (its outcome may still be uncollected)."""

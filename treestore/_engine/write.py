@@ -129,7 +129,7 @@ class _ChunkWriter:
             return ChunkRef(d, raw.nbytes, fut.result())
         try:
             path = _layout.chunk_path(d)
-            stored = self.storage.size(path)
+            stored = self.storage.object_size(path)
             if stored is None:
                 buffers = encode(raw, width, self.codec, reuse=True)  # written before the next
                 self.storage.write(path, buffers)
@@ -297,8 +297,8 @@ def _write_leaves(
         if isinstance(leaf, ValueLeaf) or not (primary or leaf.sharded):
             plans.append(None)
         elif leaf.data is None:  # sharded: small pieces packed now, big ones chunked below
-            parts = [(start, part, part.reshape(-1).view(np.uint8)) for start, part in leaf.parts]
-            plans.append([(start, part, pack(raw) if small(raw) else raw) for start, part, raw in parts])
+            owned = [(start, piece, piece.reshape(-1).view(np.uint8)) for start, piece in leaf.pieces]
+            plans.append([(start, piece, pack(raw) if small(raw) else raw) for start, piece, raw in owned])
         else:
             raw = leaf.data.reshape(-1).view(np.uint8)
             plans.append(pack(raw) if small(raw) else raw)

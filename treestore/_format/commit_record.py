@@ -7,13 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from treestore._format.encoding import DIGEST_BYTES, FORMAT_VERSION, digest
+from treestore._format.encoding import DIGEST_BYTES, FORMAT_VERSION, digest, from_msgpack, to_msgpack
 from treestore._format.encoding import Bad as _Bad
 from treestore._format.encoding import check_version as _check_version
 from treestore._format.encoding import count as _count
 from treestore._format.encoding import field as _get
-from treestore._format.encoding import pack as _pack
-from treestore._format.encoding import unpack as _unpack
 from treestore._format.limits import MAX_MANIFEST_BYTES, MAX_RECORD_BYTES
 from treestore.errors import ManifestCorruptError
 
@@ -36,11 +34,13 @@ class CommitRecord:
 
 def _record_check(r: CommitRecord) -> bytes:
     """The digest that covers every field of a commit record (its ``check`` field)."""
-    return digest(_pack([r.name, r.manifest, r.manifest_size, r.created, r.metadata, r.leaves, r.nbytes]))
+    return digest(
+        to_msgpack([r.name, r.manifest, r.manifest_size, r.created, r.metadata, r.leaves, r.nbytes])
+    )
 
 
 def encode_commit_record(r: CommitRecord) -> bytes:
-    return _pack(
+    return to_msgpack(
         {
             "format": RECORD_MAGIC,
             "version": r.version,
@@ -60,7 +60,7 @@ def decode_commit_record(data: bytes, name: str) -> CommitRecord:
     what = f"commit record of checkpoint {name!r}"
     if len(data) > MAX_RECORD_BYTES:
         raise ManifestCorruptError(f"{what} is {len(data)} bytes, over its limit", checkpoint=name)
-    rec = _unpack(data, what, name)
+    rec = from_msgpack(data, what, name)
     version = _check_version(rec, RECORD_MAGIC, what, name)
     try:
         if _get(rec, "name", str) != name:

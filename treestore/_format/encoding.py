@@ -19,7 +19,8 @@ def digest(data: Any) -> bytes:
     return blake3.blake3(data).digest()
 
 
-def pack(obj: object) -> bytes:
+def to_msgpack(obj: object) -> bytes:
+    """msgpack encoding (bin type for bytes), as every record and digest uses."""
     return msgpack.packb(obj, use_bin_type=True)
 
 
@@ -44,7 +45,8 @@ def count(value: object, what: str, limit: int = 2**62) -> int:
     return value
 
 
-def unpack(data: bytes, what: str, checkpoint: str | None) -> dict[str, Any]:
+def from_msgpack(data: bytes, what: str, checkpoint: str | None) -> dict[str, Any]:
+    """A msgpack map decoded without trusting it; ManifestCorruptError names ``what``."""
     try:
         obj = msgpack.unpackb(data, raw=False, strict_map_key=True)
     except Exception as exc:  # msgpack raises several unrelated types on garbage

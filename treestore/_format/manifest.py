@@ -29,13 +29,11 @@ from treestore._format.dtypes import (
     value_from_record,
     value_to_record,
 )
-from treestore._format.encoding import DIGEST_BYTES, FORMAT_VERSION, digest
+from treestore._format.encoding import DIGEST_BYTES, FORMAT_VERSION, digest, from_msgpack, to_msgpack
 from treestore._format.encoding import Bad as _Bad
 from treestore._format.encoding import check_version as _check_version
 from treestore._format.encoding import count as _count
 from treestore._format.encoding import field as _get
-from treestore._format.encoding import pack as _pack
-from treestore._format.encoding import unpack as _unpack
 from treestore._format.limits import (
     CHUNK_SLACK,
     MAX_CHUNK_BYTES,
@@ -72,13 +70,13 @@ class ChunkRef:
     """
 
     digest: bytes
-    size: int
-    stored: int
+    raw_size: int
+    stored_size: int
     pack: int | None = None
     offset: int = 0
 
     def to_record(self) -> list[object]:
-        rec: list[object] = [self.digest, self.size, self.stored]
+        rec: list[object] = [self.digest, self.raw_size, self.stored_size]
         if self.pack is not None:
             rec += [self.pack, self.offset]
         return rec
@@ -144,7 +142,7 @@ class LeafEntry:
             record = [self.dtype, list(self.shape or ()), self.prng_impl, [c.digest for c in self.chunks]]
         else:
             record = [self.kind, value_to_record(self.kind, self.value)]
-        return digest(_pack(record))
+        return digest(to_msgpack(record))
 
     @property
     def is_array(self) -> bool:
@@ -152,11 +150,11 @@ class LeafEntry:
 
     @property
     def nbytes(self) -> int:
-        return sum(c.size for c in self.chunks)
+        return sum(c.raw_size for c in self.chunks)
 
     @property
     def stored_bytes(self) -> int:
-        return sum(c.stored for c in self.chunks if c.pack is None)
+        return sum(c.stored_size for c in self.chunks if c.pack is None)
 
 
 @dataclass(frozen=True)
@@ -216,7 +214,7 @@ def leaf_to_record(leaf: LeafEntry) -> dict[str, object]:
 def check_metadata(metadata: object) -> bytes:
     """User metadata must encode as msgpack (str keys, plain values) within 1 MiB."""
     try:
-        data = _pack(metadata)
+        data = to_msgpack(metadata)
     except (TypeError, ValueError, OverflowError) as exc:
         raise InvalidInputError(
             f"metadata must be plain data (dict, list, str, int, float, bool, bytes, None): {exc}"
@@ -231,7 +229,7 @@ def check_metadata(metadata: object) -> bytes:
 
 
 def encode_manifest(m: Manifest) -> bytes:
-    return _pack(
+    return to_msgpack(
         {
             "format": MANIFEST_MAGIC,
             "version": m.version,
@@ -284,7 +282,7 @@ def _pieces(
         if any(a + n > dim for a, n, dim in zip(start, extent, shape, strict=True)):
             raise _Bad(f"piece at {start} of shape {extent} lies outside shape {shape}")
         chunks = tuple(_chunk(c, len(packs)) for c in chunk_recs)
-        if sum(c.size for c in chunks) != math.prod(extent) * itemsize:
+        if sum(c.raw_size for c in chunks) != math.prod(extent) * itemsize:
             raise _Bad(f"piece at {start} of shape {extent}: chunks hold the wrong number of bytes")
         pieces.append(Piece(start, extent, chunks))
     if sum(math.prod(p.shape) for p in pieces) != math.prod(shape):
@@ -352,14 +350,14 @@ def _leaf(rec: object, packs: tuple[ChunkRef, ...]) -> LeafEntry:
         if kind == "jax" and dtype_name in NOT_IN_JAX:
             raise _Bad(f"a jax array cannot have dtype {dtype_name}")
         expected = math.prod(shape) * dtype.itemsize
-        if sum(c.size for c in chunks) != expected:
+        if sum(c.raw_size for c in chunks) != expected:
             raise _Bad(
                 f"shape {shape} of {dtype_name} needs {expected} bytes, chunks hold "
-                f"{sum(c.size for c in chunks)}"
+                f"{sum(c.raw_size for c in chunks)}"
             )
         for c in chunks:
-            if c.pack is not None and c.offset + c.size > packs[c.pack].size:
-                raise _Bad(f"bytes {c.offset}..{c.offset + c.size} lie outside pack {c.pack}")
+            if c.pack is not None and c.offset + c.raw_size > packs[c.pack].raw_size:
+                raise _Bad(f"bytes {c.offset}..{c.offset + c.raw_size} lie outside pack {c.pack}")
         impl = rec.get("prng_impl")
         if kind == "prng_key":
             if not isinstance(impl, str) or impl not in PRNG_IMPLS:
@@ -426,7 +424,7 @@ def decode_manifest(data: bytes, checkpoint: str) -> Manifest:
     what = f"manifest of checkpoint {checkpoint!r}"
     if len(data) > MAX_MANIFEST_BYTES:
         raise ManifestCorruptError(f"{what} is over its size limit", checkpoint=checkpoint)
-    rec = _unpack(data, what, checkpoint)
+    rec = from_msgpack(data, what, checkpoint)
     version = _check_version(rec, MANIFEST_MAGIC, what, checkpoint)
     try:
         packs = tuple(_chunk(p, 0) for p in _get(rec, "packs", list))

@@ -169,7 +169,8 @@ class Storage:
         data: bytes = self.fs.cat_file(full, start=start, end=end)
         return data
 
-    def size(self, path: str) -> int | None:
+    def object_size(self, path: str) -> int | None:
+        """The stored size of an object in bytes, or None if it does not exist."""
         full = self._full(path)
         try:
             info = self._call("inspecting", path, lambda: self.fs.info(full))

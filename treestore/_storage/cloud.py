@@ -91,7 +91,7 @@ class ObjectStorage(Storage):
 class S3Storage(ObjectStorage):
     """s3fs. Conditional PUT (``If-None-Match: *``), one HEAD per size check, bulk deletes."""
 
-    def size(self, path: str) -> int | None:
+    def object_size(self, path: str) -> int | None:
         full = self._full(path)
         bucket, key, _ = self.fs.split_path(full)
         if not key:

@@ -96,7 +96,7 @@ class LocalStorage(Storage):
             return self.read_range(path, 0, 2**62)  # bounded by the file's size, checked open
         return super().read(path, limit=limit)
 
-    def size(self, path: str) -> int | None:
+    def object_size(self, path: str) -> int | None:
         try:
             info = os.lstat(self._full(path))
         except FileNotFoundError:

@@ -21,7 +21,7 @@ from treestore.errors import UnsupportedLeafError
 class ArrayLeaf:
     """An array-like leaf ready to store: its kind, dtype name, and host data (C order, LE).
 
-    A sharded jax.Array is not gathered: ``parts`` holds (start index, host data) of each shard
+    A sharded jax.Array is not gathered: ``pieces`` holds (start index, host data) of each shard
     this process owns (replica 0 only), ``data`` is None, and ``global_shape`` is its shape.
     """
 
@@ -29,7 +29,7 @@ class ArrayLeaf:
     dtype: str
     data: np.ndarray[Any, Any] | None
     prng_impl: str | None = None
-    parts: tuple[tuple[tuple[int, ...], np.ndarray[Any, Any]], ...] = ()
+    pieces: tuple[tuple[tuple[int, ...], np.ndarray[Any, Any]], ...] = ()
     global_shape: tuple[int, ...] | None = None
     weak_type: bool = False
 
@@ -84,10 +84,10 @@ def prepare_leaf(value: object, address: str, *, copy: bool = False) -> Leaf:
             value = jax.random.key_data(value)
         name = _checked_name(np.dtype(value.dtype), address)
         weak = bool(getattr(value, "weak_type", False))
-        parts = _owned_shards(value)
-        if parts is None:
+        owned = _owned_shards(value)
+        if owned is None:
             return ArrayLeaf(kind, name, _host(_whole(value), copy), impl, weak_type=weak)
-        shards = tuple((s, _host(d, copy)) for s, d in parts)
+        shards = tuple((s, _host(d, copy)) for s, d in owned)
         return ArrayLeaf(kind, name, None, impl, shards, tuple(value.shape), weak)
     if isinstance(value, np.ndarray):
         return ArrayLeaf(NUMPY, _checked_name(value.dtype, address), _host(value, copy))

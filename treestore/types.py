@@ -1,0 +1,56 @@
+"""The records and results treestore's functions return: what a save, copy, gc, verify, diff or
+listing reports, and the manifest a checkpoint's view exposes (``Checkpoint.manifest``).
+
+>>> import numpy as np, treestore
+>>> r = treestore.save("memory://doc/types", {"w": np.zeros(3)}, "a")
+>>> isinstance(r, treestore.types.SaveResult), type(r).__module__
+(True, 'treestore.types')
+"""
+
+from treestore._api.copy import CopyReport
+from treestore._api.diff import Diff, LeafDiff, LeafStats
+from treestore._api.interop import ExportResult
+from treestore._api.manager import StepInfo
+from treestore._api.store import CheckpointInfo
+from treestore._api.verify import VerifyProblem, VerifyReport
+from treestore._engine.gc import GcReport
+from treestore._engine.write import SaveResult
+from treestore._format.manifest import ChunkRef, LeafEntry, Manifest, Piece
+
+__all__ = [
+    "CheckpointInfo",
+    "ChunkRef",
+    "CopyReport",
+    "Diff",
+    "ExportResult",
+    "GcReport",
+    "LeafDiff",
+    "LeafEntry",
+    "LeafStats",
+    "Manifest",
+    "Piece",
+    "SaveResult",
+    "StepInfo",
+    "VerifyProblem",
+    "VerifyReport",
+]
+
+for _cls in (
+    CheckpointInfo,
+    ChunkRef,
+    CopyReport,
+    Diff,
+    ExportResult,
+    GcReport,
+    LeafDiff,
+    LeafEntry,
+    LeafStats,
+    Manifest,
+    Piece,
+    SaveResult,
+    StepInfo,
+    VerifyProblem,
+    VerifyReport,
+):
+    _cls.__module__ = __name__
+del _cls
