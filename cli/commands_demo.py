@@ -12,7 +12,7 @@ import numpy as np
 import treestore
 
 from . import render
-from .commands_inspect import diff_lines, leaf_record, open_store, show_lines
+from .commands_inspect import leaf_record, open_store, show_lines
 
 LAYOUT = {"checkpoints", "chunks", "manifests", "locks"}
 WIDTH = 512  # a 512x512 float32 layer is 1 MiB: four chunks of 256 KiB
@@ -92,12 +92,11 @@ def demo(folder: str) -> int:
     click.echo("loaded step-2 back: bit-exact")
     click.echo(f"\n$ treestore show {url}#step-2")
     ckpt = store.open("step-2")
-    for line in show_lines(ckpt, [leaf_record(ckpt, e) for e in ckpt.manifest.leaves]):
+    for line in show_lines(ckpt, [leaf_record(ckpt, a) for a in ckpt.leaves]):
         click.echo(line)
     click.echo(f"\n$ treestore diff {url}#step-1 {url}#step-2 --stats")
     d = treestore.diff(store.open("step-1"), ckpt, stats=True)
-    for line in diff_lines(d, stats=True):
-        click.echo(line)
+    click.echo(d.table(ascii=not render.fancy()))
     click.echo(
         f"\ndemo ok: 2 checkpoints in {url}; step-2 wrote {second.chunks_written} of "
         f"{second.chunks_written + second.chunks_reused} chunks; "

@@ -11,7 +11,7 @@ import treestore
 
 from . import render
 from .commands_inspect import JSON
-from .context import echo_json, progress, settings, split_spec
+from .context import echo_json, progress, settings
 
 FORMAT = click.option(
     "--format",
@@ -53,7 +53,7 @@ def import_(
             storage_options=settings().storage_options,
             progress=bar,
         )
-    url = split_spec(dst)[0]
+    url = treestore.Store.split(dst, storage_options=settings().storage_options)[0].url
     if as_json:
         echo_json({"file": file, "url": url, **asdict(result)})
         return 0

@@ -10,7 +10,7 @@ import treestore
 
 from . import render
 from .commands_inspect import JSON, open_store, require_store
-from .context import echo_json, note, progress, settings, split_spec
+from .context import echo_json, note, parse_option, progress, settings
 
 
 @click.command("verify", short_help="Check every digest of a store (exit 0 ok, 1 problems).")
@@ -65,8 +65,6 @@ def gc(url: str, dry_run: bool, grace: float, wait: float, as_json: bool) -> int
     """Remove the chunks and manifests no checkpoint of the store at URL references, and report
     the bytes freed. Safe while saves run: gc defers to a save in flight, and keeps chunks younger
     than the grace period."""
-    if split_spec(url)[1] is not None:
-        raise click.BadParameter("gc takes a store URL, without #NAME", param_hint="URL")
     store = open_store(url)
     require_store(store)
     report = store.gc(grace=grace, dry_run=dry_run, wait=wait)
@@ -93,10 +91,9 @@ def rm(specs: tuple[str, ...], as_json: bool) -> int:
     frees those no other checkpoint uses."""
     removed = []
     for spec in specs:
-        url, name = split_spec(spec)
+        store, name = treestore.Store.split(spec, storage_options=settings().storage_options)
         if name is None:
             raise click.BadParameter(f"name the checkpoint to remove: {spec}#NAME", param_hint="URL#NAME")
-        store = open_store(url)
         store.delete(name)
         removed.append({"url": store.url, "name": name})
     if as_json:
@@ -130,8 +127,6 @@ def cp(
     """Copy a checkpoint (the newest when SRC has no #NAME; every one with --all) into the store
     DST, on any filesystem, transferring only the chunks DST lacks. Each chunk is checked against
     its digest before it is written. DST#NAME renames the copy."""
-    from .context import parse_option
-
     dst_storage = dict(parse_option(o) for o in dst_options) if dst_options else None
     with progress("cp") as bar:
         report = treestore.copy(

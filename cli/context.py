@@ -44,12 +44,6 @@ def parse_option(text: str) -> tuple[str, Any]:
         return key, value
 
 
-def split_spec(spec: str) -> tuple[str, str | None]:
-    """``URL#NAME`` -> (URL, NAME); ``URL`` -> (URL, None)."""
-    url, sep, name = spec.rpartition("#")
-    return (url, name or None) if sep else (spec, None)
-
-
 def plain(value: Any) -> Any:
     """``value`` as JSON-safe data: non-finite floats and bytes become text."""
     if isinstance(value, float) and not math.isfinite(value):

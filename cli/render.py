@@ -9,7 +9,6 @@ from collections.abc import Sequence
 from typing import Any
 
 _UNITS = ("KiB", "MiB", "GiB", "TiB", "PiB")
-_EIGHTHS = " ▏▎▍▌▋▊▉"
 
 
 def size(n: int | float) -> str:
@@ -39,7 +38,8 @@ def compact(value: Any, width: int = 60) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def _fancy() -> bool:
+def fancy() -> bool:
+    """Whether standard output can show block characters (a bar, an ellipsis)."""
     encoding = getattr(sys.stdout, "encoding", None)
     if not encoding:  # a text buffer (tests, doctests): any character goes
         return True
@@ -48,26 +48,6 @@ def _fancy() -> bool:
     except (UnicodeEncodeError, LookupError):
         return False
     return True
-
-
-def bar(value: float, top: float, width: int = 20) -> str:
-    """A bar of ``width`` cells for ``value`` out of ``top``, in eighths of a cell; any nonzero
-    value shows at least a sliver.
-
-    >>> bar(1.0, 2.0, width=4)
-    '██'
-    >>> bar(0.0, 2.0), bar(1e-9, 2.0)
-    ('', '▏')
-    """
-    if not value or value != value or top <= 0:
-        return ""
-    fancy = _fancy()
-    frac = 1.0 if value >= top else value / top
-    eighths = max(1, round(frac * width * 8))
-    full, part = divmod(eighths, 8)
-    if not fancy:
-        return "#" * max(full, 1)
-    return "█" * full + (_EIGHTHS[part] if part else "")
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[int] = ()) -> list[str]:

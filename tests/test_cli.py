@@ -14,8 +14,8 @@ import pytest
 from click.testing import CliRunner
 
 import treestore
-from cli import context, render
-from cli.main import cli, main
+from treestore_cli import context, render
+from treestore_cli.main import cli, main
 
 from . import hostile
 
@@ -239,7 +239,7 @@ def test_render_doctests():
 # --- as real processes ---------------------------------------------------------------------------
 def command() -> list[str]:
     installed = Path(sys.executable).parent / "treestore"
-    return [str(installed)] if installed.exists() else [sys.executable, "-m", "cli.main"]
+    return [str(installed)] if installed.exists() else [sys.executable, "-m", "treestore"]
 
 
 def proc(*args: str, entry: list[str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -251,7 +251,7 @@ def proc(*args: str, entry: list[str] | None = None) -> subprocess.CompletedProc
 
 def test_process_demo_verify_and_diff(tmp_path):
     folder = tmp_path / "demo"
-    demo = proc("demo", str(folder), entry=[sys.executable, "-m", "cli.main"])
+    demo = proc("demo", str(folder), entry=[sys.executable, "-m", "treestore"])
     assert demo.returncode == 0, demo.stderr
     assert "bit-exact" in demo.stdout and demo.stdout.strip().splitlines()[-1].startswith("demo ok:")
     url = str(folder)

@@ -115,7 +115,7 @@ def _damage(data: bytes, rng: random.Random, kind: str) -> tuple[bytes, str, int
 
 
 def _in_zstd_frame(chunk: bytes, at: int) -> bool:
-    """Whether byte ``at`` of a chunk object lies inside a zstd frame (SPEC.md section 3)."""
+    """Whether byte ``at`` of a chunk object lies inside a zstd frame (SPEC.md section 4)."""
     codec, width, mask = chunk[4], chunk[5], int.from_bytes(chunk[6:8], "little")
     if codec == 1:
         return at >= 16

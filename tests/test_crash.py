@@ -425,7 +425,7 @@ def test_locks_of_other_hosts_count_until_stale(tmp_path, monkeypatch):
 
 @pytest.mark.timeout(60)
 def test_gc_reclaims_temporary_files_of_killed_writers(zygote, tmp_path):
-    """SPEC section 2: a killed save leaves at most unreferenced objects, which gc removes; a
+    """SPEC section 3.3: a killed save leaves at most unreferenced objects, which gc removes; a
     write cut between its temporary file and the move into place leaves a ``.tmp-*`` file."""
     root = tmp_path / "store"
     store = treestore.Store(str(root))

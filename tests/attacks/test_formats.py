@@ -188,7 +188,7 @@ def test_bad_byte_plane_width(store, width):
 @pytest.mark.parametrize("field", ["width", "mask"])
 @pytest.mark.parametrize("leaf", ["ids", "small/a"])  # zstd and raw chunks: both fields must be 0
 def test_plane_fields_of_a_chunk_without_planes(store, field, leaf):
-    """SPEC section 3: the plane width and mask are 0 unless the codec is 2. A reader that ignores
+    """SPEC section 4: the plane width and mask are 0 unless the codec is 2. A reader that ignores
     them lets a changed byte go undetected (the data still decodes)."""
     path = store.chunk_file(leaf)
     data = bytearray(path.read_bytes())

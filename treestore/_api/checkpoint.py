@@ -10,6 +10,7 @@ import numpy as np
 from treestore._engine import read as _read
 from treestore._engine import region as _region
 from treestore._format import select as _select
+from treestore._format.codecs import stored_codec
 from treestore._format.dtypes import dtype_from_name
 from treestore._format.manifest import LeafEntry, Manifest
 from treestore._storage.base import Storage
@@ -55,6 +56,20 @@ class LazyLeaf:
     def stored_bytes(self) -> int:
         """Bytes of this leaf's own chunk objects (0 for leaves packed with others)."""
         return self.entry.stored_bytes
+
+    @property
+    def packed(self) -> bool:
+        """Whether this leaf is stored inside a pack with other small leaves."""
+        return any(c.pack is not None for c in self.entry.chunks)
+
+    @property
+    def codec(self) -> str:
+        """How its chunks are stored: "raw", "zstd", "zstd+planes" (with "/raw" when some did
+        not compress), or "-" for a packed or empty leaf."""
+        if self.packed:
+            return "-"
+        sizes = [(c.raw_size, c.stored_size) for c in self.entry.chunks]
+        return stored_codec(sizes, self.dtype, self.reader.manifest.codec)
 
     def __len__(self) -> int:
         if not self.shape:
@@ -135,6 +150,9 @@ class Checkpoint:
     >>> ckpt["emb"][4:]
     array([[ 8,  9],
            [10, 11]])
+    >>> _ = treestore.save("memory://doc/sel", {"layer": {"0": {"w": 1.0, "b": 2.0}}}, "c")
+    >>> treestore.open("memory://doc/sel").select("layer/0/*")
+    ['layer/"0"/b', 'layer/"0"/w']
     """
 
     def __init__(self, storage: Storage, manifest: Manifest) -> None:
@@ -169,14 +187,30 @@ class Checkpoint:
         try:
             return self._leaves[address]
         except KeyError:
-            # raises NoMatchError naming the nearest addresses
-            _select.select(
-                list(self._leaves), address, where=f"checkpoint {self.name!r}", checkpoint=self.name
-            )
+            self.select(address)  # raises NoMatchError naming the nearest addresses
             raise
 
     def __contains__(self, address: object) -> bool:
         return address in self._leaves
+
+    def select(self, patterns: _select.Patterns) -> list[str]:
+        """The addresses, in tree order, that match any of the patterns (globs over addresses;
+        quotes around digit-only keys may be left out); every pattern must match one."""
+        return _select.select(
+            list(self._leaves), patterns, where=f"checkpoint {self.name!r}", checkpoint=self.name
+        )
+
+    def chunk_objects(self) -> dict[bytes, int]:
+        """The stored size of each chunk object this checkpoint references, by digest."""
+        m = self.manifest
+        found = {c.digest: c.stored_size for e in m.leaves for c in e.chunks if c.pack is None}
+        found.update((p.digest, p.stored_size) for p in m.packs)
+        return found
+
+    @property
+    def stored_bytes(self) -> int:
+        """Bytes of every chunk object this checkpoint references (shared ones included)."""
+        return sum(self.chunk_objects().values())
 
     @property
     def bytes_read(self) -> int:

@@ -122,25 +122,81 @@ class Diff:
     def __str__(self) -> str:
         return self.table()
 
-    def table(self) -> str:
-        """A human-readable table of what differs; unchanged leaves summarised in one line."""
-        rows = [("", "address", "a", "b", "detail")]
-        marks = {ADDED: "+", REMOVED: "-", CHANGED: "~", SHAPE: "!", DTYPE: "!"}
-        for d in self:
-            detail = ""
-            if d.chunks_changed is not None:
-                detail = f"{d.chunks_changed:.0%} of chunks"
-            if d.stats is not None:
-                s = d.stats
-                detail += f", max|Δ| {s.max_abs:.3g}, rel L2 {s.rel_l2:.3g}, {s.frac_changed:.1%} elements"
-            rows.append((marks[d.status], d.address or "(root)", d.a or "", d.b or "", detail))
-        widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    def table(self, *, ascii: bool = False) -> str:
+        """A human-readable table of what differs: one row per added, removed or changed
+        address; with stats, each leaf's max |a-b|, relative L2 change and share of elements
+        changed, NaN/Inf counts when there are any, and the relative change of floating-point
+        leaves drawn as a bar scaled to the largest (of ``#`` with ``ascii=True``); then a
+        one-line summary."""
+        shown = list(self)
+        stats = any(d.stats is not None for d in shown)
+        barred = {
+            d.address: d.stats.rel_l2
+            for d in shown
+            if d.stats is not None and (d.a or "").startswith(_FLOATING) and not math.isnan(d.stats.rel_l2)
+        }
+        top = max((v for v in barred.values() if math.isfinite(v)), default=0.0)
+        nonfinite = any(s and (s.nan_a or s.nan_b or s.inf_a or s.inf_b) for s in (d.stats for d in shown))
+        header = ["", "address", "a", "b", "chunks"]
+        if stats:
+            header += [
+                "max abs",
+                "rel L2",
+                "changed",
+                *(["nonfinite"] if nonfinite else []),
+                "relative change",
+            ]
+        rows = []
+        for d in shown:
+            row = [_MARKS[d.status], d.address or "(root)", d.a or "", d.b or ""]
+            row.append("" if d.chunks_changed is None else f"{d.chunks_changed:.0%}")
+            s = d.stats
+            if stats:
+                row += (
+                    ["", "", ""] if s is None else [_num(s.max_abs), _num(s.rel_l2), f"{s.frac_changed:.1%}"]
+                )
+                if nonfinite:
+                    row.append(f"NaN {s.nan_a}->{s.nan_b}, Inf {s.inf_a}->{s.inf_b}" if s else "")
+                rel = barred.get(d.address, 0.0)
+                row.append(_bar(top if math.isinf(rel) else rel, top or 1.0, ascii) if rel else "")
+            rows.append(row)
         lines = [f"--- {self.a}", f"+++ {self.b}"]
-        if len(rows) > 1:
-            lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
-        n = len(self.unchanged)
-        lines.append(f"{n} {'leaf' if n == 1 else 'leaves'} unchanged" + ("" if self else "; identical"))
+        if rows:
+            lines += _columns(header, rows, right={4, 5, 6, 7})
+        counts = self.to_json()["counts"]
+        parts = [f"{counts[k]} {k.replace('_', ' ')}" for k in _MARKS if counts[k]]
+        lines.append(f"{', '.join(parts) if parts else 'identical'}; {counts[UNCHANGED]} leaves unchanged")
         return "\n".join(lines)
+
+
+_MARKS = {ADDED: "+", REMOVED: "-", CHANGED: "~", SHAPE: "!", DTYPE: "!"}
+_FLOATING = ("float", "bfloat", "complex")  # leaves whose change is drawn as a bar
+_EIGHTHS = " ▏▎▍▌▋▊▉"
+
+
+def _num(x: float) -> str:
+    return "inf" if math.isinf(x) else f"{x:.3g}"
+
+
+def _bar(value: float, top: float, ascii: bool, width: int = 20) -> str:
+    """``width`` cells for ``value`` out of ``top``, in eighths of a cell; any nonzero value
+    shows at least a sliver."""
+    eighths = max(1, round(min(value / top, 1.0) * width * 8))
+    full, part = divmod(eighths, 8)
+    if ascii:
+        return "#" * max(full, 1)
+    return "█" * full + (_EIGHTHS[part] if part else "")
+
+
+def _columns(header: list[str], rows: list[list[str]], right: set[int]) -> list[str]:
+    cells = [header, *rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    return [
+        "  ".join(
+            c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))
+        ).rstrip()
+        for r in cells
+    ]
 
 
 def _compare(ea: LeafEntry, eb: LeafEntry) -> tuple[str, float | None]:

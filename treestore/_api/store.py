@@ -55,6 +55,9 @@ class Store:
     ['step-1']
     >>> store.load("step-1")
     {'w': array([1., 1., 1.], dtype=float32), 'step': 1}
+    >>> store, name = treestore.Store.split("memory://doc/store#step-1")
+    >>> store.url, name
+    ('memory://doc/store', 'step-1')
     """
 
     def __init__(self, url: str | os.PathLike[str], *, storage_options: dict[str, Any] | None = None) -> None:
@@ -71,6 +74,15 @@ class Store:
 
     def __repr__(self) -> str:
         return f"Store({self.url!r})"
+
+    @classmethod
+    def split(cls, spec: Spec, *, storage_options: dict[str, Any] | None = None) -> tuple[Store, str | None]:
+        """The store and the checkpoint name (None for a bare URL) that ``URL#NAME``,
+        ``(URL, NAME)`` or ``URL`` name, without reading anything."""
+        url, name = parse_spec(spec)
+        if name is not None:
+            check_name(name)
+        return cls(url, storage_options=storage_options), name
 
     # -- writing -----------------------------------------------------------------------------
     def save(

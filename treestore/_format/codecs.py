@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import struct
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,6 +66,20 @@ def plane_width(dtype: np.dtype[Any]) -> int:
     if dtype.kind == "f" or dtype.name.startswith(("bfloat", "float8", "float6", "float4")):
         return dtype.itemsize if dtype.itemsize >= 2 else 0
     return 0
+
+
+def stored_codec(chunks: Sequence[tuple[int, int]], dtype: np.dtype[Any], codec: dict[str, Any]) -> str:
+    """How a leaf's chunks — (raw size, stored size) pairs — are stored, told without reading
+    them: a raw chunk object is exactly its raw size plus the header; the others are compressed
+    as the checkpoint's codec record says. "raw", "zstd", "zstd+planes", with "/raw" when some
+    chunks did not compress; "-" for a leaf without chunks."""
+    if not chunks:
+        return "-"
+    raw = [stored == size + HEADER.size for size, stored in chunks]
+    if all(raw):
+        return "raw"
+    name = "zstd+planes" if codec.get("byte_planes") and plane_width(dtype) else "zstd"
+    return name + ("/raw" if any(raw) else "")
 
 
 def _compressor(level: int) -> zstandard.ZstdCompressor:
