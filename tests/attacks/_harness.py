@@ -233,7 +233,7 @@ def reader_ops(url: str, name: str, good: str | None = "good") -> dict[str, Call
         "manifest": lambda: store.manifest(name),
         "load": lambda: store.load(name),
         "load newest": lambda: treestore.load(url),
-        "load select": lambda: store.load(name, select="*"),
+        "load select": lambda: store.load(name, select="**"),
         "open": lambda: _read_lazily(store.open(name)),
         "verify": lambda: _check_report(treestore.verify(f"{url}#{name}"), name),
         "verify all": lambda: _check_report(treestore.verify(url), None),

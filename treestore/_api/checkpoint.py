@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from glob import escape as glob_escape
 from typing import Any
 
 import numpy as np
@@ -184,11 +185,13 @@ class Checkpoint:
         return rebuild(self.manifest.tree, lambda i: self._leaves[entries[i].address])
 
     def __getitem__(self, address: str) -> Any:
-        try:
-            return self._leaves[address]
-        except KeyError:
-            self.select(address)  # raises NoMatchError naming the nearest addresses
-            raise
+        """The leaf at ``address`` — as the manifest spells it, or with digit keys as bare digits
+        when that names one leaf (``h/3/w`` for ``h/"3"/w``)."""
+        found = _select.lookup(address, self._leaves) if isinstance(address, str) else None
+        if found is None:
+            self.select(glob_escape(address) if isinstance(address, str) else address)
+            raise KeyError(address)  # select raised for anything it did not find
+        return self._leaves[found]
 
     def __contains__(self, address: object) -> bool:
         return address in self._leaves

@@ -99,9 +99,10 @@ class Diff:
         return tuple(d.address for d in self.by_status(UNCHANGED))
 
     def filter(self, patterns: str | Sequence[str]) -> Diff:
-        """Only the addresses matching any of the glob ``patterns``."""
-        pats = _select.patterns(patterns) or ()
-        kept = tuple(d for d in self.leaves if _select.matches(d.address, pats))
+        """Only the addresses matching any of the ``patterns`` (none need match)."""
+        addresses = [d.address for d in self.leaves]
+        chosen = {a for p in _select.patterns(patterns) or () for a in _select.matching(p, addresses)}
+        kept = tuple(d for d in self.leaves if d.address in chosen)
         return replace(self, leaves=kept)
 
     def to_json(self) -> dict[str, Any]:
