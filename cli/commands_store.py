@@ -80,6 +80,12 @@ def gc(url: str, dry_run: bool, grace: float, wait: float, as_json: bool) -> int
         click.echo(f"{verb} {report.locks_removed} stale lock(s)")
     if report.kept_young:
         click.echo(f"kept {report.kept_young} unreferenced chunk(s) younger than {grace:g} s")
+    if report.damaged:
+        names = ", ".join(report.damaged)
+        click.echo(
+            f"kept every chunk and manifest: {len(report.damaged)} damaged checkpoint(s) ({names}) may "
+            "reference them; `treestore verify` says what is wrong, `treestore rm` removes them"
+        )
     return 0
 
 

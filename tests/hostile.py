@@ -36,12 +36,12 @@ def write_manifest(
     s.write(_layout.manifest_path(d), [data])
     ref = ref_record(url, name)
     ref.update(manifest=d, manifest_size=len(data))
-    ref.update(_summary(manifest))
+    ref.update(summary(manifest))
     ref.update(ref_changes)
     write_ref(url, name, ref)
 
 
-def _summary(manifest: Any) -> dict[str, Any]:
+def summary(manifest: Any) -> dict[str, Any]:
     """The commit-record fields a consistent record copies from its manifest (best effort: a
     hostile manifest may not have them)."""
     out: dict[str, Any] = {}
@@ -65,13 +65,19 @@ def _summary(manifest: Any) -> dict[str, Any]:
     return out
 
 
+CHECKED = ("name", "manifest", "manifest_size", "created", "metadata", "leaves", "nbytes")
+
+
+def seal(ref: dict[str, Any]) -> dict[str, Any]:
+    """``ref`` with the check digest its fields call for (SPEC.md §3.2), as a hostile store can
+    compute: a test that changes a field and seals the record reaches the checks behind it."""
+    fields = [ref.get(k) for k in CHECKED]
+    return dict(ref, check=blake3.blake3(msgpack.packb(fields, use_bin_type=True)).digest())
+
+
 def write_ref(url: str, name: str, ref: dict[str, Any]) -> None:
     """Write a commit record with a consistent check digest, as a hostile store would."""
-    fields = [
-        ref.get(k) for k in ("name", "manifest", "manifest_size", "created", "metadata", "leaves", "nbytes")
-    ]
-    ref = dict(ref, check=blake3.blake3(msgpack.packb(fields, use_bin_type=True)).digest())
-    storage(url).write(_layout.record_path(name), [msgpack.packb(ref, use_bin_type=True)])
+    storage(url).write(_layout.record_path(name), [msgpack.packb(seal(ref), use_bin_type=True)])
 
 
 def mutate_manifest(url: str, name: str, change: Callable[[dict[str, Any]], None]) -> None:

@@ -9,6 +9,7 @@ from jax.tree_util import DictKey, FlattenedIndexKey, GetAttrKey, SequenceKey
 
 import treestore
 from treestore import format_address, parse_address
+from treestore._format.address import canonical_segment, format_key
 
 keys = st.one_of(
     st.integers(0, 10**6).map(SequenceKey),
@@ -74,11 +75,44 @@ def test_golden_addresses(path, address):
 
 
 @pytest.mark.parametrize(
-    "bad", ["a//b", "[0]", "{x}", '"unterminated', '"%zz"', ".1x", "#-1", "a/", "-1", "01"]
+    "bad",
+    [
+        *["a//b", "[0]", "{x}", '"unterminated', '"%zz"', ".1x", "#-1", "a/", "-1", "01"],
+        # forms that would parse to a key whose canonical text differs: parsing stays injective
+        *["{-0}", "{+1}", "{01}", "{ 1}", "{True}", "#01", "#+1", "+1", "1_0"],
+        *['"a%2fb"', '"%u00e9"', '"%U01f600"', '"%2F"x', '"%"', '"%4"', '"%u12"', '"%U110000"'],
+    ],
 )
 def test_malformed_addresses_are_rejected(bad):
     with pytest.raises(treestore.InvalidInputError):
         parse_address(bad)
+
+
+@pytest.mark.parametrize(
+    "segment",
+    ['"py"', '"_a"', '"a.b-c"', '"%41"', '"%E9"', '"a%20b"', '"%u0041"', '"%U000041"'],
+)
+def test_non_canonical_segments_are_refused_in_manifests(segment):
+    """Readers take only the canonical text of a key (SPEC.md §6): a quoted form of a bare key,
+    or an escape of a printable character, parses but is not canonical."""
+    with pytest.raises(treestore.InvalidInputError):
+        canonical_segment(segment)
+
+
+@given(st.text(max_size=12) | st.sampled_from(['"py"', '"%41"', "{-0}", '"%2f"', "{1}", "#1", ".a", '"a b"']))
+def test_canonical_segments_are_exactly_the_formatted_ones(text):
+    try:
+        key = canonical_segment(text)
+    except treestore.InvalidInputError:
+        return
+    assert format_key(key) == text
+
+
+@given(paths)
+def test_formatted_segments_are_canonical(path):
+    for key in path:
+        segment = format_key(key)
+        assert typed([canonical_segment(segment)]) == typed([key])
 
 
 @pytest.mark.parametrize("key", [1.5, None, (1, 2), b"bytes"])

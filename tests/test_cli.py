@@ -56,7 +56,21 @@ def error_line(result) -> str:
     return lines[0]
 
 
-COMMANDS = ["ls", "show", "diff", "verify", "gc", "rm", "cp", "import", "export", "demo"]
+COMMANDS = [
+    "ls",
+    "show",
+    "diff",
+    "verify",
+    "gc",
+    "rm",
+    "cp",
+    "import",
+    "export",
+    "demo",
+    "watch",
+    "timeline",
+    "derive",
+]
 
 
 @pytest.mark.parametrize("command", ["", *COMMANDS])
@@ -272,3 +286,15 @@ def test_process_errors():
     assert bad.returncode == 2 and bad.stdout == ""
     (line,) = bad.stderr.strip().splitlines()
     assert line.startswith("treestore: error: not a usable store URL 'nosuchproto://x'")
+
+
+def test_gc_with_a_damaged_checkpoint_keeps_everything_and_says_why(store):
+    import pathlib
+
+    manifests = sorted(pathlib.Path(store, "manifests").iterdir())
+    manifests[0].write_bytes(b"damaged")
+    before = sorted(p for p in pathlib.Path(store).rglob("*") if p.is_file())
+    result = run("gc", "--grace", "0", store)
+    assert result.exit_code == 0, result.output
+    assert "damaged checkpoint(s)" in result.stdout and "step-" in result.stdout
+    assert sorted(p for p in pathlib.Path(store).rglob("*") if p.is_file()) == before

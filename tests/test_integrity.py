@@ -172,6 +172,52 @@ def test_deeply_nested_tree_record(saved, depth):
         treestore.load(saved)
 
 
+def test_tree_record_at_the_depth_limit_loads(saved):
+    """The valid boundary: a leaf node at depth 500 (SPEC: deeper than 500 is invalid) decodes,
+    loads, opens and verifies; Python's recursion limit must not decide it."""
+    import msgpack
+
+    depth = 500
+    rec = hostile.manifest_record(saved, "ckpt")
+    (leaf,) = [dict(e) for e in rec["leaves"] if e["address"] == "layer/b"]
+    leaf["address"] = "/".join(["0"] * depth)
+    rec["leaves"] = [leaf]
+    rec["tree"] = "PLACEHOLDER"
+    level = msgpack.packb({"type": "list", "children": [None]})[:-1]  # ends with the child slot
+    deep = level * depth + msgpack.packb({"type": "leaf", "leaf": 0})
+    data = msgpack.packb(rec, use_bin_type=True).replace(msgpack.packb("PLACEHOLDER"), deep)
+    hostile.write_manifest(saved, "ckpt", None, raw=data, leaves=1, nbytes=32)
+    out = treestore.load(saved)
+    for _ in range(depth):
+        assert type(out) is list and len(out) == 1
+        out = out[0]
+    assert out.tolist() == list(range(8))
+    assert list(treestore.open(saved, "ckpt").leaves) == [leaf["address"]]
+    assert treestore.verify(saved).ok
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["007", "+18446744073709551616", "18_446_744_073_709_551_616", "3", "-0", "١٨٤٤٦٧٤٤٠٧٣٧٠٩٥٥١٦١٦"],
+    ids=["leading-zeros", "plus", "underscores", "in-range", "minus-zero", "non-ascii-digits"],
+)
+def test_int_leaf_text_must_be_canonical(saved, value):
+    """A big int is stored as its canonical decimal text, only when outside [-2**63, 2**64):
+    readers refuse any other text int() would accept, so one value has one encoding."""
+    hostile.mutate_manifest(saved, "ckpt", hostile.set_leaf("step", value=value))
+    with pytest.raises(treestore.errors.ManifestCorruptError, match="leaf step: an int leaf holds"):
+        treestore.load(saved)
+    assert not treestore.verify(saved).ok
+
+
+def test_metadata_over_the_writers_limit_is_refused(saved):
+    """Writers keep metadata within 1 MiB encoded; readers check the same bound."""
+    hostile.mutate_manifest(saved, "ckpt", lambda m: m.update(metadata=bytes(2**20)))
+    with pytest.raises(treestore.errors.ManifestCorruptError, match="over the 1 MiB limit"):
+        treestore.load(saved)
+    assert not treestore.verify(saved).ok
+
+
 def test_chunk_of_another_checkpoint_is_caught(saved):
     """A digest that points at other data: the bytes do not hash to what this leaf expects."""
     treestore.save(saved, {"other": np.ones((256, 1024), np.float32)}, "other")

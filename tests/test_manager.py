@@ -279,16 +279,44 @@ def test_one_save_in_flight(gated):
     assert m.steps() == [1, 2]
 
 
-def test_unchanged_jax_arrays_are_reused_and_changed_ones_copied():
+def test_unchanged_jax_arrays_are_reused_and_changed_ones_copied(monkeypatch):
+    """A jax array that is the same object as at the last save is not copied to host again (its
+    host copy is reused); one that changed is copied, into the last copy's buffer (on CPU, where
+    the host copy is the manager's own). Each step still restores its own values."""
+    copied: list[str] = []  # addresses whose host copy a save made
+    prepare_leaf = treestore._engine.snapshot.prepare_leaf
+    monkeypatch.setattr(
+        "treestore._engine.snapshot.prepare_leaf",
+        lambda value, address: copied.append(address) or prepare_leaf(value, address),
+    )
     url = mem()
     a, b = jnp.arange(40000.0), jnp.ones(40000)
+    a2, b2 = a * 2, b + 1
+    own_buffers = jax.default_backend() == "cpu"
     with treestore.CheckpointManager(url) as m:
-        m.save(1, {"a": a, "b": b})
-        m.save(2, {"a": a, "b": b + 1})
-        m.save(3, {"a": a * 2, "b": b + 1, "n": np.ones(3)})
-        m.save(4, {"a": a * 2})
-    for step, want in [(1, (a, b)), (2, (a, b + 1)), (3, (a * 2, b + 1)), (4, (a * 2,))]:
-        got = treestore.CheckpointManager(url).restore(step=step)
+
+        def step(n, tree, want_copied):
+            before = {k: kept.leaf.data for k, kept in m._snapshot._kept.items()}
+            copied.clear()
+            m.save(n, tree)
+            m.wait()
+            assert sorted(copied) == want_copied, f"step {n}: copied {copied}"
+            now = {k: kept.leaf.data for k, kept in m._snapshot._kept.items()}
+            for k, data in now.items():
+                np.testing.assert_array_equal(data, np.asarray(tree[k]))
+                if k not in want_copied:
+                    assert data is before[k], f"step {n}: {k} unchanged, but its host copy was not reused"
+                elif own_buffers and k in before and isinstance(tree[k], jax.Array):
+                    assert data is before[k], f"step {n}: {k} was not copied into its last buffer"
+            return now
+
+        first = step(1, {"a": a, "b": b}, ["a", "b"])
+        second = step(2, {"a": a, "b": b2}, ["b"])
+        step(3, {"a": a2, "b": b2, "n": np.ones(3)}, ["a", "n"])
+        step(4, {"a": a2}, [])
+        assert second["a"] is first["a"]
+    for n, want in [(1, (a, b)), (2, (a, b2)), (3, (a2, b2)), (4, (a2,))]:
+        got = treestore.CheckpointManager(url).restore(step=n)
         for key, x in zip("ab", want, strict=False):
             np.testing.assert_array_equal(got[key], x)
 

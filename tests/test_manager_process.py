@@ -62,6 +62,7 @@ def train(url: str, total: int, delay: float, preemption: bool) -> None:
     import optax
 
     import treestore
+    from tests.templates import blank
 
     xs = jnp.asarray(np.random.default_rng(0).normal(size=(256, 1)), jnp.float32)
     ys = xs**2
@@ -88,7 +89,8 @@ def train(url: str, total: int, delay: float, preemption: bool) -> None:
             start = 0
             m.save(0, state)
         else:
-            state = m.restore(like=state)
+            # a template without the data: the resumed state can only come from the store
+            state = m.restore(like=blank(state))
             print("resumed", start, flush=True)
         committed = start
         for step in range(start + 1, total + 1):

@@ -17,6 +17,7 @@ import treestore
 from treestore._format.dtypes import DTYPES
 
 from .helpers import assert_tree_equal, same_bytes
+from .templates import blank
 
 RNG = np.random.default_rng(0)
 
@@ -107,7 +108,7 @@ def test_typed_prng_keys(store_url, impl):
     assert_tree_equal(out, {"key": key, "keys": keys})
     # The restored key draws the same numbers.
     assert np.array_equal(jax.random.normal(out["key"], (4,)), jax.random.normal(key, (4,)))
-    like = {"key": jax.ShapeDtypeStruct((), key.dtype), "keys": keys}
+    like = {"key": jax.ShapeDtypeStruct((), key.dtype), "keys": blank(keys)}
     assert_tree_equal(treestore.load(store_url, like=like), {"key": key, "keys": keys})
 
 
@@ -178,7 +179,8 @@ def test_containers_round_trip_exactly(store_url):
     assert type(out["o"]) is collections.OrderedDict and list(out["o"]) == ["z", "y"]
     assert out["p"] == {"x": 1, "y": 2}  # a namedtuple without template: a dict of its fields
     assert list(out["i"]) == [2, 1] and [type(k) for k in out["t"]] == [bool, bool]  # key types stay
-    assert treestore.load(store_url, like=tree)["p"] == point(1, 2)
+    back = treestore.load(store_url, like=blank(tree))
+    assert back["p"] == point(1, 2) and back == tree
 
 
 def test_metadata_and_listing(store_url):
@@ -276,5 +278,6 @@ def test_weak_types_survive(store_url):
     out = treestore.load(store_url)
     assert out["lr"].weak_type and out["step"].weak_type and not out["w"].weak_type
     assert (out["lr"] * out["w"]).dtype == jnp.bfloat16  # a strong float32 would promote to float32
-    like = treestore.load(store_url, like=tree)
+    like = treestore.load(store_url, like=blank(tree))
+    assert_tree_equal(like, tree)
     assert like["lr"].weak_type

@@ -28,6 +28,7 @@ import numpy as np
 
 import treestore
 from tests.helpers import assert_tree_equal
+from tests.templates import blank
 
 # --------------------------------------------------------------------------------------------------
 # helpers
@@ -99,7 +100,7 @@ def test_tutorial_namedtuple_tree_addresses_follow_jax_order(tmp_path):
     # without a template the namedtuple is a dict of its fields ...
     assert treestore.load(url, "c") == [1, {"k1": 2, "k2": (3, 4)}, {"name": "foo"}]
     # ... with one, it is an ATuple again
-    out = treestore.load(url, "c", like=tree)
+    out = treestore.load(url, "c", like=blank(tree))
     assert type(out[2]) is ATuple and out[2].name == "foo"
     assert jax.tree_util.tree_structure(out) == jax.tree_util.tree_structure(tree)
     assert_tree_equal(out, tree)
@@ -261,7 +262,7 @@ def test_article_linear_regressor_resumed_is_bit_identical(tmp_path):
     assert math.isclose(float(straight["w"]), 3.0, abs_tol=0.1)
     assert math.isclose(float(straight["b"]), -1.0, abs_tol=0.1)
     # the template path gives the same result
-    resumed_like = linreg_train(treestore.load(url, "step-50", like=half), steps - steps // 2)
+    resumed_like = linreg_train(treestore.load(url, "step-50", like=blank(half)), steps - steps // 2)
     assert_bit_identical(resumed_like, straight)
 
 

@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 import treestore
 
 from .helpers import assert_leaf_equal, assert_tree_equal, is_key
+from .templates import blank
 
 # --------------------------------------------------------------------------------------------------
 # helpers
@@ -177,10 +178,12 @@ def test_every_structure_round_trips(tmp_path, case):
     if case in _builtin_cases():
         assert_tree_equal(plain, tree)
 
-    # (b) with the original as template: the exact structure, bit-identical leaves
+    # (b) with a template of the original's structure and types (zeros, then ShapeDtypeStructs):
+    # the exact structure, bit-identical leaves
     if tree is not None:
-        like = treestore.load(url, "c", like=tree)
-        assert_like_round_trip(like, tree)
+        for shapes in (False, True):
+            like = treestore.load(url, "c", like=blank(tree, shapes=shapes))
+            assert_like_round_trip(like, tree)
 
 
 def test_none_round_trips_with_a_template(tmp_path):
@@ -188,7 +191,7 @@ def test_none_round_trips_with_a_template(tmp_path):
     treestore.save(tmp_path, None, "c")
     assert treestore.load(tmp_path, "c") is None
     treestore.save(tmp_path, {"a": None, "b": [None, 1]}, "d")
-    out = treestore.load(tmp_path, "d", like={"a": None, "b": [None, 1]})
+    out = treestore.load(tmp_path, "d", like=blank({"a": None, "b": [None, 1]}))
     assert out == {"a": None, "b": [None, 1]}
 
 
@@ -218,8 +221,9 @@ def test_namedtuple_and_dataclass_come_back_as_dicts_of_their_fields(tmp_path):
     assert out["step"] == 7 and type(out["step"]) is int
     assert list(out["params"]) == ["w", "b"]  # a builtin dict inside a custom node keeps its order
     assert is_key(out["rng"])
-    back = treestore.load(tmp_path, "dc", like=state)
+    back = treestore.load(tmp_path, "dc", like=blank(state))
     assert type(back) is TrainState and back.name == "run" and type(back.step) is int
+    assert_like_round_trip(back, state)
 
     treestore.save(tmp_path, CASES["register_pytree_with_keys"], "keyed")
     assert list(treestore.load(tmp_path, "keyed")) == ["left", "right"]
@@ -237,7 +241,7 @@ def test_optax_adam_state_keeps_its_count(tmp_path):
     assert list(out[0]) == ["count", "mu", "nu"] and out[1] == {}
     assert isinstance(out[0]["count"], jax.Array) and out[0]["count"].dtype == jnp.int32
     assert int(out[0]["count"]) == 1
-    back = treestore.load(tmp_path, "opt", like=state)
+    back = treestore.load(tmp_path, "opt", like=blank(state))
     assert type(back[0]) is type(state[0]) and int(back[0].count) == 1
     # the restored state drives the next update exactly like the original
     params = {"dense": {"kernel": jnp.full((3, 4), 0.5), "bias": jnp.zeros(4)}}
@@ -250,7 +254,9 @@ def test_flax_frozendict_comes_back_as_frozendict_with_a_template(tmp_path):
     frozen = CASES["flax-linen-frozendict"]
     treestore.save(tmp_path, frozen, "c")
     assert type(treestore.load(tmp_path, "c")) is dict
-    assert type(treestore.load(tmp_path, "c", like=frozen)) is type(frozen)
+    back = treestore.load(tmp_path, "c", like=blank(frozen))
+    assert type(back) is type(frozen)
+    assert_like_round_trip(back, frozen)
 
 
 def test_flax_nnx_state_merges_back_into_a_working_model(tmp_path):
@@ -260,8 +266,11 @@ def test_flax_nnx_state_merges_back_into_a_working_model(tmp_path):
     plain = treestore.load(tmp_path, "c")
     assert list(plain["layers"]) == [0, 2]  # int keys of the nnx state stay ints
     assert treestore.Store(tmp_path).manifest("c").leaves[0].address == "layers/{0}/bias/.value"
-    back = nnx.merge(graphdef, treestore.load(tmp_path, "c", like=state))
-    x = jnp.ones((1, 2))
+    loaded = treestore.load(tmp_path, "c", like=blank(state))
+    assert_like_round_trip(loaded, state)
+    back = nnx.merge(graphdef, loaded)
+    x = jnp.array([[1.0, -1.0]])  # jnp.ones gives 0 for this model, as a model of zeros would
+    assert np.asarray(model(x)).any()
     assert np.array_equal(np.asarray(back(x)), np.asarray(model(x)))
 
 
@@ -269,7 +278,7 @@ def test_equinox_module_comes_back_as_the_module(tmp_path):
     model = eqx.nn.MLP(2, 2, 8, 2, key=jax.random.key(0))
     params, static = eqx.partition(model, eqx.is_array)
     treestore.save(tmp_path, params, "c")
-    back = eqx.combine(treestore.load(tmp_path, "c", like=params), static)
+    back = eqx.combine(treestore.load(tmp_path, "c", like=blank(params)), static)
     x = jnp.array([0.5, -1.0])
     assert np.array_equal(np.asarray(back(x)), np.asarray(model(x)))
 
@@ -322,20 +331,30 @@ def test_duplicate_key_entries_are_refused_before_writing(tmp_path):
     assert treestore.Store(tmp_path).list() == []
 
 
-@pytest.mark.parametrize("key", [2**64 - 1, 2**64, -(2**63) - 1, 2**100, "\ud800"])
-def test_extreme_keys_round_trip_or_are_refused_before_writing(tmp_path, key):
-    # ints beyond 64 bits and lone surrogates are valid Python dict keys: a save must either keep
-    # them exactly or raise UnsupportedKeyError before it writes anything
+@pytest.mark.parametrize("key", [2**64 - 1, -(2**63), 0])
+def test_int_keys_at_the_ends_of_the_range_round_trip(tmp_path, key):
+    # SPEC section 6: int dict keys in [-2**63, 2**64) are stored, as {i}
     tree = {key: arange(3)}
-    try:
+    treestore.save(tmp_path, tree, "c")
+    out = treestore.load(tmp_path, "c")
+    assert_tree_equal(out, tree)
+    assert type(next(iter(out))) is int
+    assert [e.address for e in treestore.Store(tmp_path).manifest("c").leaves] == ["{" + str(key) + "}"]
+
+
+@pytest.mark.parametrize(
+    "key", [2**64, -(2**63) - 1, 2**100, "\ud800"], ids=["2**64", "-2**63-1", "2**100", "lone-surrogate"]
+)
+def test_keys_spec_forbids_are_refused_before_writing(tmp_path, key):
+    # ints outside [-2**63, 2**64) and str keys that are not valid Unicode are valid Python dict
+    # keys that SPEC section 6 gives no address: a save raises UnsupportedKeyError naming the
+    # node before it writes anything
+    tree = {"ok": arange(2), "node": {key: arange(3)}}
+    with pytest.raises(treestore.errors.UnsupportedKeyError) as info:
         treestore.save(tmp_path, tree, "c")
-    except treestore.errors.UnsupportedKeyError:
-        assert treestore.Store(tmp_path).list() == []
-        assert not [p for p in tmp_path.rglob("*") if p.is_file()], "a refused save wrote files"
-    else:
-        out = treestore.load(tmp_path, "c")
-        assert_tree_equal(out, tree)
-        assert type(next(iter(out))) is type(key)
+    assert info.value.address == "node" and str(info.value).startswith("node:")
+    assert treestore.Store(tmp_path).list() == []
+    assert not [p for p in tmp_path.rglob("*") if p.is_file()], "a refused save wrote files"
 
 
 def test_int_and_bool_keys_keep_their_types():
@@ -352,7 +371,7 @@ def test_int_and_bool_keys_keep_their_types():
     out = treestore.load(url, "b")
     assert list(out) == [True, False] and all(type(k) is bool for k in out)
     assert_tree_equal(out, bools)
-    assert_like_round_trip(treestore.load(url, "b", like=bools), bools)
+    assert_like_round_trip(treestore.load(url, "b", like=blank(bools)), bools)
     assert [e.address for e in treestore.Store(url).manifest("b").leaves] == ["{false}", "{true}"]
 
 

@@ -80,6 +80,22 @@ def test_leaf_address_that_is_not_its_tree_position(store, address):
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize(("a", "b"), [("small/a", "small/s"), ("w", "ids"), ("py/n", "py/t")])
+def test_two_leaves_with_swapped_addresses(store, a, b):
+    """Each of two leaf entries takes the other's (canonical, existing) address: every address
+    is valid and distinct, but neither leaf sits at its tree position; refused, since by address
+    (open, select, diff) each would read as the other."""
+
+    def change(m):
+        x, y = (next(e for e in m["leaves"] if e["address"] == k) for k in (a, b))
+        x["address"], y["address"] = b, a
+
+    store.mutate_manifest(change)
+    out = store.check(ops=["manifest", "load", "open", "verify"])
+    assert isinstance(out["load"].error, treestore.errors.ManifestCorruptError), out["load"]
+
+
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("key", ["../../outside", "a/b", "\x00", "x" * 5000, "😀"])
 def test_consistently_renamed_key(store, key):
     """A hostile store may rename a key everywhere (tree and address): that is just another tree,
@@ -162,20 +178,54 @@ def test_commit_record_under_another_name(store):
 @pytest.mark.parametrize("index", [2**31, 2**32, 2**63, 2**64 - 1])
 @pytest.mark.parametrize("kind", ["seq", "flat"])
 def test_key_records_with_indices_beyond_32_bits(store, index, kind):
-    """A custom node keyed by ["seq", i] or ["flat", i] with a huge i (and the matching leaf
-    address): jax's key classes take 32-bit ints, so decoding must check the range itself."""
-    segment = str(index) if kind == "seq" else f"#{index}"
+    """A custom node keyed by ["seq", i] or ["flat", i] with a huge i. The child under that key
+    is None, so no leaf address holds the index and address checks cannot catch it first: the
+    key record's own range check must (jax's key classes take 32-bit ints and raise TypeError)."""
 
     def change(m):
-        node = m["tree"]["children"][[k[1] for k in m["tree"]["keys"]].index("small")]
-        node.update(type="custom", name="x.Y", keys=[[kind, index - i] for i in range(len(node["keys"]))])
-        for i, leaf in enumerate(x for x in m["leaves"] if x["address"].startswith("small/")):
-            rest = leaf["address"].split("/", 1)[1]
-            leaf["address"] = f"small/{segment if i == 0 else rest}"
+        node = m["tree"]["children"][[k[1] for k in m["tree"]["keys"]].index("list")]
+        assert node["type"] == "list" and node["children"][1] == {"type": "none"}, node
+        node.update(type="custom", name="x.Y", keys=[["seq", 0], [kind, index], ["seq", 2]])
 
     store.mutate_manifest(change)
     out = store.check(ops=["manifest", "load", "verify"])
-    assert out["load"].error is None or isinstance(out["load"].error, treestore.errors.ManifestCorruptError)
+    assert isinstance(out["load"].error, treestore.errors.ManifestCorruptError), out["load"]
+    assert "key" in str(out["load"].error)
+
+
+@pytest.mark.timeout(30)
+def test_key_records_in_range_load(store):
+    """The control of the test above: the same custom node with an index in range loads, with
+    the node as a dict keyed by its keys' values (so the test above fails only at the index)."""
+
+    def change(m):
+        node = m["tree"]["children"][[k[1] for k in m["tree"]["keys"]].index("list")]
+        node.update(type="custom", name="x.Y", keys=[["seq", 0], ["flat", 2**31 - 1], ["seq", 2]])
+
+    store.mutate_manifest(change)
+    out = store.check(ops=["manifest", "load", "verify"])
+    assert out["load"].error is None, out["load"].error
+    assert list(out["load"].value["list"]) == [0, 2**31 - 1, 2]
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    "address",
+    [
+        '"py"/n',  # quoted where the bare form is canonical
+        'py/"n"',
+        '"p%79"/n',  # an escape of a printable character
+        "py/.n",  # another key type
+    ],
+)
+def test_leaf_address_of_the_right_path_in_another_form(store, address):
+    """An address that parses to the leaf's key path, or one like it, but is not the canonical
+    text of its tree position: refused (a manifest must use canonical addresses, SPEC.md §6)."""
+    store.mutate_manifest(
+        lambda m: next(x for x in m["leaves"] if x["address"] == "py/n").update(address=address)
+    )
+    out = store.check(ops=["manifest", "load", "verify"])
+    assert isinstance(out["load"].error, treestore.errors.ManifestCorruptError), out["load"]
 
 
 @pytest.mark.timeout(30)

@@ -13,6 +13,8 @@ from typing import Any
 import msgpack
 import pytest
 
+import treestore
+
 from ._harness import check_readers
 
 DELETE = object()
@@ -163,6 +165,21 @@ def test_wrong_value_in_manifest_field(store, path):
             store.write_ref(raw=original)
     assert store.untouched()
     assert not failures, "\n".join(failures)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("name", "good"), ("created", 1.0), ("metadata", {"v": 9}), ("leaves", 1), ("nbytes", 0)],
+)
+def test_commit_record_changed_without_its_check(store, field, value):
+    """A field covered by ``check`` changed, ``check`` left as it was: a listing (which reads no
+    manifest, so only ``check`` can tell) leaves the record out, and a load refuses it."""
+    rec = {**store.ref_record(), field: value}
+    store.write_ref(raw=msgpack.packb(rec, use_bin_type=True))
+    out = check_readers(store.url, root=store.root, ops=["list", "load", "verify all"])
+    assert [c.name for c in out["list"].value] == ["good"]
+    assert isinstance(out["load"].error, treestore.errors.ManifestCorruptError)
 
 
 @pytest.mark.timeout(60)

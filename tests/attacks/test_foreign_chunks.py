@@ -7,6 +7,7 @@ leaves' slices of a pack, objects stored under the wrong name) is refused, namin
 
 from __future__ import annotations
 
+import msgpack
 import numpy as np
 import pytest
 
@@ -104,6 +105,23 @@ def test_object_swapped_for_another_chunk(store):
     assert (
         isinstance(out["load"].error, treestore.errors.ChunkCorruptError) and out["load"].error.address == "w"
     )
+
+
+@pytest.mark.timeout(30)
+def test_manifest_object_rewritten_in_place(store):
+    """The manifest object of "bad" now holds another valid manifest of the same size (one
+    leaf's value changed), its commit record untouched: refused for its digest."""
+    ref = store.ref_record()
+    path = store.root / _layout.manifest_path(ref["manifest"])
+    m = store.manifest_record()
+    n = next(x for x in m["leaves"] if x["address"] == "py/n")
+    n["value"] += 1  # 3 -> 4: a fixint of the same size
+    data = msgpack.packb(m, use_bin_type=True)
+    assert len(data) == path.stat().st_size
+    path.write_bytes(data)
+    out = store.check(ops=["manifest", "load", "open", "verify"])
+    assert isinstance(out["load"].error, treestore.errors.ManifestCorruptError), errors(out)
+    assert "digest" in str(out["load"].error)
 
 
 @pytest.mark.timeout(30)

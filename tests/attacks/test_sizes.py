@@ -15,6 +15,7 @@ import zstandard
 import treestore
 from treestore._format import codecs as _codecs
 from treestore._format import layout as _layout
+from treestore._format.limits import CHUNK_SLACK, MAX_GRID_CELLS, MAX_MANIFEST_BYTES
 
 from .. import hostile
 from ._harness import MiB, errors
@@ -273,6 +274,32 @@ def test_raw_chunk_body_of_the_wrong_length(store):
         assert isinstance(out["load"].error, treestore.errors.ChunkCorruptError)
 
 
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("extra", [1, 4096, 2 * MiB])
+def test_chunk_object_larger_than_its_raw_size_allows(store, extra):
+    """A valid zstd chunk followed by trailing bytes, the object now beyond its raw size plus
+    the 144 bytes of slack: refused (SPEC.md §4), though its frame alone decodes to exactly the
+    chunk's bytes, and read no further than the bound."""
+    path, size, _ = _ids_chunk(store)
+    obj = path.read_bytes()
+    path.write_bytes(obj + b"\xff" * (size + CHUNK_SLACK + extra - len(obj)))
+    out = store.check(ops=READ_CHUNKS, memory=16 * MiB)
+    assert isinstance(out["load"].error, treestore.errors.ChunkCorruptError), errors(out)
+    assert out["load"].error.address == "ids"
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("declared", [MAX_MANIFEST_BYTES + 1, 2**40])
+def test_commit_record_declaring_a_manifest_over_the_bound(store, declared):
+    """A sealed commit record whose manifest_size exceeds MAX_MANIFEST_BYTES is damaged as it
+    stands: listing leaves it out, and loading names the field, without reading the manifest."""
+    store.write_ref({**store.ref_record(), "manifest_size": declared})
+    out = store.check(ops=["list", "load", "verify all"])
+    assert [c.name for c in out["list"].value] == ["good"]
+    assert isinstance(out["load"].error, treestore.errors.ManifestCorruptError), errors(out)
+    assert "manifest_size" in str(out["load"].error)
+
+
 # --- huge objects: never read whole ---------------------------------------------------------------
 def _sparse(path: os.PathLike[str], size: int, head: bytes = b"") -> None:
     with open(path, "wb") as f:
@@ -344,3 +371,30 @@ def test_pieces_that_do_not_tile_the_leaf(store, case):
     store.write_manifest(rec)
     out = store.check(ops=["load", "verify"], memory=96 * MiB)
     assert isinstance(out["load"].error, treestore.errors.ManifestCorruptError), errors(out)
+
+
+@pytest.mark.timeout(60)
+def test_pieces_whose_boundaries_span_too_large_a_grid(store):
+    """4,200 pieces that tile a 2100 x 2101 leaf exactly (row i cut at column i + 1) but whose
+    boundaries span a grid of 2100 x 2101 cells, over MAX_GRID_CELLS: refused by that bound,
+    before the cover of every cell is counted."""
+    rows, cols = 2100, 2101
+    assert rows * cols > MAX_GRID_CELLS
+
+    def ref(i: int, n: int) -> list[object]:
+        return [i.to_bytes(32, "little"), n, n + 16]
+
+    pieces = []
+    for i in range(rows):
+        pieces.append([[i, 0], [1, i + 1], [ref(2 * i, i + 1)]])
+        pieces.append([[i, i + 1], [1, cols - i - 1], [ref(2 * i + 1, cols - i - 1)]])
+
+    def change(m):
+        leaf = next(x for x in m["leaves"] if x["address"] == "ids")
+        leaf.pop("chunks")
+        leaf.update(dtype="uint8", shape=[rows, cols], pieces=pieces)
+
+    store.mutate_manifest(change)
+    out = store.check(ops=["manifest", "load", "verify"], memory=96 * MiB)
+    assert isinstance(out["load"].error, treestore.errors.ManifestCorruptError), errors(out)
+    assert "grid" in str(out["load"].error)

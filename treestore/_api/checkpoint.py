@@ -219,3 +219,16 @@ class Checkpoint:
     def bytes_read(self) -> int:
         """Chunk-object bytes this view has read so far."""
         return self.reader.bytes_read
+
+
+# The doctests of the methods: the classes report themselves as treestore.X (or treestore.types.X),
+# which hides their methods from doctest's search of this module.
+__test__ = {
+    f"{cls.__name__}.{name}": getattr(cls, name)
+    for cls in (
+        Checkpoint,
+        LazyLeaf,
+    )
+    for name, value in vars(cls).items()
+    if not name.startswith("__") and ">>>" in (getattr(value, "__doc__", None) or "")
+}

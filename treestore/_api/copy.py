@@ -2,7 +2,9 @@
 
 Only chunks the destination lacks are transferred, as the stored objects they are (chunks are named
 by the digest of their raw bytes, so an object means the same in every store). Each one is decoded
-and checked against its digest before it is written, so a damaged source is never propagated. The
+and checked against its digest before it is written, so a damaged source is never propagated. An
+object the destination already holds under a chunk's name is kept only if it passes the check a
+save applies before reusing one (``reusable_size``); a bad one is replaced from the source. The
 destination sees the same commit protocol as a save: lock, chunks, manifest, commit record.
 """
 
@@ -21,6 +23,7 @@ from treestore._engine import read as _read
 from treestore._engine.commit import commit
 from treestore._engine.read import fetch_chunk
 from treestore._engine.threads import default_threads
+from treestore._engine.write import reusable_size
 from treestore._format import layout as _layout
 from treestore._format.encoding import digest
 from treestore._format.manifest import ChunkRef, Manifest, check_name, encode_manifest
@@ -77,7 +80,7 @@ class _Copier:
 
     def _chunk(self, c: ChunkRef, owner: str, checkpoint: str) -> None:
         path = _layout.chunk_path(c.digest)
-        if self.dst.object_size(path) is None:
+        if reusable_size(self.dst, c.digest, c.raw_size) is None:  # none, or a bad one: replace it
             try:
                 data, _ = fetch_chunk(self.src, c)
             except CorruptionError as exc:

@@ -4,6 +4,7 @@ preemption, and resuming (see :class:`CheckpointManager`)."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import os
 import re
@@ -18,7 +19,15 @@ from treestore._api.store import Store
 from treestore._engine import write as _write
 from treestore._engine.snapshot import Background, HostSnapshot
 from treestore._format.manifest import check_metadata
-from treestore.errors import CheckpointExistsError, CheckpointNotFoundError, InvalidInputError, StoreBusyError
+from treestore.errors import (
+    CheckpointExistsError,
+    CheckpointNotFoundError,
+    InvalidInputError,
+    StoreBusyError,
+    TreestoreError,
+)
+
+_log = logging.getLogger("treestore")
 
 _STEP_NAME = re.compile(r"step-(\d{9,})\Z")
 
@@ -173,7 +182,10 @@ class CheckpointManager:
     "max"; a save must then pass that metric; ties go to the newer step). A step is kept if any rule
     keeps it, and the newest step is always kept; with no rule every step is kept. After each
     save the other steps' checkpoints are deleted, then gc removes the chunks no checkpoint uses;
-    gc never touches a save in flight in any process and is retried later when one is.
+    gc never touches a save in flight in any process and is retried later when one is. Retention
+    runs after the commit, so its failures are logged (logger ``treestore``), never raised: the
+    step is saved. A damaged checkpoint in the store is left out of ``steps()`` (and logged), and
+    keeps gc from freeing space until it is deleted.
 
     **Preemption.** ``preemption=True`` installs a SIGTERM handler (main thread only; it calls
     any previous Python handler, and close() puts it back). After a SIGTERM, every ``save`` saves
@@ -301,20 +313,34 @@ class CheckpointManager:
         self._retain()
 
     def _retain(self) -> None:
-        infos = self._infos()
-        keep = self._policy.retained(infos)
-        for step, info in infos.items():
-            if step not in keep:
-                with contextlib.suppress(CheckpointNotFoundError):  # deleted by someone else
-                    self.store.delete(info.name)
-                self._known.discard(step)
-                self._gc_due = True
-        if self._gc_due:
-            try:
-                self.store.gc(grace=0, wait=0)
-                self._gc_due = False
-            except StoreBusyError:
-                pass  # a save is in flight somewhere: gc again after the next save
+        """Delete the steps the policy no longer keeps, then gc. This runs after the commit: the
+        step is saved whatever happens here, so a failure is logged (logger ``treestore``), not
+        raised, and retention and gc run again after the next save."""
+        try:
+            infos = self._infos()
+            keep = self._policy.retained(infos)
+            for step, info in infos.items():
+                if step not in keep:
+                    with contextlib.suppress(CheckpointNotFoundError):  # deleted by someone else
+                        self.store.delete(info.name)
+                    self._known.discard(step)
+                    self._gc_due = True
+            if self._gc_due:
+                try:
+                    report = self.store.gc(grace=0, wait=0)
+                    # A damaged checkpoint keeps gc from freeing anything (it logs which): retry
+                    # after the next save, in case it has been deleted or repaired by then.
+                    self._gc_due = bool(report.damaged)
+                except StoreBusyError:
+                    pass  # a save is in flight somewhere: gc again after the next save
+        except TreestoreError as exc:
+            _log.warning(
+                "%s: retention after a save failed (%s: %s); the step is saved, and retention "
+                "runs again after the next save",
+                self.store.url,
+                type(exc).__name__,
+                exc,
+            )
 
     def _collect(self, *, block: bool) -> None:
         if self._background is not None and (block or self._background.done()):
@@ -397,14 +423,24 @@ class CheckpointManager:
         """What was stored with ``step`` (default: the newest step)."""
         return self._find(step)
 
-    def restore(self, like: Any = None, step: int | None = None) -> Any:
+    def restore(
+        self,
+        like: Any = None,
+        step: int | None = None,
+        *,
+        select: Any = None,
+        cast: bool = False,
+        partial: bool = False,
+    ) -> Any:
         """The tree of ``step`` (default: the newest), after waiting for the save in flight.
 
         With ``like`` (a tree of arrays, ``jax.ShapeDtypeStruct`` or scalars, e.g. a freshly
-        initialised train state) the result has its structure and types; see :meth:`Store.load`.
+        initialised train state) the result has its structure and types; ``select``, ``cast`` and
+        ``partial`` are as in :meth:`Store.load` (``cast=True`` resumes a flax ``TrainState``
+        whose step was saved as a Python int into one whose step is an array, and back).
         """
         self.wait()
-        return self.store.load(self._find(step).name, like=like)
+        return self.store.load(self._find(step).name, like=like, select=select, cast=cast, partial=partial)
 
     def _find(self, step: int | None) -> StepInfo:
         infos = self._infos()
@@ -418,3 +454,13 @@ class CheckpointManager:
                 checkpoint=step_name(step),
             )
         return infos[step]
+
+
+# The doctests of the methods: the classes report themselves as treestore.X (or treestore.types.X),
+# which hides their methods from doctest's search of this module.
+__test__ = {
+    f"{cls.__name__}.{name}": getattr(cls, name)
+    for cls in (CheckpointManager,)
+    for name, value in vars(cls).items()
+    if not name.startswith("__") and ">>>" in (getattr(value, "__doc__", None) or "")
+}

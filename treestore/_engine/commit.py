@@ -23,7 +23,7 @@ def commit(storage: Storage, manifest: bytes, record: CommitRecord, *, overwrite
     storage.sync()  # chunks before the manifest
     mdigest = digest(manifest)
     path = layout.manifest_path(mdigest)
-    if storage.object_size(path) != len(manifest):
+    if storage.read_range(path, 0, len(manifest) + 1) != manifest:  # absent, or not what its name says
         storage.write(path, [manifest])
     storage.sync()  # the manifest before the record
     record = dataclasses.replace(record, manifest=mdigest, manifest_size=len(manifest))

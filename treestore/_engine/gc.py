@@ -4,25 +4,47 @@ A save announces itself with a lock object before it looks for existing chunks, 
 after its commit; gc announces itself the same way, then looks for save locks. Each side writes
 before it reads, so at least one sees the other: a save waits for a running gc, and gc defers while
 a save is in flight (SPEC.md, "Garbage collection"). Locks older than ``stale_after`` seconds are
-from dead processes and are ignored (and removed by gc)."""
+from dead processes and are ignored (and removed by gc).
+
+gc deletes only what it has proved unreferenced: a listing that fails raises before anything is
+deleted, and while any commit record or manifest cannot be read (a damaged checkpoint) it
+deletes no chunk and no manifest, and names the damaged checkpoints in its report."""
 
 from __future__ import annotations
 
+import logging
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from treestore._engine.locks import gc_lock, lock_time
+from treestore._engine.locks import LOCK_PATH, STALE_AFTER, gc_lock, lock_time
 from treestore._engine.read import committed_records, read_manifest
 from treestore._format import layout as _layout
 from treestore._storage.base import Storage
+from treestore.errors import CorruptionError, TreestoreError, UnsupportedFormatError
 
 GRACE = 600.0
+
+# A temporary file under locks/ may be a lock being written right now: a save or gc writes its
+# lock before it looks for the other side's, so no lock protects that write. gc removes such
+# files only once they are this old (other temporary files are written under a save lock,
+# which gc sees, and go at the grace period).
+LOCK_TEMPORARY_AGE = STALE_AFTER
+
+_DELETE_BATCH = 1000  # objects deleted between two checks that gc's own lock is fresh
+
+_log = logging.getLogger("treestore")
 
 
 @dataclass(frozen=True)
 class GcReport:
-    """What a gc run removed (or, with ``dry_run``, would remove)."""
+    """What a gc run removed (or, with ``dry_run``, would remove).
+
+    ``damaged`` names the checkpoints whose commit record or manifest could not be read; while
+    there is one, gc cannot tell what it references and removes no chunk and no manifest (only
+    stale locks, staging records and temporary files). Delete or repair it to free space again.
+    """
 
     chunks_removed: int
     bytes_freed: int
@@ -30,15 +52,13 @@ class GcReport:
     locks_removed: int
     kept_young: int  # unreferenced chunks kept because they are younger than the grace period
     dry_run: bool
+    damaged: tuple[str, ...] = ()
 
 
 _CHUNK = re.compile(r"chunks/([0-9a-f]{2})/(\1[0-9a-f]{62})")
 
 
 _MANIFEST = re.compile(r"manifests/[0-9a-f]{64}")
-
-
-_LOCK = re.compile(r"locks/(save|gc)-[0-9a-f]{32}")
 
 
 _STAGING = re.compile(r"staging/[0-9a-f]{32}/(process-[0-9]+|outcome)")
@@ -53,50 +73,59 @@ def collect(
     stale_after: float,
     dry_run: bool,
     own_lock: str = "",
+    damaged: tuple[str, ...] = (),
+    refresh: Callable[[], None] = lambda: None,
 ) -> GcReport:
     """Remove what no committed checkpoint references. Call it holding a gc lock, with the live
     sets computed after the lock was taken. Only objects whose names treestore writes are ever
-    deleted; anything else in the store is left alone."""
+    deleted; anything else in the store is left alone. With ``damaged`` (checkpoints whose
+    references are unknown) no chunk or manifest is deleted. Every listing is made before
+    anything is deleted, so a listing that fails deletes nothing; ``refresh`` keeps the gc lock
+    fresh during a long run."""
     now = time.time()
 
     def old(mtime: float | None, limit: float) -> bool:
         return mtime is not None and now - mtime >= limit
 
     doomed: list[str] = []
-    freed = young = 0
-    for obj in storage.list(_layout.CHUNKS):
-        if not _CHUNK.fullmatch(obj.path) or bytes.fromhex(obj.path[-64:]) in live_chunks:
-            continue
-        if not old(obj.mtime, grace):
-            young += 1
-            continue
-        doomed.append(obj.path)
-        freed += obj.size
-    chunks = len(doomed)
-    manifests = 0
-    for obj in storage.list(_layout.MANIFESTS):
-        live = not _MANIFEST.fullmatch(obj.path) or bytes.fromhex(obj.path[-64:]) in live_manifests
-        if not live and old(obj.mtime, grace):
+    freed = young = chunks = manifests = 0
+    if not damaged:
+        for obj in storage.list(_layout.CHUNKS):
+            if not _CHUNK.fullmatch(obj.path) or bytes.fromhex(obj.path[-64:]) in live_chunks:
+                continue
+            if not old(obj.mtime, grace):
+                young += 1
+                continue
             doomed.append(obj.path)
             freed += obj.size
-            manifests += 1
+        chunks = len(doomed)
+        refresh()
+        for obj in storage.list(_layout.MANIFESTS):
+            live = not _MANIFEST.fullmatch(obj.path) or bytes.fromhex(obj.path[-64:]) in live_manifests
+            if not live and old(obj.mtime, grace):
+                doomed.append(obj.path)
+                freed += obj.size
+                manifests += 1
     for obj in storage.list(_layout.STAGING):  # records of multi-process saves that died
         if _STAGING.fullmatch(obj.path) and old(obj.mtime, grace):
             doomed.append(obj.path)
     for folder in (_layout.CHUNKS, _layout.MANIFESTS, _layout.CHECKPOINTS, _layout.LOCKS, _layout.STAGING):
+        age = max(grace, LOCK_TEMPORARY_AGE) if folder == _layout.LOCKS else grace
         for obj in storage.temporaries(folder):  # half-written objects of killed writers
-            if old(obj.mtime, grace):
+            if old(obj.mtime, age):
                 doomed.append(obj.path)
                 freed += obj.size
     locks = 0
     for obj in storage.list(_layout.LOCKS):
-        ours = not _LOCK.fullmatch(obj.path) or obj.path == own_lock
+        ours = not LOCK_PATH.fullmatch(obj.path) or obj.path == own_lock
         if not ours and now - lock_time(storage, obj.path, obj.mtime) >= stale_after:
             doomed.append(obj.path)
             locks += 1
     if not dry_run:
-        storage.delete_many(doomed)
-    return GcReport(chunks, freed, manifests, locks, young, dry_run)
+        for i in range(0, len(doomed), _DELETE_BATCH):
+            refresh()
+            storage.delete_many(doomed[i : i + _DELETE_BATCH])
+    return GcReport(chunks, freed, manifests, locks, young, dry_run, damaged)
 
 
 def collect_garbage(
@@ -105,11 +134,29 @@ def collect_garbage(
     """Take the gc lock, compute what the committed checkpoints reference, and remove the rest
     (see :func:`collect`)."""
     with gc_lock(storage, stale_after=stale_after, wait=wait) as lock:
+
+        def refresh() -> None:  # saves judge gc locks by the default stale limit
+            lock.refresh(STALE_AFTER)
+
         live_manifests: set[bytes] = set()
         live_chunks: set[bytes] = set()
-        for record in committed_records(storage):
+        records, unreadable = committed_records(storage)
+        damaged: dict[str, TreestoreError] = dict(unreadable)
+        for record in records:
             live_manifests.add(record.manifest)
-            live_chunks |= read_manifest(storage, record).chunk_digests()
+            try:
+                live_chunks |= read_manifest(storage, record).chunk_digests()
+            except (CorruptionError, UnsupportedFormatError) as exc:
+                damaged[record.name] = exc
+            refresh()
+        if damaged:
+            _log.warning(
+                "gc of %s deletes no chunk and no manifest: %d checkpoint(s) cannot be read, so what "
+                "they reference is unknown (delete or repair them to free space): %s",
+                storage.url,
+                len(damaged),
+                "; ".join(str(exc) for exc in damaged.values()),
+            )
         return collect(
             storage,
             live_manifests,
@@ -118,4 +165,6 @@ def collect_garbage(
             stale_after=stale_after,
             dry_run=dry_run,
             own_lock=lock.path,
+            damaged=tuple(sorted(damaged)),
+            refresh=refresh,
         )

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import concurrent.futures as cf
+import difflib
 import functools
+import logging
 import math
 import os
 import threading
@@ -22,18 +24,54 @@ from treestore.errors import (
     CheckpointNotFoundError,
     ChunkCorruptError,
     ChunkMissingError,
+    CorruptionError,
     ManifestCorruptError,
     OutOfMemoryError,
     TreestoreError,
+    UnsupportedFormatError,
 )
+
+_log = logging.getLogger("treestore")
 
 
 def read_commit_record(storage: Storage, name: str) -> CommitRecord:
     check_name(name)
     data = storage.read_range(_layout.record_path(name), 0, MAX_RECORD_BYTES + 1)
     if data is None:
-        raise CheckpointNotFoundError(f"no checkpoint {name!r} in {storage.url}", checkpoint=name)
+        raise not_found(storage, name)
     return decode_commit_record(data, name)
+
+
+def not_found(storage: Storage, name: str | None) -> CheckpointNotFoundError:
+    """The error for a checkpoint ``name`` (None: any checkpoint) that is not in ``storage``, in
+    the one wording every reader uses: "no treestore store at URL" when nothing of a store is
+    there, else "no checkpoint 'NAME' in store URL (did you mean 'N1'?)" or "no checkpoints in
+    store URL". Only this error path lists the store (a listing that fails adds nothing)."""
+    if not _is_store(storage):
+        wanted = f" (looking for checkpoint {name!r})" if name is not None else " (no checkpoints in it)"
+        return CheckpointNotFoundError(f"no treestore store at {storage.url}{wanted}", checkpoint=name)
+    if name is None:
+        return CheckpointNotFoundError(f"no checkpoints in store {storage.url}")
+    try:
+        names = checkpoint_names(storage)
+    except TreestoreError:  # a read-only store that cannot be listed: no suggestions
+        names = None
+    close = difflib.get_close_matches(name, names or [], n=3, cutoff=0.6)
+    hint = f" (did you mean {' or '.join(repr(n) for n in close)}?)" if close else ""
+    if names == []:
+        hint = " (it has no checkpoints)"
+    return CheckpointNotFoundError(f"no checkpoint {name!r} in store {storage.url}{hint}", checkpoint=name)
+
+
+def _is_store(storage: Storage) -> bool:
+    """Whether anything of a store is at ``storage``'s URL; a store that cannot tell (a server
+    that answers no folder URL) counts as one."""
+    if storage.read_only:
+        return True
+    try:
+        return any(storage.exists(folder) for folder in _layout.FOLDERS)
+    except TreestoreError:
+        return True
 
 
 def checkpoint_names(storage: Storage) -> list[str]:
@@ -86,21 +124,50 @@ def allocate(
         ) from None
 
 
-def committed_records(storage: Storage) -> list[CommitRecord]:
-    """The commit records of every checkpoint; one deleted while listing is left out."""
+def committed_records(
+    storage: Storage,
+) -> tuple[list[CommitRecord], dict[str, CorruptionError | UnsupportedFormatError]]:
+    """The commit records of every checkpoint, and the checkpoints whose record cannot be used:
+    name -> the error reading it raised (damaged, or of a format this version cannot read).
+
+    One deleted while listing is in neither. A listing or read that fails raises StorageError.
+    """
     refs = []
+    damaged: dict[str, CorruptionError | UnsupportedFormatError] = {}
     for name in checkpoint_names(storage):
         try:
             refs.append(read_commit_record(storage, name))
         except CheckpointNotFoundError:
             continue  # deleted since the listing: it needs no protection and no entry
+        except (CorruptionError, UnsupportedFormatError) as exc:
+            damaged[name] = exc
+    return refs, damaged
+
+
+def readable_records(storage: Storage) -> list[CommitRecord]:
+    """The commit records a listing shows: a damaged one is left out, with a warning (logger
+    ``treestore``) naming it, so one bad checkpoint does not hide the others; one of a format
+    this version cannot read raises UnsupportedFormatError (upgrade treestore)."""
+    refs, damaged = committed_records(storage)
+    for exc in damaged.values():
+        if isinstance(exc, UnsupportedFormatError):
+            raise exc
+    if damaged:
+        _log.warning(
+            "%s: %d damaged checkpoint(s) left out (verify names what is wrong; delete them to "
+            "let gc free space): %s",
+            storage.url,
+            len(damaged),
+            "; ".join(str(exc) for exc in damaged.values()),
+        )
     return refs
 
 
 def newest_record(storage: Storage) -> CommitRecord:
-    refs = committed_records(storage)
+    """The newest readable commit record (see :func:`readable_records`)."""
+    refs = readable_records(storage)
     if not refs:
-        raise CheckpointNotFoundError(f"no checkpoints in {storage.url}")
+        raise not_found(storage, None)
     return max(refs, key=lambda r: (r.created, r.name))
 
 

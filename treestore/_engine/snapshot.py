@@ -79,10 +79,6 @@ class HostSnapshot:
         """Validate ``tree`` and copy its array leaves to host; raises before keeping anything."""
         kept = self._kept
         same = {id(v) for k in kept.values() if k.source is not None and (v := k.source()) is not None}
-        for x in jax.tree_util.tree_leaves(tree):  # start every device-to-host copy at once
-            if isinstance(x, jax.Array) and id(x) not in same and _on_host_already(x):
-                with contextlib.suppress(Exception):  # np.asarray below copies anyway
-                    x.copy_to_host_async()
         new: dict[str, _Kept] = {}
 
         def host_leaf(address: str, value: Any) -> Leaf:
@@ -106,8 +102,14 @@ class HostSnapshot:
                     new[address] = _Kept(source, leaf, owned=True)
             return leaf
 
+        def start_copies(values: list[Any]) -> None:  # every device-to-host copy at once
+            for x in values:
+                if isinstance(x, jax.Array) and id(x) not in same and _on_host_already(x):
+                    with contextlib.suppress(Exception):  # np.asarray below copies anyway
+                        x.copy_to_host_async()
+
         try:
-            prepared = prepare(tree, leaf=host_leaf)
+            prepared = prepare(tree, leaf=host_leaf, before=start_copies)
         except BaseException:
             self._kept = {}  # some kept buffers may hold this tree's data now: trust none
             raise

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import jax
 import numpy as np
 
 from treestore._engine import distributed as _distributed
@@ -21,9 +22,10 @@ from treestore._engine import locks as _locks
 from treestore._engine.commit import commit
 from treestore._engine.threads import default_threads
 from treestore._format import layout as _layout
-from treestore._format.codecs import Codec, encode, plane_width
+from treestore._format.codecs import HEADER, MAGIC, PLANES, RAW, ZSTD, Codec, encode, plane_width
 from treestore._format.commit_record import CommitRecord
 from treestore._format.encoding import digest
+from treestore._format.limits import CHUNK_SLACK, MAX_MANIFEST_BYTES, MAX_PLANE_WIDTH
 from treestore._format.manifest import (
     ChunkRef,
     LeafEntry,
@@ -37,7 +39,7 @@ from treestore._format.manifest import (
 from treestore._storage.base import Storage
 from treestore._tree.leaves import ArrayLeaf, Leaf, ValueLeaf, prepare_leaf
 from treestore._tree.structure import flatten
-from treestore.errors import CheckpointExistsError, InvalidInputError, UnsupportedKeyError
+from treestore.errors import CheckpointExistsError, InvalidInputError, UnsupportedLeafError
 
 MiB = 2**20
 
@@ -83,32 +85,144 @@ class SaveResult:
     chunks_reused: int  # chunks that were already in the store (deduplicated)
 
 
-def prepare(tree: Any, *, copy: bool = False, leaf: Callable[[str, Any], Leaf] | None = None) -> Prepared:
+def prepare(
+    tree: Any,
+    *,
+    copy: bool = False,
+    leaf: Callable[[str, Any], Leaf] | None = None,
+    before: Callable[[list[Any]], None] | None = None,
+) -> Prepared:
     """Validate every key and leaf and copy device arrays to host; raises before any write.
 
     With ``copy=True`` numpy leaves are copied too, so the caller may change them at once.
-    ``leaf(address, value)`` replaces the default conversion of each leaf.
+    ``leaf(address, value)`` replaces the default conversion of each leaf; ``before(values)``
+    sees every leaf value once the structure is validated, before any is converted.
     """
     make = leaf or (lambda address, value: prepare_leaf(value, address, copy=copy))
-    leaves: list[tuple[str, Leaf]] = []
-    seen: set[str] = set()
+    found: list[tuple[str, Any]] = []
 
     def visit(address: str, value: Any) -> int:
-        if address in seen:
-            raise UnsupportedKeyError(
-                f"{address or '(root)'}: two leaves have this address (a custom node gives two "
-                "children the same key entry)",
-                address=address,
-            )
-        seen.add(address)
-        leaves.append((address, make(address, value)))
-        return len(leaves) - 1
+        found.append((address, value))
+        return len(found) - 1
 
-    return Prepared(flatten(tree, visit), tuple(leaves))
+    node = flatten(tree, visit)  # distinct keys in each node: distinct addresses
+    if before is not None:
+        before([value for _, value in found])
+    leaves = _converted(tree, found, make)
+    # Python scalars live in the manifest: refuse here, before any chunk is written, a tree whose
+    # addresses and values alone exceed what readers accept (encode_manifest checks the rest).
+    floor = sum(len(a) + (x.size_floor if type(x) is ValueLeaf else 0) for a, x in leaves)
+    if floor > MAX_MANIFEST_BYTES:
+        values = [(a, x) for a, x in leaves if isinstance(x, ValueLeaf)]
+        address, biggest = max(values, key=lambda p: p[1].size_floor, default=("", None))
+        largest = f"; the largest, {address or '(root)'}, holds {biggest.size_floor}" if biggest else ""
+        raise InvalidInputError(
+            f"the tree's addresses and Python scalar leaves take at least {floor} bytes in the "
+            f"manifest, over the {MAX_MANIFEST_BYTES // 2**20} MiB readers accept{largest}: store "
+            "large bytes and str values as numpy arrays (np.frombuffer(b, np.uint8))",
+            address=address if biggest else None,
+        )
+    return Prepared(node, tuple(leaves))
+
+
+def _converted(
+    tree: Any, found: list[tuple[str, Any]], make: Callable[[str, Any], Leaf]
+) -> list[tuple[str, Leaf]]:
+    """Every leaf converted by ``make``; one UnsupportedLeafError names every leaf that cannot be
+    stored (for an equinox module, with the filter that keeps its arrays)."""
+    leaves: list[tuple[str, Leaf]] = []
+    refused: list[UnsupportedLeafError] = []
+    for address, value in found:
+        try:
+            leaves.append((address, make(address, value)))
+        except UnsupportedLeafError as exc:
+            refused.append(exc)
+    if not refused:
+        return leaves
+    lines = [exc.message for exc in refused]
+    text = (
+        lines[0]
+        if len(lines) == 1
+        else f"{len(lines)} leaves cannot be stored:\n  "
+        + "\n  ".join(lines[:20] + ([f"(and {len(lines) - 20} more)"] if len(lines) > 20 else []))
+    )
+    if any(_is_equinox(x) for x in jax.tree_util.tree_leaves(tree, is_leaf=_is_equinox)):
+        text += (
+            "\nthe tree holds equinox modules: save eqx.filter(model, eqx.is_array) (its arrays), "
+            "and load with like=model (its functions are kept from like)"
+        )
+    raise UnsupportedLeafError(text, address=refused[0].address)
+
+
+def _is_equinox(x: Any) -> bool:
+    """Whether ``x`` is an equinox module (by its classes' modules: equinox is never imported)."""
+    return any(c.__module__.partition(".")[0] == "equinox" for c in type(x).__mro__)
+
+
+def reusable_size(storage: Storage, chunk_digest: bytes, raw_size: int) -> int | None:
+    """The stored size of the object under the name of chunk ``chunk_digest`` (``raw_size`` raw
+    bytes) if a save or copy may reference it without writing it again; None when there is no
+    object or it fails this check, and the caller must (re)write it.
+
+    The check reads the object's size and at most its first 80 bytes: the header must parse and
+    declare ``raw_size``, the stored size must fit the codec (a raw chunk is exactly its raw size
+    plus the header; none exceeds the readers' bound) and a byte-plane chunk's table of plane
+    lengths must add up to its body. An empty, truncated or overwritten object fails it; a body
+    damaged in place behind an intact header and length is found only by a full read (verify).
+    """
+    path = _layout.chunk_path(chunk_digest)
+    stored = storage.object_size(path)
+    if stored is None or not HEADER.size < stored <= raw_size + CHUNK_SLACK:
+        return None
+    head = storage.read_range(path, 0, HEADER.size + 8 * MAX_PLANE_WIDTH)
+    if head is None or len(head) < min(stored, HEADER.size + 8 * MAX_PLANE_WIDTH):
+        return None
+    magic, codec, width, mask, size = HEADER.unpack_from(head)
+    if magic != MAGIC or size != raw_size:
+        return None
+    if codec == RAW:
+        sound = width == mask == 0 and stored == HEADER.size + raw_size
+    elif codec == ZSTD:
+        sound = width == mask == 0
+    elif codec == PLANES:
+        table = HEADER.size + 8 * width
+        sound = (
+            2 <= width <= MAX_PLANE_WIDTH
+            and raw_size % width == 0
+            and mask < 1 << width
+            and stored >= table
+            and sum(np.frombuffer(head[HEADER.size : table], "<u8").tolist()) == stored - table
+        )
+    else:
+        sound = False
+    return stored if sound else None
+
+
+_tls = threading.local()
+
+
+def _snapshot(raw: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """A copy of ``raw`` in this thread's reusable buffer (valid until this thread's next call).
+
+    A save hashes and encodes the one copy: an array the caller changes during the save can then
+    make it store any state the array went through, but never an object whose bytes differ from
+    its name.
+    """
+    buf = getattr(_tls, "snapshot", None)
+    if buf is None or buf.nbytes < raw.nbytes:
+        buf = _tls.snapshot = np.empty(raw.nbytes, np.uint8)
+    out = buf[: raw.nbytes]
+    np.copyto(out, raw)
+    return out
 
 
 class _ChunkWriter:
-    """Hashes, deduplicates, encodes and writes chunks; safe to call from many threads."""
+    """Hashes, deduplicates, encodes and writes chunks; safe to call from many threads.
+
+    A chunk is hashed and encoded from one copy of its bytes, and an object already under its
+    name is referenced only if it passes :func:`reusable_size`; otherwise it is written (over
+    a bad object, replacing it).
+    """
 
     def __init__(self, storage: Storage, codec: Codec, on_chunk: Callable[[int], None] | None) -> None:
         self.storage = storage
@@ -118,7 +232,11 @@ class _ChunkWriter:
         self._claimed: dict[bytes, cf.Future[int]] = {}
         self.written = self.written_bytes = self.reused = 0
 
-    def put(self, raw: np.ndarray[Any, Any], width: int) -> ChunkRef:
+    def put(self, raw: np.ndarray[Any, Any], width: int, *, private: bool = False) -> ChunkRef:
+        """Store the chunk ``raw`` (1-D uint8); ``private`` says nothing else can change it
+        meanwhile (a pack this save assembled), so it needs no copy."""
+        if not private:
+            raw = _snapshot(raw)
         d = digest(raw)
         with self._lock:
             fut = self._claimed.get(d)
@@ -128,11 +246,10 @@ class _ChunkWriter:
         if not owner:
             return ChunkRef(d, raw.nbytes, fut.result())
         try:
-            path = _layout.chunk_path(d)
-            stored = self.storage.object_size(path)
+            stored = reusable_size(self.storage, d, raw.nbytes)
             if stored is None:
                 buffers = encode(raw, width, self.codec, reuse=True)  # written before the next
-                self.storage.write(path, buffers)
+                self.storage.write(_layout.chunk_path(d), buffers)
                 stored = sum(len(b) for b in buffers)
                 with self._lock:
                     self.written += 1
@@ -256,8 +373,7 @@ def _write_in_group(
         return SaveResult(name, len(entries), nbytes, writer.written, writer.written_bytes, writer.reused)
     finally:
         if lock is not None:
-            with contextlib.suppress(Exception):
-                lock.release()
+            lock.release_quietly()  # after a commit the save has succeeded: a failure is logged
 
 
 def _write_leaves(
@@ -285,6 +401,7 @@ def _write_leaves(
         if pack_fill + raw.nbytes > options.pack_size:
             packs.append([])
             pack_fill = 0
+        raw = raw.copy()  # hashed and packed from one copy, as chunks are (see _snapshot)
         ref = ChunkRef(digest(raw), raw.nbytes, 0, len(packs) - 1, pack_fill)
         packs[-1].append(raw)
         pack_fill += raw.nbytes
@@ -302,7 +419,7 @@ def _write_leaves(
         else:
             raw = leaf.data.reshape(-1).view(np.uint8)
             plans.append(pack(raw) if small(raw) else raw)
-    pack_jobs = [pool.submit(writer.put, np.concatenate(m), 0) for m in packs if m]
+    pack_jobs = [pool.submit(writer.put, np.concatenate(m), 0, private=True) for m in packs if m]
 
     def submit(raw: np.ndarray[Any, Any], width: int) -> cf.Future[ChunkRef]:
         return pool.submit(writer.put, raw, width)

@@ -27,7 +27,7 @@ from typing import TypeAlias, Union
 
 from jax.tree_util import DictKey, FlattenedIndexKey, GetAttrKey, SequenceKey
 
-from treestore._format.limits import MAX_INDEX
+from treestore._format.limits import INT_END, INT_START, MAX_INDEX
 from treestore.errors import InvalidInputError, UnsupportedKeyError
 
 Key: TypeAlias = Union[SequenceKey, DictKey, GetAttrKey, FlattenedIndexKey]  # noqa: UP007
@@ -103,14 +103,14 @@ def format_key(key: object, path: Sequence[object] = ()) -> str:
 
 
 def _format_key(key: object, path: Sequence[object]) -> str:
-    if isinstance(key, SequenceKey) and type(key.idx) is int and key.idx >= 0:
+    if isinstance(key, SequenceKey) and type(key.idx) is int and 0 <= key.idx < MAX_INDEX:
         return str(key.idx)
     if isinstance(key, DictKey):
         k = key.key
         if type(k) is bool:
             return "{true}" if k else "{false}"
         if type(k) is int:
-            if not -(2**63) <= k < 2**64:
+            if not INT_START <= k < INT_END:
                 where = format_address(tuple(path)) if path else "the root"
                 raise UnsupportedKeyError(
                     f"{where}: int dict key {k} is outside the 64-bit range treestore stores",
@@ -132,9 +132,15 @@ def _format_key(key: object, path: Sequence[object]) -> str:
         )
     if isinstance(key, GetAttrKey) and isinstance(key.name, str) and _ATTR.match(key.name):
         return "." + key.name
-    if isinstance(key, FlattenedIndexKey) and type(key.key) is int and key.key >= 0:
+    if isinstance(key, FlattenedIndexKey) and type(key.key) is int and 0 <= key.key < MAX_INDEX:
         return "#" + str(key.key)
     where = format_address(tuple(path)) if path else "the root"
+    index = getattr(key, "idx" if isinstance(key, SequenceKey) else "key", None)
+    if isinstance(key, (SequenceKey, FlattenedIndexKey)) and type(index) is int:
+        raise UnsupportedKeyError(
+            f"{where}: key entry {key!r} is outside [0, 2**31), the indices treestore stores",
+            address=where,
+        )
     raise UnsupportedKeyError(
         f"{where}: key entry {key!r} of type {type(key).__name__} cannot become an address; "
         "register custom nodes with SequenceKey, DictKey, GetAttrKey or FlattenedIndexKey keys",
@@ -174,7 +180,7 @@ def parse_segment(segment: str) -> Key:
             return DictKey(True)
         if inner == "false":
             return DictKey(False)
-        if _INT.match(inner) and inner != "-0" and -(2**63) <= int(inner) < 2**64:
+        if _INT.match(inner) and inner != "-0" and INT_START <= int(inner) < INT_END:
             return DictKey(int(inner))
     elif segment.startswith('"') and segment.endswith('"') and len(segment) >= 2:
         text = _unquote(segment[1:-1], segment)
@@ -235,6 +241,39 @@ def key_from_record(record: object) -> Key:
         if kind == "flat" and type(value) is int and 0 <= value < MAX_INDEX:
             return FlattenedIndexKey(value)
     raise InvalidInputError(f"not a key record: {record!r}")
+
+
+def join_address(address: str, segment: str) -> str:
+    """The address of a child of the node at ``address`` (the root's is ``""``; no segment is)."""
+    return f"{address}/{segment}" if address else segment
+
+
+def check_node_keys(keys: Sequence[Key], segments: Sequence[str], address: str) -> None:
+    """The keys of one tree node (``segments`` their address segments) must be distinct as
+    segments and as the dict keys a load without a template makes of them: ``GetAttrKey("a")``
+    and ``DictKey("a")``, or ``SequenceKey(1)``, ``DictKey(1)`` and ``DictKey(True)`` (1 == True),
+    would become one dict key and one leaf would be lost. Raises UnsupportedKeyError naming the
+    node and both keys; writers and readers both call this."""
+    by_segment: dict[str, int] = {}
+    by_value: dict[Hashable, int] = {}
+    where = address or "the root"
+    for i, (key, segment) in enumerate(zip(keys, segments, strict=True)):
+        j = by_segment.setdefault(segment, i)
+        if j != i:
+            child = join_address(address, segment)
+            raise UnsupportedKeyError(
+                f"{child}: two children of the node at {where} have this address (a custom "
+                "node gives two children the same key entry)",
+                address=child,
+            )
+        j = by_value.setdefault(key_value(key), i)
+        if j != i:
+            raise UnsupportedKeyError(
+                f"{where}: the children {segments[j]!r} and {segment!r} of this node would both be "
+                f"the dict key {key_value(key)!r} when loaded without a template; give the node's "
+                "children keys whose values differ",
+                address=address,
+            )
 
 
 def key_value(key: Key) -> Hashable:

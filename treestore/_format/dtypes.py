@@ -4,12 +4,13 @@ Every dtype is looked up in a table here, never resolved by eval or import."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import ml_dtypes
 import numpy as np
 
-from treestore._format.limits import MAX_INT_DIGITS
+from treestore._format.limits import INT_END, INT_START, MAX_INT_DIGITS
 from treestore.errors import UnsupportedFormatError
 
 # Every dtype a store may name. Never resolved by eval or import: only looked up here.
@@ -97,11 +98,46 @@ def dtype_from_name(name: object, *, address: str = "", checkpoint: str | None =
     )
 
 
+# Canonical decimal text of a big int: ASCII digits, no leading zero, no '+', '_' or spaces.
+_DECIMAL = re.compile(r"-?[1-9][0-9]*")
+# Ints whose text fits MAX_INT_DIGITS characters: below 10**4300, or above -10**4299 (the sign).
+_TEXT_END, _TEXT_START = 10**MAX_INT_DIGITS, -(10 ** (MAX_INT_DIGITS - 1))
+
+
+def int_to_record(value: int) -> int | str:
+    """An int leaf as stored: itself in [-2**63, 2**64), else its decimal text; ValueError when
+    that text would exceed the MAX_INT_DIGITS characters readers accept."""
+    if INT_START <= value < INT_END:
+        return value
+    if not _TEXT_START < value < _TEXT_END:
+        digits = int(value.bit_length() * 0.30103) + 1
+        raise ValueError(
+            f"an int of about {digits} digits is too large: an int outside [-2**63, 2**64) is "
+            f"stored as decimal text of at most {MAX_INT_DIGITS} characters, a sign included"
+        )
+    return str(value)
+
+
+def int_from_record(record: object) -> int:
+    """The inverse of :func:`int_to_record`: only what it writes, else ValueError."""
+    if type(record) is int:
+        return record
+    if type(record) is str and len(record) <= MAX_INT_DIGITS and _DECIMAL.fullmatch(record):
+        value = int(record)
+        if not INT_START <= value < INT_END:
+            return value
+    raise ValueError(
+        f"an int leaf holds a msgpack int or the canonical decimal text of an int outside "
+        f"[-2**63, 2**64) of at most {MAX_INT_DIGITS} characters, found {record!r:.60}"
+    )
+
+
 def value_to_record(kind: str, value: object) -> object:
-    """A Python scalar as a msgpack-able value (big ints and complex numbers as text/pairs)."""
+    """A Python scalar as a msgpack-able value (big ints and complex numbers as text/pairs);
+    ValueError for an int too large to store."""
     if kind == "int":
         assert isinstance(value, int)
-        return value if -(2**63) <= value < 2**64 else str(value)
+        return int_to_record(value)
     if kind == "complex":
         assert isinstance(value, complex)
         return [value.real, value.imag]
@@ -112,10 +148,8 @@ def value_from_record(kind: str, record: object) -> object:
     """The inverse of :func:`value_to_record`; raises ValueError on a record of the wrong type."""
     if kind == "bool" and type(record) is bool:
         return record
-    if kind == "int" and type(record) is int:
-        return record
-    if kind == "int" and type(record) is str and len(record) <= MAX_INT_DIGITS:
-        return int(record)
+    if kind == "int":
+        return int_from_record(record)
     if kind == "float" and type(record) is float:
         return record
     if kind == "complex" and isinstance(record, list) and len(record) == 2:

@@ -8,7 +8,7 @@ from typing import Any
 import blake3
 import msgpack
 
-from treestore.errors import ManifestCorruptError, UnsupportedFormatError
+from treestore.errors import ManifestCorruptError, OutOfMemoryError, UnsupportedFormatError
 
 FORMAT_VERSION = 1
 DIGEST_BYTES = 32
@@ -49,6 +49,8 @@ def from_msgpack(data: bytes, what: str, checkpoint: str | None) -> dict[str, An
     """A msgpack map decoded without trusting it; ManifestCorruptError names ``what``."""
     try:
         obj = msgpack.unpackb(data, raw=False, strict_map_key=True)
+    except MemoryError:
+        raise OutOfMemoryError(f"{what}: out of memory decoding it", checkpoint=checkpoint) from None
     except Exception as exc:  # msgpack raises several unrelated types on garbage
         raise ManifestCorruptError(
             f"{what} is not valid msgpack ({type(exc).__name__}: {exc})", checkpoint=checkpoint

@@ -16,9 +16,16 @@ MAX_PLANE_WIDTH = 8  # bytes per element a byte-plane chunk may split into plane
 CHUNK_SLACK = CHUNK_HEADER_BYTES + 8 * MAX_PLANE_WIDTH + 64
 MAX_NDIM = 64  # dimensions of an array leaf
 MAX_DIM = 2**48  # one dimension (and a piece's start)
-MAX_DEPTH = 500  # nesting of tree nodes
+LEAF_BYTES_END = 2**63  # an array leaf's nonzero dimensions times its element size stay below this
+MAX_DEPTH = 500  # depth of a tree node, the root at 0
 MAX_PIECES = 65536  # pieces of one sharded leaf
 MAX_GRID_CELLS = 1 << 22  # cells of the grid the pieces of a leaf span
-MAX_INT_DIGITS = 4300  # digits of a big int leaf stored as text
+# An int leaf or int dict key in [INT_START, INT_END) is stored as a msgpack int; an int leaf
+# outside it as canonical decimal text of at most MAX_INT_DIGITS characters, a sign included
+# (Python's own int/str conversion limit is 4300 digits).
+INT_START = -(2**63)
+INT_END = 2**64
+MAX_INT_DIGITS = 4300
 MAX_INDEX = 2**31  # a sequence or flattened index in a key (jax holds 32-bit indices)
 MAX_NAME = 200  # characters of a checkpoint name
+MAX_LOCK_BYTES = 4096  # a lock record; a bigger object is not read (it ages by its mtime)

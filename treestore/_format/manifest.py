@@ -11,14 +11,22 @@ from __future__ import annotations
 import functools
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import msgpack
 import numpy as np
-from jax.tree_util import SequenceKey
 
-from treestore._format.address import Key, canonical_segment, format_key, key_from_record, parse_address
+from treestore._format.address import (
+    Key,
+    canonical_segment,
+    check_node_keys,
+    format_key,
+    join_address,
+    key_from_record,
+    parse_address,
+)
 from treestore._format.commit_record import CommitRecord
 from treestore._format.dtypes import (
     ARRAY_KINDS,
@@ -36,6 +44,7 @@ from treestore._format.encoding import count as _count
 from treestore._format.encoding import field as _get
 from treestore._format.limits import (
     CHUNK_SLACK,
+    LEAF_BYTES_END,
     MAX_CHUNK_BYTES,
     MAX_DEPTH,
     MAX_DIM,
@@ -178,7 +187,13 @@ class Manifest:
             "leaves": (ref.leaves, len(self.leaves)),
             "nbytes": (ref.nbytes, self.nbytes),
         }
-        return [f"{k}: record {a!r:.60}, manifest {b!r:.60}" for k, (a, b) in pairs.items() if a != b]
+        # Metadata is compared as encoded: NaN != NaN, and 1 == 1.0 == True, as Python values.
+        same = {"metadata": to_msgpack(ref.metadata) == to_msgpack(self.metadata)}
+        return [
+            f"{k}: record {a!r:.60}, manifest {b!r:.60}"
+            for k, (a, b) in pairs.items()
+            if not same.get(k, a == b)
+        ]
 
     def chunk_digests(self) -> set[bytes]:
         """Every chunk object this checkpoint needs."""
@@ -228,8 +243,25 @@ def check_metadata(metadata: object) -> bytes:
     return data
 
 
+def check_shape(shape: Sequence[object], itemsize: int) -> tuple[int, ...]:
+    """An array leaf's shape, if readers accept it: at most MAX_NDIM dimensions, each an int in
+    [0, MAX_DIM], the nonzero ones times the element size below 2**63; else ValueError. Writers
+    and readers both call this."""
+    if len(shape) > MAX_NDIM:
+        raise ValueError(f"{len(shape)} dimensions, over the limit of {MAX_NDIM}")
+    for n in shape:
+        if type(n) is not int or not 0 <= n <= MAX_DIM:
+            raise ValueError(f"dimension should be an integer in [0, 2**48], found {n!r:.40}")
+    dims = cast(tuple[int, ...], tuple(shape))  # checked above
+    if math.prod(dims if 0 not in dims else [n for n in dims if n]) * itemsize >= LEAF_BYTES_END:
+        raise ValueError(f"shape {dims} of {itemsize}-byte elements is too large to exist")
+    return dims
+
+
 def encode_manifest(m: Manifest) -> bytes:
-    return to_msgpack(
+    """The manifest's bytes; InvalidInputError when they exceed the MAX_MANIFEST_BYTES readers
+    accept (a save then fails before it writes the manifest)."""
+    data = to_msgpack(
         {
             "format": MANIFEST_MAGIC,
             "version": m.version,
@@ -243,6 +275,14 @@ def encode_manifest(m: Manifest) -> bytes:
             "leaves": [leaf_to_record(leaf) for leaf in m.leaves],
         }
     )
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise InvalidInputError(
+            f"the manifest of checkpoint {m.name!r} would be {len(data)} bytes, over the "
+            f"{MAX_MANIFEST_BYTES // 2**20} MiB readers accept: store large bytes and str leaves "
+            "as numpy arrays, or save fewer leaves per checkpoint",
+            checkpoint=m.name,
+        )
+    return data
 
 
 # --- decoding and validation ------------------------------------------------------------------
@@ -335,18 +375,16 @@ def _leaf(rec: object, packs: tuple[ChunkRef, ...]) -> LeafEntry:
             raise UnsupportedFormatError(f"{address or '(root)'}: unknown leaf kind {kind!r}")
         dtype_name = _get(rec, "dtype", str)
         dtype = dtype_from_name(dtype_name, address=address)
-        shape_rec = _get(rec, "shape", list)
-        if len(shape_rec) > MAX_NDIM:
-            raise _Bad(f"{len(shape_rec)} dimensions, over the limit of {MAX_NDIM}")
-        shape = tuple(_count(n, "dimension", MAX_DIM) for n in shape_rec)
+        try:
+            shape = check_shape(_get(rec, "shape", list), dtype.itemsize)
+        except ValueError as exc:
+            raise _Bad(str(exc)) from None
         pieces: tuple[Piece, ...] = ()
         if "pieces" in rec:
             pieces = _pieces(_get(rec, "pieces", list), shape, dtype.itemsize, packs)
             chunks = tuple(c for p in pieces for c in p.chunks)
         else:
             chunks = tuple(_chunk(c, len(packs)) for c in _get(rec, "chunks", list))
-        if math.prod(n for n in shape if n) * dtype.itemsize >= 2**63:
-            raise _Bad(f"shape {shape} of {dtype_name} is too large to exist")
         if kind == "jax" and dtype_name in NOT_IN_JAX:
             raise _Bad(f"a jax array cannot have dtype {dtype_name}")
         expected = math.prod(shape) * dtype.itemsize
@@ -378,46 +416,49 @@ def _leaf(rec: object, packs: tuple[ChunkRef, ...]) -> LeafEntry:
         raise
 
 
-def _check_tree(
-    node: object, leaves: tuple[LeafEntry, ...], seen: set[int], address: str = "", depth: int = 0
-) -> None:
-    """Check a node record; every leaf must sit at the position its address names."""
-    if depth > MAX_DEPTH:
-        raise _Bad(f"tree is nested deeper than {MAX_DEPTH}")
-    if not isinstance(node, dict):
-        raise _Bad("tree node is not a map")
-    kind = _get(node, "type", str)
-    if kind == "leaf":
-        i = _count(node.get("leaf"), "leaf index", len(leaves) - 1)
-        if i in seen:
-            raise _Bad(f"leaf {i} appears twice in the tree")
-        if leaves[i].address != address:
-            raise _Bad(f"leaf {leaves[i].address!r} sits at address {address!r} in the tree")
-        seen.add(i)
-        return
-    if kind == "none":
-        return
-    if kind not in ("dict", "list", "tuple", "namedtuple", "ordereddict", "custom"):
-        raise UnsupportedFormatError(f"unknown tree node type {kind!r}")
-    children = _get(node, "children", list)
-    if kind in ("list", "tuple"):
-        keys: list[Key] = [SequenceKey(i) for i in range(len(children))]
-    else:
-        records = _get(node, "keys", list)
-        if len(records) != len(children):
-            raise _Bad(f"{kind} node has {len(records)} keys for {len(children)} children")
-        try:
-            keys = [key_from_record(k) for k in records]
-            segments = [format_key(k) for k in keys]
-        except TreestoreError as exc:
-            raise _Bad(f"bad key in {kind} node: {exc}") from None
-        if len(set(segments)) != len(segments):
-            raise _Bad(f"{kind} node at {address or '(root)'} repeats a key")
-        if kind in ("namedtuple", "custom"):
-            _get(node, "name", str)
-    for key, child in zip(keys, children, strict=True):
-        segment = format_key(key)
-        _check_tree(child, leaves, seen, f"{address}/{segment}" if depth else segment, depth + 1)
+def _check_tree(node: object, leaves: tuple[LeafEntry, ...], seen: set[int]) -> None:
+    """Check a node record; every leaf must sit at the position its address names.
+
+    Iterative, so a tree as deep as MAX_DEPTH never meets Python's recursion limit."""
+    stack: list[tuple[object, str, int]] = [(node, "", 0)]  # (node, address, depth)
+    while stack:
+        node, address, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise _Bad(f"tree is nested deeper than {MAX_DEPTH}")
+        if not isinstance(node, dict):
+            raise _Bad("tree node is not a map")
+        kind = _get(node, "type", str)
+        if kind == "leaf":
+            i = _count(node.get("leaf"), "leaf index", len(leaves) - 1)
+            if i in seen:
+                raise _Bad(f"leaf {i} appears twice in the tree")
+            if leaves[i].address != address:
+                raise _Bad(f"leaf {leaves[i].address!r} sits at address {address!r} in the tree")
+            seen.add(i)
+            continue
+        if kind == "none":
+            continue
+        if kind not in ("dict", "list", "tuple", "namedtuple", "ordereddict", "custom"):
+            raise UnsupportedFormatError(f"unknown tree node type {kind!r}")
+        children = _get(node, "children", list)
+        if kind in ("list", "tuple"):
+            segments = [str(i) for i in range(len(children))]
+        else:
+            records = _get(node, "keys", list)
+            if len(records) != len(children):
+                raise _Bad(f"{kind} node has {len(records)} keys for {len(children)} children")
+            try:
+                keys: list[Key] = [key_from_record(k) for k in records]
+                segments = [format_key(k) for k in keys]
+                check_node_keys(keys, segments, address)
+            except TreestoreError as exc:
+                raise _Bad(f"bad key in {kind} node at {address or '(root)'}: {exc}") from None
+            if kind in ("namedtuple", "custom"):
+                _get(node, "name", str)
+        stack.extend(
+            (child, join_address(address, segment), depth + 1)
+            for segment, child in zip(reversed(segments), reversed(children), strict=True)
+        )
 
 
 def decode_manifest(data: bytes, checkpoint: str) -> Manifest:
@@ -438,6 +479,10 @@ def decode_manifest(data: bytes, checkpoint: str) -> Manifest:
         if len(seen) != len(leaves):
             raise _Bad(f"tree references {len(seen)} of {len(leaves)} leaves")
         codec = _get(rec, "codec", dict)
+        try:
+            check_metadata(rec.get("metadata"))  # the bound writers keep to
+        except InvalidInputError as exc:
+            raise _Bad(str(exc)) from None
         return Manifest(
             name=_get(rec, "name", str),
             created=float(_get(rec, "created", float)),

@@ -187,18 +187,64 @@ class Storage:
         full = self._full(path)
         return bool(self._call("inspecting", path, lambda: self.fs.exists(full)))
 
+    # A backend whose ``find`` is one listing that raises every failure (object stores, fsspec's
+    # memory filesystem) sets this; the rest are walked folder by folder (see :meth:`list`).
+    flat_listing = False
+
     def list(self, prefix: str) -> list[ObjectInfo]:
-        """Every object under the folder ``prefix`` (recursively), with sizes and mtimes."""
+        """Every object under the folder ``prefix`` (recursively), with sizes and mtimes.
+
+        A prefix that does not exist lists as empty (so does a subfolder removed while it is
+        listed); any other failure raises StorageError naming the folder, never a partial list.
+        fsspec's generic ``find`` leaves out a folder it cannot list (its ``walk`` drops errors
+        below the top), so unless :attr:`flat_listing` is set this walks with ``ls`` itself.
+        """
+        if self.flat_listing:
+            return self._list_flat(prefix)
+        out: list[ObjectInfo] = []
+        todo, seen = [prefix.rstrip("/")], set()
+        while todo:
+            folder = todo.pop()
+            seen.add(folder)
+            for rel, info in self._entries(folder):
+                if info.get("type") == "directory":
+                    if rel not in seen:
+                        todo.append(rel)
+                elif info.get("type", "file") == "file":
+                    out.append(ObjectInfo(rel, int(info.get("size") or 0), _mtime(info)))
+        return sorted(out, key=lambda o: o.path)
+
+    def _entries(self, folder: str) -> builtins.list[tuple[str, dict[str, Any]]]:
+        """The entries ``ls`` gives directly under ``folder`` as (path relative to the root,
+        info); none for a missing folder. Entries that do not lie under ``folder`` (the folder
+        itself, a link elsewhere) are left out."""
+        full = self._full(folder)
+        try:
+            found = self._call("listing", folder, lambda: self.fs.ls(full, detail=True))
+        except FileNotFoundError:
+            return []
+        inside = folder + "/" if folder else ""
+        out = []
+        for info in found:
+            rel = self._rel(str(info.get("name", "")))
+            if rel.startswith(inside) and len(rel) > len(inside):
+                out.append((rel, info))
+        return out
+
+    def _list_flat(self, prefix: str) -> builtins.list[ObjectInfo]:
+        """:meth:`list` by one ``find`` (for backends whose ``find`` reports every failure)."""
         full = self._full(prefix)
         try:
             found = self._call("listing", prefix, lambda: self.fs.find(full, detail=True, withdirs=False))
         except FileNotFoundError:
             return []
+        inside = prefix.rstrip("/") + "/" if prefix.rstrip("/") else ""
         out = []
         for name, info in found.items():
-            if info.get("type", "file") != "file":
+            rel = self._rel(name)
+            if info.get("type", "file") != "file" or not rel.startswith(inside):
                 continue
-            out.append(ObjectInfo(self._rel(name), int(info.get("size") or 0), _mtime(info)))
+            out.append(ObjectInfo(rel, int(info.get("size") or 0), _mtime(info)))
         return sorted(out, key=lambda o: o.path)
 
     # -- writes --------------------------------------------------------------------------------

@@ -11,7 +11,9 @@ What each one guarantees (SPEC.md section 2.1) and how:
   range that starts past the end reads as ``b""`` on every backend;
 - a size check (how a save asks whether the store has a chunk) is one request (S3: one HEAD,
   not s3fs's HEAD-then-LIST);
-- listings are not cached (``open_storage`` passes ``use_listings_cache=False``);
+- listings are not cached (``open_storage`` passes ``use_listings_cache=False``) and are one
+  paginated listing of every key under a prefix (``find``), which raises any failure instead of
+  leaving keys out;
 - an upload has a deadline (:func:`upload_deadline`): clients time out a silent read, but an
   upload whose connection stalls mid-body (a network partition, a server that stopped reading)
   would otherwise wait for the kernel to give up on TCP, many minutes later. The deadline cancels
@@ -60,6 +62,8 @@ def upload_deadline(nbytes: int) -> float:
 
 class ObjectStorage(Storage):
     """An object store: whole-object PUTs, server-side put-if-absent, no renames."""
+
+    flat_listing = True  # one paginated listing of every key under a prefix; it raises failures
 
     def _pipe(self, full: str, data: bytes, **kwargs: Any) -> None:
         """``fs.pipe_file`` with a deadline (fsspec's ``sync`` cancels the upload when it passes)."""

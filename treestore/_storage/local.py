@@ -1,7 +1,8 @@
 """Stores on this machine: a local folder (written through ``os``) and fsspec's memory filesystem.
 
 A local store is written by temporary file plus ``replace`` (or ``link`` for put-if-absent) in the
-destination folder, fsynced at commit time; it is read only through regular files reached
+destination folder, the file fsynced before it takes its name and the folder at the next sync (so a
+name never holds a short or empty file after a crash); it is read only through regular files reached
 without symlinks, so a hostile store cannot make a load read, block on or write anything outside
 it.
 """
@@ -9,7 +10,6 @@ it.
 from __future__ import annotations
 
 import builtins
-import concurrent.futures as cf
 import contextlib
 import errno
 import os
@@ -27,10 +27,19 @@ from treestore.errors import StorageError
 _TMP = re.compile(r"\.tmp-[0-9a-f]{32}")
 
 
+def _is_folder(path: str) -> bool:
+    """Whether ``path`` is a folder itself (not a link to one)."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
 class MemoryStorage(Storage):
     """fsspec's in-process memory filesystem; a lock makes put-if-absent atomic."""
 
     _lock = threading.Lock()
+    flat_listing = True  # its find reads the objects' table directly: nothing can fail there
 
     def write_new(self, path: str, data: bytes) -> bool:
         self._check_writable(path)
@@ -47,7 +56,6 @@ class LocalStorage(Storage):
     def __init__(self, fs: fsspec.AbstractFileSystem, root: str, url: str) -> None:
         super().__init__(fs, root, url)
         self._made: set[str] = set()
-        self._dirty_files: list[str] = []
         self._dirty_dirs: set[str] = set()
         self._dirty_lock = threading.Lock()
         self._inside: set[str] = set()
@@ -109,18 +117,35 @@ class LocalStorage(Storage):
         return [o for o in self._walk(prefix) if _TMP.fullmatch(os.path.basename(o.path))]
 
     def _walk(self, prefix: str) -> builtins.list[ObjectInfo]:
-        """Regular files under ``prefix``, not following symlinks."""
+        """Regular files under ``prefix``, not following symlinks.
+
+        A missing prefix (or a folder removed while it is walked) lists as empty; a folder that
+        cannot be listed (not a folder, no permission, an I/O error) raises StorageError, never
+        a partial listing: gc must not take unlisted objects for absent ones.
+        """
         top = self._full(prefix)
         if not os.path.lexists(top):
             return []
         self._check_inside(top)
+
+        def failed(exc: OSError) -> None:
+            if isinstance(exc, FileNotFoundError):
+                return  # removed since it was seen: nothing there to list
+            where = self._rel(os.fsdecode(exc.filename)) if exc.filename else prefix
+            raise StorageError(
+                f"listing {self.url}/{where} failed: {type(exc).__name__}: {exc.strerror or exc}"
+            ) from exc
+
         out = []
-        for folder, dirs, files in os.walk(top, followlinks=False):
+        for folder, dirs, files in os.walk(top, onerror=failed, followlinks=False):
             for name in files:
                 full = os.path.join(folder, name)
                 try:
                     info = os.lstat(full)
                 except FileNotFoundError:
+                    continue
+                except OSError as exc:
+                    failed(exc)
                     continue
                 if stat.S_ISREG(info.st_mode):
                     out.append(ObjectInfo(self._rel(full), info.st_size, info.st_mtime))
@@ -128,7 +153,16 @@ class LocalStorage(Storage):
         return sorted(out, key=lambda o: o.path)
 
     def _tmp(self, full: str) -> str:
+        """A temporary name in ``full``'s folder, creating the folder if it is missing.
+
+        Folders made once are remembered, but a store folder can be removed under a live
+        Store (by hand, or another tool): one ``lstat`` per write checks that it is still a
+        folder, and one that is gone is made (and checked for containment) again.
+        """
         folder = os.path.dirname(full)
+        if folder in self._made and not _is_folder(folder):
+            self._made.discard(folder)
+            self._inside.discard(folder)
         if folder not in self._made:
             os.makedirs(folder, exist_ok=True)
             self._check_inside(folder)  # never write through a symlinked folder
@@ -143,7 +177,8 @@ class LocalStorage(Storage):
         return tmp
 
     def _durable(self, full: str, tmp: str) -> None:
-        """fsync ``tmp`` now (it is about to be linked); remember the folder for :meth:`sync`."""
+        """fsync ``tmp`` now (it is about to be linked or replaced into place); remember the
+        folder for :meth:`sync`."""
         fd = os.open(tmp, os.O_RDONLY)
         try:
             os.fsync(fd)
@@ -153,30 +188,19 @@ class LocalStorage(Storage):
             self._dirty_dirs.add(os.path.dirname(full))
 
     def sync(self) -> None:
-        """fsync every file written since the last sync (in parallel), then their folders."""
+        """fsync the folders of every object written since the last sync (each object was
+        fsynced before it took its name), so that their names are durable too."""
         with self._dirty_lock:
-            files, self._dirty_files = self._dirty_files, []
             dirs, self._dirty_dirs = self._dirty_dirs, set()
-        dirs.update(os.path.dirname(f) for f in files)
-
-        def fsync(path: str) -> None:
+        for d in sorted(dirs):
             try:
-                fd = os.open(path, os.O_RDONLY)
-            except FileNotFoundError:  # replaced or collected since: nothing to make durable
-                return
+                fd = os.open(d, os.O_RDONLY)
+            except FileNotFoundError:  # removed since: nothing to make durable
+                continue
             try:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-
-        if len(files) > 1:
-            with cf.ThreadPoolExecutor(min(8, len(files))) as pool:
-                list(pool.map(fsync, files))
-        else:
-            for f in files:
-                fsync(f)
-        for d in dirs:
-            fsync(d)
 
     def write(self, path: str, buffers: Buffers) -> None:
         self._check_writable(path)
@@ -185,13 +209,15 @@ class LocalStorage(Storage):
         def put() -> None:
             tmp = self._write_tmp(full, buffers)
             try:
+                # Durable before it takes the name: after a crash the name holds the old object,
+                # none, or the complete new one, never a short or empty file (a chunk's name
+                # must only ever hold its bytes).
+                self._durable(full, tmp)
                 os.replace(tmp, full)
             except BaseException:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp)
                 raise
-            with self._dirty_lock:
-                self._dirty_files.append(full)
 
         self._call("writing", path, put)
 

@@ -13,7 +13,17 @@ import jax
 import numpy as np
 
 from treestore._format.address import encodable
-from treestore._format.dtypes import JAX, NPSCALAR, NUMPY, PRNG_KEY, PY_KINDS, dtype_name
+from treestore._format.dtypes import (
+    JAX,
+    NPSCALAR,
+    NUMPY,
+    PRNG_IMPLS,
+    PRNG_KEY,
+    PY_KINDS,
+    dtype_name,
+    value_to_record,
+)
+from treestore._format.manifest import check_shape
 from treestore.errors import UnsupportedLeafError
 
 
@@ -52,6 +62,11 @@ class ValueLeaf:
     kind: str
     value: object
 
+    @property
+    def size_floor(self) -> int:
+        """At least how many bytes the value takes in a manifest."""
+        return len(self.value) if isinstance(self.value, (str, bytes)) else 1
+
 
 Leaf = ArrayLeaf | ValueLeaf
 
@@ -68,29 +83,58 @@ def prepare_leaf(value: object, address: str, *, copy: bool = False) -> Leaf:
 
     jax arrays are copied to host here, once.
     """
+    where = address or "(root)"
     kind = PY_KINDS.get(type(value))
     if kind is not None:
         if kind == "str" and not encodable(value):  # type: ignore[arg-type]
             raise UnsupportedLeafError(
-                f"{address or '(root)'}: str leaf is not valid Unicode text (lone surrogate)",
-                address=address,
+                f"{where}: str leaf is not valid Unicode text (lone surrogate)", address=address
             )
+        if kind == "int":
+            try:
+                value_to_record(kind, value)  # the bound readers keep to
+            except ValueError as exc:
+                raise UnsupportedLeafError(f"{where}: {exc}", address=address) from None
         return ValueLeaf(kind, value)
     if isinstance(value, jax.Array):
+        deleted = getattr(value, "is_deleted", None)  # tracers have none
+        if deleted is not None and deleted():
+            raise UnsupportedLeafError(
+                f"{where}: the jax array has been deleted (donated to a jitted function, or "
+                "deleted with .delete()); save a live array",
+                address=address,
+            )
         impl = None
         kind = JAX
         if jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key):
             kind, impl = PRNG_KEY, str(jax.random.key_impl(value))
+            if impl not in PRNG_IMPLS:
+                raise UnsupportedLeafError(
+                    f"{where}: PRNG keys of implementation {impl!r} cannot be stored; treestore "
+                    f"stores {', '.join(PRNG_IMPLS)} keys (save jax.random.key_data of others)",
+                    address=address,
+                )
             value = jax.random.key_data(value)
         name = _checked_name(np.dtype(value.dtype), address)
+        _checked_shape(tuple(value.shape), np.dtype(value.dtype), address)
         weak = bool(getattr(value, "weak_type", False))
         owned = _owned_shards(value)
         if owned is None:
             return ArrayLeaf(kind, name, _host(_whole(value), copy), impl, weak_type=weak)
         shards = tuple((s, _host(d, copy)) for s, d in owned)
         return ArrayLeaf(kind, name, None, impl, shards, tuple(value.shape), weak)
+    if isinstance(value, (np.matrix, np.ma.MaskedArray)):
+        what = "an np.matrix" if isinstance(value, np.matrix) else "a masked array (its mask)"
+        fix = "np.asarray(x)" if isinstance(value, np.matrix) else "x.data and x.mask as two leaves"
+        raise UnsupportedLeafError(
+            f"{where}: cannot store {what}: it would not load back as what was saved; store {fix}",
+            address=address,
+        )
     if isinstance(value, np.ndarray):
-        return ArrayLeaf(NUMPY, _checked_name(value.dtype, address), _host(value, copy))
+        name = _checked_name(value.dtype, address)
+        _checked_shape(value.shape, value.dtype, address)
+        plain = value if type(value) is np.ndarray else value.view(np.ndarray)  # e.g. np.memmap
+        return ArrayLeaf(NUMPY, name, _host(plain, copy))
     if isinstance(value, np.generic):
         data = np.asarray(value)
         return ArrayLeaf(NPSCALAR, _checked_name(data.dtype, address), _host(data))
@@ -122,6 +166,15 @@ def _owned_shards(x: jax.Array) -> list[tuple[tuple[int, ...], np.ndarray[Any, A
         start = tuple(0 if s.start is None else int(s.start) for s in shard.index)
         parts.append((start, np.asarray(shard.data)))
     return parts
+
+
+def _checked_shape(shape: tuple[int, ...], dtype: np.dtype[Any], address: str) -> None:
+    try:
+        check_shape(shape, dtype.itemsize)  # the bound readers keep to
+    except ValueError as exc:
+        raise UnsupportedLeafError(
+            f"{address or '(root)'}: cannot store an array of shape {shape}: {exc}", address=address
+        ) from None
 
 
 def _checked_name(dtype: np.dtype[Any], address: str) -> str:

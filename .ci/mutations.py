@@ -1,0 +1,374 @@
+"""Mutation check: break each safety-critical step of treestore, one at a time, and require the
+tests that claim to protect it to fail.
+
+Usage (from the repository root)::
+
+    .venv/bin/python .ci/mutations.py            # every mutation; exit 1 if any survives
+    .venv/bin/python .ci/mutations.py --list     # the table, without running anything
+    .venv/bin/python .ci/mutations.py NAME ...   # only these mutations (and the clean run)
+
+The package and the tests are copied to a temporary folder and the tests run there, so the copy
+is what gets imported (each run checks it, through a small pytest plugin). Each mutation
+replaces exact snippets of one file; a snippet that is not found exactly once is an error (the
+code moved: update the table). One run with no mutation must pass first. A mutation is caught
+when its tests fail (pytest exit status 1); an error (collection error, timeout, the copy not
+imported) is reported as such and counts as a failure of this script, like a survivor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RUN_TIMEOUT = 180  # seconds for one pytest run
+PROBE_FAILED = 99  # the exit status of a run that did not import the copy
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    file: str  # relative to the repository root
+    edits: tuple[tuple[str, str], ...]  # (exact old snippet, its replacement)
+    tests: tuple[str, ...]  # pytest node ids, relative to the repository root
+    why: str
+
+
+def m(name: str, file: str, old: str, new: str, tests: list[str], why: str) -> Mutation:
+    return Mutation(name, file, ((old, new),), tuple(tests), why)
+
+
+FUZZ = "tests/attacks/test_decoder_fuzz.py"
+SIZES = "tests/attacks/test_sizes.py"
+ADDRESSES = "tests/attacks/test_addresses.py"
+
+MUTATIONS: list[Mutation] = [
+    # --- commit order and put-if-absent ------------------------------------------------------
+    Mutation(
+        "commit order: record before manifest",
+        "treestore/_engine/commit.py",
+        (
+            ("        storage.write(path, [manifest])\n", "        pass\n"),
+            (
+                "    storage.sync()\n    return record",
+                "    storage.write(path, [manifest])\n    storage.sync()\n    return record",
+            ),
+        ),
+        ("tests/test_commit_order.py",),
+        "the commit record is written before the manifest it names exists",
+    ),
+    m(
+        "commit order: no sync before the record",
+        "treestore/_engine/commit.py",
+        "    storage.sync()  # the manifest before the record\n",
+        "",
+        ["tests/test_commit_order.py::test_each_step_is_durable_before_the_next"],
+        "the manifest is not made durable before the record that names it",
+    ),
+    m(
+        "memory put-if-absent without its lock",
+        "treestore/_storage/local.py",
+        "        with self._lock:\n            if self.exists(path):",
+        "        if True:\n            if self.exists(path):",
+        ["tests/test_put_if_absent.py"],
+        "check-then-write: two racing writers of one name both succeed",
+    ),
+    m(
+        "local put-if-absent by replace",
+        "treestore/_storage/local.py",
+        "os.link(tmp, full)",
+        "os.replace(tmp, full)",
+        ["tests/test_put_if_absent.py"],
+        "a commit record of another writer is overwritten",
+    ),
+    m(
+        "local listing follows a symlinked folder",
+        "treestore/_storage/local.py",
+        "            return []\n        self._check_inside(top)\n",
+        "            return []\n",
+        [
+            "tests/attacks/test_filesystem.py"
+            "::test_a_symlinked_object_folder_is_refused_and_gc_deletes_nothing_through_it"
+        ],
+        "a listing (and gc) reaches through chunks/ symlinked to a folder outside the store",
+    ),
+    # --- digest checks -------------------------------------------------------------------------
+    m(
+        "chunk digest check removed",
+        "treestore/_engine/read.py",
+        "if digest(out) != c.digest:",
+        "if False:",
+        [f"{FUZZ}::test_real_chunk_with_bytes_changed"],
+        "a chunk whose bytes changed is returned unverified",
+    ),
+    m(
+        "pack slice digest check removed",
+        "treestore/_engine/read.py",
+        "if digest(part) != c.digest:",
+        "if False:",
+        ["tests/attacks/test_foreign_chunks.py::test_packed_leaf_pointing_at_its_neighbours_bytes"],
+        "a packed leaf reads its neighbour's bytes",
+    ),
+    m(
+        "manifest digest check removed",
+        "treestore/_engine/read.py",
+        "if len(data) != record.manifest_size or digest(data) != record.manifest:",
+        "if len(data) != record.manifest_size:",
+        ["tests/attacks/test_foreign_chunks.py::test_manifest_object_rewritten_in_place"],
+        "a manifest rewritten in place is read as the checkpoint's",
+    ),
+    m(
+        "commit record check digest ignored",
+        "treestore/_format/commit_record.py",
+        'if _get(rec, "check", bytes) != _record_check(ref):',
+        'if not isinstance(_get(rec, "check", bytes), bytes):',
+        ["tests/attacks/test_fields.py::test_commit_record_changed_without_its_check"],
+        "a listing shows a commit record whose fields were changed",
+    ),
+    # --- gc: reachability and containment ------------------------------------------------------
+    m(
+        "gc treats no chunk as live",
+        "treestore/_engine/gc.py",
+        "or bytes.fromhex(obj.path[-64:]) in live_chunks:",
+        "or False:",
+        [f"{FUZZ}::test_gc_with_lock_objects_of_arbitrary_content", "tests/test_commit_order.py"],
+        "gc deletes the chunks of committed checkpoints",
+    ),
+    m(
+        "gc treats no manifest as live",
+        "treestore/_engine/gc.py",
+        "or bytes.fromhex(obj.path[-64:]) in live_manifests",
+        "or False",
+        [f"{FUZZ}::test_gc_with_lock_objects_of_arbitrary_content", "tests/test_commit_order.py"],
+        "gc deletes the manifests of committed checkpoints",
+    ),
+    m(
+        "gc chunk names loosened",
+        "treestore/_engine/gc.py",
+        r'_CHUNK = re.compile(r"chunks/([0-9a-f]{2})/(\1[0-9a-f]{62})")',
+        r'_CHUNK = re.compile(r"chunks/([0-9a-f]{2})/([0-9a-f]{64})")',
+        [f"{FUZZ}::test_gc_with_lock_objects_of_arbitrary_content"],
+        "gc deletes an object named like a chunk in another chunk's folder",
+    ),
+    # --- structure validation ------------------------------------------------------------------
+    m(
+        "leaf not checked to sit at its address",
+        "treestore/_format/manifest.py",
+        "if leaves[i].address != address:",
+        "if False:",
+        [f"{ADDRESSES}::test_two_leaves_with_swapped_addresses"],
+        "a leaf entry names another leaf's tree position",
+    ),
+    m(
+        "record not checked to be a map",
+        "treestore/_format/encoding.py",
+        "if not isinstance(obj, dict):",
+        "if False:",
+        [f"{FUZZ}::test_decode_manifest_of_arbitrary_bytes", f"{FUZZ}::test_decode_ref_of_arbitrary_bytes"],
+        "an AttributeError escapes the envelope check of a record that is not a map",
+    ),
+    m(
+        "leaf entry not checked to be a map",
+        "treestore/_format/manifest.py",
+        '    if not isinstance(rec, dict):\n        raise _Bad("leaf entry is not a map")',
+        '    if False:\n        raise _Bad("leaf entry is not a map")',
+        [f"{FUZZ}::test_manifest_with_one_field_replaced", f"{FUZZ}::test_decoders_of_arbitrary_msgpack"],
+        "a TypeError escapes the manifest decoder (the fuzzers reach past the envelope)",
+    ),
+    m(
+        "key record range check removed",
+        "treestore/_format/address.py",
+        'if kind == "seq" and type(value) is int and 0 <= value < MAX_INDEX:',
+        'if kind == "seq" and type(value) is int:',
+        [f"{ADDRESSES}::test_key_records_with_indices_beyond_32_bits"],
+        "jax's TypeError escapes for a key index beyond 32 bits",
+    ),
+    # --- address canonicality ------------------------------------------------------------------
+    m(
+        "canonical_segment accepts any parsable segment",
+        "treestore/_format/address.py",
+        "if format_key(key) != segment:",
+        "if False:",
+        ["tests/test_address.py"],
+        'a manifest may spell a key in another form ("py" for py)',
+    ),
+    m(
+        "parser accepts {-0}",
+        "treestore/_format/address.py",
+        'if _INT.match(inner) and inner != "-0" and',
+        "if _INT.match(inner) and",
+        ["tests/test_address.py::test_malformed_addresses_are_rejected"],
+        "two texts parse to one key (parsing is no longer injective)",
+    ),
+    m(
+        "parser accepts lowercase escapes",
+        "treestore/_format/address.py",
+        'all(c in "0123456789ABCDEF" for c in digits)',
+        'all(c in "0123456789ABCDEFabcdef" for c in digits)',
+        ["tests/test_address.py::test_malformed_addresses_are_rejected"],
+        "%2f and %2F both parse to /",
+    ),
+    # --- size bounds ---------------------------------------------------------------------------
+    m(
+        "MAX_GRID_CELLS check removed",
+        "treestore/_format/manifest.py",
+        "if cells > MAX_GRID_CELLS:",
+        "if False:",
+        [f"{SIZES}::test_pieces_whose_boundaries_span_too_large_a_grid"],
+        "the cover count of a piece grid is unbounded",
+    ),
+    m(
+        "CHUNK_SLACK check removed",
+        "treestore/_engine/read.py",
+        "if len(data) > c.raw_size + CHUNK_SLACK:",
+        "if False:",
+        [f"{SIZES}::test_chunk_object_larger_than_its_raw_size_allows"],
+        "a chunk object larger than its raw size allows is accepted",
+    ),
+    m(
+        "MAX_MANIFEST_BYTES check removed",
+        "treestore/_format/commit_record.py",
+        '_count(rec.get("manifest_size"), "manifest_size", MAX_MANIFEST_BYTES)',
+        '_count(rec.get("manifest_size"), "manifest_size")',
+        [f"{SIZES}::test_commit_record_declaring_a_manifest_over_the_bound"],
+        "a commit record may declare a manifest beyond the bound",
+    ),
+    # --- templates and snapshots ---------------------------------------------------------------
+    m(
+        "like= returns the template's arrays",
+        "treestore/_tree/template.py",
+        "    if isinstance(like, np.ndarray):\n        return restore_array(NUMPY, data, None)",
+        "    if isinstance(like, np.ndarray):\n        return like",
+        ["tests/test_template.py"],
+        "a load with a template hands back the template's leaves",
+    ),
+    m(
+        "async save reuses no host copy",
+        "treestore/_engine/snapshot.py",
+        "                and not value.is_deleted()\n",
+        "                and False\n",
+        ["tests/test_manager.py::test_unchanged_jax_arrays_are_reused_and_changed_ones_copied"],
+        "an unchanged jax array is copied to host again at every save",
+    ),
+]
+
+PROBE = """\
+import os
+
+import pytest
+
+
+def pytest_sessionstart(session):
+    import treestore
+
+    root = os.environ["MUTATION_ROOT"]
+    if not os.path.realpath(treestore.__file__).startswith(os.path.realpath(root) + os.sep):
+        pytest.exit(f"imported {treestore.__file__}, not the copy in {root}", returncode=99)
+"""
+
+
+def copy_tree(dest: Path) -> None:
+    ignore = shutil.ignore_patterns("__pycache__", ".hypothesis", "*.pyc")
+    shutil.copytree(ROOT / "treestore", dest / "treestore", ignore=ignore)
+    shutil.copytree(ROOT / "tests", dest / "tests", ignore=ignore)
+    shutil.copy2(ROOT / "pyproject.toml", dest / "pyproject.toml")
+    (dest / "_mutation_probe.py").write_text(PROBE)
+
+
+def apply(dest: Path, mutation: Mutation) -> str | None:
+    """Apply ``mutation`` to the copy; the problem, if a snippet is not found exactly once."""
+    path = dest / mutation.file
+    text = path.read_text()
+    for old, new in mutation.edits:
+        found = text.count(old)
+        if found != 1:
+            return f"snippet found {found} times in {mutation.file}: {old.strip()[:60]!r}"
+        text = text.replace(old, new)
+    path.write_text(text)
+    return None
+
+
+def restore(dest: Path, mutation: Mutation) -> None:
+    shutil.copy2(ROOT / mutation.file, dest / mutation.file)
+
+
+def run_tests(dest: Path, tests: list[str]) -> tuple[int, float, str]:
+    env = dict(os.environ, PYTHONPATH=str(dest), MUTATION_ROOT=str(dest), PYTHONDONTWRITEBYTECODE="1")
+    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:randomly", "-p", "_mutation_probe"]
+    cmd += ["--hypothesis-seed=0", "-o", "addopts=--strict-markers -p no:cacheprovider", *tests]
+    start = time.monotonic()
+    try:
+        done = subprocess.run(cmd, cwd=dest, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        return -1, time.monotonic() - start, f"timed out after {RUN_TIMEOUT} s"
+    return done.returncode, time.monotonic() - start, (done.stdout + done.stderr)[-3000:]
+
+
+def verdict_of(rc: int) -> str:
+    """What a pytest exit status says of a mutation: 1 (tests failed) means it was caught."""
+    if rc == 1:
+        return "caught"
+    if rc == 0:
+        return "SURVIVED"
+    if rc == PROBE_FAILED:
+        return "ERROR: copy not imported"
+    return "ERROR: timeout" if rc == -1 else f"ERROR (exit {rc})"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("names", nargs="*", help="run only the mutations whose name contains one of these")
+    parser.add_argument("--list", action="store_true", help="print the table and exit")
+    parser.add_argument("-v", "--verbose", action="store_true", help="print the output of every run")
+    args = parser.parse_args()
+    chosen = [x for x in MUTATIONS if not args.names or any(n in x.name for n in args.names)]
+    if args.list:
+        for x in chosen:
+            print(f"{x.name}\n    {x.file}: {x.why}\n    tests: {' '.join(x.tests)}")
+        return 0
+    failures = 0
+    with tempfile.TemporaryDirectory(prefix="treestore-mutations-") as tmp:
+        dest = Path(tmp)
+        copy_tree(dest)
+        every = sorted({t for x in chosen for t in x.tests})
+        rc, took, out = run_tests(dest, every)
+        print(f"clean run of {len(every)} test selections: exit {rc} in {took:.0f} s", flush=True)
+        if rc != 0:
+            print(out)
+            print("the tests fail without any mutation (or the copy is not what they import)")
+            return 1
+        rows = []
+        for x in chosen:
+            problem = apply(dest, x)
+            if problem is not None:
+                rows.append((x, "SNIPPET NOT FOUND", 0.0))
+                print(f"{x.name}: {problem}", flush=True)
+                failures += 1
+                continue
+            try:
+                rc, took, out = run_tests(dest, list(x.tests))
+            finally:
+                restore(dest, x)
+            verdict = verdict_of(rc)
+            failures += verdict != "caught"
+            rows.append((x, verdict, took))
+            print(f"{verdict:>8}  {took:5.1f} s  {x.name}", flush=True)
+            if args.verbose or verdict != "caught":
+                print(out)
+    width = max(len(x.name) for x, _, _ in rows) if rows else 10
+    print(f"\n{'mutation':<{width}}  {'caught?':<17}  tests")
+    for x, verdict, _ in rows:
+        print(f"{x.name:<{width}}  {verdict:<17}  {', '.join(t.split('::')[-1] for t in x.tests)}")
+    print(f"\n{len(rows) - failures} of {len(chosen)} mutations caught")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

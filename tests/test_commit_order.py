@@ -1,0 +1,197 @@
+"""The commit order (SPEC.md §3.3): every chunk, then the manifest, then the commit record, each
+made durable before the next. A save that fails or dies before its commit record is written
+leaves no visible checkpoint, and what it wrote is unreferenced: gc removes it, and every
+earlier checkpoint still loads.
+
+Faults are injected by ``failwrite://``, fsspec's memory filesystem whose writes into one folder
+of the store fail, and by a save in a child process that dies (``os._exit``) the moment it is
+about to write its commit record.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import uuid
+from pathlib import Path
+from typing import Any, ClassVar
+
+import fsspec
+import numpy as np
+import pytest
+from fsspec.implementations.memory import MemoryFileSystem
+
+import treestore
+from treestore._format import layout as _layout
+
+from .helpers import assert_tree_equal
+
+OPTIONS = treestore.SaveOptions(chunk_size=64 * 1024, small_leaf=16 * 1024)
+
+
+class FailingFileSystem(MemoryFileSystem):
+    """fsspec's memory filesystem as ``failwrite://``: while ``fail_in`` names a folder of the
+    store (``manifests``, ``checkpoints``), every write of an object in it raises OSError."""
+
+    protocol = ("failwrite",)
+    fail_in: ClassVar[str | None] = None
+
+    @classmethod
+    def _strip_protocol(cls, path):
+        return super()._strip_protocol(path.removeprefix("failwrite://"))
+
+    def pipe_file(self, path, *args, **kwargs):
+        folder = FailingFileSystem.fail_in
+        if folder is not None and f"/{folder}/" in self._strip_protocol(path):
+            raise OSError(f"injected fault: cannot write {path}")
+        return super().pipe_file(path, *args, **kwargs)
+
+
+fsspec.register_implementation("failwrite", FailingFileSystem, clobber=True)
+
+
+@pytest.fixture
+def failwrite():
+    FailingFileSystem.fail_in = None
+    yield f"failwrite://commit-order/{uuid.uuid4().hex}"
+    FailingFileSystem.fail_in = None
+
+
+def tree(v: int) -> dict[str, Any]:
+    return {
+        "w": np.arange(50_000, dtype=np.float32) + v,  # chunked
+        "small": [np.full(3, v), np.int64(v)],  # packed
+        "step": v,
+    }
+
+
+def objects(store: treestore.Store, folder: str) -> set[str]:
+    return {o.path for o in store.storage.list(folder)}
+
+
+@pytest.mark.parametrize("folder", ["manifests", "checkpoints"])
+def test_a_save_that_fails_before_its_record_leaves_no_visible_checkpoint(failwrite, folder):
+    """The write of the manifest, or of the commit record, fails: the save raises, the
+    checkpoint is not listed and does not load, and the earlier one is untouched."""
+    store = treestore.Store(failwrite)
+    store.save(tree(0), "first", options=OPTIONS)
+    FailingFileSystem.fail_in = folder
+    with pytest.raises(treestore.StorageError, match="injected fault"):
+        store.save(tree(1), "second", options=OPTIONS)
+    FailingFileSystem.fail_in = None
+    assert [c.name for c in store.list()] == ["first"]
+    assert not store.exists("second")
+    assert objects(store, _layout.CHECKPOINTS) == {_layout.record_path("first")}
+    with pytest.raises(treestore.errors.CheckpointNotFoundError):
+        store.load("second")
+    assert_tree_equal(store.load("first"), tree(0))
+    assert treestore.verify(failwrite).ok
+
+
+def test_the_manifest_is_durable_before_the_record_is_written(failwrite):
+    """The record's write fails: by then the manifest is written (the order of SPEC.md §3.3), and
+    it is an unreferenced object, which gc removes with the save's chunks."""
+    store = treestore.Store(failwrite)
+    store.save(tree(0), "first", options=OPTIONS)
+    manifests, chunks = objects(store, _layout.MANIFESTS), objects(store, _layout.CHUNKS)
+    FailingFileSystem.fail_in = "checkpoints"
+    with pytest.raises(treestore.StorageError, match="injected fault"):
+        store.save(tree(1), "second", options=OPTIONS)
+    FailingFileSystem.fail_in = None
+    orphans = objects(store, _layout.MANIFESTS) - manifests
+    assert len(orphans) == 1, "the manifest was not written before the commit record"
+    assert store.storage.list(_layout.LOCKS) == []  # a failed save removes its lock
+    report = store.gc(grace=0)
+    assert report.manifests_removed == 1
+    assert objects(store, _layout.MANIFESTS) == manifests
+    assert objects(store, _layout.CHUNKS) == chunks
+    assert_tree_equal(store.load("first"), tree(0))
+
+
+def test_each_step_is_durable_before_the_next(tmp_path, monkeypatch):
+    """The storage calls of one save, in order: chunks, sync, manifest, sync, commit record
+    (put-if-absent), sync."""
+    store = treestore.Store(str(tmp_path / "store"))
+    storage = store.storage
+    calls: list[str] = []
+    lock = threading.Lock()
+
+    def logged(name: str, fn: Any) -> Any:
+        def call(path: str | None = None, *args: Any, **kwargs: Any) -> Any:
+            folder = path.split("/", 1)[0] if path is not None else ""
+            with lock:
+                calls.append(f"{name} {folder}".strip())
+            return fn(*args, **kwargs) if path is None else fn(path, *args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(storage, "write", logged("write", storage.write))
+    monkeypatch.setattr(storage, "write_new", logged("write_new", storage.write_new))
+    monkeypatch.setattr(storage, "sync", logged("sync", storage.sync))
+    store.save(tree(0), "first", options=OPTIONS)
+    steps = [c for c in calls if not c.endswith(_layout.LOCKS)]
+    # collapse runs of chunk writes
+    order = [c for i, c in enumerate(steps) if i == 0 or c != steps[i - 1]]
+    assert order == [
+        f"write {_layout.CHUNKS}",
+        "sync",
+        f"write {_layout.MANIFESTS}",
+        "sync",
+        f"write_new {_layout.CHECKPOINTS}",
+        "sync",
+    ], calls
+
+
+KILLED_SAVE = """
+import os, sys
+import numpy as np
+import treestore
+from treestore._storage.local import LocalStorage
+
+url = sys.argv[1]
+treestore.save(url, {"w": np.arange(50_000, dtype=np.float32)}, "first")
+write_new = LocalStorage.write_new
+
+def die(self, path, data):
+    if path.startswith("checkpoints/"):
+        print("dying", flush=True)
+        os._exit(9)  # killed between the manifest and the commit record
+    return write_new(self, path, data)
+
+LocalStorage.write_new = die
+treestore.save(url, {"w": np.arange(50_000, dtype=np.float32) + 1}, "second")
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_save_killed_before_its_record_leaves_an_unreferenced_manifest(tmp_path):
+    """A process dies the moment it is about to write its commit record: nothing is visible,
+    its manifest is written and unreferenced, its lock names a dead process, and gc removes
+    the manifest and the chunks only it referenced."""
+    url = str(tmp_path / "store")
+    env = dict(os.environ)
+    here = str(Path(treestore.__file__).resolve().parent.parent)  # the treestore under test
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH")) if p)
+    child = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(KILLED_SAVE), url],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
+    assert child.returncode == 9 and "dying" in child.stdout, child.stderr[-2000:]
+    store = treestore.Store(url)
+    assert [c.name for c in store.list()] == ["first"]
+    assert not store.exists("second")
+    live = store.manifest("first").chunk_digests()
+    assert len(objects(store, _layout.MANIFESTS)) == 2, "the manifest was not written before the record"
+    assert len(objects(store, _layout.LOCKS)) == 1  # the dead save's lock
+    report = store.gc(grace=0)
+    assert report.manifests_removed == 1 and report.chunks_removed > 0, report
+    assert {_layout.chunk_path(d) for d in live} == objects(store, _layout.CHUNKS)
+    assert objects(store, _layout.LOCKS) == set()
+    np.testing.assert_array_equal(store.load("first")["w"], np.arange(50_000, dtype=np.float32))
+    assert treestore.verify(url).ok

@@ -1,0 +1,106 @@
+"""Writers and readers keep to one definition of every bound (treestore/_format/limits.py).
+
+Each bound is checked at its edge from both sides: what a writer produces at the limit a reader
+accepts, and one step past it the writer refuses what the reader would refuse.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import treestore
+from treestore._format import dtypes, limits, manifest
+
+
+def files(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        limits.INT_START - 1,
+        limits.INT_END,
+        10**limits.MAX_INT_DIGITS - 1,  # 4300 digits
+        -(10 ** (limits.MAX_INT_DIGITS - 1) - 1),  # a sign and 4299 digits
+    ],
+    ids=["-2**63-1", "2**64", "4300-digits", "minus-4299-digits"],
+)
+def test_int_text_at_the_limit_is_written_and_read(value):
+    record = dtypes.int_to_record(value)
+    assert record == str(value) and len(record) <= limits.MAX_INT_DIGITS
+    assert dtypes.int_from_record(record) == value
+
+
+@pytest.mark.parametrize(
+    "value",
+    [10**limits.MAX_INT_DIGITS, -(10 ** (limits.MAX_INT_DIGITS - 1)), 10**9000],
+    ids=["10**4300", "-10**4299", "10**9000"],  # pytest's own ids would str() them
+)
+def test_int_text_past_the_limit_is_refused_by_the_writer(value):
+    with pytest.raises(ValueError, match="at most 4300 characters"):
+        dtypes.int_to_record(value)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "007",
+        "+18446744073709551616",
+        " 18446744073709551616",
+        "18_446_744_073_709_551_616",
+        "5",
+        "-0",
+        "١٨٤٤٦٧٤٤٠٧٣٧٠٩٥٥١٦١٦",
+        "9" * (limits.MAX_INT_DIGITS + 1),
+    ],
+    ids=["zeros", "plus", "space", "underscores", "in-range", "minus-zero", "arabic", "4301-digits"],
+)
+def test_int_text_a_writer_never_writes_is_refused_by_the_reader(text):
+    """Only canonical decimal text of an int outside the msgpack range: int() alone would accept
+    signs, spaces, underscores and non-ASCII digits."""
+    with pytest.raises(ValueError):
+        dtypes.int_from_record(text)
+
+
+@pytest.mark.parametrize(
+    ("shape", "ok"),
+    [
+        ((0, limits.MAX_DIM), True),
+        ((0, limits.MAX_DIM + 1), False),
+        ((1,) * limits.MAX_NDIM, True),
+        ((1,) * (limits.MAX_NDIM + 1), False),
+        ((2**31, 2**31), True),  # 2**62 one-byte elements
+        ((2**31, 2**32), False),  # 2**63
+        ((-1,), False),
+    ],
+)
+def test_one_shape_check_for_writers_and_readers(shape, ok):
+    if ok:
+        assert manifest.check_shape(shape, 1) == shape
+    else:
+        with pytest.raises(ValueError):
+            manifest.check_shape(shape, 1)
+
+
+def test_manifest_over_the_limit_is_refused_before_the_manifest_is_written(tmp_path, monkeypatch):
+    """The Python scalars alone fit (prepare lets the save start), but the manifest as encoded,
+    chunk refs included, is over the limit: the save fails before writing the manifest or the
+    commit record, leaving only unreferenced chunks, and the store stays readable."""
+    url = tmp_path / "store"
+    treestore.save(url, {"base": np.arange(4.0)}, "base")
+    before = files(url)
+    monkeypatch.setattr(manifest, "MAX_MANIFEST_BYTES", 16 * 1024)
+    tree = {"text": "x" * 8000, "w": np.arange(4096 * 100, dtype=np.float32)}  # 100 chunks
+    options = treestore.SaveOptions(chunk_size=4096, small_leaf=1024)
+    with pytest.raises(treestore.InvalidInputError, match="manifest of checkpoint 'c' would be"):
+        treestore.Store(url).save(tree, "c", options=options)
+    monkeypatch.undo()
+    new = files(url) - before
+    assert new and all(f.startswith("chunks/") for f in new), sorted(new)[:5]
+    assert [c.name for c in treestore.Store(url).list()] == ["base"]
+    assert treestore.verify(url).ok
+    assert treestore.load(url, "base")["base"].tolist() == [0.0, 1.0, 2.0, 3.0]
