@@ -35,7 +35,11 @@ def import_(
     """Import a .safetensors, .npz or flax .msgpack FILE, or an orbax checkpoint folder, as
     checkpoint URL#NAME (NAME defaults to the file's stem). Keys with dots or slashes
     ('encoder.layer.0.w') become nested addresses (encoder/layer/"0"/w); `treestore export`
-    joins them back, so a safetensors file comes back bit-exact."""
+    joins them back, so a safetensors file comes back bit-exact.
+
+    An orbax CheckpointManager step folder (mgr/5 or mgr/5/default) becomes step-000000005,
+    its step and metrics kept in the metadata; the manager's folder (mgr) imports its newest
+    step. To import every step: for d in mgr/*/; do treestore import "$d" URL; done"""
     meta = None
     if metadata is not None:
         try:
@@ -65,9 +69,9 @@ def import_(
     return 0
 
 
-@click.command("export", short_help="Export a checkpoint as .safetensors/.npz/.msgpack.")
+@click.command("export", short_help="Export a checkpoint as .safetensors/.npz/.msgpack or orbax.")
 @click.argument("src", metavar="URL[#NAME]")
-@click.argument("file", type=click.Path(dir_okay=False), metavar="FILE")
+@click.argument("file", type=click.Path(), metavar="FILE")
 @FORMAT
 @click.option(
     "--separator",
@@ -80,8 +84,10 @@ def export(
     src: str, file: str, fmt: str | None, separator: str | None, overwrite: bool, as_json: bool
 ) -> int:
     """Export a checkpoint (the newest when no #NAME) as a .safetensors, .npz or flax .msgpack
-    FILE. Every leaf must be an array (msgpack also holds Python scalars) under dict keys or list
-    indices; one error lists every leaf that cannot be written."""
+    FILE, or as an orbax checkpoint folder (--format orbax, or FILE an existing folder) that
+    orbax's StandardCheckpointer restores. Every leaf must be an array (msgpack also holds Python
+    scalars, orbax Python int, float and bool) under dict keys or list indices; one error lists
+    every leaf that cannot be written."""
     with progress("export") as bar:
         result = treestore.export_file(
             src,

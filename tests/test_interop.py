@@ -198,10 +198,53 @@ def test_orbax_folder(tmp_path):
     assert same_bytes(loaded["params"]["dense"]["kernel"], tree["params"]["dense"]["kernel"])
     assert same_bytes(loaded["step"], np.int32(3))
     assert treestore.open(url).metadata["source"]["format"] == "orbax"
-    with pytest.raises(treestore.InvalidInputError, match=r"steps 7; import one step folder"):
-        treestore.import_file(tmp_path / "ckpts", url + "#x")
+    # A folder of step folders is a CheckpointManager's: its newest step, named as our manager would.
+    assert treestore.import_file(tmp_path / "ckpts", url).name == "step-000000007"
+    assert treestore.open(url, "step-000000007").metadata["step"] == 7
     shutil.copytree(tmp_path / "ckpts" / "7", tmp_path / "manager" / "9" / "state")  # one item per step
     assert treestore.import_file(tmp_path / "manager" / "9", url + "#step-9").leaves == 2
+    shutil.copytree(tmp_path / "ckpts" / "7", tmp_path / "manager" / "9" / "other")
+    with pytest.raises(treestore.InvalidInputError, match=r"several orbax items \(other, state\)"):
+        treestore.import_file(tmp_path / "manager", url)
+
+
+def test_a_folder_under_a_number_is_not_a_step(tmp_path):
+    """Only a CheckpointManager's step folder (it holds _CHECKPOINT_METADATA) makes a step."""
+    with orbax.StandardCheckpointer() as checkpointer:
+        checkpointer.save(tmp_path / "2024" / "model", {"w": np.ones(2)})
+    url = memory()
+    assert treestore.import_file(tmp_path / "2024" / "model", url).name == "model"
+    assert "step" not in treestore.open(url).metadata
+
+
+def test_orbax_needs_an_absolute_path_and_gets_one(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with orbax.StandardCheckpointer() as checkpointer:
+        checkpointer.save(tmp_path / "ck", {"w": np.arange(3.0)})
+    url = memory()
+    assert treestore.import_file("ck", url).name == "ck"
+    assert treestore.open(url).metadata["source"]["item"] == str(tmp_path / "ck")
+    treestore.export_file(url, "out", format="orbax")
+    with orbax.StandardCheckpointer() as checkpointer:
+        assert same_bytes(checkpointer.restore(tmp_path / "out")["w"], np.arange(3.0))
+
+
+def test_export_to_orbax_leaves_the_old_folder_when_orbax_fails(tmp_path, monkeypatch):
+    url = memory()
+    treestore.save(url, {"w": np.ones(2)}, "c")
+    out = tmp_path / "o"
+    treestore.export_file(url, out, format="orbax")
+    before = sorted(p.name for p in out.iterdir())
+
+    def fail(tmp, tree, custom):
+        Path(tmp).mkdir()
+        raise treestore.UnsupportedFormatError("orbax cannot write this checkpoint: boom")
+
+    monkeypatch.setattr(treestore._api.file_formats, "write_orbax", fail)
+    with pytest.raises(treestore.UnsupportedFormatError, match="boom"):
+        treestore.export_file(url, out, format="orbax", overwrite=True)
+    assert sorted(p.name for p in out.iterdir()) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["o"]
 
 
 def test_orbax_missing(tmp_path, monkeypatch):

@@ -1,6 +1,11 @@
-"""like=: exact types back, and one error listing every mismatch; no silent casts."""
+"""like=: exact types back, and one error listing every mismatch; no silent casts.
+
+Templates hold none of the saved data (tests/templates.py): a load that handed back the
+template's leaves instead of reading the store would fail every test here."""
 
 from __future__ import annotations
+
+import uuid
 
 import jax
 import jax.numpy as jnp
@@ -10,13 +15,15 @@ import pytest
 
 import treestore
 
+from .counting import CountingFileSystem
 from .helpers import assert_tree_equal, same_bytes
+from .templates import blank
 
 
 @pytest.fixture
 def saved(store_url):
     tree = {
-        "params": {"w": np.arange(12, dtype=np.float32).reshape(3, 4), "b": np.zeros(4, np.float32)},
+        "params": {"w": np.arange(12, dtype=np.float32).reshape(3, 4), "b": np.full(4, 0.5, np.float32)},
         "step": 7,
         "count": np.int32(16777217),
     }
@@ -37,7 +44,18 @@ def test_like_with_shape_dtype_structs_gives_jax_arrays(saved):
 def test_like_with_numpy_template_gives_numpy(saved):
     url, tree = saved
     # Like every jax tree operation, rebuilding from a template orders dict keys as jax does.
-    assert_tree_equal(treestore.load(url, like=tree), jax.tree.map(lambda x: x, tree))
+    assert_tree_equal(treestore.load(url, like=blank(tree)), jax.tree.map(lambda x: x, tree))
+
+
+def test_like_with_a_jax_template_reads_the_store(store_url):
+    """jax arrays, a typed PRNG key and a weakly typed scalar, from templates of zeros and of
+    ShapeDtypeStructs: the stored values come back, with the template's types."""
+    tree = {"key": jax.random.key(7), "lr": jnp.asarray(0.5), "n": 9, "w": jnp.arange(6.0).reshape(2, 3)}
+    treestore.save(store_url, tree, "c")
+    for shapes in (False, True):
+        out = treestore.load(store_url, like=blank(tree, shapes=shapes))
+        assert_tree_equal(out, tree)
+        assert out["lr"].weak_type
 
 
 def test_every_mismatch_is_listed_at_once(saved):
@@ -67,27 +85,30 @@ def test_every_mismatch_is_listed_at_once(saved):
 
 def test_no_silent_cast_of_large_ints(saved):
     url, tree = saved
-    like = dict(tree, count=np.float32(0))
+    like = dict(blank(tree), count=np.float32(0))
     with pytest.raises(treestore.StructureMismatchError, match="count: expected dtype float32, found int32"):
         treestore.load(url, like=like)
 
 
 def test_cast_only_when_asked(saved):
     url, tree = saved
-    like = jax.tree.map(lambda x: x, tree)
+    like = blank(tree)
     like["params"] = {"w": jax.ShapeDtypeStruct((3, 4), jnp.bfloat16), "b": np.zeros(4, np.float64)}
     out = treestore.load(url, like=like, cast=True)
     assert out["params"]["w"].dtype == jnp.bfloat16
     assert out["params"]["b"].dtype == np.float64
     assert np.array_equal(np.asarray(out["params"]["w"], np.float32), tree["params"]["w"])
+    assert np.array_equal(out["params"]["b"], tree["params"]["b"].astype(np.float64))
+    assert (out["step"], out["count"]) == (7, np.int32(16777217))
 
 
 def test_prefix_restores_a_subtree(saved):
     url, tree = saved
-    out = treestore.load(url, like={"w": tree["params"]["w"], "b": tree["params"]["b"]}, prefix="params")
+    like = blank(tree["params"])
+    out = treestore.load(url, like={"w": like["w"], "b": like["b"]}, prefix="params")
     assert_tree_equal(out, jax.tree.map(lambda x: x, tree["params"]))
     with pytest.raises(treestore.StructureMismatchError, match="params/b: unexpected"):
-        treestore.load(url, like={"w": tree["params"]["w"]}, prefix="params")
+        treestore.load(url, like={"w": like["w"]}, prefix="params")
 
 
 def test_bf16_weights_stay_bf16(store_url):
@@ -99,6 +120,119 @@ def test_bf16_weights_stay_bf16(store_url):
 
 def test_unsupported_template_leaf(saved):
     url, tree = saved
-    like = dict(tree, step=object())
+    like = dict(blank(tree), step=object())
     with pytest.raises(treestore.StructureMismatchError, match="step: template leaf of type object"):
         treestore.load(url, like=like)
+
+
+# --- Python scalars and 0-d arrays (a flax TrainState's step) ------------------------------------
+def test_scalars_and_0d_arrays_convert_under_cast(store_url):
+    tree = {
+        "step": jnp.asarray(5, jnp.int32),
+        "n": 3,
+        "lr": np.float32(0.5),
+        "flag": np.bool_(True),
+        "f": 2.5,
+        "u": np.uint8(200),
+    }
+    treestore.save(store_url, tree, "c")
+    like = {
+        "step": 0,
+        "n": jax.ShapeDtypeStruct((), jnp.int32, weak_type=True),
+        "lr": 0.0,
+        "flag": False,
+        "f": np.float64(0),
+        "u": 0,
+    }
+    with pytest.raises(treestore.StructureMismatchError) as info:
+        treestore.load(store_url, like=like)
+    assert len(info.value.problems) == 6
+    assert all(p.endswith("(pass cast=True to convert)") for p in info.value.problems)
+    assert "step: expected Python int, found array int32[] (pass cast=True" in str(info.value)
+    assert "n: expected array int32[], found Python int (pass cast=True" in str(info.value)
+    out = treestore.load(store_url, like=like, cast=True)
+    assert out == {"step": 5, "n": 3, "lr": 0.5, "flag": True, "f": 2.5, "u": 200}
+    assert [type(out[k]) for k in ("step", "lr", "flag", "u")] == [int, float, bool, int]
+    assert isinstance(out["n"], jax.Array) and out["n"].dtype == jnp.int32 and out["n"].weak_type
+    assert type(out["f"]) is np.float64
+
+
+def test_scalars_convert_only_within_their_kind(store_url):
+    treestore.save(store_url, {"x": np.float32(1.5), "big": 2**40, "v": 1.0}, "c")
+    like = {"x": 0, "big": np.int32(0), "v": jax.ShapeDtypeStruct((1,), jnp.float32)}
+    with pytest.raises(treestore.StructureMismatchError) as info:
+        treestore.load(store_url, like=like, cast=True)
+    text = str(info.value)
+    assert "x: expected Python int, found array float32[]" in text  # never a silent truncation
+    assert "big: expected array int32[], found Python int 1099511627776, outside int32" in text
+    assert "v: expected array float32[1], found Python float" in text
+    assert "cast=True" not in text
+
+
+def test_a_wrong_shape_and_dtype_are_both_shown(saved):
+    url, tree = saved
+    like = dict(
+        blank(tree), params={"w": jax.ShapeDtypeStruct((4, 3), jnp.bfloat16), "b": tree["params"]["b"]}
+    )
+    with pytest.raises(treestore.StructureMismatchError) as info:
+        treestore.load(url, like=like)
+    assert info.value.problems == (
+        "params/w: expected shape (4, 3), found (3, 4); expected dtype bfloat16, found float32 "
+        "(pass cast=True to convert)",
+    )
+    with pytest.raises(
+        treestore.StructureMismatchError, match=r"params/w: expected shape \(4, 3\), found \(3, 4\)\Z"
+    ):
+        treestore.load(url, like=like, cast=True)
+
+
+# --- leaves kept from the template (equinox modules' functions and statics) ----------------------
+def test_callables_come_from_the_template(store_url):
+    treestore.save(store_url, {"w": np.arange(3.0), "act": None}, "c")
+    like = {"w": np.zeros(3), "act": jnp.tanh, "final": abs, "cls": np.float32}
+    out = treestore.load(store_url, like=like)
+    assert same_bytes(out["w"], np.arange(3.0))
+    assert out["act"] is jnp.tanh and out["final"] is abs and out["cls"] is np.float32
+    with pytest.raises(treestore.StructureMismatchError, match=r"w: expected function \(a callable"):
+        treestore.load(store_url, like={"w": lambda x: x})
+    with pytest.raises(treestore.StructureMismatchError, match="other: missing: expected Python object"):
+        treestore.load(store_url, like={"w": np.zeros(3), "other": object()})
+
+
+def test_scalars_are_kept_only_where_the_checkpoint_holds_none(store_url):
+    treestore.save(store_url, {"w": np.arange(3.0), "p": None, "b": None}, "c")
+    out = treestore.load(store_url, like={"w": np.zeros(3), "p": 0.25, "b": True})
+    assert out["p"] == 0.25 and out["b"] is True and same_bytes(out["w"], np.arange(3.0))
+    with pytest.raises(treestore.StructureMismatchError) as info:
+        treestore.load(store_url, like={"w": np.zeros(3), "p": np.zeros(2), "q": 0.5})
+    assert info.value.problems == (
+        "p: missing: expected array float64[2], not in the checkpoint (it holds None there)",
+        "q: missing: expected Python float, not in the checkpoint",
+    )
+
+
+# --- partial=True: the template is a subset --------------------------------------------------------
+def test_partial_loads_a_subset_of_the_checkpoint(saved):
+    url, tree = saved
+    like = {"params": {"w": blank(tree["params"]["w"])}}
+    with pytest.raises(treestore.StructureMismatchError, match=r"params/b: unexpected: .*pass partial=True"):
+        treestore.load(url, like=like)
+    out = treestore.load(url, like=like, partial=True)
+    assert_tree_equal(out, {"params": {"w": tree["params"]["w"]}})
+    assert_tree_equal(
+        treestore.load(url, like={"w": like["params"]["w"]}, prefix="params", partial=True), out["params"]
+    )
+    with pytest.raises(treestore.StructureMismatchError, match="params/x: missing"):
+        treestore.load(url, like={"params": {"x": np.zeros(1)}}, partial=True)
+    with pytest.raises(treestore.InvalidInputError, match="partial= only applies with like="):
+        treestore.load(url, partial=True)
+
+
+def test_partial_reads_only_the_templates_chunks():
+    url = f"counting://{uuid.uuid4().hex}"
+    big = np.arange(2**18, dtype=np.float32)  # 1 MiB: chunks of its own
+    treestore.save(url, {"params": {"w": np.ones(4, np.float32)}, "opt": {"mu": big, "nu": big + 1}}, "c")
+    CountingFileSystem.reset()
+    out = treestore.load(url, like={"params": {"w": np.zeros(4, np.float32)}}, partial=True)
+    assert same_bytes(out["params"]["w"], np.ones(4, np.float32))
+    assert CountingFileSystem.bytes_read("/chunks/") < 64 * 1024

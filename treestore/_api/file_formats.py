@@ -7,17 +7,24 @@ failure of a foreign file is an UnsupportedFormatError naming the file.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
+import math
 import os
 import struct
+import threading
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import jax
 import numpy as np
 
 from treestore._format.dtypes import DTYPES
+from treestore._format.limits import MAX_METADATA_BYTES
+from treestore._format.manifest import check_metadata
 from treestore.errors import InvalidInputError, TreestoreError, UnsupportedFormatError
 
 FORMATS = ("safetensors", "npz", "msgpack", "orbax")
@@ -52,8 +59,18 @@ def detect_format(path: str | os.PathLike[str], format: str | None = None) -> st
     return found
 
 
+def _missing(package: str, what: str) -> UnsupportedFormatError:
+    """The error for an optional package that is not installed: it says what to install."""
+    return UnsupportedFormatError(
+        f"{what} needs the {package} package, which is not installed: pip install {package}"
+    )
+
+
 def read_safetensors(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    from safetensors import safe_open  # validates the header: offsets, overlaps, sizes
+    try:
+        from safetensors import safe_open  # validates the header: offsets, overlaps, sizes
+    except ImportError:
+        raise _missing("safetensors", f"reading {path}") from None
 
     try:
         with safe_open(str(path), framework="np") as f:
@@ -99,7 +116,7 @@ def read_msgpack(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     try:
         from flax import serialization
     except ImportError:
-        raise UnsupportedFormatError("reading flax msgpack files needs flax: pip install flax") from None
+        raise _missing("flax", f"reading the flax msgpack file {path}") from None
     try:
         tree = serialization.msgpack_restore(path.read_bytes())
     except Exception as exc:
@@ -109,7 +126,40 @@ def read_msgpack(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     return tree, {}
 
 
+@contextlib.contextmanager
+def quiet_orbax() -> Iterator[None]:
+    """orbax's logging (absl's logger) held at ERROR while treestore drives orbax: it warns about
+    files a StandardCheckpointer never writes. The previous level comes back afterwards."""
+    global _quiet_depth, _absl_level
+    absl = logging.getLogger("absl")
+    with _quiet_lock:
+        if _quiet_depth == 0:
+            _absl_level = absl.level
+            absl.setLevel(max(logging.ERROR, absl.getEffectiveLevel()))
+        _quiet_depth += 1
+    try:
+        yield
+    finally:
+        with _quiet_lock:
+            _quiet_depth -= 1
+            if _quiet_depth == 0:
+                absl.setLevel(_absl_level)
+
+
+_quiet_lock = threading.Lock()
+_quiet_depth = 0
+_absl_level = logging.NOTSET
+
+
+def _steps(path: Path) -> list[Path]:
+    """The step folders of an orbax CheckpointManager folder (named by their step), oldest first;
+    unfinished ones (``7.orbax-checkpoint-tmp-…``) are not steps."""
+    return sorted((p for p in path.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name))
+
+
 def orbax_item(path: Path) -> Path:
+    """The orbax checkpoint folder ``path`` names: itself, the one item of a step folder, or the
+    item of the newest step of a CheckpointManager folder."""
     if (path / "_METADATA").exists() or (path / "checkpoint").exists():
         return path
     subdirs = sorted(p for p in path.iterdir() if p.is_dir())
@@ -119,43 +169,99 @@ def orbax_item(path: Path) -> Path:
     if items:
         names = ", ".join(p.name for p in items)
         raise InvalidInputError(f"{path} holds several orbax items ({names}); import one: {items[0]}")
-    steps = [p.name for p in subdirs if p.name.isdigit()]
+    steps = _steps(path)
     if steps:
-        steps.sort(key=int)
-        raise InvalidInputError(
-            f"{path} is an orbax CheckpointManager folder with steps {', '.join(steps[-5:])}; "
-            f"import one step folder, for example {path / steps[-1]}"
-        )
+        return orbax_item(steps[-1])
     raise UnsupportedFormatError(f"{path} is not an orbax checkpoint folder (no _METADATA)")
 
 
-def read_orbax(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+def orbax_step(item: Path, given: Path) -> Path | None:
+    """The step folder of a CheckpointManager that holds checkpoint ``item``, found from the
+    folder ``given`` by the caller, or None. A step folder is named by its step: ``item`` itself
+    (saved straight into it), or its parent when ``given`` is that parent or the manager's
+    folder, or when the parent holds the step's ``_CHECKPOINT_METADATA``."""
+    if item.name.isdigit():
+        return item
+    parent = item.parent
+    if parent.name.isdigit() and (item != given or (parent / "_CHECKPOINT_METADATA").is_file()):
+        return parent
+    return None
+
+
+def _json_file(path: Path) -> Any:
+    """The JSON value in ``path`` (at most 1 MiB), or None when it is missing or not JSON."""
     try:
-        import jax
+        with open(path, "rb") as f:
+            return json.loads(f.read(MAX_METADATA_BYTES + 1))
+    except (OSError, ValueError):
+        return None
+
+
+def orbax_metadata(item: Path, given: Path) -> dict[str, Any]:
+    """What an orbax checkpoint says about itself besides its tree: the step and metrics of a
+    CheckpointManager's step (see :func:`orbax_step`), and the ``custom_metadata`` the saver
+    passed."""
+    found: dict[str, Any] = {}
+    step = orbax_step(item, given)
+    if step is not None:
+        found["step"] = int(step.name)
+        metrics = _json_file(step / "metrics" / "metrics")
+        if isinstance(metrics, dict):
+            kept = {
+                k: float(v)
+                for k, v in metrics.items()
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            }
+            if kept:
+                found["metrics"] = kept
+    for folder in (item, *([step] if step is not None else [])):
+        custom = _json_file(folder / "_CHECKPOINT_METADATA")
+        custom = custom.get("custom_metadata") if isinstance(custom, dict) else None
+        if isinstance(custom, dict) and custom:
+            try:
+                check_metadata(custom)
+            except TreestoreError:
+                continue
+            found["custom_metadata"] = custom
+            break
+    return found
+
+
+def _orbax(what: str) -> Any:
+    try:
         import orbax.checkpoint as ocp
-        from orbax.checkpoint import metadata as ocp_metadata
     except ImportError:
         raise UnsupportedFormatError(
-            "importing orbax checkpoints needs orbax-checkpoint: pip install 'treestore[orbax]'"
+            f"{what} needs the orbax-checkpoint package, which is not installed: "
+            "pip install 'treestore[orbax]'"
         ) from None
-    item = orbax_item(path)
-    checkpointer = ocp.PyTreeCheckpointer()
+    return ocp
+
+
+def read_orbax(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    ocp = _orbax(f"importing the orbax checkpoint {path}")
+    from orbax.checkpoint import metadata as ocp_metadata
+
+    given = Path(os.path.abspath(path))  # orbax refuses relative paths
+    item = orbax_item(given)
     try:
-        meta = checkpointer.metadata(item)
-        meta = getattr(meta, "item_metadata", meta)
-        meta = getattr(meta, "tree", meta)
+        with quiet_orbax():
+            checkpointer = ocp.PyTreeCheckpointer()
+            meta = checkpointer.metadata(item)
+            meta = getattr(meta, "item_metadata", meta)
+            meta = getattr(meta, "tree", meta)
 
-        def args(m: Any) -> Any:  # arrays come back as host numpy arrays, whatever their sharding
-            if isinstance(m, ocp_metadata.ArrayMetadata):
-                return ocp.RestoreArgs(restore_type=np.ndarray)
-            return ocp.RestoreArgs()
+            def args(m: Any) -> Any:  # arrays come back as host numpy arrays, whatever their sharding
+                if isinstance(m, ocp_metadata.ArrayMetadata):
+                    return ocp.RestoreArgs(restore_type=np.ndarray)
+                return ocp.RestoreArgs()
 
-        tree = checkpointer.restore(item, restore_args=jax.tree.map(args, meta))
+            tree = checkpointer.restore(item, restore_args=jax.tree.map(args, meta))
     except TreestoreError:
         raise
     except Exception as exc:
         raise UnsupportedFormatError(f"orbax could not restore {item}: {type(exc).__name__}: {exc}") from None
-    return tree, {"item": str(item)}
+    return tree, {"item": str(item), **orbax_metadata(item, given)}
 
 
 READERS = {
@@ -167,8 +273,10 @@ READERS = {
 
 
 def write_safetensors(tmp: str, items: Iterator[tuple[str, Any]], metadata: dict[str, str] | None) -> None:
-    import safetensors.numpy
-
+    try:
+        import safetensors.numpy
+    except ImportError:
+        raise _missing("safetensors", "writing .safetensors files") from None
     tensors = dict(items)
     try:
         safetensors.numpy.save_file(tensors, tmp, metadata=metadata)
@@ -184,8 +292,10 @@ def write_npz(tmp: str, items: Iterator[tuple[str, Any]]) -> None:
 
 
 def write_msgpack(tmp: str, items: Iterator[tuple[tuple[str, ...], Any]]) -> None:
-    from flax import serialization
-
+    try:
+        from flax import serialization
+    except ImportError:
+        raise _missing("flax", "writing flax msgpack files") from None
     root: dict[str, Any] = {}
     for names, value in items:
         node = root
@@ -193,3 +303,15 @@ def write_msgpack(tmp: str, items: Iterator[tuple[tuple[str, ...], Any]]) -> Non
             node = node.setdefault(part, {})
         node[names[-1]] = value
     Path(tmp).write_bytes(serialization.msgpack_serialize(root))
+
+
+def write_orbax(tmp: str, tree: Any, custom_metadata: dict[str, Any] | None) -> None:
+    """Save ``tree`` as an orbax StandardCheckpointer checkpoint in the new folder ``tmp``."""
+    ocp = _orbax("writing orbax checkpoints")
+    try:
+        with quiet_orbax(), ocp.StandardCheckpointer() as checkpointer:
+            checkpointer.save(os.path.abspath(tmp), tree, custom_metadata=custom_metadata or None)
+    except Exception as exc:
+        raise UnsupportedFormatError(
+            f"orbax cannot write this checkpoint: {type(exc).__name__}: {exc}"
+        ) from None

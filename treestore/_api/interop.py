@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -22,16 +23,20 @@ import numpy as np
 from jax.tree_util import DictKey, GetAttrKey, SequenceKey
 
 from treestore._api import file_formats as _formats
-from treestore._api.checkpoint import Checkpoint
+from treestore._api.checkpoint import Checkpoint, LazyLeaf
+from treestore._api.manager import step_name
 from treestore._api.spec import parse_spec
 from treestore._api.store import resolve
 from treestore._engine import write as _write
 from treestore._format.manifest import LeafEntry
 from treestore._storage.registry import open_storage
-from treestore.errors import InvalidInputError, NotFoundError
+from treestore._tree.leaves import restore_array
+from treestore.errors import InvalidInputError, NotFoundError, StorageError
 
 Progress = Callable[[int, int], None]  # (bytes done so far, total bytes)
 FORMATS = _formats.FORMATS
+# The Python scalars each format holds besides arrays (orbax's StandardCheckpointer refuses str).
+_SCALARS = {"msgpack": ("bool", "int", "float", "complex", "str", "bytes"), "orbax": ("bool", "int", "float")}
 
 
 @dataclass(frozen=True)
@@ -88,9 +93,10 @@ def _segment(key: object) -> str | None:
 
 
 def _names(
-    entries: list[LeafEntry], separator: str | None, scalars: bool
+    entries: list[LeafEntry], separator: str | None, scalars: str
 ) -> list[tuple[tuple[str, ...], LeafEntry]]:
-    """Each leaf's key segments, after checking that the target format can express it."""
+    """Each leaf's key segments, after checking that the target format can express it;
+    ``scalars`` is the format whose Python scalars it holds (see ``_SCALARS``), if any."""
     problems: list[str] = []
     out: list[tuple[tuple[str, ...], LeafEntry]] = []
     seen: dict[tuple[str, ...], str] = {}
@@ -106,8 +112,14 @@ def _names(
             problems.append(f"{where}: a key contains {separator!r}, the separator of the key names")
         elif e.kind == "prng_key":
             problems.append(f"{where}: PRNG keys cannot be exported; export jax.random.key_data of them")
-        elif not e.is_array and not scalars:
-            problems.append(f"{where}: a Python {e.kind} is not an array; this format holds arrays only")
+        elif not e.is_array and e.kind not in _SCALARS.get(scalars, ()):
+            held = _SCALARS.get(scalars)
+            problems.append(
+                f"{where}: a Python {e.kind} is not an array; this format holds arrays only"
+                if not held
+                else f"{where}: a Python {e.kind} cannot go in an {scalars} checkpoint, which holds "
+                f"arrays and Python {', '.join(held)}"
+            )
         else:
             if segments in seen:
                 problems.append(f"{where} and {seen[segments]} would get the same key name")
@@ -164,6 +176,13 @@ def import_file(
     flat). The checkpoint's metadata is ``{"source": {...}}`` (format, file name, separator, the
     file's own metadata), merged with ``metadata`` when that is a dict.
 
+    An orbax folder may be a checkpoint, a step folder of an orbax CheckpointManager
+    (``mgr/5`` or its item ``mgr/5/default``) or the manager's folder itself (``mgr``: its
+    newest step; import each step folder to keep them all). A step is imported as
+    ``step-000000005`` (the name :class:`CheckpointManager` gives it) with ``{"step": 5}`` and
+    the step's metrics in its metadata, so a treestore CheckpointManager on the store resumes
+    from it; the saver's ``custom_metadata`` is kept in the source record.
+
     >>> import numpy as np, treestore, tempfile, os
     >>> f = os.path.join(tempfile.mkdtemp(), "w.npz")
     >>> np.savez(f, **{"dense.kernel": np.ones((2, 2)), "dense.bias": np.zeros(2)})
@@ -174,18 +193,21 @@ def import_file(
     """
     url, name = parse_spec(dst)
     tree, source = read_file(path, format=format, nest_keys=nest_keys)
-    meta: Any = {"source": source}
+    step = {k: source.pop(k) for k in ("step", "metrics") if k in source}  # as CheckpointManager keeps them
+    meta: Any = {**step, "source": source}
     if isinstance(metadata, dict):
-        meta = {**metadata, "source": source}
+        meta = {**step, **metadata, "source": source}
     elif metadata is not None:
-        meta = {"source": source, "user": metadata}
+        meta = {**step, "source": source, "user": metadata}
+    if name is None:
+        name = step_name(step["step"]) if "step" in step else _default_name(Path(path))
     storage = open_storage(url, storage_options)
     prepared = _write.prepare(tree)
     total = sum(getattr(x, "nbytes", 0) for x in jax.tree_util.tree_leaves(tree))
     return _write.write(
         storage,
         prepared,
-        name or _default_name(Path(path)),
+        name,
         metadata=meta,
         options=options or _write.SaveOptions(),
         overwrite=overwrite,
@@ -234,12 +256,20 @@ def export_file(
     progress: Progress | None = None,
 ) -> ExportResult:
     """Write checkpoint ``src`` (``URL`` or ``URL#NAME``) as a .safetensors, .npz or flax
-    .msgpack file.
+    .msgpack file, or as an orbax checkpoint folder (``format="orbax"``).
 
     Flat formats name each tensor by joining its key path with ``separator`` (default: the one
     recorded on import, else ``.``); every leaf must be an array whose keys are dict keys or list
     indices, and no key of a nested leaf may contain the separator. One error lists every leaf that
     cannot be written. The file is written whole (to a temporary name, then renamed).
+
+    An orbax folder is what ``orbax.checkpoint.StandardCheckpointer().save(path, tree)`` writes:
+    the checkpoint's tree as :func:`treestore.load` returns it (numpy arrays as numpy arrays, jax
+    arrays as jax arrays, Python int, float and bool as they are; other nodes as dicts), which
+    orbax restores with or without a target; the
+    ``custom_metadata`` of a checkpoint imported from orbax goes back with it. To add it to an
+    orbax CheckpointManager folder as step 5, export to ``mgr/5/default``. A safetensors file
+    gets back the metadata block of the file it was imported from.
 
     >>> import numpy as np, treestore, tempfile, os
     >>> _ = treestore.save("memory://doc/export", {"dense": {"bias": np.zeros(2)}}, "w")
@@ -251,8 +281,6 @@ def export_file(
     """
     out = Path(path)
     fmt = _formats.detect_format(out, format)
-    if fmt == "orbax":
-        raise InvalidInputError("treestore exports .safetensors, .npz and .msgpack files, not orbax folders")
     if not out.parent.is_dir():
         raise NotFoundError(f"no folder {str(out.parent)!r} to write {out.name!r} in")
     if out.exists() and not overwrite:
@@ -261,7 +289,7 @@ def export_file(
     source = ckpt.metadata.get("source") if isinstance(ckpt.metadata, dict) else None
     source = source if isinstance(source, dict) else {}
     sep: str = separator or (source["separator"] if source.get("separator") in (".", "/") else ".")
-    named = _names(list(ckpt.manifest.leaves), sep if fmt in _formats.FLAT else None, fmt == "msgpack")
+    named = _names(list(ckpt.manifest.leaves), sep if fmt in _formats.FLAT else None, fmt)
     if fmt == "npz":
         bad = [e.address for _, e in named if e.dtype not in _formats.NPY_DTYPES]
         if bad:
@@ -269,6 +297,10 @@ def export_file(
                 f".npz holds numpy dtypes only; {', '.join(bad[:5])} cannot go in one (use .safetensors)"
             )
     tmp = str(out.with_name(f".{out.name}.tmp-{os.getpid()}"))
+    if fmt == "orbax":
+        custom = source.get("custom_metadata") if source.get("format") == "orbax" else None
+        _write_orbax(ckpt, out, tmp, custom if isinstance(custom, dict) else None, progress)
+        return ExportResult(str(out), fmt, len(named), sum(e.nbytes for _, e in named))
     items = _leaves(ckpt, named, progress)
     try:
         if fmt == "safetensors":
@@ -286,3 +318,44 @@ def export_file(
         if os.path.exists(tmp):
             os.unlink(tmp)
     return ExportResult(str(out), fmt, len(named), sum(e.nbytes for _, e in named))
+
+
+def _write_orbax(
+    ckpt: Checkpoint, out: Path, tmp: str, custom: dict[str, Any] | None, progress: Progress | None
+) -> None:
+    """Write the checkpoint's tree as an orbax checkpoint in folder ``tmp``, then put it at
+    ``out`` (replacing what is there only once the new folder is complete)."""
+    advance = _counter(progress, sum(e.nbytes for e in ckpt.manifest.leaves if e.is_array))
+
+    def host(x: Any) -> Any:  # each leaf as treestore.load gives it: jax arrays stay jax arrays
+        if not isinstance(x, LazyLeaf):
+            return x
+        e = x.entry
+        array = restore_array(e.kind, np.asarray(x), e.prng_impl, weak_type=e.weak_type)
+        if advance is not None:
+            advance(e.nbytes)
+        return array
+
+    old = out.with_name(f".{out.name}.old-{os.getpid()}")
+    if Path(tmp).is_dir():  # left by an export of this process id that was killed
+        shutil.rmtree(tmp)
+    try:
+        _formats.write_orbax(tmp, jax.tree.map(host, ckpt.tree), custom)
+        try:
+            moved = out.is_dir() and not out.is_symlink()
+            if moved:
+                os.replace(out, old)
+            elif out.exists() or out.is_symlink():
+                out.unlink()
+            try:
+                os.replace(tmp, out)
+            except OSError:
+                if moved:
+                    os.replace(old, out)  # the folder that was there stays
+                raise
+        except OSError as exc:
+            raise StorageError(f"cannot put the orbax checkpoint at {out}: {exc}") from None
+    finally:
+        for left in (Path(tmp), old):
+            if left.is_dir():
+                shutil.rmtree(left)

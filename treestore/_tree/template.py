@@ -10,7 +10,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from treestore._format.dtypes import JAX, NPSCALAR, NUMPY, PRNG_KEY, PY_KINDS, dtype_name
+from treestore._format.address import format_key, join_address, key_from_record
+from treestore._format.dtypes import DTYPES, JAX, NPSCALAR, NUMPY, PRNG_KEY, PY_KINDS, dtype_name
 from treestore._format.manifest import LeafEntry, Manifest
 from treestore._tree.leaves import restore_array
 from treestore._tree.structure import leaves_with_addresses
@@ -19,11 +20,12 @@ from treestore.errors import StructureMismatchError
 
 @dataclass(frozen=True)
 class Slot:
-    """One leaf of the template, the stored entry that fills it, and how to restore it."""
+    """One leaf of the template, the stored entry that fills it (None: the template's own value
+    is kept, see :func:`_kept`), and how to restore it."""
 
     address: str
     like: Any
-    entry: LeafEntry
+    entry: LeafEntry | None
 
 
 def _is_key_like(x: Any) -> bool:
@@ -62,14 +64,19 @@ def match(
     *,
     cast: bool,
     prefix: str = "",
+    partial: bool = False,
 ) -> tuple[list[Slot], Any]:
     """Pair the template's leaves with stored leaves; raise one StructureMismatchError listing
     every missing, unexpected, kind-, shape- and dtype-mismatched address.
 
     ``prefix`` roots the template at a subtree of the checkpoint (its addresses are relative).
+    With ``partial`` the template may leave stored leaves out. A template leaf the checkpoint has
+    no leaf for is kept from the template (its slot has no entry) when it is a callable, or a
+    Python scalar where the checkpoint holds None (see :func:`_kept`); otherwise it is missing.
     """
     pairs, treedef = leaves_with_addresses(like)
     stored = {e.address: e for e in manifest.leaves}
+    nones: set[str] | None = None  # found on the first leaf the checkpoint lacks
     joined = (lambda a: f"{prefix}/{a}" if a else prefix) if prefix else (lambda a: a)
     problems: list[str] = []
     slots: list[Slot] = []
@@ -79,48 +86,115 @@ def match(
         wanted.add(address)
         entry = stored.get(address)
         if entry is None:
+            nones = _none_addresses(manifest.tree) if nones is None else nones
+            if _kept(leaf, address in nones):
+                slots.append(Slot(address, leaf, None))
+                continue
+            held = " (it holds None there)" if address in nones else ""
             problems.append(
-                f"{address or '(root)'}: missing: expected {_describe_like(leaf)}, not in the checkpoint"
+                f"{address or '(root)'}: missing: expected {_describe_like(leaf)}, not in the "
+                f"checkpoint{held}"
             )
             continue
-        kind, shape, dtype = _expected(leaf)
-        if kind in PY_KINDS.values():
-            if entry.kind != kind:
-                problems.append(f"{address or '(root)'}: expected Python {kind}, found {describe(entry)}")
-        elif kind in ("array", PRNG_KEY):
-            if not entry.is_array or (kind == PRNG_KEY) != (entry.kind == PRNG_KEY):
-                problems.append(
-                    f"{address or '(root)'}: expected {_describe_like(leaf)}, found {describe(entry)}"
-                )
-            elif shape != entry.shape:
-                problems.append(f"{address or '(root)'}: expected shape {shape}, found {entry.shape}")
-            elif dtype != entry.dtype and not cast:
-                problems.append(
-                    f"{address or '(root)'}: expected dtype {dtype}, found {entry.dtype} "
-                    "(pass cast=True to convert)"
-                )
-        else:
-            problems.append(
-                f"{address or '(root)'}: template leaf of type {kind} is not a "
-                "supported leaf (use arrays, jax.ShapeDtypeStruct or Python scalars)"
-            )
+        problem = _mismatch(leaf, entry, cast)
+        if problem is not None:
+            problems.append(f"{address or '(root)'}: {problem}")
         slots.append(Slot(address, leaf, entry))
     under = (lambda a: a == prefix or a.startswith(prefix + "/")) if prefix else (lambda a: True)
     for address, entry in stored.items():
-        if address not in wanted and under(address):
+        if address not in wanted and under(address) and not partial:
             problems.append(
-                f"{address or '(root)'}: unexpected: found {describe(entry)}, not in the template"
+                f"{address or '(root)'}: unexpected: found {describe(entry)}, not in the template "
+                "(pass partial=True to load only the template's leaves)"
             )
     if problems:
         raise StructureMismatchError(problems, checkpoint=manifest.name)
     return slots, treedef
 
 
+def _kept(like: Any, none_stored: bool) -> bool:
+    """Whether a template leaf the checkpoint has no leaf for comes back as the template's own
+    value: a callable (an equinox module's activation function, a class), which no checkpoint
+    can hold; or a Python scalar where the checkpoint holds None (what
+    ``eqx.filter(model, eqx.is_array)`` leaves of a dropout rate or a flag). Arrays never are."""
+    if type(like) in PY_KINDS:
+        return none_stored
+    return callable(like)
+
+
+def _none_addresses(node: dict[str, Any]) -> set[str]:
+    """The addresses of the None nodes of a (validated) tree record."""
+    out: set[str] = set()
+    stack = [(node, "")]
+    while stack:
+        n, address = stack.pop()
+        kind = n["type"]
+        if kind == "none":
+            out.add(address)
+        if kind in ("leaf", "none"):
+            continue
+        children = n["children"]
+        if kind in ("list", "tuple"):
+            segments = [str(j) for j in range(len(children))]
+        else:
+            segments = [format_key(key_from_record(k)) for k in n["keys"]]
+        stack.extend((c, join_address(address, s)) for s, c in zip(segments, children, strict=True))
+    return out
+
+
+_PY_TYPES = {kind: t for t, kind in PY_KINDS.items()}
+_SCALAR_DTYPES = {"bool": np.bool_, "int": np.integer, "float": np.floating, "complex": np.complexfloating}
+
+
+def _scalar_fits(kind: str, dtype: str | None) -> bool:
+    """Whether a Python scalar of ``kind`` and a 0-d array of ``dtype`` convert into each other:
+    bool and bool, int and the integer dtypes, float and the floating ones, complex and complex."""
+    group = _SCALAR_DTYPES.get(kind)
+    return group is not None and dtype in DTYPES and jax.dtypes.issubdtype(DTYPES[dtype], group)
+
+
+def _mismatch(leaf: Any, entry: LeafEntry, cast: bool) -> str | None:
+    """What is wrong with filling template leaf ``leaf`` from ``entry``, or None."""
+    kind, shape, dtype = _expected(leaf)
+    fix = " (pass cast=True to convert)"
+    if kind in PY_KINDS.values():
+        if entry.kind == kind:
+            return None
+        if entry.is_array and entry.shape == () and _scalar_fits(kind, entry.dtype):
+            return None if cast else f"expected Python {kind}, found {describe(entry)}{fix}"
+        return f"expected Python {kind}, found {describe(entry)}"
+    if kind not in ("array", PRNG_KEY) and callable(leaf):
+        return f"expected {kind} (a callable, kept from the template), found {describe(entry)}"
+    if kind not in ("array", PRNG_KEY):
+        return (
+            f"template leaf of type {kind} is not a supported leaf (use arrays, "
+            "jax.ShapeDtypeStruct or Python scalars; callables are kept from the template)"
+        )
+    if not entry.is_array:
+        if kind == "array" and shape == () and _scalar_fits(entry.kind, dtype):
+            if not cast:
+                return f"expected {_describe_like(leaf)}, found {describe(entry)}{fix}"
+            if entry.kind == "int" and dtype is not None:
+                info = np.iinfo(DTYPES[dtype])
+                if not info.min <= entry.value <= info.max:  # type: ignore[operator]
+                    return f"expected {_describe_like(leaf)}, found Python int {entry.value}, outside {dtype}"
+            return None
+        return f"expected {_describe_like(leaf)}, found {describe(entry)}"
+    if (kind == PRNG_KEY) != (entry.kind == PRNG_KEY):
+        return f"expected {_describe_like(leaf)}, found {describe(entry)}"
+    found = []
+    if shape != entry.shape:
+        found.append(f"expected shape {shape}, found {entry.shape}")
+    if dtype != entry.dtype and not cast:
+        found.append(f"expected dtype {dtype}, found {entry.dtype}{fix}")
+    return "; ".join(found) or None
+
+
 def target_sharding(slot: Slot) -> Any:
     """The sharding to assemble this leaf onto shard by shard, or None to read it whole: a
     template's sharding over several devices (or other processes' devices)."""
     sharding = getattr(slot.like, "sharding", None)
-    if sharding is None or not slot.entry.is_array or slot.entry.kind == PRNG_KEY:
+    if sharding is None or slot.entry is None or not slot.entry.is_array or slot.entry.kind == PRNG_KEY:
         return None
     if len(sharding.device_set) == 1 and sharding.is_fully_addressable:
         return None
@@ -131,6 +205,7 @@ def assemble(slot: Slot, sharding: Any, read: Callable[[tuple[slice, ...]], np.n
     """A jax.Array on ``sharding`` whose every addressable shard is read by ``read(region)`` —
     each distinct region once, whatever sharding the leaf was saved with."""
     like, entry = slot.like, slot.entry
+    assert entry is not None  # target_sharding gives no sharding to a kept leaf
     dtype = np.dtype(like.dtype)
     cache: dict[tuple[tuple[int, int], ...], np.ndarray[Any, Any]] = {}
 
@@ -157,18 +232,22 @@ def _region_of(index: tuple[slice, ...], shape: tuple[int, ...]) -> tuple[slice,
 def restore(slot: Slot, data: Any) -> Any:
     """The stored leaf as the type its template leaf asks for."""
     like, entry = slot.like, slot.entry
-    if not entry.is_array:
-        return entry.value
+    if entry is None:
+        return like
     kind, _, dtype = _expected(like)
-    if kind == "array" and dtype is not None and dtype != entry.dtype:
+    if kind in PY_KINDS.values():  # a Python scalar, from one or from a 0-d array (cast=True)
+        return entry.value if not entry.is_array else _PY_TYPES[kind](data[()])
+    if not entry.is_array:  # a Python scalar into a 0-d array (cast=True)
+        data, entry = np.asarray(entry.value, np.dtype(like.dtype)), None
+    elif kind == "array" and dtype is not None and dtype != entry.dtype:
         data = data.astype(np.dtype(like.dtype))
-    if entry.kind == PRNG_KEY:
+    if entry is not None and entry.kind == PRNG_KEY:
         return restore_array(PRNG_KEY, data, entry.prng_impl)
     if isinstance(like, np.generic):
         return restore_array(NPSCALAR, data, None)
     if isinstance(like, np.ndarray):
         return restore_array(NUMPY, data, None)
-    weak = bool(getattr(like, "weak_type", entry.weak_type))
+    weak = bool(getattr(like, "weak_type", entry is not None and entry.weak_type))
     array = restore_array(JAX, data, None, as_jax=True, weak_type=weak)
     sharding = getattr(like, "sharding", None)
     return array if sharding is None else jax.device_put(array, sharding)
