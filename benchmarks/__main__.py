@@ -27,6 +27,7 @@ def main(argv: list[str] | None = None) -> int:
         ["benchmarks.bench_partial", "--runs", runs],
         ["benchmarks.bench_manager"],
         ["benchmarks.bench_sharding", "--runs", "3"],
+        ["benchmarks.bench_derive"],
     ]
     if importlib.util.find_spec("benchmarks.bench_s3") and importlib.util.find_spec("moto"):
         suites.append(["benchmarks.bench_s3"])

@@ -17,6 +17,8 @@ import click
 import treestore
 
 from .commands_demo import demo
+from .commands_derive import derive
+from .commands_follow import timeline, watch
 from .commands_inspect import diff, ls, show
 from .commands_interop import export, import_
 from .commands_store import cp, gc, rm, verify
@@ -114,7 +116,7 @@ def cli(ctx: click.Context, quiet: bool, debug: bool, storage_options: dict[str,
     settings.storage_options = storage_options
 
 
-for command in (ls, show, diff, verify, gc, rm, cp, import_, export, demo):
+for command in (ls, show, diff, verify, gc, rm, cp, import_, export, demo, watch, timeline, derive):
     cli.add_command(command)
 
 

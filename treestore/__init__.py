@@ -17,6 +17,7 @@ from treestore._api.interop import export_file, import_file
 from treestore._api.manager import CheckpointManager
 from treestore._api.store import Store, diff, load, open, save
 from treestore._api.verify import verify
+from treestore._api.watch import watch
 from treestore._engine.write import SaveOptions
 from treestore._format.address import format_address, parse_address
 from treestore._format.codecs import Codec
@@ -60,6 +61,7 @@ __all__ = [
     "save",
     "types",
     "verify",
+    "watch",
 ]
 
 for _obj in (
@@ -79,6 +81,7 @@ for _obj in (
     parse_address,
     save,
     verify,
+    watch,
 ):
     _obj.__module__ = __name__  # reprs, tracebacks and help() show treestore.X
 del _obj

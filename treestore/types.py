@@ -12,6 +12,7 @@ from treestore._api.diff import Diff, LeafDiff, LeafStats
 from treestore._api.interop import ExportResult
 from treestore._api.manager import StepInfo
 from treestore._api.store import CheckpointInfo
+from treestore._api.timeline import Timeline
 from treestore._api.verify import VerifyProblem, VerifyReport
 from treestore._engine.gc import GcReport
 from treestore._engine.write import SaveResult
@@ -31,6 +32,7 @@ __all__ = [
     "Piece",
     "SaveResult",
     "StepInfo",
+    "Timeline",
     "VerifyProblem",
     "VerifyReport",
 ]
@@ -49,6 +51,7 @@ for _cls in (
     Piece,
     SaveResult,
     StepInfo,
+    Timeline,
     VerifyProblem,
     VerifyReport,
 ):

@@ -11,7 +11,9 @@ from typing import Any
 
 import jax
 
+from treestore._api import derive as _derive
 from treestore._api import diff as _diff
+from treestore._api import timeline as _timeline
 from treestore._api.checkpoint import Checkpoint
 from treestore._api.spec import Spec, parse_spec
 from treestore._engine import gc as _gc
@@ -29,7 +31,7 @@ from treestore._storage.registry import open_storage
 from treestore._tree import template as _template
 from treestore._tree.leaves import restore_array
 from treestore._tree.structure import rebuild
-from treestore.errors import CheckpointNotFoundError, InvalidInputError
+from treestore.errors import InvalidInputError
 
 Patterns = _select.Patterns
 
@@ -111,7 +113,7 @@ class Store:
         check_name(name)
         path = _layout.record_path(name)
         if not self.storage.exists(path):  # a damaged record can still be deleted
-            raise CheckpointNotFoundError(f"no checkpoint {name!r} in {self.url}", checkpoint=name)
+            raise _read.not_found(self.storage, name)
         self.storage.delete(path)
 
     def gc(
@@ -125,7 +127,10 @@ class Store:
         """Remove chunks and manifests no committed checkpoint references.
 
         Unreferenced chunks younger than ``grace`` seconds are kept; gc waits up to ``wait``
-        seconds for saves in flight, then raises StoreBusyError.
+        seconds for saves in flight, then raises StoreBusyError. A listing that fails raises
+        StorageError before anything is deleted. While a checkpoint is damaged (its commit record
+        or manifest cannot be read) no chunk or manifest is removed: the report's ``damaged``
+        names it, and a warning is logged.
         """
         return _gc.collect_garbage(
             self.storage, grace=grace, dry_run=dry_run, wait=wait, stale_after=stale_after
@@ -133,8 +138,13 @@ class Store:
 
     # -- reading -----------------------------------------------------------------------------
     def list(self) -> list[CheckpointInfo]:
-        """Committed checkpoints, oldest first."""
-        refs = sorted(_read.committed_records(self.storage), key=lambda r: (r.created, r.name))
+        """Committed checkpoints, oldest first.
+
+        A damaged checkpoint (its commit record cannot be read) is left out and named in a
+        warning of the logger ``treestore``; :func:`treestore.verify` tells what is wrong. One of
+        a newer format raises UnsupportedFormatError; a listing that fails, StorageError.
+        """
+        refs = sorted(_read.readable_records(self.storage), key=lambda r: (r.created, r.name))
         return [CheckpointInfo(r.name, r.created, r.leaves, r.nbytes, r.metadata) for r in refs]
 
     def exists(self, name: str) -> bool:
@@ -170,6 +180,7 @@ class Store:
         select: Patterns = None,
         prefix: str = "",
         cast: bool = False,
+        partial: bool = False,
         threads: int | None = None,
     ) -> Any:
         """Load checkpoint ``name`` (default: the newest).
@@ -178,17 +189,23 @@ class Store:
         their key entries. With ``like`` (a tree of arrays, ``jax.ShapeDtypeStruct`` or scalars)
         the result has ``like``'s structure and types, after checking that addresses, shapes and
         dtypes match — one StructureMismatchError lists every difference. ``cast=True`` converts
-        to ``like``'s dtypes instead of failing. ``select`` (glob patterns over addresses) and
-        ``prefix`` (the address of the subtree ``like`` describes) restore part of a checkpoint;
-        only the chunks of the leaves restored are read.
+        to ``like``'s dtypes instead of failing, and a Python scalar to or from a 0-d array of its
+        kind (a flax ``TrainState.create(...).step`` of 0 and a saved ``int32[]`` step).
+        ``partial=True`` lets ``like`` be a subset of the checkpoint (the other stored leaves are
+        not read; a leaf of ``like`` the checkpoint lacks is still an error). Callables in ``like``
+        (an equinox module's activation functions) and its Python scalars where the checkpoint holds
+        None (what ``eqx.filter(model, eqx.is_array)`` leaves) come back as ``like`` has them.
+        ``select`` (glob patterns over addresses) and ``prefix`` (the address of the subtree
+        ``like`` describes) restore part of a checkpoint; only the chunks of the leaves restored
+        are read.
         """
+        if (prefix or partial) and like is None:
+            raise InvalidInputError(f"{'prefix=' if prefix else 'partial='} only applies with like=")
         manifest = self.manifest(name)
         threads = threads or default_threads()
         if like is not None:
             chosen = manifest if select is None else _selected(manifest, select)
-            return self._load_like(chosen, like, prefix, cast, threads)
-        if prefix:
-            raise InvalidInputError("prefix= only applies with like=")
+            return self._load_like(chosen, like, prefix, cast, partial, threads)
         entries = manifest.leaves if select is None else _selected(manifest, select).leaves
         arrays = self._arrays(manifest, builtins.list(entries), threads)
         wanted = {e.address for e in entries}
@@ -205,12 +222,16 @@ class Store:
         reader = _read.ChunkReader(self.storage, manifest)
         return _region.read_arrays(reader, [e for e in entries if e.is_array], threads=threads)
 
-    def _load_like(self, manifest: Manifest, like: Any, prefix: str, cast: bool, threads: int) -> Any:
-        slots, treedef = _template.match(manifest, like, cast=cast, prefix=prefix)
+    def _load_like(
+        self, manifest: Manifest, like: Any, prefix: str, cast: bool, partial: bool, threads: int
+    ) -> Any:
+        slots, treedef = _template.match(manifest, like, cast=cast, prefix=prefix, partial=partial)
         shardings = [_template.target_sharding(s) for s in slots]
         whole = [s.entry for s, sharding in zip(slots, shardings, strict=True) if sharding is None]
         reader = _read.ChunkReader(self.storage, manifest)  # one reader: packs are read once
-        arrays = _region.read_arrays(reader, [e for e in whole if e.is_array], threads=threads)
+        arrays = _region.read_arrays(
+            reader, [e for e in whole if e is not None and e.is_array], threads=threads
+        )
         leaves = []
         with ThreadPoolExecutor(threads) as pool:
             for slot, sharding in zip(slots, shardings, strict=True):
@@ -218,11 +239,88 @@ class Store:
                     leaves.append(_template.restore(slot, arrays.get(slot.address)))
                     continue
 
-                def read(region: tuple[slice, ...], entry: LeafEntry = slot.entry) -> Any:
+                def read(region: tuple[slice, ...], entry: LeafEntry | None = slot.entry) -> Any:
+                    assert entry is not None  # a kept leaf is never assembled
                     return _region.read_region(reader, entry, region, pool)
 
                 leaves.append(_template.assemble(slot, sharding, read))
         return jax.tree_util.tree_unflatten(treedef, leaves)
+
+    # -- derived checkpoints and timelines ---------------------------------------------------
+    def derive(
+        self,
+        base: str,
+        new: str,
+        *,
+        set: dict[str, Any] | None = None,
+        drop: Patterns = None,
+        rename: dict[str, str] | None = None,
+        metadata: Any = _derive.KEEP,
+        overwrite: bool = False,
+        options: _write.SaveOptions | None = None,
+    ) -> _write.SaveResult:
+        """Commit checkpoint ``new``: checkpoint ``base`` edited without rewriting what stays.
+
+        In this order: ``drop`` (patterns over addresses) removes each leaf or subtree whose
+        address matches; ``rename`` ({old: new}) moves every address under ``old`` under
+        ``new``; ``set`` ({address: tree}) puts ``tree``'s leaves at ``address``, replacing what
+        was there or adding it (under a dict; missing dicts on the way are created). Containers
+        left empty are removed. Only the chunks of ``set``'s leaves are written, and a new
+        manifest: every other leaf keeps the base's chunks, which are not read. Untouched nodes
+        keep their types (custom nodes included); removing an item of a list renumbers the items
+        after it. As in patterns, ``h/11`` may stand for the address ``h/"11"``. ``metadata``
+        defaults to the base's. Call it from one process (it is not a multi-process save).
+
+        Raises CheckpointNotFoundError for a missing base, NoMatchError for a drop pattern or
+        rename source that matches nothing, InvalidInputError for a set that overlaps a rename
+        (or sets and renames that overlap each other), CheckpointExistsError when ``new``
+        exists unless ``overwrite=True``.
+
+        >>> import numpy as np, treestore
+        >>> store = treestore.Store("memory://doc/derive")
+        >>> tree = {"enc": {"w": np.ones(2)}, "head": np.zeros(3), "opt": {"mu": np.zeros(2)}}
+        >>> _ = store.save(tree, "base")
+        >>> r = store.derive(
+        ...     "base", "new", set={"head": np.ones(4)}, drop="opt/**", rename={"enc": "encoder"}
+        ... )
+        >>> r.chunks_written, sorted(store.load("new"))
+        (1, ['encoder', 'head'])
+        """
+        return _derive.derive(
+            self.storage,
+            base,
+            new,
+            set=set,
+            drop=drop,
+            rename=rename,
+            metadata=metadata,
+            overwrite=overwrite,
+            options=options,
+        )
+
+    def timeline(
+        self,
+        select: Patterns = None,
+        depth: int | None = None,
+        progress: _timeline.Progress | None = None,
+    ) -> _timeline.Timeline:
+        """How much each array leaf changed from each checkpoint to the next, oldest first: a
+        :class:`~treestore.types.Timeline` of relative L2 changes (0.0 unchanged, NaN absent).
+
+        ``select`` (patterns over addresses) keeps the matching leaves; ``depth`` pools them by
+        the first ``depth`` segments of their addresses. Leaves whose digests are equal cost
+        nothing; of the others only the chunks that differ are compared (as
+        ``diff(stats=True)``). ``progress(done, total)`` is called with raw bytes compared.
+
+        >>> import numpy as np, treestore
+        >>> store = treestore.Store("memory://doc/timeline")
+        >>> for step in range(3):
+        ...     _ = store.save({"w": np.full(4, 2.0**step), "b": np.ones(2)}, f"step-{step}")
+        >>> t = store.timeline()
+        >>> t.addresses, t.values
+        (('b', 'w'), ((0.0, 0.0), (1.0, 1.0)))
+        """
+        return _timeline.timeline(self.storage, select=select, depth=depth, progress=progress)
 
 
 def _selected(manifest: Manifest, select: Patterns) -> Manifest:
@@ -268,6 +366,7 @@ def load(
     select: Patterns = None,
     prefix: str = "",
     cast: bool = False,
+    partial: bool = False,
     threads: int | None = None,
     storage_options: dict[str, Any] | None = None,
 ) -> Any:
@@ -281,7 +380,9 @@ def load(
     """
     url, name = parse_spec(spec, name)
     store = Store(url, storage_options=storage_options)
-    return store.load(name, like=like, select=select, prefix=prefix, cast=cast, threads=threads)
+    return store.load(
+        name, like=like, select=select, prefix=prefix, cast=cast, partial=partial, threads=threads
+    )
 
 
 def open(spec: Spec, name: str | None = None, *, storage_options: dict[str, Any] | None = None) -> Checkpoint:
@@ -337,3 +438,13 @@ def diff(
     return _diff.diff_checkpoints(
         resolve(a, storage_options), resolve(b, storage_options), stats=stats, select=select
     )
+
+
+# The doctests of the methods: the classes report themselves as treestore.X (or treestore.types.X),
+# which hides their methods from doctest's search of this module.
+__test__ = {
+    f"{cls.__name__}.{name}": getattr(cls, name)
+    for cls in (Store,)
+    for name, value in vars(cls).items()
+    if not name.startswith("__") and ">>>" in (getattr(value, "__doc__", None) or "")
+}

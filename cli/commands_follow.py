@@ -1,0 +1,116 @@
+"""Commands that follow a training run: ``watch`` (each new checkpoint as it is committed) and
+``timeline`` (how much each leaf changed from one checkpoint to the next)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+import treestore
+
+from . import render
+from .commands_inspect import JSON, open_store, require_store
+from .context import echo_json, note, plain, progress, settings
+
+
+def _record(ckpt: treestore.Checkpoint) -> dict[str, Any]:
+    m = ckpt.manifest
+    return {
+        "url": ckpt.url,
+        "name": ckpt.name,
+        "created": m.created,
+        "leaves": len(m.leaves),
+        "logical_bytes": m.nbytes,
+        "metadata": m.metadata,
+    }
+
+
+@click.command("watch", short_help="Print each checkpoint of a store once it is committed.")
+@click.argument("url")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0),
+    default=None,
+    metavar="SECONDS",
+    help="Stop after this many seconds without a new checkpoint (default: watch until interrupted).",
+)
+@click.option(
+    "--since",
+    metavar="NAME",
+    default=None,
+    help="Only checkpoints committed after checkpoint NAME (default: the existing ones first).",
+)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+def watch(url: str, timeout: float | None, since: str | None, as_json: bool) -> int:
+    """Print one line per checkpoint of the store at URL, in commit order, as each is committed
+    (never a partial one): name, time, leaves, logical size and metadata. The store need not
+    exist yet. A damaged checkpoint is skipped with a warning on stderr."""
+    for ckpt in treestore.watch(
+        url, since=since, timeout=timeout, storage_options=settings().storage_options
+    ):
+        r = _record(ckpt)
+        if as_json:
+            click.echo(json.dumps(plain(r), allow_nan=False))
+            continue
+        meta = "" if r["metadata"] is None else "  " + render.compact(r["metadata"])
+        click.echo(
+            f"{r['name']}  {render.when(r['created'])}  {r['leaves']} leaves  "
+            f"{render.size(r['logical_bytes'])}{meta}"
+        )
+    return 0
+
+
+@click.command("timeline", short_help="Show how much each leaf changed from checkpoint to checkpoint.")
+@click.argument("url")
+@click.option(
+    "--select",
+    "patterns",
+    multiple=True,
+    metavar="PATTERN",
+    help="Only leaves matching PATTERN (repeatable).",
+)
+@click.option(
+    "--depth",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="N",
+    help="Pool leaves by the first N segments of their addresses.",
+)
+@click.option(
+    "--scale",
+    type=click.Choice(["row", "global"]),
+    default="row",
+    show_default=True,
+    help="Scale each row to its own largest change, or all rows to the largest of all.",
+)
+@click.option(
+    "--html",
+    "html_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    metavar="FILE",
+    help="Also write a self-contained HTML page (heatmap, lines per group, every value).",
+)
+@JSON
+def timeline(
+    url: str, patterns: tuple[str, ...], depth: int | None, scale: str, html_file: Path | None, as_json: bool
+) -> int:
+    """For the checkpoints of the store at URL, oldest first, show the relative L2 change
+    ||b - a|| / ||a|| of each array leaf (or group, with --depth) from one checkpoint to the
+    next: one row per leaf, one character per step, blank where unchanged, '·' where the leaf is
+    absent. Only the chunks that changed are read."""
+    store = open_store(url)
+    require_store(store)
+    with progress("timeline") as bar:
+        result = store.timeline(select=patterns or None, depth=depth, progress=bar)
+    if html_file is not None:
+        html_file.write_text(result.to_html(scale=scale), encoding="utf-8")
+        note(f"wrote {html_file}")
+    if as_json:
+        echo_json(result.to_json())
+    else:
+        click.echo(result.heatmap(scale=scale, ascii=not render.fancy()))
+    return 0

@@ -1,0 +1,234 @@
+"""Store.timeline and `treestore timeline`: relative change per leaf and step, from the exact diff."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import subprocess
+from html.parser import HTMLParser
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import treestore
+from treestore._api import timeline as _timeline_module
+from treestore.errors import CheckpointNotFoundError, NoMatchError
+from treestore_cli.main import cli
+
+from .counting import CountingFileSystem
+
+FROZEN = np.random.default_rng(0).standard_normal(256 * 1024).astype(np.float32)  # 1 MiB, never changes
+
+
+def run_tree(step: int) -> dict:
+    """A small training run: enc/w moves every step, head/w every other step, enc/b never,
+    frozen never; head/extra appears at step 2; enc/w changes shape at step 4."""
+    rng = np.random.default_rng(100 + step)
+    enc = np.ones((32, 32), np.float32) + np.float32(0.01 * step) * rng.standard_normal((32, 32)).astype(
+        np.float32
+    )
+    tree = {
+        "enc": {"w": enc if step < 4 else np.ones((16, 16), np.float32), "b": np.zeros(8, np.float32)},
+        "head": {"w": np.full((8, 4), 1.0 + step // 2, np.float32)},
+        "frozen": FROZEN,
+        "step": step,
+    }
+    if step >= 2:
+        tree["head"]["extra"] = np.full(3, float(step), np.float32)
+    return tree
+
+
+def make_run(url: str, steps: int = 5, **kw) -> treestore.Store:
+    store = treestore.Store(url, **kw)
+    for step in range(steps):
+        store.save(run_tree(step), f"step-{step}")
+    return store
+
+
+def rel_l2(url: str, a: str, b: str) -> dict[str, float]:
+    d = treestore.diff(f"{url}#{a}", f"{url}#{b}", stats=True)
+    return {x.address: x.stats.rel_l2 for x in d.leaves if x.stats is not None}
+
+
+def test_values_are_the_diffs_rel_l2(tmp_path):
+    url = str(tmp_path / "run")
+    store = make_run(url)
+    t = store.timeline()
+    assert t.checkpoints == tuple(f"step-{i}" for i in range(5))
+    assert t.addresses == ("enc/b", "enc/w", "frozen", "head/w", "head/extra")  # arrays only
+    assert t.steps[0] == ("step-0", "step-1") and len(t.steps) == 4
+    m = t.to_numpy()
+    assert m.shape == (5, 4)
+    for j, (a, b) in enumerate(t.steps):
+        expected = rel_l2(url, a, b)
+        for i, address in enumerate(t.addresses):
+            if address in expected:
+                assert m[i, j] == expected[address], (address, a, b)
+    row = dict(zip(t.addresses, t.values, strict=True))
+    assert row["enc/b"] == row["frozen"] == (0.0, 0.0, 0.0, 0.0)  # unchanged: 0.0
+    assert row["head/w"] == (0.0, 1.0, 0.0, 0.5)  # 1 -> 1 -> 2 -> 2 -> 3
+    assert math.isnan(row["head/extra"][0]) and math.isnan(row["head/extra"][1])  # absent in step-0/1
+    assert math.isnan(row["enc/w"][3])  # shape changed
+    assert t.sizes == (8, 256, 256 * 1024, 32, 3)
+
+
+def test_select_and_depth(tmp_path):
+    store = make_run(str(tmp_path / "run"))
+    full = store.timeline()
+    t = store.timeline(select="head/*")
+    assert t.addresses == ("head/w", "head/extra")
+    assert np.array_equal(t.to_numpy(), full.to_numpy()[3:], equal_nan=True)
+    g = store.timeline(depth=1)
+    assert g.addresses == ("enc", "frozen", "head") and g.depth == 1 and g.sizes[0] == 8 + 256
+    # A group pools its leaves' changes by size: sqrt(sum n v^2 / sum n) over the leaves present.
+    enc_b, enc_w = full.values[0], full.values[1]
+    assert g.values[0][0] == pytest.approx(math.sqrt((8 * enc_b[0] ** 2 + 256 * enc_w[0] ** 2) / 264))
+    assert g.values[0][3] == 0.0  # enc/w absent (shape changed), enc/b unchanged
+    assert g.values[2][1] == 1.0  # head/w's alone: head/extra is absent at that step
+    assert store.timeline(select="head/*", depth=1).addresses == ("head",)
+    with pytest.raises(NoMatchError):
+        store.timeline(select="decoder/*")
+    with pytest.raises(CheckpointNotFoundError):
+        treestore.Store(str(tmp_path / "empty")).timeline()
+
+
+def test_reads_only_changed_chunks_and_reports_progress():
+    url = "counting://timeline/run"
+    store = make_run(url, steps=3)
+    frozen_chunks = {c.digest.hex() for c in store.manifest("step-0").leaves[2].chunks}
+    assert store.manifest("step-0").leaves[2].address == "frozen" and frozen_chunks
+    CountingFileSystem.reset()
+    calls: list[tuple[int, int]] = []
+    store.timeline(progress=lambda done, total: calls.append((done, total)))
+    read = CountingFileSystem.paths_read()
+    assert not [p for p in read if any(d in p for d in frozen_chunks)]  # unchanged: never read
+    assert CountingFileSystem.bytes_read("/chunks/") < 64 * 1024  # only the small changed leaves
+    assert calls[0][0] == 0 and calls[-1][0] == calls[-1][1] > 0
+    assert [d for d, _ in calls] == sorted(d for d, _ in calls)
+
+
+def test_heatmap_text():
+    t = treestore.types.Timeline(
+        "memory://x", ("a", "b", "c", "d"), ("w", "v"), ((0.1, 0.2, 0.0), (4.0, math.nan, math.inf)), (4, 4)
+    )
+    lines = t.heatmap().splitlines()
+    assert lines[1] == "w  ▄█   max 0.2"
+    assert lines[2] == "v  █·█  max inf"
+    assert t.heatmap(scale="global").splitlines()[1] == "w  ▁▁   max 0.2"
+    assert t.heatmap(ascii=True).splitlines()[2] == "v  @x@  max inf"
+    assert json.loads(json.dumps(t.to_json()))["rows"][1]["values"] == [4.0, "nan", "inf"]
+    with pytest.raises(treestore.InvalidInputError):
+        t.heatmap(scale="log")
+
+
+def test_cli_timeline(tmp_path):
+    url = str(tmp_path / "run")
+    make_run(url, steps=3)
+    result = CliRunner().invoke(cli, ["timeline", url])
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("3 checkpoints, 2 steps: step-0 -> step-2")
+    assert lines[1].startswith("enc/b ") and "max 0" in lines[1]
+    result = CliRunner().invoke(cli, ["timeline", url, "--select", "head/*", "--depth", "1", "--json"])
+    data = json.loads(result.stdout)
+    assert [r["address"] for r in data["rows"]] == ["head"] and data["depth"] == 1
+    page = tmp_path / "t.html"
+    result = CliRunner().invoke(cli, ["timeline", url, "--html", str(page)])
+    assert result.exit_code == 0 and page.read_text().startswith("<!DOCTYPE html>")
+    missing = CliRunner().invoke(cli, ["timeline", str(tmp_path / "nothing")])
+    assert missing.exit_code == 2 and "no treestore store" in missing.stderr
+
+
+class _Cells(HTMLParser):
+    """The value table of a timeline page: address -> [data-value of each step]."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: dict[str, list[float]] = {}
+        self.body: dict[str, str] = {}
+        self.rects = 0
+        self._row: str | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = dict(attrs)
+        if tag == "body":
+            self.body = {k: v or "" for k, v in a.items()}
+        elif tag == "tr" and "data-address" in a:
+            self._row = a["data-address"] or ""
+            self.rows[self._row] = []
+        elif tag == "td" and "data-value" in a and self._row is not None:
+            self.rows[self._row].append(float(a["data-value"] or "nan"))
+        elif tag == "rect" and "cell" in (a.get("class") or ""):
+            self.rects += 1
+
+
+def _chromium() -> str | None:
+    for name in ("chromium", "chromium-browser", "google-chrome", "chrome"):
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+def test_html_renders_in_a_headless_browser_with_the_diffs_numbers(tmp_path):
+    browser = _chromium()
+    if browser is None:
+        pytest.skip("no chromium on PATH (apt-get install chromium; .ci/install does)")
+    url = str(tmp_path / "run")
+    store = make_run(url, steps=4)
+    page = tmp_path / "timeline.html"
+    page.write_text(store.timeline().to_html(), encoding="utf-8")
+    text = page.read_text()
+    assert (
+        "<script src" not in text
+        and "<link" not in text
+        and "http" not in text.replace('xmlns="http://www.w3.org/2000/svg"', "").replace(url, "")
+    )
+    flags = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        f"--user-data-dir={tmp_path / 'profile'}",
+    ]
+    dom = subprocess.run(
+        [browser, *flags, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=60, check=True
+    ).stdout
+    cells = _Cells()
+    cells.feed(dom)
+    assert cells.body.get("data-rendered") == "true"  # the page's script ran
+    assert int(cells.body["data-heatmap-width"]) > 0  # and the SVG was laid out
+    assert int(cells.body["data-cells"]) == cells.rects == 5 * 3
+    # Its numbers are `treestore diff --stats`'s rel L2 for the same pairs.
+    steps = [(f"step-{j}", f"step-{j + 1}") for j in range(3)]
+    for j, (a, b) in enumerate(steps):
+        out = CliRunner().invoke(cli, ["diff", f"{url}#{a}", f"{url}#{b}", "--stats", "--json"])
+        for leaf in json.loads(out.stdout)["leaves"]:
+            if leaf["stats"] is not None:
+                assert cells.rows[leaf["address"]][j] == float(leaf["stats"]["rel_l2"]), (leaf["address"], j)
+            elif leaf["status"] == "unchanged" and leaf["address"] in cells.rows:
+                assert cells.rows[leaf["address"]][j] == 0.0
+    shot = tmp_path / "shot.png"
+    subprocess.run(
+        [browser, *flags, "--window-size=1000,800", f"--screenshot={shot}", page.as_uri()],
+        capture_output=True,
+        timeout=60,
+        check=True,
+    )
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 5000
+
+
+def test_timeline_on_s3(s3_backend):
+    url = s3_backend.url("run")
+    store = make_run(url, steps=3, storage_options=s3_backend.storage_options)
+    t = store.timeline(select="head/*")
+    assert t.values[0] == (0.0, 1.0)
+
+
+def test_levels() -> None:
+    assert _timeline_module.level(math.nan, 1.0) == -1 and _timeline_module.level(1e-9, 1.0) == 1

@@ -1,0 +1,259 @@
+"""A training run at a glance: the relative change ‖Δ‖/‖w‖ of each leaf from one checkpoint to the
+next, over every checkpoint of a store in commit order.
+
+The numbers come from the exact diff with stats (:func:`treestore.diff`), pair by pair: leaves
+whose digests are equal cost nothing, and of the others only the chunks that differ are compared
+(plus a's, for the norm). Groups (``depth``) pool their leaves' changes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from treestore._api import diff as _diff
+from treestore._api import timeline_html as _html
+from treestore._api.checkpoint import Checkpoint
+from treestore._engine import read as _read
+from treestore._format import select as _select
+from treestore._format.manifest import LeafEntry, Manifest
+from treestore._storage.base import Storage
+from treestore.errors import CheckpointNotFoundError, InvalidInputError
+
+Progress = Callable[[int, int], None]  # (bytes compared so far, bytes to compare)
+
+BLOCKS = " ▁▂▃▄▅▆▇█"  # no change, then eighths of the row's (or the whole map's) largest change
+ASCII_BLOCKS = " .:-=+*#@"
+ABSENT, ASCII_ABSENT = "·", "x"  # the leaf is missing (or changed shape or dtype) at that step
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """The relative L2 change ‖b − a‖/‖a‖ of each array leaf (or group of leaves) between
+    consecutive checkpoints of a store.
+
+    ``values[i][j]`` is the change of ``addresses[i]`` from ``checkpoints[j]`` to
+    ``checkpoints[j + 1]``: 0.0 where the leaf is unchanged, NaN where it is missing from either
+    checkpoint or changed shape or dtype, inf where ‖a‖ is 0 and b differs. ``sizes[i]`` is the
+    number of elements of the leaf (of all the group's leaves). With ``depth`` set, each address
+    is a group: the first ``depth`` segments of its leaves' addresses, and its value pools its
+    leaves' changes weighted by size, √(Σ nᵢ·vᵢ² / Σ nᵢ) over the leaves present at that step
+    (equal to ‖Δ‖/‖w‖ of the group when its leaves have equal root-mean-square values).
+    """
+
+    url: str
+    checkpoints: tuple[str, ...]
+    addresses: tuple[str, ...]
+    values: tuple[tuple[float, ...], ...]
+    sizes: tuple[int, ...]
+    depth: int | None = None
+
+    @property
+    def steps(self) -> tuple[tuple[str, str], ...]:
+        """The (from, to) checkpoint names of each column."""
+        return tuple(itertools.pairwise(self.checkpoints))
+
+    def to_numpy(self) -> np.ndarray[Any, Any]:
+        """``values`` as a float64 array of shape (addresses, steps)."""
+        return np.array(self.values, np.float64).reshape(len(self.addresses), len(self.steps))
+
+    def grouped(self, depth: int) -> Timeline:
+        """The same changes pooled by the first ``depth`` segments of each address."""
+        if type(depth) is not int or depth < 1:
+            raise InvalidInputError(f"depth must be an int of at least 1, got {depth!r}")
+        groups: dict[str, list[int]] = {}
+        for i, address in enumerate(self.addresses):
+            groups.setdefault("/".join(address.split("/")[:depth]), []).append(i)
+        values = []
+        for rows in groups.values():
+            values.append(
+                tuple(
+                    _pool([(self.sizes[i], self.values[i][j]) for i in rows]) for j in range(len(self.steps))
+                )
+            )
+        sizes = tuple(sum(self.sizes[i] for i in rows) for rows in groups.values())
+        return replace(self, addresses=tuple(groups), values=tuple(values), sizes=sizes, depth=depth)
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain data; non-finite values as the strings "nan" and "inf"."""
+
+        def clean(v: float) -> float | str:
+            return v if math.isfinite(v) else str(v)
+
+        return {
+            "url": self.url,
+            "checkpoints": list(self.checkpoints),
+            "depth": self.depth,
+            "rows": [
+                {"address": a, "size": n, "values": [clean(v) for v in row]}
+                for a, n, row in zip(self.addresses, self.sizes, self.values, strict=True)
+            ],
+        }
+
+    def heatmap(self, *, scale: str = "row", ascii: bool = False) -> str:
+        """One line per address: one character per step, `` ▁▂▃▄▅▆▇█`` for no change up to the
+        largest change of the row (``scale="row"``) or of the whole map (``scale="global"``),
+        ``·`` where the leaf is absent; then the row's largest change. With ``ascii=True`` the
+        levels are `` .:-=+*#@`` and absence is ``x``.
+
+        >>> from treestore.types import Timeline
+        >>> t = Timeline("memory://x", ("a", "b", "c"), ("w", "b"), ((0.5, 1.0), (0.0, float("nan"))), (4, 2))
+        >>> print(t.heatmap())
+        3 checkpoints, 2 steps: a -> c; relative L2 change of leaves, scaled per row
+        w  ▄█  max 1
+        b   ·  max 0
+        """
+        top = _top(self.values, scale)
+        levels, absent = (ASCII_BLOCKS, ASCII_ABSENT) if ascii else (BLOCKS, ABSENT)
+        width = max((len(a or "(root)") for a in self.addresses), default=0)
+        span = f"{self.checkpoints[0]} -> {self.checkpoints[-1]}" if self.checkpoints else "no checkpoints"
+        scaled = "per row" if scale == "row" else "to the largest change of all"
+        rows = f"groups of depth {self.depth}" if self.depth else "leaves"
+        what = f"relative L2 change of {rows}, scaled {scaled}"
+        lines = [f"{len(self.checkpoints)} checkpoints, {len(self.steps)} steps: {span}; {what}"]
+        for i, (address, row) in enumerate(zip(self.addresses, self.values, strict=True)):
+            cells = "".join(_level(v, top[i], levels, absent) for v in row)
+            finite = [v for v in row if not math.isnan(v)]
+            peak = _num(max(finite)) if finite else "-"
+            lines.append(f"{(address or '(root)').ljust(width)}  {cells}  max {peak}")
+        return "\n".join(lines)
+
+    def to_html(self, *, scale: str = "row", title: str | None = None) -> str:
+        """A self-contained HTML page (no external scripts, styles or fonts): the heatmap as
+        inline SVG, one line per top-level group, and a table of every value (each cell's exact
+        value also in its ``data-value`` attribute)."""
+        _top(self.values, scale)  # checks scale
+        lines = self if self.depth == 1 else self.grouped(1)
+        return _html.page(self, lines, _top(self.values, scale), title or f"treestore timeline: {self.url}")
+
+
+def _top(values: Sequence[Sequence[float]], scale: str) -> list[float]:
+    """What each row's levels are scaled to: its largest finite change, or the map's."""
+    if scale not in ("row", "global"):
+        raise InvalidInputError(f"scale must be 'row' or 'global', got {scale!r}")
+    tops = [max((v for v in row if math.isfinite(v)), default=0.0) for row in values]
+    if scale == "global":
+        return [max(tops, default=0.0)] * len(tops)
+    return tops
+
+
+def level(value: float, top: float) -> int:
+    """0 for no change, 1..8 for a change up to ``top`` (any change shows as at least 1), 8 for
+    inf; -1 for NaN."""
+    if math.isnan(value):
+        return -1
+    if value == 0:
+        return 0
+    if math.isinf(value) or top <= 0:
+        return 8
+    return max(1, min(8, math.ceil(value / top * 8)))
+
+
+def _level(value: float, top: float, levels: str, absent: str) -> str:
+    n = level(value, top)
+    return absent if n < 0 else levels[n]
+
+
+def _num(x: float) -> str:
+    return "inf" if math.isinf(x) else f"{x:.3g}"
+
+
+def _pool(pairs: list[tuple[int, float]]) -> float:
+    present = [(max(n, 1), v) for n, v in pairs if not math.isnan(v)]
+    if not present:
+        return math.nan
+    if any(math.isinf(v) for _, v in present):
+        return math.inf
+    return math.sqrt(sum(n * v * v for n, v in present) / sum(n for n, _ in present))
+
+
+def _arrays(m: Manifest) -> dict[str, LeafEntry]:
+    return {e.address: e for e in m.leaves if e.is_array}
+
+
+def _changed_bytes(a: dict[str, LeafEntry], b: dict[str, LeafEntry], chosen: set[str]) -> int:
+    """Raw bytes of the leaves a diff with stats reads for this pair (both sides)."""
+    total = 0
+    for address, ea in a.items():
+        eb = b.get(address)
+        if address in chosen and eb is not None and ea.digest != eb.digest and ea.shape == eb.shape:
+            total += ea.nbytes + eb.nbytes
+    return total
+
+
+def timeline(
+    storage: Storage,
+    *,
+    select: _select.Patterns = None,
+    depth: int | None = None,
+    progress: Progress | None = None,
+) -> Timeline:
+    """The :class:`Timeline` of every checkpoint of a store, oldest first (see
+    :meth:`treestore.Store.timeline`)."""
+    if depth is not None and (type(depth) is not int or depth < 1):
+        raise InvalidInputError(f"depth must be an int of at least 1, got {depth!r}")
+    records = sorted(_read.readable_records(storage), key=lambda r: (r.created, r.name))
+    if not records:
+        raise CheckpointNotFoundError(f"no checkpoints in {storage.url}")
+    manifests = [_read.read_manifest(storage, r) for r in records]
+    arrays = [_arrays(m) for m in manifests]
+    every = list(dict.fromkeys(a for leaves in arrays for a in leaves))
+    chosen = _select.select(every, select, where=f"the checkpoints of {storage.url}")
+    row = {a: i for i, a in enumerate(chosen)}
+    sizes = [0] * len(chosen)
+    for leaves in arrays:
+        for address, e in leaves.items():
+            if address in row:
+                sizes[row[address]] = math.prod(e.shape or ())
+    pats = _select.patterns(select)
+    wanted = set(chosen)
+    steps = len(manifests) - 1
+    values = np.full((len(chosen), max(steps, 0)), np.nan)
+    work = [_changed_bytes(arrays[j], arrays[j + 1], wanted) for j in range(steps)]
+    total, done = sum(work), 0
+    if progress is not None:
+        progress(0, total)
+    b = Checkpoint(storage, manifests[0]) if steps else None
+    for j in range(steps):
+        a, b = b, Checkpoint(storage, manifests[j + 1])
+        assert a is not None
+        present = set(arrays[j]) | set(arrays[j + 1])
+        pair: list[str] | None = None
+        if pats is not None:  # each pattern passed to diff must match a leaf of the pair
+            pair = [p for p in pats if any(_select.matches(x, (p,)) for x in present)]
+            if not pair:
+                continue
+        for d in _diff.diff_checkpoints(a, b, stats=True, select=pair).leaves:
+            i = row.get(d.address)
+            if i is None or d.address not in arrays[j] or d.address not in arrays[j + 1]:
+                continue
+            if d.status == _diff.UNCHANGED:
+                values[i, j] = 0.0
+            elif d.status == _diff.CHANGED and d.stats is not None:
+                values[i, j] = d.stats.rel_l2
+        done += work[j]
+        if progress is not None:
+            progress(done, total)
+    result = Timeline(
+        storage.url,
+        tuple(r.name for r in records),
+        tuple(chosen),
+        tuple(tuple(float(v) for v in r) for r in values),
+        tuple(sizes),
+    )
+    return result if depth is None else result.grouped(depth)
+
+
+# The doctests of the methods: the classes report themselves as treestore.X (or treestore.types.X),
+# which hides their methods from doctest's search of this module.
+__test__ = {
+    f"{cls.__name__}.{name}": getattr(cls, name)
+    for cls in (Timeline,)
+    for name, value in vars(cls).items()
+    if not name.startswith("__") and ">>>" in (getattr(value, "__doc__", None) or "")
+}

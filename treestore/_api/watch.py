@@ -1,0 +1,181 @@
+"""Following a store while it is written: each checkpoint once it is committed, in commit order.
+
+A poll is one listing of ``checkpoints/`` (one LIST request on an object store) and one read of
+each commit record it has not seen; the manifest of a new checkpoint is read, verified, just
+before it is yielded. Polls back off exponentially while nothing new appears.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from treestore._api.checkpoint import Checkpoint
+from treestore._api.spec import parse_spec
+from treestore._engine import read as _read
+from treestore._format import layout as _layout
+from treestore._format.commit_record import CommitRecord
+from treestore._format.manifest import check_name
+from treestore._storage.base import Storage
+from treestore._storage.registry import open_storage
+from treestore.errors import (
+    CheckpointNotFoundError,
+    CorruptionError,
+    InvalidInputError,
+    StorageError,
+    TreestoreError,
+    UnsupportedFormatError,
+)
+
+log = logging.getLogger("treestore.watch")
+
+
+class _Poller:
+    """What a watcher has seen: checkpoints yielded (or older than ``since``), and damaged
+    commit records with the listed size and mtime they were damaged at."""
+
+    def __init__(self, storage: Storage, after: tuple[float, str] | None) -> None:
+        self.storage = storage
+        self.after = after
+        self.seen: set[str] = set()
+        self.damaged: dict[str, tuple[int, float | None]] = {}
+
+    def _skip(self, name: str, listed: tuple[int, float | None], exc: TreestoreError) -> None:
+        if self.damaged.get(name) != listed:
+            log.warning("watch %s: skipping checkpoint %r: %s", self.storage.url, name, exc)
+        self.damaged[name] = listed
+
+    def poll(self) -> list[tuple[CommitRecord, tuple[int, float | None]]]:
+        """The commit records committed since the last poll, in commit order."""
+        try:
+            listing = self.storage.list(_layout.CHECKPOINTS)
+        except StorageError as exc:  # a network blip must not end a watch: retry at the next poll
+            log.warning("watch %s: listing failed, retrying: %s", self.storage.url, exc)
+            return []
+        prefix = _layout.CHECKPOINTS + "/"
+        found = []
+        for obj in listing:
+            name = obj.path[len(prefix) :] if obj.path.startswith(prefix) else ""
+            listed = (obj.size, obj.mtime)
+            if name in self.seen or self.damaged.get(name) == listed:
+                continue  # a damaged record is read again only once it has been rewritten
+            try:
+                check_name(name)
+            except TreestoreError:
+                continue  # not a commit record (SPEC.md, section 3.1)
+            try:
+                record = _read.read_commit_record(self.storage, name)
+            except CheckpointNotFoundError:
+                continue  # deleted since the listing
+            except (CorruptionError, UnsupportedFormatError) as exc:
+                self._skip(name, listed, exc)
+                continue
+            except StorageError as exc:
+                log.warning("watch %s: reading %r failed, retrying: %s", self.storage.url, name, exc)
+                continue
+            if self.after is not None and (record.created, record.name) <= self.after:
+                self.seen.add(name)
+                continue
+            found.append((record, listed))
+        return sorted(found, key=lambda p: (p[0].created, p[0].name))
+
+    def open(self, record: CommitRecord, listed: tuple[int, float | None]) -> Checkpoint | None:
+        """The verified view of a new checkpoint, or None (with a warning) when it is damaged."""
+        try:
+            manifest = _read.read_manifest(self.storage, record)
+        except (CorruptionError, UnsupportedFormatError) as exc:
+            self._skip(record.name, listed, exc)
+            return None
+        except StorageError as exc:
+            log.warning("watch %s: reading %r failed, retrying: %s", self.storage.url, record.name, exc)
+            return None
+        self.seen.add(record.name)
+        self.damaged.pop(record.name, None)
+        return Checkpoint(self.storage, manifest)
+
+
+def watch(
+    url: str | os.PathLike[str],
+    *,
+    since: str | None = None,
+    timeout: float | None = None,
+    min_poll: float = 0.1,
+    max_poll: float = 5.0,
+    stop: threading.Event | None = None,
+    storage_options: dict[str, Any] | None = None,
+) -> Iterator[Checkpoint]:
+    """Yield a :class:`Checkpoint` view of each checkpoint of the store at ``url`` once it is
+    committed — never a partial one — each name once, in commit order (commit record ``created``,
+    then name, among the checkpoints one poll finds; one committed after a poll comes after
+    everything that poll found), until ``timeout`` seconds pass without a new one, ``stop`` is
+    set or the generator is closed.
+
+    Without ``since`` the checkpoints already in the store come first; ``since=NAME`` yields only
+    those committed after checkpoint NAME (which must exist). A store that does not exist yet is
+    waited for. Polls start ``min_poll`` seconds apart and back off, doubling, to ``max_poll``
+    while nothing new appears; each poll lists the store once. A damaged commit record or
+    manifest is skipped with a warning on the ``treestore.watch`` logger (and looked at again if
+    it is rewritten); a failed listing is retried at the next poll. A checkpoint overwritten under
+    a name already yielded is not yielded again.
+
+    >>> import numpy as np, treestore
+    >>> url = "memory://doc/watch"
+    >>> _ = treestore.save(url, {"w": np.zeros(2)}, "step-1")
+    >>> _ = treestore.save(url, {"w": np.ones(2)}, "step-2")
+    >>> [c.name for c in treestore.watch(url, timeout=0)]
+    ['step-1', 'step-2']
+    >>> [c.name for c in treestore.watch(url, since="step-1", timeout=0)]
+    ['step-2']
+    """
+    if not 0 < min_poll <= max_poll:
+        raise InvalidInputError(
+            f"poll intervals need 0 < min_poll <= max_poll, got {min_poll} and {max_poll}"
+        )
+    if timeout is not None and timeout < 0:
+        raise InvalidInputError(f"timeout must be at least 0 seconds, got {timeout}")
+    base, name = parse_spec(url)
+    if name is not None:
+        raise InvalidInputError(f"watch a store (its URL without #NAME), not checkpoint {name!r}")
+    storage = open_storage(base, storage_options)
+    after = None
+    if since is not None:
+        record = _read.read_commit_record(storage, since)
+        after = (record.created, record.name)
+    return _follow(_Poller(storage, after), timeout, min_poll, max_poll, stop)
+
+
+def _follow(
+    poller: _Poller, timeout: float | None, min_poll: float, max_poll: float, stop: threading.Event | None
+) -> Iterator[Checkpoint]:
+    delay = min_poll
+    quiet_since = time.monotonic()
+    while stop is None or not stop.is_set():
+        new = False
+        for record, listed in poller.poll():
+            ckpt = poller.open(record, listed)
+            if ckpt is None:
+                continue
+            new = True
+            yield ckpt
+            if stop is not None and stop.is_set():
+                return
+        if new:
+            delay = min_poll
+            quiet_since = time.monotonic()  # the time the consumer took does not count
+            continue
+        wait = delay
+        if timeout is not None:
+            left = timeout - (time.monotonic() - quiet_since)
+            if left <= 0:
+                return
+            wait = min(wait, left)
+        if stop is not None:
+            if stop.wait(wait):
+                return
+        else:
+            time.sleep(wait)
+        delay = min(delay * 2, max_poll)
