@@ -13,10 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from treestore_cli.main import cli
 
 import treestore
 from treestore.errors import CheckpointNotFoundError, InvalidInputError
+from treestore_cli.main import cli
 
 ROOT = Path(__file__).resolve().parent.parent
 
