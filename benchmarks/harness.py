@@ -47,6 +47,7 @@ from typing import Any
 
 import numpy as np
 
+from . import limits as L
 from . import peers as P
 from . import trees as T
 
@@ -216,7 +217,13 @@ def run_timings(
         per = results.setdefault(tname, {})
         for a in adapters:
             per[a.name] = dict(samples=[], error=None, verify_error=None, verified=False)
+        limit_samples: list[dict[str, float]] = []
         for r in range(runs):
+            limit_samples.append(L.limits(tree, key, tmp_root))  # in the same round as the formats
+            log(
+                f"[{tname}] run {r + 1}/{runs} {'LIMIT':>13}: save {limit_samples[-1]['save_s']:.3f}s "
+                f"load {limit_samples[-1]['load_s']:.3f}s one {limit_samples[-1]['one_s']:.4f}s"
+            )
             for a in adapters:
                 st = per[a.name]
                 if st["error"]:
@@ -253,6 +260,9 @@ def run_timings(
                 bytes=int(_median([s["bytes"] for s in sm])) if sm else 0,
                 files=int(_median([s["files"] for s in sm])) if sm else 0,
             )
+        tree_info[tname]["limit"] = {
+            k: _median([s[k] for s in limit_samples]) for k in sorted({k for s in limit_samples for k in s})
+        }
         del tree
         gc.collect()
     return dict(trees=tree_info, results=results, runs=runs)
@@ -303,6 +313,9 @@ def environment_header(
         "- save s includes `os.sync()` (durability) for every format; load / one-leaf s include "
         "converting to np.ndarray and touching every page; size = apparent bytes of all files; "
         "ratios = format time / safetensors time",
+        "- **LIMIT** row: what the machine's components alone allow for that tree, timed in the same "
+        "rounds on its bytes (benchmarks/limits.py: BLAKE3, byte-plane transform, zstd, one file "
+        "write + fsync / read; summed, split over the cores); `vs limit` = format time / limit",
     ]
     if tree_info:
         lines.append(
@@ -329,6 +342,8 @@ def timing_table(res: dict[str, Any], ref: str = "safetensors") -> str:
         "files",
         f"save vs {ref}",
         f"load vs {ref}",
+        "save vs limit",
+        "load vs limit",
     ]
     rows = ["| " + " | ".join(hdr) + " |", "|" + "|".join(["---", "---"] + ["---:"] * (len(hdr) - 2)) + "|"]
     for tname, per in res["results"].items():
@@ -336,6 +351,8 @@ def timing_table(res: dict[str, Any], ref: str = "safetensors") -> str:
         r = per.get(ref)
         rs = r["save_s"] if r and r["samples"] else None
         rl = r["load_s"] if r and r["samples"] else None
+        lim = res["trees"][tname].get("limit")
+        ls, ll = (lim["save_s"], lim["load_s"]) if lim else (None, None)
         for fmt, st in per.items():
             note = ""
             if st["error"] and not st["samples"]:
@@ -357,11 +374,42 @@ def timing_table(res: dict[str, Any], ref: str = "safetensors") -> str:
                         str(st["files"]),
                         _ratio(st["save_s"], rs),
                         _ratio(st["load_s"], rl),
+                        _ratio(st["save_s"], ls),
+                        _ratio(st["load_s"], ll),
+                    ]
+                )
+                + " |"
+            )
+        if lim:
+            rows.append(
+                "| "
+                + " | ".join(
+                    [
+                        tname,
+                        "**LIMIT**",
+                        _fmt_s(lim["save_s"]),
+                        _fmt_s(lim["load_s"]),
+                        _fmt_s(lim["one_s"]),
+                        "",
+                        "",
+                        "",
+                        _ratio(lim["save_s"], rs),
+                        _ratio(lim["load_s"], rl),
+                        "1.00×",
+                        "1.00×",
                     ]
                 )
                 + " |"
             )
     notes = [
+        f"- LIMIT {t}: components on one core (s): "
+        + ", ".join(f"{k[2:]} {v:.3f}" for k, v in i["limit"].items() if k.startswith("c."))
+        + f"; save = ({' + '.join(L.SAVE)}) / {os.cpu_count()} cores, "
+        f"load and one-leaf = ({' + '.join(L.LOAD)}) / {os.cpu_count()} cores"
+        for t, i in res["trees"].items()
+        if i.get("limit")
+    ]
+    notes += [
         f"- ⚠ {t} / {f}: {st['verify_error'] or st['error']}"
         for t, per in res["results"].items()
         for f, st in per.items()

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from treestore._engine.read import ChunkReader, allocate
+from treestore._engine.threads import default_threads
 from treestore._format.dtypes import dtype_from_name
 from treestore._format.manifest import ChunkRef, LeafEntry, Piece
 from treestore.errors import OutOfBoundsError
@@ -46,8 +47,8 @@ def piece_bytes(
 ) -> np.ndarray[Any, Any]:
     """Raw bytes [start, stop) of one piece, reading only the chunks that overlap them.
 
-    With ``jobs``, whole-chunk reads are appended as callables instead of run (the caller runs
-    them, possibly in parallel, before using the result); partial chunks are read at once.
+    With ``jobs``, the chunk reads are appended as callables instead of run (the caller runs
+    them, possibly in parallel, before using the result).
     ``into`` (uint8, stop - start bytes) receives the bytes instead of a new buffer.
     """
     out = allocate(max(stop - start, 0), address, reader.manifest.name) if into is None else into
@@ -64,11 +65,23 @@ def piece_bytes(
             else:
                 jobs.append(functools.partial(reader.read_leaf_chunk, c, target, address))
         else:
-            tmp = allocate(c.raw_size, address, reader.manifest.name)
-            reader.read_leaf_chunk(c, tmp, address)
             a, b = max(lo, start), min(hi, stop)
-            out[a - start : b - start] = tmp[a - lo : b - lo]
+            job = functools.partial(_read_part, reader, c, address, out[a - start : b - start], a - lo)
+            if jobs is None:
+                job()
+            else:
+                jobs.append(job)
     return out
+
+
+def _read_part(
+    reader: ChunkReader, c: ChunkRef, address: str, target: np.ndarray[Any, Any], offset: int
+) -> None:
+    """Bytes [offset, offset + target.nbytes) of chunk ``c`` into ``target``: the whole chunk is
+    decoded (its digest covers all of it) into a buffer of its raw size, then the part copied."""
+    tmp = allocate(c.raw_size, address, reader.manifest.name)
+    reader.read_leaf_chunk(c, tmp, address)
+    target[:] = tmp[offset : offset + target.nbytes]
 
 
 def plan_region(
@@ -95,11 +108,17 @@ def plan_region(
             continue
         row = math.prod(piece.shape[1:]) * dtype.itemsize
         r0, r1 = inter[0].start - piece.start[0], inter[0].stop - piece.start[0]
-        if tuple(inter) == piece.region == tuple(region) and out.flags.c_contiguous:
-            # The region is exactly this piece: decode straight into the result.
-            piece_bytes(
-                reader, piece, 0, out.nbytes, entry.address, jobs, into=out.reshape(-1).view(np.uint8)
-            )
+        whole_rows = all(
+            r.start == a and r.stop == a + n
+            for r, a, n in zip(region[1:], piece.start[1:], piece.shape[1:], strict=True)
+        )
+        if whole_rows and out.flags.c_contiguous:
+            # The region's rows are whole rows of this piece (a device shard cut along the first
+            # axis, or the whole piece): those rows are one byte range of the result, so the
+            # chunks decode straight into it.
+            at = (inter[0].start - region[0].start) * row
+            into = out.reshape(-1).view(np.uint8)[at : at + (r1 - r0) * row]
+            piece_bytes(reader, piece, r0 * row, r1 * row, entry.address, jobs, into=into)
             continue
         data = piece_bytes(reader, piece, r0 * row, r1 * row, entry.address, jobs)
         src = (
@@ -113,7 +132,11 @@ def plan_region(
 def read_region(
     reader: ChunkReader, entry: LeafEntry, region: Region, pool: cf.Executor | None = None
 ) -> np.ndarray[Any, Any]:
-    """The elements of ``entry`` in ``region`` (normalized), as a new C-ordered array."""
+    """The elements of ``entry`` in ``region`` (normalized), as a new C-ordered array.
+
+    The chunks it needs are read, decoded and verified concurrently (in ``pool``, else in
+    threads of its own), decoded straight into the result when the region is a whole piece.
+    """
     assert entry.shape is not None
     dtype = dtype_from_name(entry.dtype, address=entry.address)
     out = allocate(tuple(r.stop - r.start for r in region), entry.address, reader.manifest.name, dtype)
@@ -121,7 +144,11 @@ def read_region(
         jobs: list[Callable[[], None]] = []
         fills: list[Callable[[], None]] = []
         plan_region(reader, entry, region, out, jobs, fills)
-        run(jobs, pool)
+        if pool is None and len(jobs) > 1:
+            with cf.ThreadPoolExecutor(min(default_threads(), len(jobs))) as own:
+                run(jobs, own)
+        else:
+            run(jobs, pool)
         for fill in fills:
             fill()
     return out
