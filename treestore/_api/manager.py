@@ -1,5 +1,6 @@
 """The checkpoint manager: when to save a training loop's state, which steps to keep, async saves,
-preemption, and resuming (see :class:`CheckpointManager`)."""
+preemption, two tiers (fast local saves replicated to a remote store), and resuming (see
+:class:`CheckpointManager`)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,12 @@ import re
 import signal
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from treestore._api.copy import CopyReport
+from treestore._api.copy import copy as _copy
 from treestore._api.store import Store
 from treestore._engine import write as _write
 from treestore._engine.snapshot import Background, HostSnapshot
@@ -22,6 +25,7 @@ from treestore._format.manifest import check_metadata
 from treestore.errors import (
     CheckpointExistsError,
     CheckpointNotFoundError,
+    CorruptionError,
     InvalidInputError,
     StoreBusyError,
     TreestoreError,
@@ -148,6 +152,139 @@ class _Policy:
         return keep
 
 
+def _step_infos(store: Store) -> dict[int, StepInfo]:
+    """The steps committed in ``store``: checkpoints named ``step-N`` whose metadata says step N."""
+    out = {}
+    for c in store.list():
+        match = _STEP_NAME.match(c.name)
+        meta = c.metadata
+        if match is None or not isinstance(meta, dict) or meta.get("step") != int(match.group(1)):
+            continue
+        metrics = meta.get("metrics")
+        metrics = (
+            {k: v for k, v in metrics.items() if isinstance(v, float)} if isinstance(metrics, dict) else {}
+        )
+        out[int(match.group(1))] = StepInfo(int(match.group(1)), c.name, c.created, metrics, meta.get("user"))
+    return out
+
+
+def _apply_retention(store: Store, policy: _Policy, protected: Iterable[int] = ()) -> bool:
+    """Delete the steps of ``store`` that ``policy`` (or ``protected``) does not keep; True when
+    any was deleted."""
+    infos = _step_infos(store)
+    keep = policy.retained(infos) | set(protected)
+    deleted = False
+    for step, info in infos.items():
+        if step not in keep:
+            with contextlib.suppress(CheckpointNotFoundError):  # deleted by someone else
+                store.delete(info.name)
+            deleted = True
+    return deleted
+
+
+class _Replicator:
+    """The remote tier: one thread copying committed local steps to the remote store, one at a
+    time; a step asked for while one is copying replaces any step still waiting (the newest
+    wins). Each copy transfers only the chunks the remote lacks and commits there after them
+    (:func:`treestore.copy`); then the remote retention policy runs. An error is kept until
+    :meth:`take_error`."""
+
+    def __init__(
+        self,
+        src: tuple[str, dict[str, Any] | None],
+        dst: tuple[str, dict[str, Any] | None],
+        remote: Store,
+        policy: _Policy,
+    ) -> None:
+        self._src, self._dst, self._remote, self._policy = src, dst, remote, policy
+        self._cond = threading.Condition()
+        self._wanted: int | None = None  # the step waiting to be copied
+        self._running: int | None = None  # the step being copied
+        self._error: BaseException | None = None
+        self._stop = False
+        self._gc_due = False
+        self.last: int | None = None  # the newest step this manager replicated
+        self.report: CopyReport | None = None  # of the last replication that committed
+        self._thread = threading.Thread(target=self._loop, name="treestore-replicate", daemon=True)
+        self._thread.start()
+
+    def request(self, step: int) -> None:
+        with self._cond:
+            self._wanted = step
+            self._cond.notify_all()
+
+    def busy(self) -> set[int]:
+        """The steps being copied or waiting: local retention must keep them."""
+        with self._cond:
+            return {s for s in (self._wanted, self._running) if s is not None}
+
+    def take_error(self) -> BaseException | None:
+        with self._cond:
+            error, self._error = self._error, None
+            return error
+
+    def drain(self) -> None:
+        """Wait until nothing is being copied or waiting."""
+        with self._cond:
+            while self._wanted is not None or self._running is not None:
+                self._cond.wait()
+
+    def close(self) -> None:
+        self.drain()
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        self._thread.join()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while self._wanted is None and not self._stop:
+                    self._cond.wait()
+                if self._wanted is None:
+                    return
+                step, self._wanted, self._running = self._wanted, None, self._wanted
+            error: BaseException | None = None
+            try:
+                self._replicate(step)
+            except BaseException as exc:  # kept for the training loop's next save/wait/close
+                exc.add_note(
+                    f"while replicating {step_name(step)} from {self._src[0]} to {self._dst[0]}: the "
+                    "step is saved locally, and the next replication copies the newest step again"
+                )
+                error = exc
+            with self._cond:
+                self._running = None
+                if error is not None:
+                    self._error = error
+                else:
+                    self.last = step if self.last is None else max(self.last, step)
+                self._cond.notify_all()
+
+    def _replicate(self, step: int) -> None:
+        (src, src_options), (dst, dst_options) = self._src, self._dst
+        self.report = _copy(
+            f"{src}#{step_name(step)}",
+            dst,
+            overwrite=True,  # the remote copy of a step follows the local one (force=True saves)
+            storage_options=src_options,
+            dst_storage_options=dst_options or {},
+        )
+        try:  # the copy is committed: retention failures are logged, as a local save's are
+            self._gc_due |= _apply_retention(self._remote, self._policy)
+            if self._gc_due:
+                with contextlib.suppress(StoreBusyError):  # a save in flight: after the next copy
+                    self._gc_due = bool(self._remote.gc(grace=0, wait=0).damaged)
+        except TreestoreError as exc:
+            _log.warning(
+                "%s: retention after replicating %s failed (%s: %s); it runs again after the next one",
+                self._remote.url,
+                step_name(step),
+                type(exc).__name__,
+                exc,
+            )
+
+
 class CheckpointManager:
     """Saves a training loop's state every so often, keeps the steps a retention policy names,
     and restores the newest (or a given) step.
@@ -198,13 +335,39 @@ class CheckpointManager:
             if manager.reached_preemption(step + 1):
                 break
 
+    **Two tiers.** ``CheckpointManager(local="/nvme/run", remote="s3://bucket/run", ...)`` (or
+    ``CheckpointManager("/nvme/run", remote=...)``) saves to the fast local store as above and
+    replicates committed steps to the remote store on a background thread: every committed step,
+    or with ``replicate_every_steps=M`` the steps divisible by M (and any step saved after a
+    SIGTERM). A replication is :func:`treestore.copy` of that step: only the chunks the remote
+    lacks are sent, and the remote commit record is written after all of them, so the remote
+    never shows a partial step. One replication runs at a time; while it runs, a newer step
+    replaces any step still waiting (the newest wins). ``save`` never waits for an upload; local
+    retention keeps the step being replicated (and the one waiting) until it is copied. An upload
+    error is raised, as it was raised, by the next ``save`` (which then saves nothing), ``wait``
+    or ``close``; the step stays saved locally and later replications go on. ``wait()`` and
+    ``close()`` wait for the replications asked for. The remote tier has its own retention:
+    ``remote_keep_last`` and ``remote_keep_every`` (the newest replicated step is always kept;
+    with neither, every replicated step is kept), applied after each replication, then remote
+    gc. ``steps()``, ``latest_step()``, ``info()`` and ``restore()`` see the steps of both tiers:
+    ``restore()`` loads the newest step committed in either (from the local copy when it has
+    one, and from the remote when the local copy is damaged), so a job whose machine was lost
+    resumes from the remote store into an empty local folder. A remote that cannot be listed is
+    logged and only the local tier is used. ``remote_storage_options`` apply to the remote store.
+
     A manager is meant for one training loop: call it from one thread.
     """
 
     def __init__(
         self,
-        url: str | os.PathLike[str],
+        url: str | os.PathLike[str] | None = None,
         *,
+        local: str | os.PathLike[str] | None = None,
+        remote: str | os.PathLike[str] | None = None,
+        replicate_every_steps: int | None = None,
+        remote_keep_last: int | None = None,
+        remote_keep_every: int | None = None,
+        remote_storage_options: dict[str, Any] | None = None,
         save_every_steps: int | None = None,
         save_every_seconds: float | None = None,
         keep_last: int | None = None,
@@ -225,7 +388,34 @@ class CheckpointManager:
             raise InvalidInputError(
                 "preemption=True installs a SIGTERM handler: make the manager in the main thread"
             )
-        self.store = Store(url, **(storage_options or {}))
+        if (url is None) == (local is None):
+            raise InvalidInputError("give the store's URL, or local= (with remote= for two tiers), once")
+        local_url = os.fspath(url if url is not None else local)  # type: ignore[arg-type]
+        self._replicate_every = _count("replicate_every_steps", replicate_every_steps)
+        self._remote_policy = _Policy(keep_last=remote_keep_last, keep_every=remote_keep_every)
+        if remote is None and (
+            replicate_every_steps is not None
+            or remote_keep_last is not None
+            or remote_keep_every is not None
+            or remote_storage_options is not None
+        ):
+            raise InvalidInputError(
+                "replicate_every_steps, remote_keep_last, remote_keep_every and remote_storage_options "
+                "apply only with remote= (the URL of the remote store)"
+            )
+        self.store = Store(local_url, storage_options=storage_options)
+        self.remote: Store | None = None  # the remote tier's store
+        self._replicator: _Replicator | None = None
+        if remote is not None:
+            self.remote = Store(remote, storage_options=remote_storage_options)
+            if self.remote.url == self.store.url:
+                raise InvalidInputError(f"local and remote are one store ({self.store.url})")
+            self._replicator = _Replicator(
+                (local_url, storage_options),
+                (os.fspath(remote), remote_storage_options),
+                self.remote,
+                self._remote_policy,
+            )
         self._options = options or _write.SaveOptions()
         self._clock = clock
         self._last_save = clock()
@@ -245,7 +435,20 @@ class CheckpointManager:
             signal.signal(signal.SIGTERM, self._on_sigterm)
 
     def __repr__(self) -> str:
+        if self.remote is not None:
+            return f"CheckpointManager(local={self.store.url!r}, remote={self.remote.url!r})"
         return f"CheckpointManager({self.store.url!r})"
+
+    @property
+    def last_replicated(self) -> int | None:
+        """The newest step this manager copied to the remote tier (None: none yet, or one tier)."""
+        return None if self._replicator is None else self._replicator.last
+
+    @property
+    def last_replication(self) -> CopyReport | None:
+        """What the last replication that committed transferred (chunks and bytes copied, chunks
+        the remote already held); None before the first one."""
+        return None if self._replicator is None else self._replicator.report
 
     def __enter__(self) -> CheckpointManager:
         return self
@@ -273,6 +476,7 @@ class CheckpointManager:
         metadata = {"step": step, "metrics": metrics_, "user": user}
         check_metadata(metadata)
         self._collect(block=False)  # an earlier failure surfaces here
+        self._raise_replication_error()  # and an upload's
         preempted = self._preempted
         if not (force or preempted or self._policy.due(step, self._clock() - self._last_save)):
             return False
@@ -310,6 +514,9 @@ class CheckpointManager:
             self.store.storage, prepared, name, metadata=metadata, options=self._options, overwrite=overwrite
         )
         self._known.add(step)
+        every = self._replicate_every
+        if self._replicator is not None and (every is None or step % every == 0 or self._preempted):
+            self._replicator.request(step)  # never waits for the upload
         self._retain()
 
     def _retain(self) -> None:
@@ -318,7 +525,9 @@ class CheckpointManager:
         raised, and retention and gc run again after the next save."""
         try:
             infos = self._infos()
-            keep = self._policy.retained(infos)
+            # The steps being replicated stay until they are copied.
+            busy = set() if self._replicator is None else self._replicator.busy()
+            keep = self._policy.retained(infos) | busy
             for step, info in infos.items():
                 if step not in keep:
                     with contextlib.suppress(CheckpointNotFoundError):  # deleted by someone else
@@ -349,9 +558,18 @@ class CheckpointManager:
             finally:
                 self._pending = None
 
+    def _raise_replication_error(self) -> None:
+        error = None if self._replicator is None else self._replicator.take_error()
+        if error is not None:
+            raise error
+
     def wait(self) -> None:
-        """Wait for the save in flight; raise its error if it failed."""
+        """Wait for the save in flight and the replications asked for; raise the error of a
+        save or an upload that failed."""
         self._collect(block=True)
+        if self._replicator is not None:
+            self._replicator.drain()
+        self._raise_replication_error()
 
     def close(self) -> None:
         """Finish the save in flight (raising its error), stop the worker, and put back the
@@ -364,6 +582,8 @@ class CheckpointManager:
         finally:
             if self._background is not None:
                 self._background.shutdown()
+            if self._replicator is not None:
+                self._replicator.close()
             self._snapshot.clear()
             if (
                 self._preemption
@@ -394,34 +614,39 @@ class CheckpointManager:
 
     # -- reading -----------------------------------------------------------------------------
     def _infos(self) -> dict[int, StepInfo]:
-        out = {}
-        for c in self.store.list():
-            match = _STEP_NAME.match(c.name)
-            meta = c.metadata
-            if match is None or not isinstance(meta, dict) or meta.get("step") != int(match.group(1)):
-                continue
-            metrics = meta.get("metrics")
-            metrics = (
-                {k: v for k, v in metrics.items() if isinstance(v, float)}
-                if isinstance(metrics, dict)
-                else {}
-            )
-            out[int(match.group(1))] = StepInfo(
-                int(match.group(1)), c.name, c.created, metrics, meta.get("user")
-            )
+        """The steps committed in the local tier."""
+        return _step_infos(self.store)
+
+    def _tiers(self) -> dict[int, tuple[StepInfo, Store]]:
+        """Each step committed in either tier, with the store to load it from (the local one
+        when both have it). A remote that cannot be listed is logged and left out."""
+        out = {step: (info, self.store) for step, info in self._infos().items()}
+        if self.remote is not None:
+            try:
+                remote = _step_infos(self.remote)
+            except TreestoreError as exc:
+                _log.warning(
+                    "%s: listing the remote tier failed (%s: %s); using the local tier only",
+                    self.remote.url,
+                    type(exc).__name__,
+                    exc,
+                )
+                remote = {}
+            for step, info in remote.items():
+                out.setdefault(step, (info, self.remote))
         return out
 
     def steps(self) -> list[int]:
-        """The committed steps, oldest first."""
-        return sorted(self._infos())
+        """The committed steps (of either tier), oldest first."""
+        return sorted(self._tiers())
 
     def latest_step(self) -> int | None:
-        """The newest committed step, or None when there is none."""
-        return max(self._infos(), default=None)
+        """The newest committed step (of either tier), or None when there is none."""
+        return max(self._tiers(), default=None)
 
     def info(self, step: int | None = None) -> StepInfo:
         """What was stored with ``step`` (default: the newest step)."""
-        return self._find(step)
+        return self._find(step)[0]
 
     def restore(
         self,
@@ -431,29 +656,49 @@ class CheckpointManager:
         select: Any = None,
         cast: bool = False,
         partial: bool = False,
+        types: Iterable[type] | None = None,
     ) -> Any:
-        """The tree of ``step`` (default: the newest), after waiting for the save in flight.
+        """The tree of ``step`` (default: the newest, of either tier), after waiting for the save
+        in flight.
 
         With ``like`` (a tree of arrays, ``jax.ShapeDtypeStruct`` or scalars, e.g. a freshly
-        initialised train state) the result has its structure and types; ``select``, ``cast`` and
-        ``partial`` are as in :meth:`Store.load` (``cast=True`` resumes a flax ``TrainState``
-        whose step was saved as a Python int into one whose step is an array, and back).
+        initialised train state) the result has its structure and types; ``select``, ``cast``,
+        ``partial`` and ``types`` are as in :meth:`Store.load` (``cast=True`` resumes a flax
+        ``TrainState`` whose step was saved as a Python int into one whose step is an array, and
+        back). A step whose local copy is damaged is loaded from the remote tier when it has it.
         """
         self.wait()
-        return self.store.load(self._find(step).name, like=like, select=select, cast=cast, partial=partial)
+        info, store = self._find(step)
+        kwargs: dict[str, Any] = {"like": like, "select": select, "cast": cast, "partial": partial}
+        if types is not None:
+            kwargs["types"] = types
+        try:
+            return store.load(info.name, **kwargs)
+        except CorruptionError as exc:
+            if store is not self.store or self.remote is None or info.step not in _step_infos(self.remote):
+                raise
+            _log.warning(
+                "%s: %s is damaged locally (%s); loading it from the remote tier %s",
+                self.store.url,
+                info.name,
+                exc,
+                self.remote.url,
+            )
+            return self.remote.load(info.name, **kwargs)
 
-    def _find(self, step: int | None) -> StepInfo:
-        infos = self._infos()
-        step = max(infos, default=None) if step is None else _step(step)
+    def _find(self, step: int | None) -> tuple[StepInfo, Store]:
+        tiers = self._tiers()
+        step = max(tiers, default=None) if step is None else _step(step)
+        where = self.store.url if self.remote is None else f"{self.store.url} or {self.remote.url}"
         if step is None:
-            raise CheckpointNotFoundError(f"no steps saved in {self.store.url}")
-        if step not in infos:
-            shown = ", ".join(map(str, sorted(infos)[-10:])) or "none"
+            raise CheckpointNotFoundError(f"no steps saved in {where}")
+        if step not in tiers:
+            shown = ", ".join(map(str, sorted(tiers)[-10:])) or "none"
             raise CheckpointNotFoundError(
-                f"step {step} is not saved in {self.store.url}; saved steps: {shown}",
+                f"step {step} is not saved in {where}; saved steps: {shown}",
                 checkpoint=step_name(step),
             )
-        return infos[step]
+        return tiers[step]
 
 
 # The doctests of the methods: the classes report themselves as treestore.X (or treestore.types.X),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import builtins
 import dataclasses
 import os
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -30,7 +31,7 @@ from treestore._storage.base import Storage
 from treestore._storage.registry import open_storage
 from treestore._tree import template as _template
 from treestore._tree.leaves import restore_array
-from treestore._tree.structure import rebuild
+from treestore._tree.structure import rebuild, trusted_types
 from treestore.errors import InvalidInputError
 
 Patterns = _select.Patterns
@@ -182,25 +183,37 @@ class Store:
         cast: bool = False,
         partial: bool = False,
         threads: int | None = None,
+        types: Iterable[type] | None = None,
     ) -> Any:
         """Load checkpoint ``name`` (default: the newest).
 
         Without ``like``, builtin containers come back exactly and other nodes as dicts keyed by
-        their key entries. With ``like`` (a tree of arrays, ``jax.ShapeDtypeStruct`` or scalars)
-        the result has ``like``'s structure and types, after checking that addresses, shapes and
-        dtypes match — one StructureMismatchError lists every difference. ``cast=True`` converts
-        to ``like``'s dtypes instead of failing, and a Python scalar to or from a 0-d array of its
-        kind (a flax ``TrainState.create(...).step`` of 0 and a saved ``int32[]`` step).
-        ``partial=True`` lets ``like`` be a subset of the checkpoint (the other stored leaves are
-        not read; a leaf of ``like`` the checkpoint lacks is still an error). Callables in ``like``
-        (an equinox module's activation functions) and its Python scalars where the checkpoint holds
-        None (what ``eqx.filter(model, eqx.is_array)`` leaves) come back as ``like`` has them.
-        ``select`` (glob patterns over addresses) and ``prefix`` (the address of the subtree
-        ``like`` describes) restore part of a checkpoint; only the chunks of the leaves restored
-        are read.
+        their key entries, except the types named in ``types`` (namedtuple classes and
+        dataclasses the caller trusts): a node whose stored type name (``module.qualname``) is
+        one of them comes back as that class when its keys are the class's fields — a
+        namedtuple's ``_fields`` in order; a dataclass's fields, those a pytree keeps static
+        (flax ``pytree_node=False``, such as a ``TrainState``'s ``apply_fn`` and ``tx``) being
+        unstored and set to their default or None. A named class whose fields do not match is a
+        StructureMismatchError naming each such address; a name not in ``types`` stays a dict;
+        nothing is ever imported or constructed that the caller did not pass.
+
+        With ``like`` (a tree of arrays, ``jax.ShapeDtypeStruct`` or scalars) the result has
+        ``like``'s structure and types, after checking that addresses, shapes and dtypes match — one
+        StructureMismatchError lists every difference. ``cast=True`` converts to ``like``'s dtypes
+        instead of failing, and a Python scalar to or from a 0-d array of its kind (a flax
+        ``TrainState.create(...).step`` of 0 and a saved ``int32[]`` step). ``partial=True`` lets
+        ``like`` be a subset of the checkpoint (the other stored leaves are not read; a leaf of
+        ``like`` the checkpoint lacks is still an error). Callables in ``like`` (an equinox module's
+        activation functions) and its Python scalars where the checkpoint holds None (what
+        ``eqx.filter(model, eqx.is_array)`` leaves) come back as ``like`` has them. ``select`` (glob
+        patterns over addresses) and ``prefix`` (the address of the subtree ``like`` describes)
+        restore part of a checkpoint; only the chunks of the leaves restored are read.
         """
         if (prefix or partial) and like is None:
             raise InvalidInputError(f"{'prefix=' if prefix else 'partial='} only applies with like=")
+        if types is not None and like is not None:
+            raise InvalidInputError("types= applies without like=: a template gives every node its type")
+        trusted = trusted_types(types)
         manifest = self.manifest(name)
         threads = threads or default_threads()
         if like is not None:
@@ -216,7 +229,8 @@ class Store:
                 return restore_array(e.kind, arrays[e.address], e.prng_impl, weak_type=e.weak_type)
             return e.value
 
-        return rebuild(manifest.tree, leaf, None if select is None else wanted.__contains__)
+        keep = None if select is None else wanted.__contains__
+        return rebuild(manifest.tree, leaf, keep, types=trusted, checkpoint=manifest.name)
 
     def _arrays(self, manifest: Manifest, entries: builtins.list[LeafEntry], threads: int) -> dict[str, Any]:
         reader = _read.ChunkReader(self.storage, manifest)
@@ -369,6 +383,7 @@ def load(
     partial: bool = False,
     threads: int | None = None,
     storage_options: dict[str, Any] | None = None,
+    types: Iterable[type] | None = None,
 ) -> Any:
     """Load a checkpoint — ``URL`` (its newest), ``URL#NAME`` or ``(URL, NAME)`` — see
     :meth:`Store.load`.
@@ -377,11 +392,25 @@ def load(
     >>> _ = treestore.save("memory://doc/load", {"a": [1, 2.5], "b": np.arange(3)}, "one")
     >>> treestore.load("memory://doc/load#one")
     {'a': [1, 2.5], 'b': array([0, 1, 2])}
+    >>> from typing import NamedTuple
+    >>> class Point(NamedTuple):
+    ...     x: float
+    ...     y: float
+    >>> _ = treestore.save("memory://doc/load", {"p": Point(1.0, 2.0)}, "typed")
+    >>> treestore.load("memory://doc/load#typed"), treestore.load("memory://doc/load#typed", types=[Point])
+    ({'p': {'x': 1.0, 'y': 2.0}}, {'p': Point(x=1.0, y=2.0)})
     """
     url, name = parse_spec(spec, name)
     store = Store(url, storage_options=storage_options)
     return store.load(
-        name, like=like, select=select, prefix=prefix, cast=cast, partial=partial, threads=threads
+        name,
+        like=like,
+        select=select,
+        prefix=prefix,
+        cast=cast,
+        partial=partial,
+        threads=threads,
+        types=types,
     )
 
 

@@ -2,19 +2,22 @@
 
 Node records (msgpack maps) keep what is needed to rebuild builtin containers exactly: dict key
 order, list vs tuple, None, OrderedDict. Other nodes (namedtuples, dataclasses, flax and equinox
-modules, optax states) keep their type's name for display and their key entries; without a template
-they come back as plain dicts keyed by those entries. Types are never imported from a store.
+modules, optax states) keep their type's name and their key entries; without a template they come
+back as plain dicts keyed by those entries, unless the caller names the type (``types=``, see
+:func:`trusted_types`). Types are never imported from a store: a stored name is only looked up among
+the classes the caller passed.
 """
 
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable
+import dataclasses
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import jax
 import numpy as np
-from jax.tree_util import DictKey, SequenceKey
+from jax.tree_util import DictKey, GetAttrKey, SequenceKey
 
 from treestore._format.address import (
     Key,
@@ -27,7 +30,7 @@ from treestore._format.address import (
     key_value,
 )
 from treestore._format.limits import MAX_DEPTH
-from treestore.errors import InvalidInputError, UnsupportedKeyError
+from treestore.errors import InvalidInputError, StructureMismatchError, UnsupportedKeyError
 
 # Types that are always leaves: no need to ask jax's registry about each one.
 _LEAF_TYPES = frozenset({np.ndarray, int, float, bool, complex, str, bytes})
@@ -147,15 +150,126 @@ def flatten(tree: Any, visit: Callable[[str, Any], int]) -> dict[str, Any]:
     return root[0]
 
 
+def type_name(cls: type) -> str:
+    """The name a node record stores for a node of type ``cls``: ``module.qualname``."""
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _is_namedtuple(cls: type) -> bool:
+    return issubclass(cls, tuple) and isinstance(getattr(cls, "_fields", None), tuple)
+
+
+def trusted_types(types: Iterable[type] | None) -> dict[str, type]:
+    """The classes a caller lets a load construct (``types=``), by the name a node record stores.
+
+    Only namedtuple classes and dataclasses (flax struct dataclasses, dataclasses registered with
+    ``jax.tree_util.register_dataclass``, equinox modules) can be rebuilt from their stored fields;
+    anything else, or two classes of one name, is an InvalidInputError.
+    """
+    if types is None:
+        return {}
+    if isinstance(types, (type, str, bytes)) or not isinstance(types, Iterable):
+        raise InvalidInputError(f"types= is a list of classes, got {types!r}")
+    out: dict[str, type] = {}
+    for cls in types:
+        if not isinstance(cls, type) or not (_is_namedtuple(cls) or dataclasses.is_dataclass(cls)):
+            raise InvalidInputError(
+                f"types= takes namedtuple classes and dataclasses, got {cls!r}; "
+                "load other custom nodes with like= (a template of the tree)"
+            )
+        name = type_name(cls)
+        if out.get(name, cls) is not cls:
+            raise InvalidInputError(f"types= names two different classes called {name!r}")
+        out[name] = cls
+    return out
+
+
+def _static(f: dataclasses.Field[Any]) -> bool:
+    """A dataclass field that a pytree keeps out of its children (flax ``pytree_node=False``,
+    jax ``metadata={"static": True}``), so a checkpoint never holds it."""
+    return f.metadata.get("pytree_node", True) is False or f.metadata.get("static", False) is True
+
+
+def _fields_differ(where: str, n: Mapping[str, Any], found: list[Any], cls: type, expected: list[Any]) -> str:
+    return (
+        f"{where}: {n['name']} is stored as a {n['type']} node with fields {found}; "
+        f"{cls.__name__} ({'a namedtuple' if _is_namedtuple(cls) else 'a dataclass'}) has fields {expected}"
+    )
+
+
+def _construct(
+    cls: type, n: Mapping[str, Any], keys: tuple[Key, ...], values: list[Any], where: str
+) -> tuple[Any, str | None]:
+    """``cls`` rebuilt from a node's keys and children, or (None, the reason it cannot be)."""
+    name = n["name"]
+    found = [key_value(k) if isinstance(k, GetAttrKey) else format_key(k) for k in keys]
+    if _is_namedtuple(cls):
+        expected: list[Any] = list(cls._fields)  # type: ignore[attr-defined]
+        if n["type"] != "namedtuple" or not all(isinstance(k, GetAttrKey) for k in keys) or found != expected:
+            return None, _fields_differ(where, n, found, cls, expected)
+        try:
+            return cls(*values), None
+        except Exception as exc:
+            return None, f"{where}: {cls.__name__}(...) raised {type(exc).__name__}: {exc}"
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    data = [f for f, v in fields.items() if not _static(v)]
+    if (
+        n["type"] != "custom"
+        or not all(isinstance(k, GetAttrKey) for k in keys)
+        or not set(found) <= set(fields)
+    ):
+        return None, _fields_differ(where, n, found, cls, data)
+    lacking = [
+        f
+        for f, v in fields.items()
+        if f not in found
+        and not _static(v)
+        and v.default is dataclasses.MISSING
+        and v.default_factory is dataclasses.MISSING
+    ]
+    if lacking:
+        return None, f"{where}: {name} stored with fields {found}; {cls.__name__} also needs {lacking}"
+    # Static fields are not in a checkpoint: their default, else None (the caller sets them back).
+    unset = {
+        f: None
+        for f, v in fields.items()
+        if f not in found and v.default is dataclasses.MISSING and v.default_factory is dataclasses.MISSING
+    }
+    try:
+        obj = cls(**dict(zip(map(str, found), values, strict=True)), **unset)
+        again = _children(obj)
+    except Exception as exc:
+        return None, f"{where}: {cls.__name__}(...) raised {type(exc).__name__}: {exc}"
+    # The class's own pytree flattening must give back the stored keys, else it is not this node.
+    if again is None or [k for k, _ in again] != list(keys):
+        shown = None if again is None else [format_key(k) for k, _ in again]
+        return (
+            None,
+            f"{where}: {cls.__name__} rebuilt from fields {found} flattens to keys {shown}, not those stored",
+        )
+    return obj, None
+
+
 def rebuild(
-    node: dict[str, Any], leaf: Callable[[int], Any], keep: Callable[[str], bool] | None = None
+    node: dict[str, Any],
+    leaf: Callable[[int], Any],
+    keep: Callable[[str], bool] | None = None,
+    types: Mapping[str, type] | None = None,
+    checkpoint: str | None = None,
 ) -> Any:
     """A tree of builtin containers from a (validated) node record; custom nodes become dicts.
 
     ``leaf(i)`` gives leaf i; subtrees whose leaves are all dropped by ``keep(address)`` are
     pruned (used by partial loads), so the result keeps the shape of what was selected. The walk
     is iterative, so a tree as deep as readers accept never meets Python's recursion limit.
+
+    ``types`` (from :func:`trusted_types`) names the classes to rebuild: a namedtuple or custom
+    node whose stored name is one of them, none of whose children was pruned, becomes that class
+    when its keys are the class's fields (see :func:`_construct`); a name not among them stays a
+    dict. A named class whose fields do not match raises one StructureMismatchError listing every
+    such node (of checkpoint ``checkpoint``).
     """
+    problems: list[str] = []
     missing = object()
     root: list[Any] = []
     # A task appends the value of node ``n`` at ``address`` to ``out``; a container's task comes
@@ -187,12 +301,20 @@ def rebuild(
             out.append(missing if not kept and children else kept if kind == "list" else tuple(kept))
             continue
         kept_pairs = [(key_value(k), v) for k, v in zip(keys, values, strict=True) if v is not missing]
+        cls = types.get(n.get("name", "")) if types and kind in ("namedtuple", "custom") else None
         if not kept_pairs and children:
             out.append(missing)
+        elif cls is not None and len(kept_pairs) == len(values):
+            obj, problem = _construct(cls, n, keys, values, address or "(root)")
+            if problem is not None:
+                problems.append(problem)
+            out.append(dict(kept_pairs) if problem is not None else obj)
         elif kind == "ordereddict":
             out.append(collections.OrderedDict(kept_pairs))
         else:
             out.append(dict(kept_pairs))
+    if problems:
+        raise StructureMismatchError(problems, checkpoint=checkpoint)
     return None if root[0] is missing else root[0]
 
 
