@@ -1,0 +1,796 @@
+"""Version-2 manifests: the per-leaf data stored column-wise, decoded and validated with numpy.
+
+A version-1 manifest is one msgpack map per leaf, decoded and checked in a Python loop. Version 2
+keeps the same information in a handful of little-endian arrays (one record per leaf, per chunk
+ref, per pack and per tree node; shapes and piece boxes as flat int arrays), so decoding is a few
+``np.frombuffer`` calls and validation a few vectorised operations. Nothing is skipped: every bound
+version 1 checks is checked here, over whole columns at once, and each rule that needs Python
+(canonical address segments, dtype names, the piece grid) runs once per distinct value or per
+sharded leaf, through the same functions version 1 uses.
+
+:class:`Columns` is the decoded record; :meth:`Columns.leaf` and :attr:`Columns.entries` give the
+version-1 :class:`LeafEntry` of a leaf on demand, so the rest of the engine keeps working.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, overload
+
+import numpy as np
+
+from treestore._format.columns_tree import NODE_DTYPE as NODE_DTYPE
+from treestore._format.columns_tree import Nodes, check_nodes, nodes_from_tree
+from treestore._format.dtypes import (
+    DTYPES,
+    NOT_IN_JAX,
+    PRNG_IMPLS,
+    dtype_from_name,
+    value_from_record,
+    value_to_record,
+)
+from treestore._format.encoding import Bad, from_msgpack, to_msgpack
+from treestore._format.encoding import count as _count
+from treestore._format.encoding import field as _get
+from treestore._format.limits import (
+    CHUNK_SLACK,
+    MAX_CHUNK_BYTES,
+    MAX_DIM,
+    MAX_GRID_CELLS,
+    MAX_MANIFEST_BYTES,
+    MAX_NDIM,
+    MAX_PIECES,
+)
+from treestore._format.manifest import (
+    MANIFEST_MAGIC,
+    ChunkRef,
+    LeafEntry,
+    Manifest,
+    Piece,
+    check_metadata,
+    check_shape,
+    decode_manifest,
+)
+from treestore.errors import (
+    InvalidInputError,
+    ManifestCorruptError,
+    OutOfMemoryError,
+    UnsupportedFormatError,
+)
+
+VERSION = 2
+# Code tables (SPEC.md, version-2 manifest): a code is the position in its table, fixed forever.
+KINDS = ("numpy", "jax", "npscalar", "prng_key", "bool", "int", "float", "complex", "str", "bytes")
+ARRAY_CODES = 4  # kinds below this code are arrays, the others Python scalars
+PRNG_KEY = KINDS.index("prng_key")
+DTYPE_NAMES = (
+    "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+    "float16", "float32", "float64", "complex64", "complex128", "bfloat16",
+    "float8_e3m4", "float8_e4m3", "float8_e4m3b11fnuz", "float8_e4m3fn", "float8_e4m3fnuz",
+    "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu", "float4_e2m1fn",
+    "float6_e2m3fn", "float6_e3m2fn", "int2", "int4", "uint2", "uint4",
+)  # fmt: skip
+PRNG_NAMES = (None, "threefry2x32", "rbg", "unsafe_rbg")  # flags bits 2-3
+WEAK_TYPE, PIECED, PRNG_SHIFT, FLAG_BITS = 1, 2, 2, 0x0F
+
+LEAF_DTYPE = np.dtype([("kind", "u1"), ("dtype", "u1"), ("ndim", "u1"), ("flags", "u1"), ("chunks", "<u4")])
+CHUNK_DTYPE = np.dtype(
+    [("digest", "V32"), ("raw", "<u4"), ("stored", "<u4"), ("pack", "<i4"), ("offset", "<u4")]
+)
+PACK_DTYPE = np.dtype([("digest", "V32"), ("raw", "<u4"), ("stored", "<u4")])
+assert MAX_CHUNK_BYTES + CHUNK_SLACK < 2**32 and MAX_DIM < 2**63  # the columns hold every bound
+
+ARRAY_FIELDS = {
+    "nodes": NODE_DTYPE,
+    "node_leaves": np.dtype("<u4"),
+    "leaves": LEAF_DTYPE,
+    "shapes": np.dtype("<u8"),
+    "piece_counts": np.dtype("<u4"),
+    "piece_chunks": np.dtype("<u4"),
+    "piece_start": np.dtype("<u8"),
+    "piece_shape": np.dtype("<u8"),
+    "chunks": CHUNK_DTYPE,
+    "packs": PACK_DTYPE,
+}
+_CODE = {name: code for code, name in enumerate(DTYPE_NAMES)}
+_ITEMSIZE = np.array([DTYPES[n].itemsize if n in DTYPES else 1 for n in DTYPE_NAMES], np.int64)
+_PRNG_WIDTH = np.array([0] + [PRNG_IMPLS[n] for n in PRNG_NAMES[1:] if n], np.int64)
+
+
+def _starts(counts: np.ndarray) -> np.ndarray:
+    """Exclusive prefix sums with the total at the end: ``[0, c0, c0+c1, ...]`` (int64)."""
+    out = np.zeros(len(counts) + 1, np.int64)
+    np.cumsum(counts, out=out[1:])
+    return out
+
+
+def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The concatenation of ``arange(s, s + n)`` for each start s and length n."""
+    ends = np.cumsum(lengths)
+    return np.arange(int(ends[-1]) if len(ends) else 0) + np.repeat(starts - ends + lengths, lengths)
+
+
+def _sums(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """Sums of ``values[starts[i]:starts[i+1]]`` (int64, exact for the bounded sizes summed here)."""
+    total = _starts(values.astype(np.int64))
+    return total[starts[1:]] - total[starts[:-1]]
+
+
+@dataclass(frozen=True, eq=False)
+class Columns:
+    """A validated version-2 manifest. Build it with :func:`decode_columns` (reading) or
+    :func:`columns_from_manifest` (writing); both run the same validation."""
+
+    name: str
+    created: float
+    metadata: Any
+    codec: dict[str, Any]
+    chunk_size: int
+    nodes: Nodes
+    leaves: np.ndarray  # LEAF_DTYPE, one per leaf, in jax's flattening order
+    shapes: np.ndarray  # uint64: every array leaf's dimensions, leaf after leaf
+    values: tuple[object, ...]  # the value of each scalar leaf, in leaf order
+    piece_counts: np.ndarray  # uint32: pieces of each leaf saved in pieces
+    piece_chunks: np.ndarray  # uint32: chunk refs of each piece
+    piece_start: np.ndarray  # uint64: every piece's start, piece after piece
+    piece_shape: np.ndarray  # uint64: every piece's shape
+    chunks: np.ndarray  # CHUNK_DTYPE, the chunk refs of every leaf, leaf after leaf
+    packs: np.ndarray  # PACK_DTYPE
+    # Derived while validating:
+    chunk_start: np.ndarray = field(repr=False)  # int64 [n + 1]: leaf i's chunk refs
+    shape_start: np.ndarray = field(repr=False)  # int64 [n + 1]: leaf i's dimensions
+    leaf_nbytes: np.ndarray = field(repr=False)  # int64 [n]: raw bytes of each leaf
+    version: int = VERSION
+
+    def __len__(self) -> int:
+        return len(self.leaves)
+
+    @property
+    def nbytes(self) -> int:
+        """Raw bytes of every leaf (the commit record's ``nbytes``)."""
+        return int(self.leaf_nbytes.sum())
+
+    @functools.cached_property
+    def _value_rank(self) -> np.ndarray:
+        return np.cumsum(self.leaves["kind"] >= ARRAY_CODES) - 1
+
+    @functools.cached_property
+    def _piece_index(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(rank among pieced leaves per leaf, first piece per pieced leaf, first chunk per
+        piece, first dimension entry per piece)."""
+        pieced = (self.leaves["flags"] & PIECED) != 0
+        rank = np.cumsum(pieced) - 1
+        first = _starts(self.piece_counts)
+        owner = np.repeat(np.flatnonzero(pieced), self.piece_counts)
+        within = _starts(self.piece_chunks)
+        chunk = self.chunk_start[owner] + within[:-1] - within[first[:-1]].repeat(self.piece_counts)
+        dims = _starts(self.leaves["ndim"][owner])
+        return rank, first, chunk, dims
+
+    def address(self, i: int) -> str:
+        return self.nodes.address(int(self.nodes.leaf_node[i]))
+
+    @functools.cached_property
+    def addresses(self) -> list[str]:
+        """Every leaf's address, by leaf index (built on first use)."""
+        return self.nodes.addresses()
+
+    @functools.cached_property
+    def index(self) -> dict[str, int]:
+        """Leaf index by address (built on first use)."""
+        return {a: i for i, a in enumerate(self.addresses)}
+
+    def find(self, address: str) -> int | None:
+        """The index of the leaf at ``address``, or None; without building every address."""
+        if "index" in self.__dict__:
+            return self.index.get(address)
+        return self.nodes.find(address)
+
+    def match(self, other: Columns) -> tuple[np.ndarray, np.ndarray]:
+        """Leaf indices ``(ia, ib)`` of the addresses both manifests hold, in this one's order;
+        without building an address when both have the same tree (the usual case)."""
+        if self.nodes.same_addresses(other.nodes):
+            every = np.arange(len(self))
+            return every, every
+        where = other.index
+        ib = np.array([where.get(a, -1) for a in self.addresses], np.int64)
+        ia = np.flatnonzero(ib >= 0)
+        return ia, ib[ia]
+
+    def shape(self, i: int) -> tuple[int, ...]:
+        return tuple(self.shapes[self.shape_start[i] : self.shape_start[i + 1]].tolist())
+
+    def _refs(self, start: int, end: int) -> tuple[ChunkRef, ...]:
+        rows = self.chunks[start:end]
+        digests = rows["digest"].tobytes()
+        out = []
+        for j, (raw, stored, pack, offset) in enumerate(
+            zip(*(rows[f].tolist() for f in ("raw", "stored", "pack", "offset")), strict=True)
+        ):
+            d = digests[32 * j : 32 * j + 32]
+            out.append(ChunkRef(d, raw, stored) if pack < 0 else ChunkRef(d, raw, stored, pack, offset))
+        return tuple(out)
+
+    def leaf(self, i: int) -> LeafEntry:
+        """Leaf i as a version-1 leaf entry."""
+        row = self.leaves[i]
+        kind = KINDS[row["kind"]]
+        address = self.address(i)
+        if row["kind"] >= ARRAY_CODES:
+            return LeafEntry(address, kind, value=self.values[self._value_rank[i]])
+        flags = int(row["flags"])
+        chunks = self._refs(int(self.chunk_start[i]), int(self.chunk_start[i + 1]))
+        pieces: tuple[Piece, ...] = ()
+        if flags & PIECED:
+            pieces = self._pieces(i)
+        return LeafEntry(
+            address,
+            kind,
+            DTYPE_NAMES[row["dtype"]],
+            self.shape(i),
+            chunks,
+            PRNG_NAMES[flags >> PRNG_SHIFT],
+            pieces=pieces,
+            weak_type=bool(flags & WEAK_TYPE),
+        )
+
+    def _pieces(self, i: int) -> tuple[Piece, ...]:
+        rank, first, chunk, dims = self._piece_index
+        r = int(rank[i])
+        out = []
+        for p in range(int(first[r]), int(first[r + 1])):
+            a, b = int(dims[p]), int(dims[p + 1])
+            c = int(chunk[p])
+            out.append(
+                Piece(
+                    tuple(self.piece_start[a:b].tolist()),
+                    tuple(self.piece_shape[a:b].tolist()),
+                    self._refs(c, c + int(self.piece_chunks[p])),
+                )
+            )
+        return tuple(out)
+
+    @functools.cached_property
+    def entries(self) -> LeafEntries:
+        """Every leaf as a version-1 leaf entry, each made on first use."""
+        return LeafEntries(self)
+
+    def tree_record(self) -> dict[str, Any]:
+        """The version-1 node record of the tree (SPEC.md, section 5.6)."""
+        return self.nodes.tree_record()
+
+    def pack_refs(self) -> tuple[ChunkRef, ...]:
+        return self._refs_of(self.packs)
+
+    @staticmethod
+    def _refs_of(packs: np.ndarray) -> tuple[ChunkRef, ...]:
+        d = packs["digest"].tobytes()
+        return tuple(
+            ChunkRef(d[32 * j : 32 * j + 32], raw, stored)
+            for j, (raw, stored) in enumerate(
+                zip(packs["raw"].tolist(), packs["stored"].tolist(), strict=True)
+            )
+        )
+
+    def to_manifest(self) -> Manifest:
+        """This manifest as a version-1 :class:`Manifest` (its leaves made eagerly); encoding
+        that with ``encode_manifest`` writes a valid version-1 manifest of the same checkpoint."""
+        return Manifest(
+            name=self.name,
+            created=self.created,
+            tree=self.tree_record(),
+            leaves=tuple(self.entries),
+            packs=self.pack_refs(),
+            metadata=self.metadata,
+            codec=dict(self.codec),
+            chunk_size=self.chunk_size,
+            version=1,
+        )
+
+    def chunk_digests(self) -> set[bytes]:
+        """Every chunk object this checkpoint needs: chunk refs outside packs, and packs."""
+        own = self.chunks["digest"][self.chunks["pack"] < 0]
+        found = np.unique(np.concatenate([own, self.packs["digest"]])).tobytes()
+        return {found[j : j + 32] for j in range(0, len(found), 32)}
+
+    def digest(self, i: int) -> bytes:
+        """Leaf i's digest, as SPEC.md section 5.5 defines it for every version."""
+        return self.leaf(i).digest
+
+    def same_leaves(self, ia: np.ndarray, other: Columns, ib: np.ndarray) -> np.ndarray:
+        """For each pair (``self`` leaf ia[k], ``other`` leaf ib[k]): whether their digests are
+        equal (SPEC.md section 5.5), compared column by column without hashing; only scalar
+        leaves and leaves saved in pieces are compared one by one."""
+        ia, ib = np.asarray(ia, np.int64), np.asarray(ib, np.int64)
+        a, b = self.leaves[ia], other.leaves[ib]
+        array = a["kind"] < ARRAY_CODES
+        same = array == (b["kind"] < ARRAY_CODES)
+        for f in ("dtype", "ndim", "flags", "chunks"):
+            x, y = a[f], b[f]
+            if f == "flags":
+                x, y = x & (FLAG_BITS ^ WEAK_TYPE), y & (FLAG_BITS ^ WEAK_TYPE)
+            same &= ~array | (x == y)
+        cand = np.flatnonzero(same & array)
+        n = a["ndim"][cand].astype(np.int64)
+        sa = _ranges(self.shape_start[ia[cand]], n)
+        sb = _ranges(other.shape_start[ib[cand]], n)
+        owner = np.repeat(np.arange(len(cand)), n)
+        same[cand[np.unique(owner[self.shapes[sa] != other.shapes[sb]])]] = False
+        plain = cand[same[cand] & ((a["flags"][cand] & PIECED) == 0)]
+        k = a["chunks"][plain].astype(np.int64)
+        ca = _ranges(self.chunk_start[ia[plain]], k)
+        cb = _ranges(other.chunk_start[ib[plain]], k)
+        owner = np.repeat(np.arange(len(plain)), k)
+        differs = self.chunks["digest"][ca] != other.chunks["digest"][cb]
+        same[plain[np.unique(owner[differs])]] = False
+        slow = np.flatnonzero(same & ((~array) | ((a["flags"] & PIECED) != 0)))
+        for j in slow.tolist():
+            same[j] = self.digest(int(ia[j])) == other.digest(int(ib[j]))
+        return same
+
+
+class LeafEntries(Sequence[LeafEntry]):
+    """The leaf entries of a :class:`Columns`, each made on first use and kept."""
+
+    def __init__(self, columns: Columns) -> None:
+        self._columns = columns
+        self._made: dict[int, LeafEntry] = {}
+
+    def __len__(self) -> int:
+        return len(self._columns)
+
+    @overload
+    def __getitem__(self, i: int) -> LeafEntry: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[LeafEntry]: ...
+    def __getitem__(self, i: int | slice) -> LeafEntry | list[LeafEntry]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(f"leaf {i} of {n}")
+        i %= n
+        entry = self._made.get(i)
+        if entry is None:
+            entry = self._made[i] = self._columns.leaf(i)
+        return entry
+
+    def __iter__(self) -> Iterator[LeafEntry]:
+        return (self[i] for i in range(len(self)))
+
+
+# --- validation (readers and writers) ------------------------------------------------------------
+def _validate(fields: dict[str, Any], nodes: Nodes) -> Columns:
+    """Check every column (the tree checked already) and build :class:`Columns`; Bad or
+    UnsupportedFormatError otherwise."""
+    for key in ARRAY_FIELDS.keys() & fields.keys():  # a Columns never changes, whoever holds it
+        fields[key].flags.writeable = False
+    leaves = fields["leaves"]
+    n = len(leaves)
+
+    def at(where: np.ndarray | int) -> str:  # leaf i's address, or the first the mask marks
+        i = where if isinstance(where, int) else int(np.argmax(where))
+        return nodes.address(int(nodes.leaf_node[i])) or "(root)"
+
+    kind, dtype, flags = leaves["kind"], leaves["dtype"], leaves["flags"]
+    ndim, nchunks = leaves["ndim"].astype(np.int64), leaves["chunks"].astype(np.int64)
+    if np.any(bad := kind >= len(KINDS)):
+        raise UnsupportedFormatError(f"{at(bad)}: unknown leaf kind code {int(kind.max())}", address=at(bad))
+    array = kind < ARRAY_CODES
+    if np.any(bad := ~array & ((dtype != 0) | (ndim != 0) | (flags != 0) | (nchunks != 0))):
+        raise Bad(f"leaf {at(bad)}: a scalar leaf has a dtype, dimensions, flags or chunks")
+    if np.any(bad := flags > FLAG_BITS):
+        raise Bad(f"leaf {at(bad)}: unknown flag bits {int(flags[np.argmax(bad)])}")
+    if np.any(bad := array & (dtype >= len(DTYPE_NAMES))):
+        name = f"code {int(dtype[np.argmax(bad)])}"
+        raise UnsupportedFormatError(f"{at(bad)}: unknown dtype {name}", address=at(bad))
+    for code in np.unique(dtype[array]).tolist():  # a name this numpy lacks is unsupported
+        dtype_from_name(DTYPE_NAMES[code], address=at(array & (dtype == code)))
+    in_jax = np.array([name not in NOT_IN_JAX for name in DTYPE_NAMES])
+    if np.any(bad := (kind == KINDS.index("jax")) & ~in_jax[dtype]):
+        raise Bad(f"leaf {at(bad)}: a jax array cannot have dtype {DTYPE_NAMES[dtype[np.argmax(bad)]]}")
+    prng = (flags >> PRNG_SHIFT).astype(np.int64)
+    if np.any(bad := (kind == PRNG_KEY) != (prng != 0)):
+        raise Bad(f"leaf {at(bad)}: a PRNG implementation belongs to prng_key leaves, and only to them")
+    if np.any(bad := ndim > MAX_NDIM):
+        raise Bad(f"leaf {at(bad)}: {int(ndim.max())} dimensions, over the limit of {MAX_NDIM}")
+    shape_start = _starts(ndim)
+    shapes = fields["shapes"]
+    if len(shapes) != shape_start[-1]:
+        raise Bad(f"{len(shapes)} dimensions stored for {int(shape_start[-1])}")
+    if np.any(shapes > MAX_DIM):
+        raise Bad(f"a dimension is over 2**48: {int(shapes.max())}")
+    key = (kind == PRNG_KEY) & ((dtype != _CODE["uint32"]) | (ndim == 0))
+    last = (
+        shapes[np.maximum(shape_start[1:] - 1, 0)].astype(np.int64) if len(shapes) else np.zeros(n, np.int64)
+    )
+    if np.any(bad := key | ((kind == PRNG_KEY) & (last != _PRNG_WIDTH[prng]))):
+        j = int(np.argmax(bad))
+        impl, width = PRNG_NAMES[prng[j]], _PRNG_WIDTH[prng[j]]
+        raise Bad(f"leaf {at(bad)}: {impl} key data must be uint32 of shape (..., {width})")
+    nbytes = _leaf_bytes(shapes, shape_start, ndim, _ITEMSIZE[dtype], array, at)
+    chunk_start = _starts(nchunks)
+    chunks, packs = fields["chunks"], fields["packs"]
+    if len(chunks) != chunk_start[-1]:
+        raise Bad(f"{len(chunks)} chunk refs stored for {int(chunk_start[-1])}")
+    _check_refs(chunks, packs)
+    held = _sums(chunks["raw"], chunk_start)
+    if np.any(bad := held != nbytes):
+        j = int(np.argmax(bad))
+        raise Bad(f"leaf {at(bad)}: its shape needs {int(nbytes[j])} bytes, chunks hold {int(held[j])}")
+    values = fields["values"]
+    scalars = np.flatnonzero(~array)
+    if len(values) != len(scalars):
+        raise Bad(f"{len(values)} values for {len(scalars)} scalar leaves")
+    decoded = []
+    for i, rec in zip(scalars.tolist(), values, strict=True):
+        try:
+            decoded.append(value_from_record(KINDS[kind[i]], rec))
+        except ValueError as exc:
+            raise Bad(f"leaf {at(i)}: {exc}") from None
+    columns = Columns(
+        fields["name"], fields["created"], fields["metadata"], fields["codec"], fields["chunk_size"],
+        nodes, leaves, shapes, tuple(decoded), fields["piece_counts"], fields["piece_chunks"],
+        fields["piece_start"], fields["piece_shape"], chunks, packs, chunk_start, shape_start, nbytes,
+    )  # fmt: skip
+    _check_pieces(columns, at)
+    return columns
+
+
+def _leaf_bytes(
+    shapes: np.ndarray, starts: np.ndarray, ndim: np.ndarray, itemsize: np.ndarray, array: np.ndarray, at: Any
+) -> np.ndarray:
+    """Raw bytes of each leaf; check_shape runs once per distinct (element size, shape)."""
+    nbytes = np.zeros(len(ndim), np.int64)
+    for d in np.unique(ndim[array]).tolist():
+        rows = np.flatnonzero(array & (ndim == d))
+        table = np.empty((len(rows), d + 1), np.uint64)
+        table[:, 0] = itemsize[rows]
+        table[:, 1:] = shapes[starts[rows][:, None] + np.arange(d)]
+        flat = np.ascontiguousarray(table).view(np.dtype((np.void, 8 * (d + 1)))).ravel()
+        _, first, inverse = np.unique(flat, return_index=True, return_inverse=True)
+        sizes = []
+        for j in first.tolist():
+            size, *shape = table[j].tolist()
+            try:
+                check_shape(shape, size)
+            except ValueError as exc:
+                raise Bad(f"leaf {at(int(rows[j]))}: {exc}") from None
+            sizes.append(math.prod(shape) * size)
+        nbytes[rows] = np.array(sizes, np.int64)[inverse.ravel()]
+    return nbytes
+
+
+def _check_refs(chunks: np.ndarray, packs: np.ndarray) -> None:
+    for what, table in (("chunk", chunks), ("pack", packs)):
+        if np.any(table["raw"] > MAX_CHUNK_BYTES):
+            found = int(table["raw"].max())
+            raise Bad(f"{what} raw size should be an integer in [0, {MAX_CHUNK_BYTES}], found {found}")
+        if np.any(table["stored"] > MAX_CHUNK_BYTES + CHUNK_SLACK):
+            raise Bad(
+                f"{what} stored size {int(table['stored'].max())} is over {MAX_CHUNK_BYTES + CHUNK_SLACK}"
+            )
+    pack, offset = chunks["pack"].astype(np.int64), chunks["offset"].astype(np.int64)
+    if np.any((pack < -1) | (pack >= len(packs))):
+        raise Bad(f"a pack index is out of range ({len(packs)} packs)")
+    if np.any(offset > MAX_CHUNK_BYTES):
+        raise Bad(f"pack offset should be an integer in [0, {MAX_CHUNK_BYTES}], found {int(offset.max())}")
+    own = pack < 0
+    if np.any(own & (offset != 0)):
+        raise Bad("a chunk ref outside a pack has a nonzero offset")
+    inside = ~own
+    ends = offset[inside] + chunks["raw"][inside]
+    if np.any(bad := ends > packs["raw"][pack[inside]]):
+        j = int(np.argmax(bad))
+        raise Bad(f"bytes {int(offset[inside][j])}..{int(ends[j])} lie outside pack {int(pack[inside][j])}")
+
+
+def _check_pieces(c: Columns, at: Any) -> None:
+    """Pieces tile their leaf: counts, boxes and sizes vectorised, the grid per sharded leaf."""
+    leaves = c.leaves
+    pieced = np.flatnonzero((leaves["flags"] & PIECED) != 0)
+    counts = c.piece_counts.astype(np.int64)
+    if len(counts) != len(pieced):
+        raise Bad(f"{len(counts)} piece counts for {len(pieced)} leaves saved in pieces")
+    if np.any(bad := (counts < 1) | (counts > MAX_PIECES)):
+        j = int(np.argmax(bad))
+        raise Bad(f"leaf {at(int(pieced[j]))}: {int(counts[j])} pieces; a sharded leaf has 1 to {MAX_PIECES}")
+    first = _starts(counts)
+    if len(c.piece_chunks) != first[-1]:
+        raise Bad(f"{len(c.piece_chunks)} piece records for {int(first[-1])} pieces")
+    if np.any(bad := _sums(c.piece_chunks, first) != leaves["chunks"][pieced]):
+        raise Bad(f"leaf {at(int(pieced[np.argmax(bad)]))}: its pieces' chunk refs are not its chunk refs")
+    owner = np.repeat(pieced, counts)  # the leaf of each piece
+    ndim = leaves["ndim"][owner].astype(np.int64)
+    dims = _starts(ndim)
+    if len(c.piece_start) != dims[-1] or len(c.piece_shape) != dims[-1]:
+        raise Bad(
+            f"piece boxes hold {len(c.piece_start)} and {len(c.piece_shape)} entries for {int(dims[-1])}"
+        )
+    if np.any(c.piece_start > MAX_DIM) or np.any(c.piece_shape > MAX_DIM):
+        raise Bad("a piece start or dimension is over 2**48")
+    of = np.repeat(np.arange(len(owner)), ndim)  # the piece of each box entry
+    if np.any(bad := c.piece_start + c.piece_shape > c.shapes[_ranges(c.shape_start[owner], ndim)]):
+        raise Bad(f"leaf {at(int(owner[of[np.argmax(bad)]]))}: a piece lies outside it")
+    # Inside its leaf, a piece's dimensions multiply to at most the leaf's: no overflow.
+    volume = np.ones(len(owner), np.int64)
+    np.multiply.at(volume, of, c.piece_shape.astype(np.int64))
+    chunk = c._piece_index[2]
+    raw = _starts(c.chunks["raw"].astype(np.int64))
+    held = raw[chunk + c.piece_chunks] - raw[chunk]
+    if np.any(bad := held != volume * _ITEMSIZE[leaves["dtype"][owner]]):
+        raise Bad(f"leaf {at(int(owner[np.argmax(bad)]))}: a piece's chunks hold the wrong number of bytes")
+    # With the pieces' bytes summing to the leaf's (checked above), disjoint pieces tile it.
+    for r, i in enumerate(pieced.tolist()):
+        if counts[r] > 1:
+            a, z = int(dims[first[r]]), int(dims[first[r + 1]])
+            start = c.piece_start[a:z].astype(np.int64).reshape(int(counts[r]), -1)
+            extent = c.piece_shape[a:z].astype(np.int64).reshape(int(counts[r]), -1)
+            try:
+                check_tiling(start, extent, c.shape(i))
+            except Bad as exc:
+                raise Bad(f"leaf {at(i)}: {exc}") from None
+
+
+def check_tiling(start: np.ndarray, extent: np.ndarray, shape: tuple[int, ...]) -> None:
+    """Boxes (``start`` and ``extent``, int64 arrays of one row per piece) inside ``shape`` whose
+    volumes sum to its volume tile it exactly unless two overlap: count how often each cell of
+    the grid their boundaries span is covered (at most MAX_GRID_CELLS cells); Bad otherwise."""
+    if len(start) == 1 or not shape:
+        return
+    ends = start + extent
+    bounds = [np.unique(np.r_[0, dim, start[:, d], ends[:, d]]) for d, dim in enumerate(shape)]
+    cells = math.prod(len(b) - 1 for b in bounds)
+    if cells > MAX_GRID_CELLS:
+        raise Bad(f"pieces form an irregular grid of {cells} cells, over the limit of {MAX_GRID_CELLS}")
+    cover = np.zeros([len(b) - 1 for b in bounds], np.int32)
+    lo = np.stack([np.searchsorted(b, start[:, d]) for d, b in enumerate(bounds)], 1).tolist()
+    hi = np.stack([np.searchsorted(b, ends[:, d]) for d, b in enumerate(bounds)], 1).tolist()
+    for a, z in zip(lo, hi, strict=True):
+        cover[tuple(map(slice, a, z))] += 1
+    if cover.size and (cover.min() != 1 or cover.max() != 1):
+        raise Bad("pieces overlap or leave holes")
+
+
+# --- records ----------------------------------------------------------------------------------
+def _array(rec: dict[str, Any], key: str) -> np.ndarray:
+    data = _get(rec, key, bytes)
+    dtype = ARRAY_FIELDS[key]
+    if len(data) % dtype.itemsize:
+        raise Bad(
+            f"field {key!r} holds {len(data)} bytes, not a whole number of {dtype.itemsize}-byte records"
+        )
+    return np.frombuffer(data, dtype)
+
+
+def _str_list(rec: dict[str, Any], key: str) -> tuple[str, ...]:
+    items = _get(rec, key, list)
+    if any(type(s) is not str for s in items):
+        raise Bad(f"field {key!r} should be a list of str")
+    return tuple(items)
+
+
+def decode_columns(data: bytes, checkpoint: str) -> Columns:
+    """A version-2 manifest's bytes, validated; ManifestCorruptError, UnsupportedFormatError or
+    OutOfMemoryError otherwise, whatever the bytes."""
+    what = f"manifest of checkpoint {checkpoint!r}"
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise ManifestCorruptError(f"{what} is over its size limit", checkpoint=checkpoint)
+    return _decode_record(from_msgpack(data, what, checkpoint), checkpoint)
+
+
+def decode_any(data: bytes, checkpoint: str) -> Columns:
+    """A manifest of either version as :class:`Columns`: version 1 through ``decode_manifest``
+    and :func:`columns_from_manifest`, version 2 through :func:`decode_columns`."""
+    what = f"manifest of checkpoint {checkpoint!r}"
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise ManifestCorruptError(f"{what} is over its size limit", checkpoint=checkpoint)
+    rec = from_msgpack(data, what, checkpoint)
+    if rec.get("version") == VERSION and type(rec.get("version")) is int:
+        return _decode_record(rec, checkpoint)
+    m = decode_manifest(data, checkpoint)
+    try:
+        return columns_from_manifest(m)
+    except InvalidInputError as exc:  # a version-1 manifest no version-1 writer writes
+        raise ManifestCorruptError(f"{what}: {exc}", checkpoint=checkpoint) from None
+
+
+def _decode_record(rec: dict[str, Any], checkpoint: str) -> Columns:
+    what = f"manifest of checkpoint {checkpoint!r}"
+    try:
+        if rec.get("format") != MANIFEST_MAGIC:
+            raise Bad(f"format is {rec.get('format')!r:.60}, expected {MANIFEST_MAGIC!r}")
+        version = rec.get("version")
+        if type(version) is not int:
+            raise Bad("it has no integer version")
+        if version != VERSION:
+            raise UnsupportedFormatError(
+                f"format version {version!r:.20} is not {VERSION}, the columnar manifest this decodes"
+            )
+        if _get(rec, "parts", list):
+            raise UnsupportedFormatError(
+                "it is stored in parts, which this treestore cannot read: upgrade treestore"
+            )
+        try:
+            check_metadata(rec.get("metadata"))  # the bound writers keep to
+        except InvalidInputError as exc:
+            raise Bad(str(exc)) from None
+        fields: dict[str, Any] = {key: _array(rec, key) for key in ARRAY_FIELDS}
+        fields.update(
+            name=_get(rec, "name", str),
+            created=float(_get(rec, "created", float)),
+            metadata=rec.get("metadata"),
+            codec=_get(rec, "codec", dict),
+            chunk_size=_count(rec.get("chunk_size"), "chunk_size", MAX_CHUNK_BYTES),
+            values=_get(rec, "values", list),
+        )
+        segments, names = _str_list(rec, "segments"), _str_list(rec, "node_names")
+        nodes = check_nodes(segments, fields["nodes"], names, fields["node_leaves"], len(fields["leaves"]))
+        return _validate(fields, nodes)
+    except Bad as exc:
+        raise ManifestCorruptError(f"{what}: {exc}", checkpoint=checkpoint) from None
+    except (UnsupportedFormatError, ManifestCorruptError) as exc:
+        exc.checkpoint = checkpoint
+        exc.message = f"{what}: {exc.message}"
+        exc.args = (exc.message,)
+        raise
+    except MemoryError:
+        raise OutOfMemoryError(f"{what}: out of memory decoding it", checkpoint=checkpoint) from None
+    except (ValueError, TypeError, IndexError, KeyError, OverflowError) as exc:  # a check missed
+        raise ManifestCorruptError(
+            f"{what}: unexpected malformation ({type(exc).__name__}: {exc})", checkpoint=checkpoint
+        ) from exc
+
+
+def encode_columns(c: Columns) -> bytes:
+    """The bytes of a version-2 manifest; InvalidInputError beyond the MAX_MANIFEST_BYTES readers
+    accept."""
+    kinds = c.leaves["kind"]
+    scalars = np.flatnonzero(kinds >= ARRAY_CODES).tolist()
+    data = to_msgpack(
+        {
+            "format": MANIFEST_MAGIC,
+            "version": VERSION,
+            "name": c.name,
+            "created": c.created,
+            "metadata": c.metadata,
+            "codec": c.codec,
+            "chunk_size": c.chunk_size,
+            "segments": list(c.nodes.segments),
+            "nodes": c.nodes.table.tobytes(),
+            "node_names": list(c.nodes.names),
+            "node_leaves": c.nodes.leaves.tobytes(),
+            "leaves": c.leaves.tobytes(),
+            "shapes": c.shapes.tobytes(),
+            "values": [value_to_record(KINDS[kinds[i]], v) for i, v in zip(scalars, c.values, strict=True)],
+            "piece_counts": c.piece_counts.tobytes(),
+            "piece_chunks": c.piece_chunks.tobytes(),
+            "piece_start": c.piece_start.tobytes(),
+            "piece_shape": c.piece_shape.tobytes(),
+            "chunks": c.chunks.tobytes(),
+            "packs": c.packs.tobytes(),
+            "parts": [],
+        }
+    )
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise InvalidInputError(
+            f"the manifest of checkpoint {c.name!r} would be {len(data)} bytes, over the "
+            f"{MAX_MANIFEST_BYTES // 2**20} MiB readers accept: save fewer leaves per checkpoint",
+            checkpoint=c.name,
+        )
+    return data
+
+
+def _column(values: list[Any], dtype: Any, what: str) -> np.ndarray:
+    try:
+        return np.array(values, dtype)
+    except (OverflowError, ValueError, TypeError):
+        raise Bad(f"a {what} does not fit its column ({dtype})") from None
+
+
+def columns_from_manifest(m: Manifest) -> Columns:
+    """The version-2 form of a version-1 manifest, checked exactly as readers check it
+    (InvalidInputError naming the checkpoint when they would refuse it)."""
+    try:
+        return _from_manifest(m)
+    except (Bad, UnsupportedFormatError) as exc:
+        raise InvalidInputError(
+            f"checkpoint {m.name!r}: its manifest would not be readable: {exc}", checkpoint=m.name
+        ) from None
+
+
+def _from_manifest(m: Manifest) -> Columns:
+    nodes = nodes_from_tree(m.tree, len(m.leaves))
+    rows: list[tuple[int, int, int, int, int]] = []
+    shapes: list[int] = []
+    values: list[object] = []
+    counts: list[int] = []
+    piece_chunks: list[int] = []
+    starts: list[int] = []
+    boxes: list[int] = []
+    refs: list[ChunkRef] = []
+    for leaf in m.leaves:
+        if leaf.kind not in KINDS:
+            raise UnsupportedFormatError(f"{leaf.address or '(root)'}: unknown leaf kind {leaf.kind!r}")
+        code = KINDS.index(leaf.kind)
+        if code >= ARRAY_CODES:
+            rows.append((code, 0, 0, 0, 0))
+            try:
+                values.append(value_to_record(leaf.kind, leaf.value))
+            except ValueError as exc:
+                raise Bad(f"leaf {leaf.address or '(root)'}: {exc}") from None
+            continue
+        if leaf.dtype not in _CODE:
+            raise UnsupportedFormatError(f"{leaf.address or '(root)'}: unknown dtype {leaf.dtype!r}")
+        if leaf.prng_impl not in PRNG_NAMES:
+            raise UnsupportedFormatError(f"{leaf.address or '(root)'}: unknown PRNG impl {leaf.prng_impl!r}")
+        shape = list(leaf.shape or ())
+        flags = (WEAK_TYPE if leaf.weak_type else 0) | (PIECED if leaf.pieces else 0)
+        flags |= PRNG_NAMES.index(leaf.prng_impl) << PRNG_SHIFT
+        rows.append((code, _CODE[leaf.dtype], min(len(shape), 255), flags, len(leaf.chunks)))
+        shapes += shape
+        if leaf.pieces:
+            counts.append(len(leaf.pieces))
+            for p in leaf.pieces:
+                if len(p.start) != len(shape) or len(p.shape) != len(shape):
+                    raise Bad(f"leaf {leaf.address or '(root)'}: a piece has other dimensions than the leaf")
+                piece_chunks.append(len(p.chunks))
+                starts += p.start
+                boxes += p.shape
+            if tuple(c for p in leaf.pieces for c in p.chunks) != tuple(leaf.chunks):
+                raise Bad(f"leaf {leaf.address or '(root)'}: its chunks are not its pieces' chunks")
+        refs += leaf.chunks
+    if any(type(r.digest) is not bytes or len(r.digest) != 32 for r in (*refs, *m.packs)):
+        raise Bad("a chunk digest is not 32 bytes")
+    chunks = np.zeros(len(refs), CHUNK_DTYPE)
+    chunks["digest"] = np.frombuffer(b"".join(r.digest for r in refs), "V32")
+    chunks["raw"] = _column([r.raw_size for r in refs], "<u4", "raw size")
+    chunks["stored"] = _column([r.stored_size for r in refs], "<u4", "stored size")
+    chunks["pack"] = _column([-1 if r.pack is None else r.pack for r in refs], "<i4", "pack index")
+    chunks["offset"] = _column([r.offset for r in refs], "<u4", "pack offset")
+    packs = np.zeros(len(m.packs), PACK_DTYPE)
+    packs["digest"] = np.frombuffer(b"".join(p.digest for p in m.packs), "V32")
+    packs["raw"] = _column([p.raw_size for p in m.packs], "<u4", "raw size")
+    packs["stored"] = _column([p.stored_size for p in m.packs], "<u4", "stored size")
+    fields = {
+        "name": m.name,
+        "created": float(m.created),
+        "metadata": m.metadata,
+        "codec": dict(m.codec),
+        "chunk_size": _count(m.chunk_size, "chunk_size", MAX_CHUNK_BYTES),
+        "leaves": _column(rows, LEAF_DTYPE, "leaf field") if rows else np.zeros(0, LEAF_DTYPE),
+        "shapes": _column(shapes, "<u8", "dimension"),
+        "values": values,
+        "piece_counts": _column(counts, "<u4", "piece count"),
+        "piece_chunks": _column(piece_chunks, "<u4", "piece chunk count"),
+        "piece_start": _column(starts, "<u8", "piece start"),
+        "piece_shape": _column(boxes, "<u8", "piece dimension"),
+        "chunks": chunks,
+        "packs": packs,
+    }
+    if len(leaf_rows := fields["leaves"]) and np.any(leaf_rows["ndim"] == 255):
+        raise Bad(f"a leaf has more than {MAX_NDIM} dimensions")
+    check_metadata(m.metadata)
+    return _validate(fields, nodes)
+
+
+__all__ = [
+    "ARRAY_FIELDS",
+    "CHUNK_DTYPE",
+    "DTYPE_NAMES",
+    "KINDS",
+    "LEAF_DTYPE",
+    "NODE_DTYPE",
+    "PACK_DTYPE",
+    "PRNG_NAMES",
+    "Columns",
+    "LeafEntries",
+    "check_tiling",
+    "columns_from_manifest",
+    "decode_any",
+    "decode_columns",
+    "encode_columns",
+]

@@ -1,0 +1,278 @@
+"""The tree of a version-2 manifest as a node table: validated with numpy, addresses on demand.
+
+Nodes are listed so that every node's parent comes before it (writers use preorder). Each node
+records its kind, its parent and the index of its key in a table of distinct address segments;
+a leaf node's leaf index is in ``leaves``. A leaf's address is the segments of the keys from the
+root down to its node, so addresses are never stored twice and can never disagree with the tree.
+Validation touches each distinct segment once in Python and every node only through numpy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from jax.tree_util import DictKey, FlattenedIndexKey, GetAttrKey, SequenceKey
+
+from treestore._format.address import (
+    Key,
+    canonical_segment,
+    format_key,
+    key_from_record,
+    key_to_record,
+    key_value,
+)
+from treestore._format.encoding import Bad
+from treestore._format.limits import MAX_DEPTH
+from treestore.errors import TreestoreError, UnsupportedFormatError
+
+# Node kinds, by code (SPEC.md, version-2 manifest).
+NODE_KINDS = ("leaf", "none", "list", "tuple", "dict", "ordereddict", "namedtuple", "custom")
+LEAF, NONE, LIST, TUPLE, DICT, ORDEREDDICT, NAMEDTUPLE, CUSTOM = range(len(NODE_KINDS))
+_NODE_CODES = {name: code for code, name in enumerate(NODE_KINDS)}
+# A node: its kind, its parent's index, the index of its key's segment (both 0 for the root).
+NODE_DTYPE = np.dtype([("kind", "u1"), ("parent", "<u4"), ("key", "<u4")])
+# Key kinds of segments (what a segment parses to).
+_SEQ, _DICT, _ATTR, _FLAT = range(4)
+
+
+@dataclass(frozen=True, eq=False)
+class Nodes:
+    """A validated node table (see the module docstring); build it with :func:`nodes_from_tree`
+    or :func:`check_nodes`."""
+
+    segments: tuple[str, ...]
+    table: np.ndarray  # NODE_DTYPE, one per node
+    names: tuple[str, ...]  # the type name of each namedtuple or custom node, in node order
+    leaves: np.ndarray  # uint32: the leaf index of each leaf node, in node order
+    leaf_node: np.ndarray  # int64: the node of each leaf (the inverse of ``leaves``)
+
+    def address(self, node: int) -> str:
+        """The address of one node: its ancestors' key segments, the root's first."""
+        parent, key = self.table["parent"], self.table["key"]
+        parts = []
+        while node:
+            parts.append(self.segments[key[node]])
+            node = int(parent[node])
+        return "/".join(reversed(parts))
+
+    def addresses(self) -> list[str]:
+        """The address of every leaf, by leaf index (one pass over the nodes)."""
+        parents = self.table["parent"].tolist()
+        segs = [""] + [self.segments[k] for k in self.table["key"][1:].tolist()]
+        out = [""] * len(parents)
+        for i in range(1, len(parents)):
+            p = parents[i]
+            out[i] = segs[i] if p == 0 else out[p] + "/" + segs[i]
+        return [out[n] for n in self.leaf_node.tolist()]
+
+    def same_addresses(self, other: Nodes) -> bool:
+        """Whether leaf i has the same address in both trees, for every i (and no other leaf)."""
+        return (
+            self.segments == other.segments
+            and np.array_equal(self.table, other.table)
+            and np.array_equal(self.leaves, other.leaves)
+        )
+
+    def find(self, address: str) -> int | None:
+        """The leaf index at ``address``, or None: one numpy pass per segment, no address built."""
+        node = 0
+        if address:
+            where = {s: i for i, s in enumerate(self.segments)}
+            parent, key = self.table["parent"], self.table["key"]
+            for segment in address.split("/"):
+                k = where.get(segment)
+                if k is None:
+                    return None
+                hits = np.flatnonzero((parent == node) & (key == k))
+                hits = hits[hits > 0]  # the root is its own parent
+                if not len(hits):
+                    return None
+                node = int(hits[0])
+        hit = np.flatnonzero(self.leaf_node == node)
+        return int(hit[0]) if len(hit) else None
+
+    def tree_record(self) -> dict[str, Any]:
+        """The version-1 node record of this tree (SPEC.md, section 5.6)."""
+        kinds = self.table["kind"].tolist()
+        parents = self.table["parent"].tolist()
+        keys = self.table["key"].tolist()
+        records = [key_to_record(canonical_segment(s)) for s in self.segments]
+        names = iter(self.names)
+        leaves = iter(self.leaves.tolist())
+        made: list[dict[str, Any]] = []
+        for i, code in enumerate(kinds):
+            kind = NODE_KINDS[code]
+            node: dict[str, Any]
+            if code == LEAF:
+                node = {"type": "leaf", "leaf": next(leaves)}
+            elif code == NONE:
+                node = {"type": "none"}
+            elif code in (LIST, TUPLE):
+                node = {"type": kind, "children": []}
+            elif code in (DICT, ORDEREDDICT):
+                node = {"type": kind, "keys": [], "children": []}
+            else:
+                node = {"type": kind, "name": next(names), "keys": [], "children": []}
+            made.append(node)
+            if i:
+                up = made[parents[i]]
+                up["children"].append(node)
+                if "keys" in up:
+                    up["keys"].append(records[keys[i]])
+        return made[0]
+
+
+def nodes_from_tree(tree: object, nleaves: int) -> Nodes:
+    """The node table of a version-1 node record (as :func:`treestore._tree.structure.flatten`
+    writes it), validated as a reader validates it; Bad (or UnsupportedFormatError) otherwise."""
+    kinds: list[int] = []
+    parents: list[int] = []
+    keys: list[int] = []
+    names: list[str] = []
+    leaves: list[int] = []
+    where: dict[str, int] = {}
+    stack: list[tuple[object, int, str]] = [(tree, 0, "")]  # (node, parent, segment)
+    while stack:
+        node, parent, segment = stack.pop()
+        if not isinstance(node, dict) or not isinstance(node.get("type"), str):
+            raise Bad("tree node is not a map with a str 'type'")
+        code = _NODE_CODES.get(node["type"])
+        if code is None:
+            raise UnsupportedFormatError(f"unknown tree node type {node['type']!r}")
+        here = len(kinds)
+        kinds.append(code)
+        parents.append(parent)
+        keys.append(where.setdefault(segment, len(where)) if here else 0)
+        if code == LEAF:
+            leaf = node.get("leaf")
+            if type(leaf) is not int or not 0 <= leaf < 2**32:
+                raise Bad(f"leaf index should be an integer in [0, {nleaves - 1}], found {leaf!r:.40}")
+            leaves.append(leaf)
+            continue
+        if code == NONE:
+            continue
+        children = node.get("children")
+        if not isinstance(children, list):
+            raise Bad(f"field 'children' of a {node['type']} node should be a list")
+        if code in (LIST, TUPLE):
+            segments = [str(j) for j in range(len(children))]
+        else:
+            records = node.get("keys")
+            if not isinstance(records, list) or len(records) != len(children):
+                raise Bad(f"{node['type']} node should have one key per child")
+            try:
+                segments = [format_key(key_from_record(k)) for k in records]
+            except TreestoreError as exc:
+                raise Bad(f"bad key in {node['type']} node: {exc}") from None
+            if code >= NAMEDTUPLE:
+                if not isinstance(node.get("name"), str):
+                    raise Bad(f"field 'name' of a {node['type']} node should be str")
+                names.append(node["name"])
+        stack.extend((c, here, s) for s, c in zip(reversed(segments), reversed(children), strict=True))
+    table = np.zeros(len(kinds), NODE_DTYPE)
+    table["kind"], table["parent"], table["key"] = kinds, parents, keys
+    return check_nodes(tuple(where), table, tuple(names), np.array(leaves, "<u4"), nleaves)
+
+
+def _segment_keys(segments: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For each segment: its key kind, its sequence index (else -1) and an id of its key's value
+    (equal ids for keys that would be one dict key without a template)."""
+    kind = np.empty(len(segments), np.int8)
+    index = np.full(len(segments), -1, np.int64)
+    value = np.empty(len(segments), np.int64)
+    values: dict[object, int] = {}
+    for i, segment in enumerate(segments):
+        if type(segment) is not str:
+            raise Bad(f"segment {i} should be str, found {type(segment).__name__}")
+        try:
+            key: Key = canonical_segment(segment)
+        except TreestoreError as exc:
+            raise Bad(f"bad address segment: {exc}") from None
+        if isinstance(key, SequenceKey):
+            kind[i], index[i] = _SEQ, key.idx
+        elif isinstance(key, DictKey):
+            kind[i] = _DICT
+        elif isinstance(key, GetAttrKey):
+            kind[i] = _ATTR
+        else:
+            assert isinstance(key, FlattenedIndexKey)
+            kind[i] = _FLAT
+        value[i] = values.setdefault(key_value(key), len(values))
+    return kind, index, value
+
+
+def check_nodes(
+    segments: tuple[str, ...], table: np.ndarray, names: tuple[str, ...], leaves: np.ndarray, nleaves: int
+) -> Nodes:
+    """Validate a node table for ``nleaves`` leaves; Bad or UnsupportedFormatError otherwise."""
+    m = len(table)
+    if m < 1:
+        raise Bad("the tree has no root node")
+    kind, parent, key = (table[f].astype(np.int64) for f in ("kind", "parent", "key"))
+    if kind.max() >= len(NODE_KINDS):
+        raise UnsupportedFormatError(f"unknown tree node type code {int(kind.max())}")
+    if parent[0] or key[0]:
+        raise Bad("the root node should have parent 0 and key 0")
+    if len(set(segments)) != len(segments):
+        raise Bad("the segment table repeats a segment")
+    seg_kind, seg_index, seg_value = _segment_keys(segments)
+    child = np.arange(1, m)
+    up, k = parent[1:], key[1:]
+    if np.any(up >= child):
+        i = int(child[np.argmax(up >= child)])
+        raise Bad(f"node {i} has parent {int(parent[i])}, not an earlier node")
+    if np.any(kind[up] < LIST):
+        raise Bad("a leaf or none node has children")
+    if np.any(k >= len(segments)):
+        raise Bad(f"a node's key is outside the {len(segments)} segments")
+    if len(segments) and np.bincount(k, minlength=len(segments)).min() == 0:
+        raise Bad("a segment is used by no node")
+    parent_kind = kind[up]
+    sequence = (parent_kind == LIST) | (parent_kind == TUPLE)
+    # A child's position among its parent's children (children follow in node order).
+    order = np.argsort(up, kind="stable")
+    sorted_up = up[order]
+    first = np.r_[True, sorted_up[1:] != sorted_up[:-1]][: m - 1]
+    start = np.maximum.accumulate(np.where(first, np.arange(m - 1), 0))
+    rank = np.empty(m - 1, np.int64)
+    rank[order] = np.arange(m - 1) - start
+    if np.any(sequence & ((seg_kind[k] != _SEQ) | (seg_index[k] != rank))):
+        raise Bad("a list or tuple child's key is not its position")
+    if np.any(((parent_kind == DICT) | (parent_kind == ORDEREDDICT)) & (seg_kind[k] != _DICT)):
+        raise Bad("a dict node has a key that is not a dict key")
+    pairs = np.sort(up * max(len(segments), 1) + seg_value[k])
+    if np.any(pairs[1:] == pairs[:-1]):
+        raise Bad("two children of one node have the same key (as segments or as dict keys)")
+    _check_depth(parent, m)
+    if len(names) != int(np.count_nonzero(kind >= NAMEDTUPLE)) or any(type(n) is not str for n in names):
+        raise Bad("there should be one str name per namedtuple or custom node")
+    is_leaf = kind == LEAF
+    if int(np.count_nonzero(is_leaf)) != nleaves or len(leaves) != nleaves:
+        raise Bad(f"the tree has {int(np.count_nonzero(is_leaf))} leaf nodes for {nleaves} leaves")
+    leaves = leaves.astype(np.int64)
+    if nleaves and (leaves.max() >= nleaves or np.bincount(leaves, minlength=nleaves).max() != 1):
+        raise Bad("the leaf nodes do not name every leaf exactly once")
+    leaf_node = np.empty(nleaves, np.int64)
+    leaf_node[leaves] = np.flatnonzero(is_leaf)
+    out = Nodes(segments, table, names, leaves.astype("<u4"), leaf_node)
+    for array in (out.table, out.leaves, out.leaf_node):
+        array.flags.writeable = False
+    return out
+
+
+def _check_depth(parent: np.ndarray, m: int) -> None:
+    """No node deeper than MAX_DEPTH: the MAX_DEPTH-th ancestor of every node is the root (the
+    root being its own parent), found by composing the parent map with itself."""
+    result = np.arange(m)
+    power = parent.copy()
+    steps = MAX_DEPTH
+    while steps:
+        if steps & 1:
+            result = power[result]
+        steps >>= 1
+        if steps:
+            power = power[power]
+    if np.any(result != 0):
+        raise Bad(f"tree is nested deeper than {MAX_DEPTH}")
