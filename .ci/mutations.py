@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-RUN_TIMEOUT = 180  # seconds for one pytest run
+RUN_TIMEOUT = 300  # seconds for one pytest run
 PROBE_FAILED = 99  # the exit status of a run that did not import the copy
 
 
@@ -257,6 +257,28 @@ MUTATIONS: list[Mutation] = [
         ["tests/test_manager.py::test_unchanged_jax_arrays_are_reused_and_changed_ones_copied"],
         "an unchanged jax array is copied to host again at every save",
     ),
+    m(
+        "chunk reuse trusts any object of the right name",
+        "treestore/_format/codecs.py",
+        "    if not HEADER.size < stored <= raw_size + CHUNK_SLACK or len(head) < min(stored, PROBE_BYTES):\n"
+        "        return False\n",
+        "    return True\n",
+        [
+            "tests/test_chunk_objects.py",
+            "tests/test_reliability_store.py::test_a_save_does_not_reuse_a_bad_chunk_object",
+        ],
+        "a save references a damaged or empty object left under a chunk's name",
+    ),
+    m(
+        "hash one buffer, encode another",
+        "treestore/_engine/write.py",
+        "    np.copyto(out, raw)\n    return out\n",
+        "    return raw\n",
+        [
+            "tests/test_reliability_store.py::test_an_array_written_to_during_a_save_never_makes_a_corrupt_chunk"
+        ],
+        "an array changed during a save is hashed and encoded from different bytes",
+    ),
 ]
 
 PROBE = """\
@@ -302,7 +324,13 @@ def restore(dest: Path, mutation: Mutation) -> None:
 def run_tests(dest: Path, tests: list[str]) -> tuple[int, float, str]:
     env = dict(os.environ, PYTHONPATH=str(dest), MUTATION_ROOT=str(dest), PYTHONDONTWRITEBYTECODE="1")
     cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:randomly", "-p", "_mutation_probe"]
-    cmd += ["--hypothesis-seed=0", "-o", "addopts=--strict-markers -p no:cacheprovider", *tests]
+    cmd += [
+        "--hypothesis-seed=0",
+        "--hypothesis-profile=mutation",
+        "-o",
+        "addopts=--strict-markers -p no:cacheprovider",
+        *tests,
+    ]
     start = time.monotonic()
     try:
         done = subprocess.run(cmd, cwd=dest, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT)

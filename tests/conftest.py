@@ -19,8 +19,13 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 import uuid
 
 import pytest
+from hypothesis import Phase, settings
 
 from tests import servers
+
+# The mutation check (.ci/mutations.py) needs only to see a test fail, not its smallest example:
+# it runs with this profile, which skips shrinking (slow on a loaded machine).
+settings.register_profile("mutation", phases=(Phase.explicit, Phase.reuse, Phase.generate), deadline=None)
 
 s3_server = servers.s3_server
 gcs_server = servers.gcs_server

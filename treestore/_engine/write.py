@@ -22,10 +22,11 @@ from treestore._engine import locks as _locks
 from treestore._engine.commit import commit
 from treestore._engine.threads import default_threads
 from treestore._format import layout as _layout
-from treestore._format.codecs import HEADER, MAGIC, PLANES, RAW, ZSTD, Codec, encode, plane_width
+from treestore._format.codecs import PROBE_BYTES, Codec, encode, plane_width, sound
+from treestore._format.columns import encode_any
 from treestore._format.commit_record import CommitRecord
 from treestore._format.encoding import digest
-from treestore._format.limits import CHUNK_SLACK, MAX_MANIFEST_BYTES, MAX_PLANE_WIDTH
+from treestore._format.limits import MAX_MANIFEST_BYTES
 from treestore._format.manifest import (
     ChunkRef,
     LeafEntry,
@@ -33,8 +34,6 @@ from treestore._format.manifest import (
     Piece,
     check_metadata,
     check_name,
-    decode_manifest,
-    encode_manifest,
 )
 from treestore._storage.base import Storage
 from treestore._tree.leaves import ArrayLeaf, Leaf, ValueLeaf, prepare_leaf
@@ -162,40 +161,15 @@ def _is_equinox(x: Any) -> bool:
 def reusable_size(storage: Storage, chunk_digest: bytes, raw_size: int) -> int | None:
     """The stored size of the object under the name of chunk ``chunk_digest`` (``raw_size`` raw
     bytes) if a save or copy may reference it without writing it again; None when there is no
-    object or it fails this check, and the caller must (re)write it.
-
-    The check reads the object's size and at most its first 80 bytes: the header must parse and
-    declare ``raw_size``, the stored size must fit the codec (a raw chunk is exactly its raw size
-    plus the header; none exceeds the readers' bound) and a byte-plane chunk's table of plane
-    lengths must add up to its body. An empty, truncated or overwritten object fails it; a body
-    damaged in place behind an intact header and length is found only by a full read (verify).
+    object or it fails the codec's reuse check (:func:`treestore._format.codecs.sound`, reading
+    the object's size and at most its first 80 bytes), and the caller must (re)write it.
     """
     path = _layout.chunk_path(chunk_digest)
     stored = storage.object_size(path)
-    if stored is None or not HEADER.size < stored <= raw_size + CHUNK_SLACK:
+    if stored is None:
         return None
-    head = storage.read_range(path, 0, HEADER.size + 8 * MAX_PLANE_WIDTH)
-    if head is None or len(head) < min(stored, HEADER.size + 8 * MAX_PLANE_WIDTH):
-        return None
-    magic, codec, width, mask, size = HEADER.unpack_from(head)
-    if magic != MAGIC or size != raw_size:
-        return None
-    if codec == RAW:
-        sound = width == mask == 0 and stored == HEADER.size + raw_size
-    elif codec == ZSTD:
-        sound = width == mask == 0
-    elif codec == PLANES:
-        table = HEADER.size + 8 * width
-        sound = (
-            2 <= width <= MAX_PLANE_WIDTH
-            and raw_size % width == 0
-            and mask < 1 << width
-            and stored >= table
-            and sum(np.frombuffer(head[HEADER.size : table], "<u8").tolist()) == stored - table
-        )
-    else:
-        sound = False
-    return stored if sound else None
+    head = storage.read_range(path, 0, PROBE_BYTES)
+    return stored if head is not None and sound(head, stored, raw_size) else None
 
 
 _tls = threading.local()
@@ -494,9 +468,7 @@ def _commit(
         codec=options.codec.to_record(),
         chunk_size=options.chunk_size,
     )
-    data = encode_manifest(manifest)
-    if any(e.pieces for e in manifest.leaves):
-        decode_manifest(data, name)  # pieces gathered from several shards must tile each leaf
+    data = encode_any(manifest)  # checked as readers check it: pieces from several shards too
     record = CommitRecord(name, b"", 0, now, metadata, len(entries), manifest.nbytes)
     commit(storage, data, record, overwrite=overwrite)
     return manifest.nbytes

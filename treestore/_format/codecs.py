@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import zstandard
 
-from treestore._format.limits import CHUNK_HEADER_BYTES, MAX_PLANE_WIDTH
+from treestore._format.limits import CHUNK_HEADER_BYTES, CHUNK_SLACK, MAX_PLANE_WIDTH
 from treestore.errors import ChunkCorruptError, InvalidInputError
 
 MAGIC = b"TSC1"
@@ -253,13 +253,9 @@ def _unzstd_into(frame: bytes | memoryview, out: np.ndarray[Any, Any]) -> None:
         raise ChunkCorruptError(f"zstd frame decoded to {done} bytes, expected {size}")
 
 
-def decode_into(obj: bytes, out: np.ndarray[Any, Any]) -> None:
-    """Decode the chunk object ``obj`` into ``out`` (1-D uint8, exactly the raw size).
-
-    Raises ChunkCorruptError on any inconsistency (an unknown codec included); never allocates
-    more than ``out.nbytes`` for decoded data.
-    """
-    size = out.nbytes
+def _header(obj: bytes, size: int) -> tuple[int, int, int]:
+    """The codec, plane width and mask of chunk object ``obj`` (raw size ``size``), after checking
+    its header; ChunkCorruptError otherwise."""
     if len(obj) < HEADER.size:
         raise ChunkCorruptError(f"chunk object is {len(obj)} bytes, shorter than its header")
     magic, codec, width, mask, raw_size = HEADER.unpack_from(obj)
@@ -269,6 +265,42 @@ def decode_into(obj: bytes, out: np.ndarray[Any, Any]) -> None:
         raise ChunkCorruptError(f"chunk object declares {raw_size} raw bytes, expected {size}")
     if codec in (RAW, ZSTD) and (width or mask):
         raise ChunkCorruptError(f"codec {codec} chunk has plane fields {width}, {mask:#x}; expected 0")
+    return codec, width, mask
+
+
+PROBE_BYTES = HEADER.size + 8 * MAX_PLANE_WIDTH  # what :func:`sound` reads of an object at most
+
+
+def sound(head: bytes, stored: int, raw_size: int) -> bool:
+    """Whether an object of ``stored`` bytes whose first bytes are ``head`` (up to
+    :data:`PROBE_BYTES`) can be the chunk object of ``raw_size`` raw bytes, told from its header
+    and sizes alone — the reuse check of SPEC.md section 3.3. An empty, truncated, extended or
+    overwritten object fails it; a body damaged in place behind an intact header and size passes
+    (only a full decode finds that)."""
+    if not HEADER.size < stored <= raw_size + CHUNK_SLACK or len(head) < min(stored, PROBE_BYTES):
+        return False
+    try:
+        codec, width, mask = _header(head, raw_size)
+    except ChunkCorruptError:
+        return False
+    if codec == RAW:
+        return stored == HEADER.size + raw_size
+    if codec == ZSTD:
+        return True
+    if codec != PLANES or not 2 <= width <= MAX_PLANE_WIDTH or raw_size % width or mask >= 1 << width:
+        return False
+    table = HEADER.size + 8 * width
+    return stored >= table and sum(struct.unpack_from(f"<{width}Q", head, HEADER.size)) == stored - table
+
+
+def decode_into(obj: bytes, out: np.ndarray[Any, Any]) -> None:
+    """Decode the chunk object ``obj`` into ``out`` (1-D uint8, exactly the raw size).
+
+    Raises ChunkCorruptError on any inconsistency (an unknown codec included); never allocates
+    more than ``out.nbytes`` for decoded data.
+    """
+    size = out.nbytes
+    codec, width, mask = _header(obj, size)
     body = memoryview(obj)[HEADER.size :]
     try:
         if codec == RAW:
