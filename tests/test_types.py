@@ -173,3 +173,14 @@ def test_stored_names_never_import_or_construct_anything(tmp_path, monkeypatch):
     out = treestore.load(url(tmp_path), types=[Pair])
     assert out == {"p": {"a": 1, "b": 2}, "q": {"a": 3, "b": 4}}
     assert not marker.exists() and "ts_hostile_probe" not in sys.modules
+
+
+def test_types_on_an_s3_store(s3_backend):
+    url = s3_backend.url("types")
+    opts = s3_backend.storage_options
+    tree = {"p": Pair(np.arange(3.0), np.ones(2)), "n": 1}
+    treestore.save(url, tree, "a", storage_options=opts)
+    back = treestore.load(f"{url}#a", types=[Pair], storage_options=opts)
+    assert type(back["p"]) is Pair
+    assert_tree_equal(back, tree)
+    assert isinstance(treestore.load(f"{url}#a", storage_options=opts)["p"], dict)
