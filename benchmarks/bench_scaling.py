@@ -13,12 +13,15 @@ manifest read back; then, medians of ``--runs``:
 * v2 open+leaf: decode, find one leaf by address, make its leaf entry;
 * v2 diff: decode two manifests (1% of the leaves changed), match leaves by address
   (``Columns.match``) and compare them all (``Columns.same_leaves``);
+* ts save / load / open+leaf / diff: the whole of ``treestore.save`` (a new name each run, every
+  chunk already stored after the first), ``load``, ``open`` + ``np.asarray`` of one leaf, and a
+  manifest-only ``diff`` of two checkpoints (1% of leaves changed), on a local temporary store;
 * safetensors, same tree flattened to ``g0.w0`` keys, on a local temporary file: ``save_file``,
   ``load_file``, and ``safe_open`` + ``get_tensor`` of one tensor.
 
 Issue 13's targets at 100k leaves: save and load ≤ 1.5× safetensors, open + one leaf ≤ 2×
 safetensors' safe_open + get_tensor, manifest-only diff ≤ 100 ms, 1M leaves within 2 GB. This table
-measures the manifest's share of those; full save/load/open/diff join once version 2 is wired in.
+measures the manifest's share of those and the whole operations through the public API.
 """
 
 from __future__ import annotations
@@ -129,6 +132,15 @@ def measure(n: int, runs: int, tmp: str) -> dict[str, float]:
     row["v2 peak"] = peak_mib(lambda: decode_columns(v2, "ckpt"))
     row["v2 open+leaf"] = median_ms(lambda: open_leaf(v2, address), runs)
     row["v2 diff"] = median_ms(lambda: diff_v2(v2, v2_other), runs)
+    log(f"{n} leaves: treestore, through the public API (local store, format version 2)")
+    url = os.path.join(tmp, f"{n}.store")
+    names = iter(range(10**9))
+    row["ts save"] = median_ms(lambda: treestore.save(url, tree, f"s{next(names)}"), runs)
+    treestore.save(url, tree, "a")
+    treestore.save(url, make_tree(n, changed=0.01), "b")
+    row["ts load"] = median_ms(lambda: treestore.load(url, "a"), runs)
+    row["ts open+leaf"] = median_ms(lambda: np.asarray(treestore.open(url, "a")[address]), runs)
+    row["ts diff"] = median_ms(lambda: treestore.diff(f"{url}#a", f"{url}#b"), runs)
     log(f"{n} leaves: safetensors")
     row["st save"] = median_ms(lambda: save_file(flat, path), runs)
     row["st load"] = median_ms(lambda: load_file(path), runs)

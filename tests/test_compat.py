@@ -1,4 +1,4 @@
-"""A store written by format version 1, checked in, must stay readable and re-encode byte for byte."""
+"""A store written by each format version, checked in, must stay readable and re-encode byte for byte."""
 
 from __future__ import annotations
 
@@ -6,23 +6,28 @@ import shutil
 from pathlib import Path
 
 import jax
+import msgpack
 import numpy as np
+import pytest
 
 import treestore
 from treestore._engine import read as _read
 from treestore._format import layout as _layout
+from treestore._format.columns import decode_any, decode_columns, encode_any, encode_columns
 from treestore._format.manifest import decode_manifest, encode_manifest
 
 from .data.make_store_v1 import tree
 from .helpers import assert_leaf_equal
 from .templates import blank
 
-STORE = Path(__file__).parent / "data" / "store-v1"
+DATA = Path(__file__).parent / "data"
+VERSIONS = (1, 2)
 
 
-def test_version_1_store_loads_exactly(tmp_path):
+@pytest.mark.parametrize("version", VERSIONS)
+def test_checked_in_store_loads_exactly(tmp_path, version):
     url = str(tmp_path / "store")
-    shutil.copytree(STORE, url)  # never touch the checked-in copy
+    shutil.copytree(DATA / f"store-v{version}", url)  # never touch the checked-in copy
     expected = tree()
     assert [c.name for c in treestore.Store(url).list()] == ["first", "second"]
     out = treestore.load(url, "first")
@@ -34,17 +39,80 @@ def test_version_1_store_loads_exactly(tmp_path):
         strict=True,
     ):
         assert_leaf_equal(got, want, jax.tree_util.keystr(path))
-    assert treestore.Store(url).manifest("first").metadata == {"note": "written by format version 1"}
+    note = {"note": f"written by format version {version}"}
+    assert treestore.Store(url).manifest("first").metadata == note
     d = treestore.diff(f"{url}#first", f"{url}#second")
     assert set(d.changed) == {"params/dense/b", "step"}
     assert treestore.verify(url).ok
 
 
-def test_version_1_manifests_reencode_byte_for_byte():
-    storage = treestore.Store(str(STORE)).storage
+def _manifests(version: int) -> list[tuple[str, bytes]]:
+    storage = treestore.Store(str(DATA / f"store-v{version}")).storage
+    out = []
     for name in _read.checkpoint_names(storage):
         ref = _read.read_commit_record(storage, name)
         data = storage.read(_layout.manifest_path(ref.manifest))
         assert data is not None
-        assert encode_manifest(decode_manifest(data, name)) == data, name
-    assert np.asarray(treestore.open(str(STORE), "first")["params/dense/w"][:2]).shape == (2, 80)
+        assert msgpack.unpackb(data)["version"] == version, name
+        out.append((name, data))
+    return out
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_checked_in_manifests_reencode_byte_for_byte(version):
+    for name, data in _manifests(version):
+        if version == 1:
+            assert encode_manifest(decode_manifest(data, name)) == data, name
+        else:
+            assert encode_columns(decode_columns(data, name)) == data, name
+        # The one encoder writers use, in the version the manifest was read in:
+        m = decode_any(data, name).to_manifest()
+        assert m.version == version
+        assert encode_any(m, version) == data, name
+    opened = treestore.open(str(DATA / f"store-v{version}"), "first")
+    assert np.asarray(opened["params/dense/w"][:2]).shape == (2, 80)
+
+
+def test_both_versions_describe_the_same_checkpoints():
+    """The version-2 store holds the same trees as the version-1 store: the same leaves, chunk
+    refs and leaf digests (SPEC: a version-2 leaf's digest is the version-1 digest of its v1 form)."""
+    for (n1, d1), (n2, d2) in zip(_manifests(1), _manifests(2), strict=True):
+        a, b = decode_any(d1, n1), decode_any(d2, n2)
+        assert n1 == n2 and a.addresses == b.addresses
+        assert [e.digest for e in a.entries] == [e.digest for e in b.entries]
+        assert a.chunk_digests() == b.chunk_digests()
+
+
+def test_a_store_holds_checkpoints_of_both_versions(tmp_path):
+    """A store written by version 1 and saved to by version 2 holds both; every reader (load,
+    open, diff, verify, copy, gc) takes each, and the newer save reuses the older chunks."""
+    url = str(tmp_path / "store")
+    shutil.copytree(DATA / "store-v1", url)
+    store = treestore.Store(url)
+    t = tree()
+    t["step"] = 99
+    result = store.save(t, "third", options=treestore.SaveOptions(chunk_size=8192, small_leaf=4096))
+    assert result.chunks_reused > 0
+    versions = {}
+    for name in ("first", "second", "third"):
+        ref = _read.read_commit_record(store.storage, name)
+        data = _read.read_manifest_bytes(store.storage, ref)
+        versions[name] = msgpack.unpackb(data)["version"]
+    assert versions == {"first": 1, "second": 1, "third": 2}
+    assert treestore.load(url, "third")["step"] == 99
+    assert set(treestore.diff(f"{url}#first", f"{url}#third").changed) == {"step"}
+    assert np.asarray(treestore.open(url, "first")["params/dense/w"]).shape == (96, 80)
+    assert treestore.verify(url).ok
+    store.gc(grace=0)
+    assert treestore.verify(url).ok and [c.name for c in store.list()] == ["first", "second", "third"]
+    # copy keeps each manifest's bytes, and renaming re-encodes in the source's version
+    dst = str(tmp_path / "copy")
+    treestore.copy(f"{url}#first", f"{dst}#renamed")
+    treestore.copy(f"{url}#third", dst)
+    dst_storage = treestore.Store(dst).storage
+    for name, version in (("renamed", 1), ("third", 2)):
+        ref = _read.read_commit_record(dst_storage, name)
+        data = _read.read_manifest_bytes(dst_storage, ref)
+        assert msgpack.unpackb(data)["version"] == version, name
+    assert treestore.verify(dst).ok
+    assert treestore.load(dst, "renamed")["step"] == 1234

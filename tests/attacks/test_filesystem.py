@@ -233,7 +233,7 @@ def test_gc_on_a_damaged_store_deletes_nothing_and_reports(store, damage):
     elif damage == "missing manifest":
         (store.root / _layout.manifest_path(store.ref_record("good")["manifest"])).unlink()
     else:
-        store.write_ref({**store.ref_record("good"), "version": 2}, name="good")
+        store.write_ref({**store.ref_record("good"), "version": 3}, name="good")
     before = _files(store.root)
     report = treestore.Store(store.url).gc(grace=0)
     assert report.damaged == ("good",)

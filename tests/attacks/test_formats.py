@@ -143,7 +143,7 @@ def test_unknown_tree_node_type(store, node_type):
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("version", [2, 99, 2**31, 2**63 - 1, 2**64 - 1])
+@pytest.mark.parametrize("version", [3, 99, 2**31, 2**63 - 1, 2**64 - 1])
 @pytest.mark.parametrize("where", ["manifest", "record"])
 def test_format_version_from_the_future(store, version, where):
     if where == "manifest":

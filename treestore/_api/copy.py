@@ -25,8 +25,9 @@ from treestore._engine.read import fetch_chunk
 from treestore._engine.threads import default_threads
 from treestore._engine.write import reusable_size
 from treestore._format import layout as _layout
+from treestore._format.columns import encode_any
 from treestore._format.encoding import digest
-from treestore._format.manifest import ChunkRef, Manifest, check_name, encode_manifest
+from treestore._format.manifest import ChunkRef, Manifest, check_name
 from treestore._storage.base import Storage
 from treestore._storage.registry import open_storage
 from treestore.errors import (
@@ -173,7 +174,7 @@ def copy(
         manifest = _read.read_manifest(s, ref, data)
         new = check_name(dst_name or n)
         if new != n:
-            data = encode_manifest(replace(manifest, name=new))
+            data = encode_any(replace(manifest, name=new), manifest.version)  # the source's version
         if _already_there(d, new, digest(data), overwrite):
             continue
         owners = _chunk_owners(manifest)

@@ -40,6 +40,7 @@ from treestore._format.address import (
     key_value,
     parse_address,
 )
+from treestore._format.columns import encode_any
 from treestore._format.commit_record import CommitRecord
 from treestore._format.limits import MAX_DEPTH
 from treestore._format.manifest import (
@@ -49,8 +50,6 @@ from treestore._format.manifest import (
     Piece,
     check_metadata,
     check_name,
-    decode_manifest,
-    encode_manifest,
 )
 from treestore._storage.base import Storage
 from treestore.errors import CheckpointExistsError, InvalidInputError, NoMatchError, TreestoreError
@@ -517,8 +516,7 @@ def _write_derived(
         codec=options.codec.to_record(),
         chunk_size=options.chunk_size,
     )
-    data = encode_manifest(manifest)
-    decode_manifest(data, name)  # the reader's checks, before anything refers to it
+    data = encode_any(manifest)  # the reader's checks, before anything refers to it
     commit(
         storage,
         data,

@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, overload
 
 import numpy as np
@@ -32,14 +32,13 @@ from treestore._format.dtypes import (
     value_from_record,
     value_to_record,
 )
-from treestore._format.encoding import Bad, from_msgpack, to_msgpack
+from treestore._format.encoding import FORMAT_VERSION, Bad, from_msgpack, to_msgpack
 from treestore._format.encoding import count as _count
 from treestore._format.encoding import field as _get
 from treestore._format.limits import (
     CHUNK_SLACK,
     MAX_CHUNK_BYTES,
     MAX_DIM,
-    MAX_GRID_CELLS,
     MAX_MANIFEST_BYTES,
     MAX_NDIM,
     MAX_PIECES,
@@ -52,7 +51,9 @@ from treestore._format.manifest import (
     Piece,
     check_metadata,
     check_shape,
+    check_tiling,
     decode_manifest,
+    encode_manifest,
 )
 from treestore.errors import (
     InvalidInputError,
@@ -143,7 +144,7 @@ class Columns:
     chunk_start: np.ndarray = field(repr=False)  # int64 [n + 1]: leaf i's chunk refs
     shape_start: np.ndarray = field(repr=False)  # int64 [n + 1]: leaf i's dimensions
     leaf_nbytes: np.ndarray = field(repr=False)  # int64 [n]: raw bytes of each leaf
-    version: int = VERSION
+    version: int = VERSION  # the version of the bytes it was decoded from
 
     def __len__(self) -> int:
         return len(self.leaves)
@@ -276,8 +277,9 @@ class Columns:
         )
 
     def to_manifest(self) -> Manifest:
-        """This manifest as a version-1 :class:`Manifest` (its leaves made eagerly); encoding
-        that with ``encode_manifest`` writes a valid version-1 manifest of the same checkpoint."""
+        """This manifest as a :class:`Manifest` (its leaves made eagerly, its ``version`` the one
+        it was decoded from); encoding that with :func:`encode_any` in either version writes a
+        valid manifest of the same checkpoint."""
         return Manifest(
             name=self.name,
             created=self.created,
@@ -287,7 +289,7 @@ class Columns:
             metadata=self.metadata,
             codec=dict(self.codec),
             chunk_size=self.chunk_size,
-            version=1,
+            version=self.version,
         )
 
     def chunk_digests(self) -> set[bytes]:
@@ -535,26 +537,6 @@ def _check_pieces(c: Columns, at: Any) -> None:
                 raise Bad(f"leaf {at(i)}: {exc}") from None
 
 
-def check_tiling(start: np.ndarray, extent: np.ndarray, shape: tuple[int, ...]) -> None:
-    """Boxes (``start`` and ``extent``, int64 arrays of one row per piece) inside ``shape`` whose
-    volumes sum to its volume tile it exactly unless two overlap: count how often each cell of
-    the grid their boundaries span is covered (at most MAX_GRID_CELLS cells); Bad otherwise."""
-    if len(start) == 1 or not shape:
-        return
-    ends = start + extent
-    bounds = [np.unique(np.r_[0, dim, start[:, d], ends[:, d]]) for d, dim in enumerate(shape)]
-    cells = math.prod(len(b) - 1 for b in bounds)
-    if cells > MAX_GRID_CELLS:
-        raise Bad(f"pieces form an irregular grid of {cells} cells, over the limit of {MAX_GRID_CELLS}")
-    cover = np.zeros([len(b) - 1 for b in bounds], np.int32)
-    lo = np.stack([np.searchsorted(b, start[:, d]) for d, b in enumerate(bounds)], 1).tolist()
-    hi = np.stack([np.searchsorted(b, ends[:, d]) for d, b in enumerate(bounds)], 1).tolist()
-    for a, z in zip(lo, hi, strict=True):
-        cover[tuple(map(slice, a, z))] += 1
-    if cover.size and (cover.min() != 1 or cover.max() != 1):
-        raise Bad("pieces overlap or leave holes")
-
-
 # --- records ----------------------------------------------------------------------------------
 def _array(rec: dict[str, Any], key: str) -> np.ndarray:
     data = _get(rec, key, bytes)
@@ -593,7 +575,7 @@ def decode_any(data: bytes, checkpoint: str) -> Columns:
         return _decode_record(rec, checkpoint)
     m = decode_manifest(data, checkpoint)
     try:
-        return columns_from_manifest(m)
+        return replace(columns_from_manifest(m), version=m.version)
     except InvalidInputError as exc:  # a version-1 manifest no version-1 writer writes
         raise ManifestCorruptError(f"{what}: {exc}", checkpoint=checkpoint) from None
 
@@ -682,6 +664,18 @@ def encode_columns(c: Columns) -> bytes:
             checkpoint=c.name,
         )
     return data
+
+
+def encode_any(m: Manifest, version: int = FORMAT_VERSION) -> bytes:
+    """The bytes of manifest ``m`` in format ``version`` (1 or 2), checked as readers check them
+    first: the one encoder every writer (save, derive, copy) uses. InvalidInputError naming the
+    checkpoint when a reader would refuse them."""
+    columns = columns_from_manifest(m)  # the reader's checks, pieces tiling their leaf included
+    if version == VERSION:
+        return encode_columns(columns)
+    if version == 1:
+        return encode_manifest(m)
+    raise InvalidInputError(f"checkpoint {m.name!r}: cannot write format version {version!r}")
 
 
 def _column(values: list[Any], dtype: Any, what: str) -> np.ndarray:
@@ -792,5 +786,6 @@ __all__ = [
     "columns_from_manifest",
     "decode_any",
     "decode_columns",
+    "encode_any",
     "encode_columns",
 ]

@@ -10,7 +10,8 @@ import msgpack
 
 from treestore.errors import ManifestCorruptError, OutOfMemoryError, UnsupportedFormatError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # the version this treestore writes
+NEWEST_VERSION = 2  # the newest version this treestore reads (it reads every version from 1)
 DIGEST_BYTES = 32
 
 
@@ -68,10 +69,10 @@ def check_version(rec: dict[str, Any], magic: str, what: str, checkpoint: str | 
     version = rec.get("version")
     if type(version) is not int:
         raise ManifestCorruptError(f"{what} has no integer version", checkpoint=checkpoint)
-    if version > FORMAT_VERSION or version < 1:
+    if version > NEWEST_VERSION or version < 1:
         raise UnsupportedFormatError(
             f"{what} has format version {version}; this treestore reads versions 1 to "
-            f"{FORMAT_VERSION} — upgrade treestore to read it",
+            f"{NEWEST_VERSION} — upgrade treestore to read it",
             checkpoint=checkpoint,
         )
     return version

@@ -37,7 +37,7 @@ from treestore._format.dtypes import (
     value_from_record,
     value_to_record,
 )
-from treestore._format.encoding import DIGEST_BYTES, FORMAT_VERSION, digest, from_msgpack, to_msgpack
+from treestore._format.encoding import DIGEST_BYTES, digest, from_msgpack, to_msgpack
 from treestore._format.encoding import Bad as _Bad
 from treestore._format.encoding import check_version as _check_version
 from treestore._format.encoding import count as _count
@@ -57,6 +57,7 @@ from treestore._format.limits import (
 from treestore.errors import InvalidInputError, ManifestCorruptError, TreestoreError, UnsupportedFormatError
 
 MANIFEST_MAGIC = "treestore.manifest"
+VERSION = 1  # the layout this module encodes and decodes (version 2: treestore._format.columns)
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=+-]{0,199}\Z")
 
 
@@ -176,7 +177,7 @@ class Manifest:
     metadata: Any = None
     codec: dict[str, Any] = field(default_factory=dict)
     chunk_size: int = 0
-    version: int = FORMAT_VERSION
+    version: int = VERSION  # the version of the bytes it was decoded from
 
     def mismatches(self, ref: CommitRecord) -> list[str]:
         """How a commit record disagrees with this manifest (empty when it describes it)."""
@@ -259,12 +260,13 @@ def check_shape(shape: Sequence[object], itemsize: int) -> tuple[int, ...]:
 
 
 def encode_manifest(m: Manifest) -> bytes:
-    """The manifest's bytes; InvalidInputError when they exceed the MAX_MANIFEST_BYTES readers
-    accept (a save then fails before it writes the manifest)."""
+    """The manifest's bytes in the version-1 layout (whatever ``m.version``); InvalidInputError
+    when they exceed the MAX_MANIFEST_BYTES readers accept (a save then fails before it writes
+    the manifest)."""
     data = to_msgpack(
         {
             "format": MANIFEST_MAGIC,
-            "version": m.version,
+            "version": VERSION,
             "name": m.name,
             "created": m.created,
             "metadata": m.metadata,
@@ -332,23 +334,28 @@ def _pieces(
 
 
 def _check_disjoint(pieces: list[Piece], shape: tuple[int, ...]) -> None:
-    """With volumes summing to the whole, disjoint pieces tile it: count cover on the grid the
-    pieces' boundaries span."""
-    if len(pieces) == 1 or not shape:
+    """With volumes summing to the whole, disjoint pieces tile it (:func:`check_tiling`)."""
+    start = np.array([p.start for p in pieces], np.int64).reshape(len(pieces), len(shape))
+    extent = np.array([p.shape for p in pieces], np.int64).reshape(len(pieces), len(shape))
+    check_tiling(start, extent, shape)
+
+
+def check_tiling(start: np.ndarray, extent: np.ndarray, shape: tuple[int, ...]) -> None:
+    """Boxes (``start`` and ``extent``, int64 arrays of one row per piece) inside ``shape`` whose
+    volumes sum to its volume tile it exactly unless two overlap: count how often each cell of
+    the grid their boundaries span is covered (at most MAX_GRID_CELLS cells); Bad otherwise."""
+    if len(start) == 1 or not shape:
         return
-    bounds = [
-        sorted({0, dim, *(p.start[d] for p in pieces), *(p.start[d] + p.shape[d] for p in pieces)})
-        for d, dim in enumerate(shape)
-    ]
+    ends = start + extent
+    bounds = [np.unique(np.r_[0, dim, start[:, d], ends[:, d]]) for d, dim in enumerate(shape)]
     cells = math.prod(len(b) - 1 for b in bounds)
     if cells > MAX_GRID_CELLS:
-        raise _Bad(f"pieces form an irregular grid of {cells} cells, over the limit")
+        raise _Bad(f"pieces form an irregular grid of {cells} cells, over the limit of {MAX_GRID_CELLS}")
     cover = np.zeros([len(b) - 1 for b in bounds], np.int32)
-    for p in pieces:
-        box = tuple(
-            slice(b.index(a), b.index(a + n)) for b, a, n in zip(bounds, p.start, p.shape, strict=True)
-        )
-        cover[box] += 1
+    lo = np.stack([np.searchsorted(b, start[:, d]) for d, b in enumerate(bounds)], 1).tolist()
+    hi = np.stack([np.searchsorted(b, ends[:, d]) for d, b in enumerate(bounds)], 1).tolist()
+    for a, z in zip(lo, hi, strict=True):
+        cover[tuple(map(slice, a, z))] += 1
     if cover.size and (cover.min() != 1 or cover.max() != 1):
         raise _Bad("pieces overlap or leave holes")
 
@@ -468,6 +475,8 @@ def decode_manifest(data: bytes, checkpoint: str) -> Manifest:
     rec = from_msgpack(data, what, checkpoint)
     version = _check_version(rec, MANIFEST_MAGIC, what, checkpoint)
     try:
+        if version != VERSION:
+            raise _Bad(f"it is a version-{version} manifest, not the version-1 layout this decodes")
         packs = tuple(_chunk(p, 0) for p in _get(rec, "packs", list))
         leaves = tuple(_leaf(x, packs) for x in _get(rec, "leaves", list))
         addresses = [leaf.address for leaf in leaves]
