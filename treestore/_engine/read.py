@@ -15,7 +15,7 @@ import numpy as np
 
 from treestore._format import layout as _layout
 from treestore._format.codecs import decode_into
-from treestore._format.columns import decode_any
+from treestore._format.columns import decode_any_manifest
 from treestore._format.commit_record import CommitRecord, decode_commit_record
 from treestore._format.encoding import digest
 from treestore._format.limits import CHUNK_SLACK, MAX_MANIFEST_BYTES, MAX_RECORD_BYTES
@@ -193,8 +193,8 @@ def read_manifest_bytes(storage: Storage, record: CommitRecord) -> bytes:
 def read_manifest(storage: Storage, record: CommitRecord, data: bytes | None = None) -> Manifest:
     """The verified, decoded manifest of a commit record, of either format version (``data``:
     its bytes, if already read with :func:`read_manifest_bytes`)."""
-    columns = decode_any(data if data is not None else read_manifest_bytes(storage, record), record.name)
-    manifest = columns.to_manifest()
+    data = data if data is not None else read_manifest_bytes(storage, record)
+    manifest = decode_any_manifest(data, record.name)
     differences = manifest.mismatches(record)
     if differences:
         raise ManifestCorruptError(

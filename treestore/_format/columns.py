@@ -52,8 +52,8 @@ from treestore._format.manifest import (
     check_metadata,
     check_shape,
     check_tiling,
-    decode_manifest,
     encode_manifest,
+    manifest_from_record,
 )
 from treestore.errors import (
     InvalidInputError,
@@ -565,17 +565,29 @@ def decode_columns(data: bytes, checkpoint: str) -> Columns:
 
 
 def decode_any(data: bytes, checkpoint: str) -> Columns:
-    """A manifest of either version as :class:`Columns`: version 1 through ``decode_manifest``
-    and :func:`columns_from_manifest`, version 2 through :func:`decode_columns`."""
+    """A manifest of either version as :class:`Columns`, validated as readers validate it."""
+    return _decoded(data, checkpoint)[1]
+
+
+def decode_any_manifest(data: bytes, checkpoint: str) -> Manifest:
+    """A manifest of either version as a :class:`Manifest` — what readers use — validated as
+    :func:`decode_any` validates it (a version-1 manifest is decoded once, not converted back)."""
+    manifest, columns = _decoded(data, checkpoint)
+    return manifest if manifest is not None else columns.to_manifest()
+
+
+def _decoded(data: bytes, checkpoint: str) -> tuple[Manifest | None, Columns]:
+    """Decode either version once: a version-1 manifest (and its columns, which check it the way
+    a version-2 reader would), or a version-2 manifest's columns (and None)."""
     what = f"manifest of checkpoint {checkpoint!r}"
     if len(data) > MAX_MANIFEST_BYTES:
         raise ManifestCorruptError(f"{what} is over its size limit", checkpoint=checkpoint)
     rec = from_msgpack(data, what, checkpoint)
     if rec.get("version") == VERSION and type(rec.get("version")) is int:
-        return _decode_record(rec, checkpoint)
-    m = decode_manifest(data, checkpoint)
+        return None, _decode_record(rec, checkpoint)
+    m = manifest_from_record(rec, checkpoint)
     try:
-        return replace(columns_from_manifest(m), version=m.version)
+        return m, replace(columns_from_manifest(m), version=m.version)
     except InvalidInputError as exc:  # a version-1 manifest no version-1 writer writes
         raise ManifestCorruptError(f"{what}: {exc}", checkpoint=checkpoint) from None
 
@@ -785,6 +797,7 @@ __all__ = [
     "check_tiling",
     "columns_from_manifest",
     "decode_any",
+    "decode_any_manifest",
     "decode_columns",
     "encode_any",
     "encode_columns",

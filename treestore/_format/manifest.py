@@ -472,7 +472,12 @@ def decode_manifest(data: bytes, checkpoint: str) -> Manifest:
     what = f"manifest of checkpoint {checkpoint!r}"
     if len(data) > MAX_MANIFEST_BYTES:
         raise ManifestCorruptError(f"{what} is over its size limit", checkpoint=checkpoint)
-    rec = from_msgpack(data, what, checkpoint)
+    return manifest_from_record(from_msgpack(data, what, checkpoint), checkpoint)
+
+
+def manifest_from_record(rec: dict[str, Any], checkpoint: str) -> Manifest:
+    """A version-1 manifest from its decoded msgpack map (see :func:`decode_manifest`)."""
+    what = f"manifest of checkpoint {checkpoint!r}"
     version = _check_version(rec, MANIFEST_MAGIC, what, checkpoint)
     try:
         if version != VERSION:
