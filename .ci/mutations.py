@@ -111,9 +111,12 @@ MUTATIONS: list[Mutation] = [
     m(
         "pack slice digest check removed",
         "treestore/_engine/read.py",
-        "if digest(part) != c.digest:",
-        "if False:",
-        ["tests/attacks/test_foreign_chunks.py::test_packed_leaf_pointing_at_its_neighbours_bytes"],
+        "return part if part.nbytes == size and digest(part) == chunk_digest else None",
+        "return part",
+        [
+            "tests/attacks/test_foreign_chunks.py::test_packed_leaf_pointing_at_its_neighbours_bytes",
+            "tests/test_integrity.py::test_pack_member_whose_digest_lies",
+        ],
         "a packed leaf reads its neighbour's bytes",
     ),
     m(
@@ -182,13 +185,21 @@ MUTATIONS: list[Mutation] = [
         [f"{FUZZ}::test_manifest_with_one_field_replaced", f"{FUZZ}::test_decoders_of_arbitrary_msgpack"],
         "a TypeError escapes the manifest decoder (the fuzzers reach past the envelope)",
     ),
-    m(
-        "key record range check removed",
+    Mutation(
+        "key index range checks removed",
         "treestore/_format/address.py",
-        'if kind == "seq" and type(value) is int and 0 <= value < MAX_INDEX:',
-        'if kind == "seq" and type(value) is int:',
-        [f"{ADDRESSES}::test_key_records_with_indices_beyond_32_bits"],
-        "jax's TypeError escapes for a key index beyond 32 bits",
+        (
+            (
+                'if kind == "seq" and type(value) is int and 0 <= value < MAX_INDEX:',
+                'if kind == "seq" and type(value) is int:',
+            ),
+            (
+                "if isinstance(key, SequenceKey) and type(key.idx) is int and 0 <= key.idx < MAX_INDEX:",
+                "if isinstance(key, SequenceKey) and type(key.idx) is int:",
+            ),
+        ),
+        (f"{ADDRESSES}::test_key_records_with_indices_beyond_32_bits",),
+        "a key index beyond 32 bits is decoded (key record) and formatted (segment) unchecked",
     ),
     # --- address canonicality ------------------------------------------------------------------
     m(

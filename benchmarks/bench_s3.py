@@ -11,6 +11,9 @@ fp32 tree (``benchmarks.trees.gpt2_small``, about 498 MB) and measures, median o
   planes, a bounded thread pool of requests), and the ratio to raw s3fs (target: at least 0.8x);
 * a one-leaf partial load, ``np.asarray(treestore.open(url)["wte"])``: every read request is
   counted, and the bytes requested are compared with the stored bytes of that leaf's chunks;
+* an incremental save (first run only): the tree with one leaf changed (``h/0/mlp/c_fc/w``), saved
+  trusting the previous checkpoint's chunks (the default) and with ``trust_previous=False``; the
+  chunk requests each sent (``SaveResult``: existence checks, reuse reads, writes) and its time;
 * orbax ``StandardCheckpointer`` to the same ``s3://`` bucket, if it can target it (tried in a
   subprocess with a time limit; the table says why not otherwise).
 
@@ -45,6 +48,7 @@ from . import trees as T
 MB = 1e6
 TARGET = 0.8
 LEAF = "wte"
+CHANGED = ("h", "0", "mlp", "c_fc", "w")  # the leaf an incremental save changes
 
 
 def log(*args: Any) -> None:
@@ -58,6 +62,26 @@ def build_tree(name: str) -> dict[str, Any]:
     keep = {"gpt2-half": 6, "gpt2-quarter": 2}[name]  # transformer blocks kept (wte, wpe stay)
     tree["h"] = {k: v for k, v in tree["h"].items() if int(k) < keep}
     return tree
+
+
+def with_changed_leaf(tree: dict[str, Any], delta: float) -> dict[str, Any]:
+    """``tree`` with the leaf at ``CHANGED`` shifted by ``delta`` (the dicts on its path copied)."""
+
+    def replaced(node: Any, path: tuple[str, ...]) -> Any:
+        if not path:
+            return node + np.float32(delta)
+        return {**node, path[0]: replaced(node[path[0]], path[1:])}
+
+    out: dict[str, Any] = replaced(tree, CHANGED)
+    return out
+
+
+def requests_text(r: treestore.types.SaveResult) -> str:
+    total = r.chunks_written + r.chunks_reused
+    return (
+        f"{r.chunk_requests} chunk requests ({r.existence_checks} HEAD, {r.reuse_reads} GET, "
+        f"{r.chunks_written} PUT; {r.chunks_known} of {total} chunks known)"
+    )
 
 
 def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
@@ -150,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
 
     samples: dict[str, list[float]] = {k: [] for k in ("raw_save", "raw_load", "ts_save", "ts_load", "one")}
     partial: dict[str, Any] = {}
+    incremental: dict[str, Any] = {}
     stored_total = 0
     with servers.moto_s3_server() as backend:
         opts = backend.storage_options
@@ -182,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
             del loaded
 
             with RequestCounter() as counter:
-                ckpt = treestore.open(url, "ckpt", **opts)
+                ckpt = treestore.open(url, "ckpt", storage_options=opts)
                 before = len(counter.requests)
                 dt, leaf = timed(lambda: np.asarray(ckpt[LEAF]))  # noqa: B023
             samples["one"].append(dt)
@@ -206,6 +231,16 @@ def main(argv: list[str] | None = None) -> int:
                 f"treestore {samples['ts_save'][-1]:.2f}/{samples['ts_load'][-1]:.2f} s "
                 f"({result.chunks_written} chunks), one leaf {samples['one'][-1]:.2f} s"
             )
+            if run == 0:
+                incremental["first"] = result
+                step = with_changed_leaf(tree, 1.0)
+                incremental["trusted"] = timed(lambda: store.save(step, "step-trusted"))  # noqa: B023
+                step = with_changed_leaf(tree, 2.0)
+                incremental["checked"] = timed(
+                    lambda: store.save(step, "step-checked", trust_previous=False)  # noqa: B023
+                )
+                del step
+                log(f"incremental saves: {incremental['trusted'][0]:.2f} / {incremental['checked'][0]:.2f} s")
             fs.rm(url, recursive=True)
         orbax_line = "skipped (--no-orbax)"
         if not args.no_orbax:
@@ -243,6 +278,21 @@ def main(argv: list[str] | None = None) -> int:
         f"{p['stored'] / MB:.1f} MB (+{p['setup_requests']} GETs to open: commit record, manifest) | "
         f"{p['returned'] / nbytes:.0%} of the tree read | reads only that leaf's chunks | "
         f"{met(only_leaf)} |"
+    )
+    (dt_t, trusted), (dt_c, checked) = incremental["trusted"], incremental["checked"]
+    proportional = trusted.reuse_reads == 0 and trusted.existence_checks == trusted.chunks_written
+    print(
+        f"| first save: requests | — | {requests_text(incremental['first'])} | — | "
+        "a HEAD and a PUT per chunk | — |"
+    )
+    print(
+        f"| incremental save, `{'/'.join(CHANGED)}` changed (default: previous checkpoint trusted) | — | "
+        f"{dt_t:.2f} s; {requests_text(trusted)} | — | requests only for changed chunks | "
+        f"{met(proportional)} |"
+    )
+    print(
+        f"| incremental save, `trust_previous=False` | — | {dt_c:.2f} s; {requests_text(checked)} | — | "
+        "— | — |"
     )
     print(f"| orbax StandardCheckpointer to s3:// | — | {orbax_line} | — | — | — |")
     return 0

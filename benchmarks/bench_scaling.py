@@ -1,59 +1,56 @@
-"""Manifest scaling: version-1 manifests against version-2 (columnar) ones, beside safetensors.
+"""Many leaves: treestore's public API beside safetensors, from 1k to 1M leaves and for leaves in pieces.
 
-    python -m benchmarks.bench_scaling [--full] [--runs 5]
+    python -m benchmarks.bench_scaling [--full] [--runs 3] [--sizes N ...] [--pieces]
 
-Trees of 1k, 10k and 100k leaves (1M with ``--full``), each a float32[16] array (64 bytes), in
-dicts of 100. Each tree is saved once with treestore into a ``memory://`` store and its version-1
-manifest read back; then, medians of ``--runs``:
+Each tree is a set of float32[16] leaves (64 bytes) in dicts of 100; ``--full`` adds 1M leaves
+and 10k leaves × 64 pieces (``--pieces`` adds 1k × 64 pieces alone). A row is measured in a
+fresh process (so its peak memory is its own), on a local temporary store, medians of
+``--runs``:
 
-* v1 / v2 encode and decode: ``encode_manifest`` / ``decode_manifest`` against ``encode_columns``
-  / ``decode_columns`` (decoding includes all validation); bytes per leaf of each encoding; peak
-  memory of one decode (tracemalloc, a separate untimed run);
-* v1→v2: ``columns_from_manifest``, the bridge today's writer would use (phase 1 only);
-* v2 open+leaf: decode, find one leaf by address, make its leaf entry;
-* v2 diff: decode two manifests (1% of the leaves changed), match leaves by address
-  (``Columns.match``) and compare them all (``Columns.same_leaves``);
-* ts save / load / open+leaf / diff: the whole of ``treestore.save`` (a new name each run, every
-  chunk already stored after the first), ``load``, ``open`` + ``np.asarray`` of one leaf, and a
-  manifest-only ``diff`` of two checkpoints (1% of leaves changed), on a local temporary store;
-* safetensors, same tree flattened to ``g0.w0`` keys, on a local temporary file: ``save_file``,
-  ``load_file``, and ``safe_open`` + ``get_tensor`` of one tensor.
+* save: ``treestore.save`` of the tree under a new name (every chunk already stored after the
+  first run, so this is the per-leaf cost) / safetensors ``save_file`` of the same leaves flattened
+  to ``g0.w0`` keys;
+* load: ``treestore.load`` / ``load_file``;
+* open + one leaf: ``treestore.open`` + ``np.asarray`` of its last leaf / ``safe_open`` +
+  ``get_tensor``;
+* diff: ``treestore.diff`` of two checkpoints of the tree with 1% of the leaves changed (only
+  manifests are read);
+* manifest bytes per leaf, and the process's peak resident memory (the whole row).
 
-Issue 13's targets at 100k leaves: save and load ≤ 1.5× safetensors, open + one leaf ≤ 2×
-safetensors' safe_open + get_tensor, manifest-only diff ≤ 100 ms, 1M leaves within 2 GB. This table
-measures the manifest's share of those and the whole operations through the public API.
+Pieces: each leaf is a float32[64, 4] ``jax.Array`` sharded over 64 CPU devices (one piece per
+device, 16 bytes each) — the manifest cost of a sharded checkpoint, not its bytes. safetensors
+cannot store a sharded array: its column holds the gathered arrays.
+
+Issue 13's targets at 100k leaves: save and load ≤ 1.5× safetensors, open + one leaf ≤ 2×,
+manifest-only diff ≤ 100 ms; 1M leaves within 2 GB.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
+import resource
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
-import tracemalloc
-import uuid
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-from safetensors import safe_open
-from safetensors.numpy import load_file, save_file
-
-import treestore
-from treestore._format.columns import columns_from_manifest, decode_columns, encode_columns
-from treestore._format.manifest import Manifest, decode_manifest, encode_manifest
-
 GROUP = 100
+PIECES = 64
 
 
 def log(*a: object) -> None:
     print(*a, file=sys.stderr, flush=True)
 
 
-def make_tree(n: int, changed: float = 0.0) -> dict[str, dict[str, np.ndarray]]:
+def make_tree(n: int, changed: float = 0.0) -> dict[str, dict[str, Any]]:
+    import numpy as np
+
     rng = np.random.default_rng(0)
     tree = {
         f"g{i}": {f"w{j}": np.full(16, i * GROUP + j, np.float32) for j in range(min(GROUP, n - i * GROUP))}
@@ -64,10 +61,18 @@ def make_tree(n: int, changed: float = 0.0) -> dict[str, dict[str, np.ndarray]]:
     return tree
 
 
-def saved(tree: Any) -> Manifest:
-    url = f"memory://bench-scaling/{uuid.uuid4().hex}"
-    treestore.save(url, tree, "ckpt")
-    return treestore.Store(url).manifest("ckpt")
+def sharded(tree: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each leaf as a float32[64, 4] array sharded over every device along its first axis."""
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    mesh = Mesh(np.array(jax.devices()), ("x",))
+    spec = NamedSharding(mesh, PartitionSpec("x"))
+    return {
+        g: {k: jax.device_put(np.resize(v, (PIECES, 4)), spec) for k, v in leaves.items()}
+        for g, leaves in tree.items()
+    }
 
 
 def median_ms(fn: Callable[[], object], runs: int) -> float:
@@ -80,68 +85,36 @@ def median_ms(fn: Callable[[], object], runs: int) -> float:
     return statistics.median(times) * 1e3
 
 
-def peak_mib(fn: Callable[[], object]) -> float:
-    gc.collect()
-    tracemalloc.start()
-    try:
-        fn()
-        return tracemalloc.get_traced_memory()[1] / 2**20
-    finally:
-        tracemalloc.stop()
+def measure(n: int, runs: int, pieces: bool, tmp: str) -> dict[str, Any]:
+    """One row, in this process."""
+    import numpy as np
+    from safetensors import safe_open
+    from safetensors.numpy import load_file, save_file
 
+    import treestore
+    from treestore._engine.read import read_commit_record
 
-def diff_v2(a: bytes, b: bytes) -> int:
-    x, y = decode_columns(a, "a"), decode_columns(b, "b")
-    ia, ib = x.match(y)
-    return int(np.count_nonzero(~x.same_leaves(ia, y, ib)))
-
-
-def open_leaf(data: bytes, address: str) -> object:
-    c = decode_columns(data, "ckpt")
-    i = c.find(address)
-    assert i is not None
-    return c.leaf(i)
-
-
-def measure(n: int, runs: int, tmp: str) -> dict[str, float]:
-    log(f"{n} leaves: saving")
-    tree = make_tree(n)
-    m = saved(tree)
-    other = saved(make_tree(n, changed=0.01))
-    v1 = encode_manifest(m)
-    columns = columns_from_manifest(m)
-    v2 = encode_columns(columns)
-    v2_other = encode_columns(columns_from_manifest(other))
+    tree, other = make_tree(n), make_tree(n, changed=0.01)
+    if pieces:
+        tree, other = sharded(tree), sharded(other)
     address = f"g{(n - 1) // GROUP}/w{(n - 1) % GROUP}"
-    changed = diff_v2(v2, v2_other)
-    assert changed == int(n * 0.01), changed
-    flat = {f"{g}.{k}": v for g, leaves in tree.items() for k, v in leaves.items()}
-    path = os.path.join(tmp, f"{n}.safetensors")
-    key = address.replace("/", ".")
-    row: dict[str, float] = {"leaves": n}
-    log(f"{n} leaves: version 1")
-    row["v1 enc"] = median_ms(lambda: encode_manifest(m), runs)
-    row["v1 dec"] = median_ms(lambda: decode_manifest(v1, "ckpt"), runs)
-    row["v1 B/leaf"] = len(v1) / n
-    row["v1 peak"] = peak_mib(lambda: decode_manifest(v1, "ckpt"))
-    log(f"{n} leaves: version 2")
-    row["v1→v2"] = median_ms(lambda: columns_from_manifest(m), runs)
-    row["v2 enc"] = median_ms(lambda: encode_columns(columns), runs)
-    row["v2 dec"] = median_ms(lambda: decode_columns(v2, "ckpt"), runs)
-    row["v2 B/leaf"] = len(v2) / n
-    row["v2 peak"] = peak_mib(lambda: decode_columns(v2, "ckpt"))
-    row["v2 open+leaf"] = median_ms(lambda: open_leaf(v2, address), runs)
-    row["v2 diff"] = median_ms(lambda: diff_v2(v2, v2_other), runs)
-    log(f"{n} leaves: treestore, through the public API (local store, format version 2)")
-    url = os.path.join(tmp, f"{n}.store")
+    url = os.path.join(tmp, "store")
+    row: dict[str, Any] = {"leaves": f"{n:,}" + (f" × {PIECES} pieces" if pieces else "")}
+    log(f"{row['leaves']}: treestore")
+    treestore.save(url, tree, "a")
+    treestore.save(url, other, "b")
     names = iter(range(10**9))
     row["ts save"] = median_ms(lambda: treestore.save(url, tree, f"s{next(names)}"), runs)
-    treestore.save(url, tree, "a")
-    treestore.save(url, make_tree(n, changed=0.01), "b")
     row["ts load"] = median_ms(lambda: treestore.load(url, "a"), runs)
     row["ts open+leaf"] = median_ms(lambda: np.asarray(treestore.open(url, "a")[address]), runs)
     row["ts diff"] = median_ms(lambda: treestore.diff(f"{url}#a", f"{url}#b"), runs)
-    log(f"{n} leaves: safetensors")
+    changed = len(treestore.diff(f"{url}#a", f"{url}#b"))
+    assert changed == int(n * 0.01), changed
+    row["B/leaf"] = read_commit_record(treestore.Store(url).storage, "a").manifest_size / n
+    log(f"{row['leaves']}: safetensors")
+    flat = {f"{g}.{k}": np.asarray(v) for g, leaves in tree.items() for k, v in leaves.items()}
+    path = os.path.join(tmp, "st.safetensors")
+    key = address.replace("/", ".")
     row["st save"] = median_ms(lambda: save_file(flat, path), runs)
     row["st load"] = median_ms(lambda: load_file(path), runs)
 
@@ -150,35 +123,79 @@ def measure(n: int, runs: int, tmp: str) -> dict[str, float]:
             return f.get_tensor(key)
 
     row["st open+get"] = median_ms(one, runs)
-    os.remove(path)
+    row["peak MiB"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return row
 
 
-UNITS = {"B/leaf": "{:.0f}", "peak": "{:.1f} MiB", "leaves": "{:,.0f}"}
+def ratio(a: float, b: float) -> str:
+    return f"{a / b:.2f}×" if b else "-"
 
 
-def table(rows: list[dict[str, float]]) -> str:
-    heads = list(rows[0])
-    out = ["| " + " | ".join(heads) + " |", "|" + "---:|" * len(heads)]
-    for row in rows:
-        cells = []
-        for h in heads:
-            unit = next((f for suffix, f in UNITS.items() if h.endswith(suffix)), "{:.1f} ms")
-            cells.append(unit.format(row[h]))
-        out.append("| " + " | ".join(cells) + " |")
+def table(rows: list[dict[str, Any]]) -> str:
+    head = [
+        "leaves",
+        "save ts / st",
+        "ratio",
+        "load ts / st",
+        "ratio",
+        "open + one leaf ts / st",
+        "ratio",
+        "manifest-only diff",
+        "manifest B/leaf",
+        "peak RSS",
+    ]
+    out = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
+    for r in rows:
+        out.append(
+            "| "
+            + " | ".join(
+                [
+                    r["leaves"],
+                    f"{r['ts save']:.1f} / {r['st save']:.1f} ms",
+                    ratio(r["ts save"], r["st save"]),
+                    f"{r['ts load']:.1f} / {r['st load']:.1f} ms",
+                    ratio(r["ts load"], r["st load"]),
+                    f"{r['ts open+leaf']:.1f} / {r['st open+get']:.1f} ms",
+                    ratio(r["ts open+leaf"], r["st open+get"]),
+                    f"{r['ts diff']:.1f} ms",
+                    f"{r['B/leaf']:.0f}",
+                    f"{r['peak MiB']:.0f} MiB",
+                ]
+            )
+            + " |"
+        )
     return "\n".join(out)
+
+
+def run_row(n: int, runs: int, pieces: bool) -> dict[str, Any]:
+    """One row in a fresh process (with 64 CPU devices for a row of pieces)."""
+    env = dict(os.environ)
+    if pieces:
+        env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={PIECES}"
+    cmd = [sys.executable, "-m", "benchmarks.bench_scaling", "--row", str(n), "--runs", str(runs)]
+    done = subprocess.run(cmd + (["--pieces"] if pieces else []), env=env, stdout=subprocess.PIPE, check=True)
+    return json.loads(done.stdout)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_scaling")
-    ap.add_argument("--full", action="store_true", help="also 1M leaves")
-    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--full", action="store_true", help="also 1M leaves and 10k leaves × 64 pieces")
+    ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--sizes", type=int, nargs="*", help="leaf counts (overrides the defaults)")
+    ap.add_argument("--pieces", action="store_true", help="add (or, with --row, measure) leaves in pieces")
+    ap.add_argument("--row", type=int, help=argparse.SUPPRESS)  # measure one row here, print JSON
     args = ap.parse_args(argv)
+    if args.row is not None:
+        with tempfile.TemporaryDirectory(prefix="bench-scaling-") as tmp:
+            print(json.dumps(measure(args.row, args.runs, args.pieces, tmp)))
+        return 0
     sizes = args.sizes or [1_000, 10_000, 100_000] + ([1_000_000] if args.full else [])
-    with tempfile.TemporaryDirectory(prefix="bench-scaling-") as tmp:
-        rows = [measure(n, args.runs, tmp) for n in sizes]
-    print(f"Manifest scaling, {args.runs} runs (medians), float32[16] leaves in dicts of {GROUP}:\n")
+    rows = [run_row(n, args.runs, False) for n in sizes]
+    if args.full:
+        rows.append(run_row(10_000, args.runs, True))
+    elif args.pieces:
+        rows.append(run_row(1_000, args.runs, True))
+    print(f"Many leaves, {args.runs} runs (medians), float32[16] leaves in dicts of {GROUP}, local store:\n")
     print(table(rows))
     return 0
 

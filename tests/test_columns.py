@@ -260,6 +260,32 @@ def test_same_leaves_agrees_with_leaf_digests():
     assert same.any() and not same.all()
 
 
+def test_same_leaves_agrees_with_leaf_digests_for_pieces():
+    """Leaves saved in pieces are compared column-wise too: equal exactly when their digests
+    (dtype, shape, and each piece's box and chunk refs) are."""
+
+    def ref(*seed: object) -> ChunkRef:
+        return ChunkRef(digest_of(seed), 24, 30)  # one row of a float32[4, 6] leaf
+
+    def leaf(*pieces: Piece) -> LeafEntry:
+        chunks = tuple(c for p in pieces for c in p.chunks)
+        return LeafEntry("x", "numpy", "float32", (4, 6), chunks, pieces=pieces)
+
+    c = [ref(j) for j in range(4)]
+    variants = [
+        leaf(Piece((0, 0), (2, 6), (c[0], c[1])), Piece((2, 0), (2, 6), (c[2], c[3]))),
+        leaf(Piece((0, 0), (1, 6), (c[0],)), Piece((1, 0), (3, 6), (c[1], c[2], c[3]))),  # resplit
+        leaf(Piece((0, 0), (4, 3), (c[0], c[1])), Piece((0, 3), (4, 3), (c[2], c[3]))),  # other boxes
+        leaf(Piece((0, 0), (2, 6), (c[0], c[1])), Piece((2, 0), (2, 6), (c[2], ref(9)))),  # other bytes
+        leaf(Piece((0, 0), (2, 6), (c[0], c[1])), Piece((2, 0), (2, 6), (c[2], c[3]))),  # the first
+    ]
+    made = [columns_from_manifest(hand(v)) for v in variants]
+    for x, a in zip(variants, made, strict=True):
+        for y, b in zip(variants, made, strict=True):
+            assert a.same_leaves(np.array([0]), b, np.array([0])).tolist() == [x.digest == y.digest]
+    assert variants[0].digest == variants[4].digest != variants[1].digest
+
+
 def test_match_pairs_leaves_by_address():
     a = columns_from_manifest(saved({"a": 1, "b": {"c": 2, "d": 3}}))
     b = columns_from_manifest(saved({"b": {"e": 5, "d": 4}, "a": 1}))

@@ -67,6 +67,15 @@ def test_swap_head_writes_only_the_new_chunks(local):
     assert store.open("swapped").metadata == {"step": 100}  # the base's metadata, by default
 
 
+def test_a_new_leaf_equal_to_a_base_chunk_costs_no_request(local):
+    """The base's chunks are read under the derive's lock, so a new leaf whose chunk the base
+    already holds is referenced without an existence check (and reported as known)."""
+    store, _ = local
+    r = store.derive("base", "copied", set={"extra": ENC["w"].copy()})
+    assert (r.chunks_known, r.chunks_written, r.existence_checks, r.known_from) == (1, 0, 0, "base")
+    assert_tree_equal(store.load("copied")["extra"], ENC["w"])
+
+
 def test_drop_optimizer_state_writes_no_chunk(local):
     store, root = local
     before, manifests = chunk_files(root), objects(root, "manifests")

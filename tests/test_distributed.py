@@ -28,7 +28,8 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run_job(store: str, mode: str, processes: int = 2) -> None:
+def run_job(store: str, mode: str, processes: int = 2) -> list[str]:
+    """Run the worker's ``mode`` in a job of ``processes`` processes; each one's output."""
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("XLA_FLAGS", None)
@@ -54,6 +55,7 @@ def run_job(store: str, mode: str, processes: int = 2) -> None:
                 p.wait()
     for i, (p, out) in enumerate(zip(procs, outputs, strict=True)):
         assert p.returncode == 0 and f"OK {i}" in out, f"process {i} failed:\n{out[-3000:]}"
+    return outputs
 
 
 @pytest.mark.timeout(400)
@@ -93,3 +95,13 @@ def test_a_failing_process_means_no_commit(tmp_path):
     s = treestore.Store(store)
     assert [c.name for c in s.list()] == ["earlier"]
     assert np.array_equal(s.load("earlier")["earlier"], np.arange(10))
+
+
+@pytest.mark.timeout(400)
+def test_a_process_that_never_saves_is_named_when_the_barrier_times_out(tmp_path):
+    store = str(tmp_path / "store")
+    outputs = run_job(store, "absent")
+    assert "raised BarrierTimeoutError: multi-process save of checkpoint 'absent'" in outputs[0]
+    assert "step 'written': process 1 (of 2) did not arrive within 3 s" in outputs[0], outputs[0][-3000:]
+    s = treestore.Store(store)
+    assert s.list() == [] and s.storage.list("locks") == []

@@ -227,3 +227,27 @@ def test_chunk_of_another_checkpoint_is_caught(saved):
     s.write(mine, [s.read(other)])
     with pytest.raises(treestore.errors.ChunkCorruptError, match="layer/w"):
         treestore.load(saved, "ckpt")
+
+
+@pytest.mark.parametrize("member", [0, 2])
+def test_pack_member_whose_digest_lies(store_url, member):
+    """A manifest whose pack is intact but one member's digest differs from the member's bytes
+    (a hostile writer's): a whole load, a selected load and a lazy read refuse that leaf, naming
+    it, and the other members still load."""
+    tree = {f"p{i}": np.full(4, i, np.float32) for i in range(3)}
+    treestore.save(store_url, tree, "ckpt")
+    rec = hostile.manifest_record(store_url, "ckpt")
+    entry = next(e for e in rec["leaves"] if e["address"] == f"p{member}")
+    assert entry["chunks"][0][3] == 0  # packed
+    entry["chunks"][0][0] = b"\x01" * 32
+    hostile.write_manifest(store_url, "ckpt", rec)
+    for read in (
+        lambda: treestore.load(store_url),
+        lambda: treestore.load(store_url, select=f"p{member}"),
+        lambda: np.asarray(treestore.open(store_url)[f"p{member}"]),
+    ):
+        with pytest.raises(treestore.errors.ChunkCorruptError, match=f"p{member}: chunk 0101") as info:
+            read()
+        assert info.value.address == f"p{member}" and info.value.checkpoint == "ckpt"
+    other = f"p{2 - member}"
+    assert treestore.load(store_url, select=other)[other].tolist() == [2 - member] * 4

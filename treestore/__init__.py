@@ -19,9 +19,10 @@ from treestore._api.store import Store, diff, load, open, save
 from treestore._api.verify import verify
 from treestore._api.watch import watch
 from treestore._engine.write import SaveOptions
-from treestore._format.address import format_address, parse_address
+from treestore._format.address import format_address
 from treestore._format.codecs import Codec
 from treestore._format.encoding import FORMAT_VERSION
+from treestore._tree.keys import parse_address
 from treestore.errors import (
     CorruptionError,
     InvalidInputError,

@@ -106,3 +106,17 @@ class StorageError(TreestoreError, OSError):
 
 class StoreBusyError(StorageError):
     """Another process holds the store for a conflicting operation (a save during gc)."""
+
+
+class BarrierTimeoutError(StorageError, TimeoutError):
+    """A multi-process save gave up waiting for other processes of its job (SPEC.md, section 3.4).
+
+    ``missing`` holds the indices of the processes that did not arrive (empty when this process
+    was the late one). The primary commits only after every process has arrived, so nothing is
+    committed, except when a process stops waiting for the primary's outcome: the message then
+    says that the primary may still commit.
+    """
+
+    def __init__(self, message: str, *, missing: Sequence[int] = (), checkpoint: str | None = None) -> None:
+        self.missing = tuple(missing)
+        super().__init__(message, checkpoint=checkpoint)

@@ -4,6 +4,8 @@ usage: distributed_worker.py PORT PROCESS_ID NUM_PROCESSES STORE MODE
 MODE "save": build the global arrays on a (processes x 2) mesh and save them as "dist".
 MODE "load": restore "dist" onto a mesh with another partition spec and check every shard.
 MODE "fail": like save (as "broken"), but process 1's chunk writes fail: every process must raise.
+MODE "absent": process 0 saves "absent" with a 3 s barrier timeout and process 1 never does: process
+0 must raise BarrierTimeoutError naming process 1.
 Prints "OK <process id>" on success.
 """
 
@@ -38,14 +40,31 @@ def main() -> None:
 
     values = expected()
     devices = np.array(jax.devices()).reshape(int(nproc), -1)
-    if mode in ("save", "fail"):
+    if mode in ("save", "fail", "absent"):
         mesh = Mesh(devices, ("x", "y"))
         specs = {"w": P("x", "y"), "v": P(("x", "y")), "r": P()}
     else:
         mesh = Mesh(devices.T, ("x", "y"))  # another device order
         specs = {"w": P("y", None), "v": P(), "r": P("x")}
     shardings = {k: NamedSharding(mesh, specs[k]) for k in values}
-    if mode in ("save", "fail"):
+    if mode == "absent":
+        from jax._src import distributed
+
+        if pid == "0":
+            os.environ["TREESTORE_BARRIER_TIMEOUT"] = "3"
+            tree = {
+                k: jax.make_array_from_callback(v.shape, shardings[k], lambda idx, v=v: v[idx])
+                for k, v in values.items()
+            }
+            try:
+                treestore.save(store, tree, "absent")
+            except treestore.errors.BarrierTimeoutError as exc:
+                assert exc.missing == (1,), exc.missing
+                print(f"raised {type(exc).__name__}: {exc}", flush=True)
+            else:
+                raise SystemExit("the save did not time out")
+        distributed.global_state.client.wait_at_barrier("test-absent-done", 120_000)
+    elif mode in ("save", "fail"):
         tree = {
             k: jax.make_array_from_callback(v.shape, shardings[k], lambda idx, v=v: v[idx])
             for k, v in values.items()

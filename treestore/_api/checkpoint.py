@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Collection, Iterator
 from glob import escape as glob_escape
 from typing import Any
 
@@ -12,6 +14,7 @@ from treestore._engine import read as _read
 from treestore._engine import region as _region
 from treestore._format import select as _select
 from treestore._format.codecs import stored_codec
+from treestore._format.columns import Columns
 from treestore._format.dtypes import dtype_from_name
 from treestore._format.manifest import LeafEntry, Manifest
 from treestore._storage.base import Storage
@@ -70,7 +73,7 @@ class LazyLeaf:
         if self.packed:
             return "-"
         sizes = [(c.raw_size, c.stored_size) for c in self.entry.chunks]
-        return stored_codec(sizes, self.dtype, self.reader.manifest.codec)
+        return stored_codec(sizes, self.dtype, self.reader.codec)
 
     def __len__(self) -> int:
         if not self.shape:
@@ -140,6 +143,25 @@ class LazyLeaf:
         return items[0], tuple(items[1:])
 
 
+_MISSING = object()
+
+
+class _Addresses(Collection[str]):
+    """A checkpoint's addresses as a collection: membership without building them all."""
+
+    def __init__(self, columns: Columns) -> None:
+        self._columns = columns
+
+    def __contains__(self, address: object) -> bool:
+        return isinstance(address, str) and self._columns.find(address) is not None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._columns.addresses)
+
+    def __len__(self) -> int:
+        return len(self._columns)
+
+
 class Checkpoint:
     """A read-only view of one committed checkpoint; nothing but its manifest is read up front.
 
@@ -156,59 +178,67 @@ class Checkpoint:
     ['layer/"0"/b', 'layer/"0"/w']
     """
 
-    def __init__(self, storage: Storage, manifest: Manifest) -> None:
+    def __init__(self, storage: Storage, columns: Columns) -> None:
         self.storage = storage
-        self.manifest = manifest
-        self.name = manifest.name
+        self.columns = columns
+        self.name = columns.name
         self.url = storage.url
-        self.reader = _read.ChunkReader(storage, manifest)
-        self._leaves = {
-            e.address: (LazyLeaf(self.reader, e) if e.is_array else e.value) for e in manifest.leaves
-        }
+        self.reader = _read.ChunkReader(storage, columns)
+        self._made: dict[int, Any] = {}  # leaf index -> its LazyLeaf or value, made on first use
+
+    @functools.cached_property
+    def manifest(self) -> Manifest:
+        """The whole manifest, every leaf entry made (on first use)."""
+        return self.columns.to_manifest()
 
     def __repr__(self) -> str:
-        return f"Checkpoint({self.url!r}, {self.name!r}, leaves={len(self._leaves)})"
+        return f"Checkpoint({self.url!r}, {self.name!r}, leaves={len(self.columns)})"
+
+    def _leaf(self, i: int) -> Any:
+        found = self._made.get(i, _MISSING)
+        if found is _MISSING:
+            entry = self.columns.entries[i]
+            found = self._made[i] = LazyLeaf(self.reader, entry) if entry.is_array else entry.value
+        return found
 
     @property
     def metadata(self) -> Any:
-        return self.manifest.metadata
+        return self.columns.metadata
 
     @property
     def leaves(self) -> dict[str, Any]:
         """Address -> LazyLeaf (arrays) or value (Python scalars), in tree order."""
-        return dict(self._leaves)
+        return {a: self._leaf(i) for i, a in enumerate(self.columns.addresses)}
 
     @property
     def tree(self) -> Any:
         """The checkpoint's tree with LazyLeaf handles in place of arrays."""
-        entries = self.manifest.leaves
-        return rebuild(self.manifest.tree, lambda i: self._leaves[entries[i].address])
+        return rebuild(self.columns.tree_record(), self._leaf)
 
     def __getitem__(self, address: str) -> Any:
         """The leaf at ``address`` — as the manifest spells it, or with digit keys as bare digits
         when that names one leaf (``h/3/w`` for ``h/"3"/w``)."""
-        found = _select.lookup(address, self._leaves) if isinstance(address, str) else None
+        found = _select.lookup(address, _Addresses(self.columns)) if isinstance(address, str) else None
         if found is None:
             self.select(glob_escape(address) if isinstance(address, str) else address)
             raise KeyError(address)  # select raised for anything it did not find
-        return self._leaves[found]
+        i = self.columns.find(found)
+        assert i is not None  # lookup found it
+        return self._leaf(i)
 
     def __contains__(self, address: object) -> bool:
-        return address in self._leaves
+        return isinstance(address, str) and self.columns.find(address) is not None
 
     def select(self, patterns: _select.Patterns) -> list[str]:
         """The addresses, in tree order, that match any of the patterns (globs over addresses;
         quotes around digit-only keys may be left out); every pattern must match one."""
         return _select.select(
-            list(self._leaves), patterns, where=f"checkpoint {self.name!r}", checkpoint=self.name
+            self.columns.addresses, patterns, where=f"checkpoint {self.name!r}", checkpoint=self.name
         )
 
     def chunk_objects(self) -> dict[bytes, int]:
         """The stored size of each chunk object this checkpoint references, by digest."""
-        m = self.manifest
-        found = {c.digest: c.stored_size for e in m.leaves for c in e.chunks if c.pack is None}
-        found.update((p.digest, p.stored_size) for p in m.packs)
-        return found
+        return self.columns.chunk_objects()
 
     @property
     def stored_bytes(self) -> int:

@@ -6,6 +6,10 @@ and checked against its digest before it is written, so a damaged source is neve
 object the destination already holds under a chunk's name is kept only if it passes the check a
 save applies before reusing one (``reusable_size``); a bad one is replaced from the source. The
 destination sees the same commit protocol as a save: lock, chunks, manifest, commit record.
+
+As a save does, a copy takes the chunks of the destination's newest checkpoint as present without
+a request for each (read once it holds the destination's lock: :mod:`treestore._engine.known`),
+and then those of each checkpoint it has committed there.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from typing import Any
 
 from treestore._api.spec import parse_spec
 from treestore._api.verify import Progress
+from treestore._engine import known as _known
 from treestore._engine import locks as _locks
 from treestore._engine import read as _read
 from treestore._engine.commit import commit
@@ -51,6 +56,7 @@ class CopyReport:
     chunks_copied: int
     bytes_copied: int  # stored bytes transferred
     chunks_present: int  # chunks the destination already held
+    chunks_known: int = 0  # of those, chunks a checkpoint there references: no request was sent
 
 
 def _chunk_owners(manifest: Manifest) -> dict[bytes, tuple[ChunkRef, str]]:
@@ -75,13 +81,18 @@ class _Copier:
         self.src, self.dst = src, dst
         self.threads = threads
         self.progress = progress
-        self.copied = self.copied_bytes = self.present = 0
+        self.copied = self.copied_bytes = self.present = self.known_hits = 0
+        self.known: set[bytes] = set()  # chunks the destination holds (learned under its lock)
         self.done = self.total = 0
         self._lock = threading.Lock()
 
     def _chunk(self, c: ChunkRef, owner: str, checkpoint: str) -> None:
         path = _layout.chunk_path(c.digest)
-        if reusable_size(self.dst, c.digest, c.raw_size) is None:  # none, or a bad one: replace it
+        if c.digest in self.known:
+            with self._lock:
+                self.present += 1
+                self.known_hits += 1
+        elif reusable_size(self.dst, c.digest, c.raw_size) is None:  # none, or a bad one: replace it
             try:
                 data, _ = fetch_chunk(self.src, c)
             except CorruptionError as exc:
@@ -137,6 +148,7 @@ def copy(
     dst_storage_options: dict[str, Any] | None = None,
     threads: int | None = None,
     progress: Progress | None = None,
+    trust_previous: bool = True,
 ) -> CopyReport:
     """Copy checkpoint ``src`` (``URL`` for its newest, ``URL#NAME``) into the store ``dst``,
     transferring only the chunks the destination lacks.
@@ -146,7 +158,9 @@ def copy(
     store, oldest first. A checkpoint already at the destination with the same contents is left as
     it is; one with other contents raises CheckpointExistsError unless ``overwrite=True``.
     ``storage_options`` apply to the source and, unless ``dst_storage_options`` are given, to the
-    destination. ``progress(done, total)`` is called with raw bytes as chunks are done.
+    destination. ``progress(done, total)`` is called with raw bytes as chunks are done. The chunks
+    of the destination's newest checkpoint are taken as present there without a request for each;
+    ``trust_previous=False`` checks every chunk at the destination.
 
     >>> import numpy as np, treestore
     >>> _ = treestore.save("memory://doc/cp-a", {"w": np.arange(4.0)}, "step-1")
@@ -183,13 +197,24 @@ def copy(
     copied: list[str] = []
     if plans:
         with _locks.save_lock(d) as lock:
+            known = _known.learn(d, bool(trust_previous))  # under the lock, after any gc: safe
+            copier.known = set(known.stored) if known is not None else set()
             for ref, _manifest, new, data, owners in plans:
                 copier.chunks(owners, ref.name, lock)
                 commit(d, data, replace(ref, name=new), overwrite=overwrite)
                 copied.append(new)
+                if trust_previous:  # written or checked under this lock, and now referenced
+                    copier.known.update(owners)
     unchanged = tuple(dst_name or n for n in names if (dst_name or n) not in copied)
     return CopyReport(
-        s.url, d.url, tuple(copied), unchanged, copier.copied, copier.copied_bytes, copier.present
+        s.url,
+        d.url,
+        tuple(copied),
+        unchanged,
+        copier.copied,
+        copier.copied_bytes,
+        copier.present,
+        copier.known_hits,
     )
 
 

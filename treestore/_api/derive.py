@@ -20,17 +20,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from jax.tree_util import DictKey, SequenceKey
-
 from treestore._engine import distributed as _distributed
+from treestore._engine import known as _known
 from treestore._engine import locks as _locks
 from treestore._engine import read as _read
 from treestore._engine import write as _write
 from treestore._engine.commit import commit
+from treestore._engine.leaf_table import LeafEntries
 from treestore._format import layout as _layout
 from treestore._format import select as _select
 from treestore._format.address import (
+    DictKey,
     Key,
+    SequenceKey,
     check_node_keys,
     format_address,
     format_key,
@@ -386,7 +388,9 @@ def derive(
         # Read under the lock: from now until the commit no gc runs, so every chunk the base
         # references (it is committed) stays in the store.
         record = _read.read_commit_record(storage, base)
-        manifest = _read.read_manifest(storage, record)
+        columns = _read.read_columns(storage, record)
+        manifest = columns.to_manifest()
+        known = _known.KnownChunks(record.name, columns.chunk_objects())  # no request for them
         tree = _Tree(_node(manifest.tree), base)
         moving = _resolve_moves(tree, moves)
         if drop is not None:
@@ -405,7 +409,7 @@ def derive(
         node_record = _emit(tree.root, "", placed)
         meta = manifest.metadata if metadata is KEEP else metadata
         return _write_derived(
-            storage, manifest, new, node_record, placed, new_leaves, meta, options, lock, overwrite
+            storage, manifest, new, node_record, placed, new_leaves, meta, options, lock, overwrite, known
         )
 
 
@@ -474,8 +478,10 @@ def _write_derived(
     options: _write.SaveOptions,
     lock: _locks.Lock,
     overwrite: bool,
+    known: _known.KnownChunks,
 ) -> _write.SaveResult:
-    """Write the new leaves' chunks with the save path's chunk writer, then commit."""
+    """Write the new leaves' chunks with the save path's chunk writer (taking the base's chunks,
+    read under ``lock``, as known), then commit."""
     kept_packs = sorted(
         {
             c.pack
@@ -490,10 +496,12 @@ def _write_derived(
     prepared = _write.Prepared(
         {"type": "none"}, tuple((addresses.get(i, ""), leaf) for i, leaf in enumerate(new_leaves))
     )
-    writer = _write._ChunkWriter(storage, options.codec, None)
+    writer = _write._ChunkWriter(storage, options.codec, None, known)
     with cf.ThreadPoolExecutor(options.threads) as pool:
         try:
-            written, new_packs = _write._write_leaves(prepared, options, pool, writer, lock)
+            sink = LeafEntries()
+            new_packs = _write._write_leaves(prepared, options, pool, writer, lock, sink)
+            written = sink.entries
         except BaseException:
             pool.shutdown(wait=True, cancel_futures=True)
             raise
@@ -523,6 +531,4 @@ def _write_derived(
         CommitRecord(name, b"", 0, now, metadata, len(entries), manifest.nbytes),
         overwrite=overwrite,
     )
-    return _write.SaveResult(
-        name, len(entries), manifest.nbytes, writer.written, writer.written_bytes, writer.reused
-    )
+    return writer.result(name, len(entries), manifest.nbytes)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
@@ -68,19 +68,30 @@ class Diff:
 
     a: str
     b: str
-    leaves: tuple[LeafDiff, ...]
+    leaves: Sequence[LeafDiff]  # every address compared, unchanged ones too, in order
 
     def __bool__(self) -> bool:
-        return any(d.status != UNCHANGED for d in self.leaves)
+        return next(iter(self), None) is not None
 
     def __iter__(self) -> Iterator[LeafDiff]:
+        if isinstance(self.leaves, DiffLeaves):
+            return iter(self.leaves.differing())
         return (d for d in self.leaves if d.status != UNCHANGED)
 
     def __len__(self) -> int:
         return sum(1 for _ in self)
 
     def by_status(self, status: str) -> tuple[LeafDiff, ...]:
+        if status != UNCHANGED:
+            return tuple(d for d in self if d.status == status)
         return tuple(d for d in self.leaves if d.status == status)
+
+    def _counts(self) -> dict[str, int]:
+        counts = dict.fromkeys((ADDED, REMOVED, CHANGED, SHAPE, DTYPE), 0)
+        for d in self:
+            counts[d.status] += 1
+        counts[UNCHANGED] = len(self.leaves) - sum(counts.values())
+        return counts
 
     @property
     def added(self) -> tuple[str, ...]:
@@ -99,11 +110,16 @@ class Diff:
         return tuple(d.address for d in self.by_status(UNCHANGED))
 
     def filter(self, patterns: str | Sequence[str]) -> Diff:
-        """Only the addresses matching any of the ``patterns`` (none need match)."""
-        addresses = [d.address for d in self.leaves]
+        """Only the addresses matching any of the patterns (none need match)."""
+        if isinstance(self.leaves, DiffLeaves):
+            addresses = self.leaves.addresses()
+        else:
+            addresses = [d.address for d in self.leaves]
         chosen = {a for p in _select.patterns(patterns) or () for a in _select.matching(p, addresses)}
-        kept = tuple(d for d in self.leaves if d.address in chosen)
-        return replace(self, leaves=kept)
+        kept = [k for k, a in enumerate(addresses) if a in chosen]
+        if isinstance(self.leaves, DiffLeaves):
+            return replace(self, leaves=self.leaves.subset(np.array(kept, np.int64)))
+        return replace(self, leaves=tuple(self.leaves[k] for k in kept))
 
     def to_json(self) -> dict[str, Any]:
         def clean(v: Any) -> Any:
@@ -117,8 +133,7 @@ class Diff:
             if d.stats is not None:
                 rec["stats"] = {k: clean(v) for k, v in asdict(d.stats).items()}
             leaves.append(rec)
-        counts = {s: len(self.by_status(s)) for s in (ADDED, REMOVED, CHANGED, SHAPE, DTYPE, UNCHANGED)}
-        return {"a": self.a, "b": self.b, "identical": not self, "counts": counts, "leaves": leaves}
+        return {"a": self.a, "b": self.b, "identical": not self, "counts": self._counts(), "leaves": leaves}
 
     def __str__(self) -> str:
         return self.table()
@@ -164,7 +179,7 @@ class Diff:
         lines = [f"--- {self.a}", f"+++ {self.b}"]
         if rows:
             lines += _columns(header, rows, right={4, 5, 6, 7})
-        counts = self.to_json()["counts"]
+        counts = self._counts()
         parts = [f"{counts[k]} {k.replace('_', ' ')}" for k in _MARKS if counts[k]]
         lines.append(f"{', '.join(parts) if parts else 'identical'}; {counts[UNCHANGED]} leaves unchanged")
         return "\n".join(lines)
@@ -222,39 +237,127 @@ def _layout_of(e: LeafEntry) -> list[tuple[tuple[int, ...], tuple[int, ...], lis
     return [(p.start, p.shape, [c.raw_size for c in p.chunks]) for p in e.layout]
 
 
+class DiffLeaves(Sequence[LeafDiff]):
+    """The :class:`LeafDiff` of every address two checkpoints are compared at, in order: a's
+    addresses (leaf order), then those only b has. The differing ones are made while diffing;
+    an unchanged one only when asked for, so a diff of huge, mostly equal trees stays cheap."""
+
+    def __init__(
+        self,
+        a: Checkpoint,
+        b: Checkpoint,
+        rows: np.ndarray,
+        partner: np.ndarray,
+        added: np.ndarray,
+        differing: dict[int, LeafDiff],
+    ) -> None:
+        self._a, self._b = a, b
+        self._rows = rows  # positions compared: k < len(a) is a's leaf k, else b's added[k - len(a)]
+        self._partner = partner  # b's leaf index for each of a's leaves, -1 when b lacks it
+        self._added = added
+        self._differing = differing
+        self._made: dict[int, LeafDiff] = {}
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    @overload
+    def __getitem__(self, k: int) -> LeafDiff: ...
+    @overload
+    def __getitem__(self, k: slice) -> list[LeafDiff]: ...
+    def __getitem__(self, k: int | slice) -> LeafDiff | list[LeafDiff]:
+        if isinstance(k, slice):
+            return [self[j] for j in range(*k.indices(len(self)))]
+        row = int(self._rows[k])  # IndexError past the end
+        found = self._differing.get(row) or self._made.get(row)
+        if found is None:
+            e = self._a.columns.entries[row]
+            found = self._made[row] = LeafDiff(e.address, UNCHANGED, _describe(e), _describe(e))
+        return found
+
+    def __iter__(self) -> Iterator[LeafDiff]:
+        return (self[k] for k in range(len(self)))
+
+    def differing(self) -> list[LeafDiff]:
+        """The leaves that differ, in order."""
+        return [self._differing[r] for r in sorted(self._differing) if _contains(self._rows, r)]
+
+    def addresses(self) -> list[str]:
+        na = len(self._a.columns)
+        a, b = self._a.columns.addresses, self._b.columns.addresses
+        return [a[r] if r < na else b[int(self._added[r - na])] for r in self._rows.tolist()]
+
+    def subset(self, kept: np.ndarray) -> DiffLeaves:
+        """The positions ``kept`` (indices into this sequence) only."""
+        return DiffLeaves(self._a, self._b, self._rows[kept], self._partner, self._added, self._differing)
+
+
+def _contains(sorted_rows: np.ndarray, row: int) -> bool:
+    """Whether ``row`` is one of ``sorted_rows`` (increasing, as diffs keep them)."""
+    k = int(np.searchsorted(sorted_rows, row))
+    return k < len(sorted_rows) and int(sorted_rows[k]) == row
+
+
 def diff_checkpoints(
     a: Checkpoint, b: Checkpoint, *, stats: bool = False, select: _select.Patterns = None
 ) -> Diff:
     """Compare two checkpoints (possibly in different stores on different filesystems).
 
-    Without ``stats`` only the manifests are read. With ``stats``, numeric statistics of each
-    changed array leaf are computed chunk by chunk, reading the chunks whose digests differ (and a's
-    unchanged chunks once, for the norm ‖a‖). ``select`` (glob patterns) limits the comparison,
-    stats included, to matching addresses.
+    Without ``stats`` only the manifests are read, and compared column by column: leaves are
+    matched by address (without building an address when both trees are the same) and compared
+    by their digests' parts; only the leaves that differ are looked at one by one. With ``stats``,
+    numeric statistics of each changed array leaf are computed chunk by chunk, reading the chunks
+    whose digests differ (and a's unchanged chunks once, for the norm ‖a‖). ``select`` (glob
+    patterns) limits the comparison, stats included, to matching addresses.
     """
-
-    addresses = list(dict.fromkeys(e.address for c in (a, b) for e in c.manifest.leaves))
-    wanted = set(_select.select(addresses, select, where="either checkpoint"))
-    la = {e.address: e for e in a.manifest.leaves if e.address in wanted}
-    lb = {e.address: e for e in b.manifest.leaves if e.address in wanted}
-    out: list[LeafDiff] = []
-    for address in list(la) + [x for x in lb if x not in la]:
-        ea, eb = la.get(address), lb.get(address)
-        if ea is None or eb is None:
-            status = ADDED if ea is None else REMOVED
-            out.append(LeafDiff(address, status, _describe(ea), _describe(eb)))
+    ca, cb = a.columns, b.columns
+    na = len(ca)
+    ia, ib = ca.match(cb)
+    same = ca.same_leaves(ia, cb, ib)
+    partner = np.full(na, -1, np.int64)
+    partner[ia] = ib
+    taken = np.zeros(len(cb), bool)
+    taken[ib] = True
+    added = np.flatnonzero(~taken)
+    rows = np.arange(na + len(added))
+    if select is not None:
+        addresses = list(ca.addresses) + [cb.addresses[int(j)] for j in added]
+        wanted = set(_select.select(list(dict.fromkeys(addresses)), select, where="either checkpoint"))
+        rows = np.array([k for k, x in enumerate(addresses) if x in wanted], np.int64)
+    look = np.zeros(na + len(added), bool)  # the rows that may differ
+    look[na:] = True
+    look[:na] = partner < 0
+    look[ia[~same]] = True
+    differing: dict[int, LeafDiff] = {}
+    for row in np.flatnonzero(look[rows] if len(rows) else look[:0]).tolist():
+        row = int(rows[row])
+        if row >= na:
+            eb = cb.entries[int(added[row - na])]
+            differing[row] = LeafDiff(eb.address, ADDED, None, _describe(eb))
             continue
-        status, frac = _compare(ea, eb)
-        leaf_stats = None
-        if status == "layout":
-            status = CHANGED if _bytes_differ(a[address], b[address]) else UNCHANGED
-            frac = None
-            if stats and status == CHANGED:
-                leaf_stats = _stats(a[address], b[address], by_chunk=False)
-        elif stats and status == CHANGED and ea.is_array:
-            leaf_stats = _stats(a[address], b[address], by_chunk=True)
-        out.append(LeafDiff(address, status, _describe(ea), _describe(eb), frac, leaf_stats))
-    return Diff(f"{a.url}#{a.name}", f"{b.url}#{b.name}", tuple(out))
+        ea = ca.entries[row]
+        if partner[row] < 0:
+            differing[row] = LeafDiff(ea.address, REMOVED, _describe(ea), None)
+            continue
+        found = _compared(a, b, ea, cb.entries[int(partner[row])], stats)
+        if found.status != UNCHANGED:
+            differing[row] = found
+    return Diff(f"{a.url}#{a.name}", f"{b.url}#{b.name}", DiffLeaves(a, b, rows, partner, added, differing))
+
+
+def _compared(a: Checkpoint, b: Checkpoint, ea: LeafEntry, eb: LeafEntry, stats: bool) -> LeafDiff:
+    """How leaf ``ea`` of a and ``eb`` of b (at the same address) differ."""
+    address = ea.address
+    status, frac = _compare(ea, eb)
+    leaf_stats = None
+    if status == "layout":
+        status = CHANGED if _bytes_differ(a[address], b[address]) else UNCHANGED
+        frac = None
+        if stats and status == CHANGED:
+            leaf_stats = _stats(a[address], b[address], by_chunk=False)
+    elif stats and status == CHANGED and ea.is_array:
+        leaf_stats = _stats(a[address], b[address], by_chunk=True)
+    return LeafDiff(address, status, _describe(ea), _describe(eb), frac, leaf_stats)
 
 
 def _bytes_differ(a: LazyLeaf, b: LazyLeaf) -> bool:

@@ -19,12 +19,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import jax
 import numpy as np
 
 from treestore._format.dtypes import DTYPES
 from treestore._format.limits import MAX_METADATA_BYTES
 from treestore._format.manifest import check_metadata
+from treestore._tree.lazy_jax import jax
 from treestore.errors import InvalidInputError, TreestoreError, UnsupportedFormatError
 
 FORMATS = ("safetensors", "npz", "msgpack", "orbax")

@@ -18,9 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import jax
 import numpy as np
-from jax.tree_util import DictKey, GetAttrKey, SequenceKey
 
 from treestore._api import file_formats as _formats
 from treestore._api.checkpoint import Checkpoint, LazyLeaf
@@ -28,8 +26,10 @@ from treestore._api.manager import step_name
 from treestore._api.spec import parse_spec
 from treestore._api.store import resolve
 from treestore._engine import write as _write
+from treestore._format.address import DictKey, GetAttrKey, SequenceKey
 from treestore._format.manifest import LeafEntry
 from treestore._storage.registry import open_storage
+from treestore._tree.lazy_jax import jax
 from treestore._tree.leaves import restore_array
 from treestore.errors import InvalidInputError, NotFoundError, StorageError
 

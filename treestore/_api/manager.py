@@ -303,7 +303,11 @@ class CheckpointManager:
     was made); with no interval set, every call saves. A step already saved (or in flight) is a
     CheckpointExistsError unless ``force=True``, which replaces it. Each step is the checkpoint
     ``step-000000123`` (zero-padded) with metadata ``{"step", "metrics", "user"}``; checkpoints
-    of other names in the store are ignored and never deleted.
+    of other names in the store are ignored and never deleted. A save references the chunks of
+    the last step this manager saved (or the newest step it found) as that step's manifest
+    records them, sending no request for each (see :meth:`treestore.Store.save`; the manifest
+    is read under the save's lock, so a step deleted and collected meanwhile is not trusted);
+    ``trust_previous=False`` checks every chunk in the store instead.
 
     **Async.** With ``async_save=True`` (the default) ``save`` blocks only while the tree is
     validated and its arrays are copied to host (see :class:`treestore._engine.snapshot.HostSnapshot`,
@@ -380,6 +384,7 @@ class CheckpointManager:
         options: _write.SaveOptions | None = None,
         clock: Callable[[], float] = time.monotonic,
         storage_options: dict[str, Any] | None = None,
+        trust_previous: bool = True,
     ) -> None:
         self._policy = _Policy(
             save_every_steps, save_every_seconds, keep_last, keep_every, keep_best, best_metric, best_mode
@@ -423,6 +428,8 @@ class CheckpointManager:
         self._background = Background() if self._async else None
         self._snapshot = HostSnapshot()
         self._known = set(self._infos())  # committed steps (this manager's view)
+        self._trust_previous = bool(trust_previous)
+        self._last_step = max(self._known, default=None)  # the step whose chunks a save trusts
         self._pending: int | None = None  # the step of the save in flight
         self._gc_due = False
         self._preempted = False
@@ -511,13 +518,29 @@ class CheckpointManager:
     def _commit(self, prepared: _write.Prepared, step: int, metadata: Any, overwrite: bool) -> None:
         name = step_name(step)
         self.last_result = _write.write(
-            self.store.storage, prepared, name, metadata=metadata, options=self._options, overwrite=overwrite
+            self.store.storage,
+            prepared,
+            name,
+            metadata=metadata,
+            options=self._options,
+            overwrite=overwrite,
+            previous=self._previous(),
         )
         self._known.add(step)
+        self._last_step = step
         every = self._replicate_every
         if self._replicator is not None and (every is None or step % every == 0 or self._preempted):
             self._replicator.request(step)  # never waits for the upload
         self._retain()
+
+    def _previous(self) -> str | bool:
+        """The checkpoint whose chunks the next save takes as present: this manager's last step
+        (the newest it knows if that one is gone), else the store's newest; False when not
+        trusting any."""
+        if not self._trust_previous:
+            return False
+        last = self._last_step if self._last_step in self._known else max(self._known, default=None)
+        return True if last is None else step_name(last)
 
     def _retain(self) -> None:
         """Delete the steps the policy no longer keeps, then gc. This runs after the commit: the

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import builtins
 import dataclasses
 import os
 from collections.abc import Iterable
@@ -10,13 +9,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-import jax
+import numpy as np
 
 from treestore._api import derive as _derive
 from treestore._api import diff as _diff
 from treestore._api import timeline as _timeline
 from treestore._api.checkpoint import Checkpoint
 from treestore._api.spec import Spec, parse_spec
+from treestore._engine import bulk as _bulk
 from treestore._engine import gc as _gc
 from treestore._engine import locks as _locks
 from treestore._engine import read as _read
@@ -26,10 +26,13 @@ from treestore._engine.threads import default_threads
 from treestore._format import layout as _layout
 from treestore._format import select as _select
 from treestore._format.codecs import Codec
+from treestore._format.columns import Columns
+from treestore._format.commit_record import CommitRecord
 from treestore._format.manifest import LeafEntry, Manifest, check_name
 from treestore._storage.base import Storage
 from treestore._storage.registry import open_storage
 from treestore._tree import template as _template
+from treestore._tree.lazy_jax import jax
 from treestore._tree.leaves import restore_array
 from treestore._tree.structure import rebuild, trusted_types
 from treestore.errors import InvalidInputError
@@ -97,16 +100,28 @@ class Store:
         overwrite: bool = False,
         codec: Codec | None = None,
         options: _write.SaveOptions | None = None,
+        trust_previous: bool = True,
     ) -> _write.SaveResult:
         """Save ``tree`` as checkpoint ``name``; raises before writing anything if a leaf or key
-        is unsupported, and leaves nothing visible if the save fails."""
+        is unsupported, and leaves nothing visible if the save fails.
+
+        The chunks of the store's newest checkpoint are referenced without a request for each
+        (its manifest is read once the save holds its lock, when no gc can delete them); other
+        chunks cost an existence check, and a reuse read when present. ``trust_previous=False``
+        checks every chunk in the store instead (see :class:`treestore.types.SaveResult`)."""
         options = options or _write.SaveOptions()
         if codec is not None:
             options = dataclasses.replace(options, codec=codec)
         check_name(name)
         prepared = _write.prepare(tree)
         return _write.write(
-            self.storage, prepared, name, metadata=metadata, options=options, overwrite=overwrite
+            self.storage,
+            prepared,
+            name,
+            metadata=metadata,
+            options=options,
+            overwrite=overwrite,
+            previous=bool(trust_previous),
         )
 
     def delete(self, name: str) -> None:
@@ -163,15 +178,17 @@ class Store:
 
     def manifest(self, name: str | None = None) -> Manifest:
         """The verified manifest of checkpoint ``name`` (default: the newest)."""
+        return _read.read_manifest(self.storage, self._record(name))
+
+    def _record(self, name: str | None) -> CommitRecord:
         if name is None:
-            record = _read.newest_record(self.storage)
-        else:
-            record = _read.read_commit_record(self.storage, name)
-        return _read.read_manifest(self.storage, record)
+            return _read.newest_record(self.storage)
+        return _read.read_commit_record(self.storage, name)
 
     def open(self, name: str | None = None) -> Checkpoint:
-        """A lazy, read-only view of checkpoint ``name`` (default: the newest)."""
-        return Checkpoint(self.storage, self.manifest(name))
+        """A lazy, read-only view of checkpoint ``name`` (default: the newest); its leaves are
+        made as they are asked for."""
+        return Checkpoint(self.storage, _read.read_columns(self.storage, self._record(name)))
 
     def load(
         self,
@@ -214,38 +231,55 @@ class Store:
         if types is not None and like is not None:
             raise InvalidInputError("types= applies without like=: a template gives every node its type")
         trusted = trusted_types(types)
-        manifest = self.manifest(name)
+        columns = _read.read_columns(self.storage, self._record(name))
         threads = threads or default_threads()
         if like is not None:
-            chosen = manifest if select is None else _selected(manifest, select)
-            return self._load_like(chosen, like, prefix, cast, partial, threads)
-        entries = manifest.leaves if select is None else _selected(manifest, select).leaves
-        arrays = self._arrays(manifest, builtins.list(entries), threads)
-        wanted = {e.address for e in entries}
+            manifest = columns.to_manifest()
+            if select is not None:
+                wanted = _chosen(columns, select)
+                manifest = dataclasses.replace(
+                    manifest, leaves=tuple(e for e in manifest.leaves if e.address in wanted)
+                )
+            return self._load_like(columns, manifest, like, prefix, cast, partial, threads)
+        keep = None
+        which = np.arange(len(columns))
+        if select is not None:
+            wanted = _chosen(columns, select)
+            which = np.array([i for i, a in enumerate(columns.addresses) if a in wanted], np.int64)
+            keep = wanted.__contains__
+        arrays = _bulk.read_leaves(_read.ChunkReader(self.storage, columns), columns, which, threads=threads)
+
+        as_stored = columns.as_stored()
 
         def leaf(i: int) -> Any:
-            e = manifest.leaves[i]
-            if e.is_array:
-                return restore_array(e.kind, arrays[e.address], e.prng_impl, weak_type=e.weak_type)
-            return e.value
+            array = arrays.get(i)
+            if array is None:
+                return columns.value(i)
+            if as_stored[i]:
+                return array
+            kind, prng_impl, weak_type = columns.restore_kind(i)
+            return restore_array(kind, array, prng_impl, weak_type=weak_type)
 
-        keep = None if select is None else wanted.__contains__
-        return rebuild(manifest.tree, leaf, keep, types=trusted, checkpoint=manifest.name)
-
-    def _arrays(self, manifest: Manifest, entries: builtins.list[LeafEntry], threads: int) -> dict[str, Any]:
-        reader = _read.ChunkReader(self.storage, manifest)
-        return _region.read_arrays(reader, [e for e in entries if e.is_array], threads=threads)
+        return rebuild(columns.tree_record(), leaf, keep, types=trusted, checkpoint=columns.name)
 
     def _load_like(
-        self, manifest: Manifest, like: Any, prefix: str, cast: bool, partial: bool, threads: int
+        self,
+        columns: Columns,
+        manifest: Manifest,
+        like: Any,
+        prefix: str,
+        cast: bool,
+        partial: bool,
+        threads: int,
     ) -> Any:
         slots, treedef = _template.match(manifest, like, cast=cast, prefix=prefix, partial=partial)
         shardings = [_template.target_sharding(s) for s in slots]
         whole = [s.entry for s, sharding in zip(slots, shardings, strict=True) if sharding is None]
-        reader = _read.ChunkReader(self.storage, manifest)  # one reader: packs are read once
-        arrays = _region.read_arrays(
-            reader, [e for e in whole if e is not None and e.is_array], threads=threads
-        )
+        reader = _read.ChunkReader(self.storage, columns)  # one reader: packs are read once
+        index = columns.index
+        which = np.array([index[e.address] for e in whole if e is not None and e.is_array], np.int64)
+        found = _bulk.read_leaves(reader, columns, which, threads=threads)
+        arrays = {columns.addresses[i]: array for i, array in found.items()}
         leaves = []
         with ThreadPoolExecutor(threads) as pool:
             for slot, sharding in zip(slots, shardings, strict=True):
@@ -337,17 +371,10 @@ class Store:
         return _timeline.timeline(self.storage, select=select, depth=depth, progress=progress)
 
 
-def _selected(manifest: Manifest, select: Patterns) -> Manifest:
-    """``manifest`` with only the leaves ``select`` matches (every pattern must match one)."""
-    chosen = set(
-        _select.select(
-            [e.address for e in manifest.leaves],
-            select,
-            where=f"checkpoint {manifest.name!r}",
-            checkpoint=manifest.name,
-        )
-    )
-    return dataclasses.replace(manifest, leaves=tuple(e for e in manifest.leaves if e.address in chosen))
+def _chosen(columns: Columns, select: Patterns) -> set[str]:
+    """The addresses of ``columns`` that ``select`` matches (every pattern must match one)."""
+    where = f"checkpoint {columns.name!r}"
+    return set(_select.select(columns.addresses, select, where=where, checkpoint=columns.name))
 
 
 def save(
@@ -360,6 +387,7 @@ def save(
     codec: Codec | None = None,
     options: _write.SaveOptions | None = None,
     storage_options: dict[str, Any] | None = None,
+    trust_previous: bool = True,
 ) -> _write.SaveResult:
     """Save ``tree`` as checkpoint ``name`` in the store at ``url``; see :meth:`Store.save`.
 
@@ -369,7 +397,15 @@ def save(
     (1, 32)
     """
     store = Store(url, storage_options=storage_options)
-    return store.save(tree, name, metadata=metadata, overwrite=overwrite, codec=codec, options=options)
+    return store.save(
+        tree,
+        name,
+        metadata=metadata,
+        overwrite=overwrite,
+        codec=codec,
+        options=options,
+        trust_previous=trust_previous,
+    )
 
 
 def load(

@@ -200,8 +200,8 @@ def timeline(
     records = sorted(_read.readable_records(storage), key=lambda r: (r.created, r.name))
     if not records:
         raise CheckpointNotFoundError(f"no checkpoints in {storage.url}")
-    manifests = [_read.read_manifest(storage, r) for r in records]
-    arrays = [_arrays(m) for m in manifests]
+    views = [Checkpoint(storage, _read.read_columns(storage, r)) for r in records]
+    arrays = [_arrays(v.manifest) for v in views]
     every = list(dict.fromkeys(a for leaves in arrays for a in leaves))
     chosen = _select.select(every, select, where=f"the checkpoints of {storage.url}")
     row = {a: i for i, a in enumerate(chosen)}
@@ -212,16 +212,14 @@ def timeline(
                 sizes[row[address]] = math.prod(e.shape or ())
     pats = _select.patterns(select)
     wanted = set(chosen)
-    steps = len(manifests) - 1
+    steps = len(views) - 1
     values = np.full((len(chosen), max(steps, 0)), np.nan)
     work = [_changed_bytes(arrays[j], arrays[j + 1], wanted) for j in range(steps)]
     total, done = sum(work), 0
     if progress is not None:
         progress(0, total)
-    b = Checkpoint(storage, manifests[0]) if steps else None
     for j in range(steps):
-        a, b = b, Checkpoint(storage, manifests[j + 1])
-        assert a is not None
+        a, b = views[j], views[j + 1]
         present = set(arrays[j]) | set(arrays[j + 1])
         pair: list[str] | None = None
         if pats is not None:  # each pattern passed to diff must match a leaf of the pair

@@ -86,7 +86,7 @@ class _Poller:
     def open(self, record: CommitRecord, listed: tuple[int, float | None]) -> Checkpoint | None:
         """The verified view of a new checkpoint, or None (with a warning) when it is damaged."""
         try:
-            manifest = _read.read_manifest(self.storage, record)
+            columns = _read.read_columns(self.storage, record)
         except (CorruptionError, UnsupportedFormatError) as exc:
             self._skip(record.name, listed, exc)
             return None
@@ -95,7 +95,7 @@ class _Poller:
             return None
         self.seen.add(record.name)
         self.damaged.pop(record.name, None)
-        return Checkpoint(self.storage, manifest)
+        return Checkpoint(self.storage, columns)
 
 
 def watch(

@@ -9,13 +9,13 @@ import logging
 import math
 import os
 import threading
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from treestore._format import layout as _layout
 from treestore._format.codecs import decode_into
-from treestore._format.columns import decode_any_manifest
+from treestore._format.columns import Columns, decode_any, decode_any_manifest
 from treestore._format.commit_record import CommitRecord, decode_commit_record
 from treestore._format.encoding import digest
 from treestore._format.limits import CHUNK_SLACK, MAX_MANIFEST_BYTES, MAX_RECORD_BYTES
@@ -33,6 +33,7 @@ from treestore.errors import (
 )
 
 _log = logging.getLogger("treestore")
+_M = TypeVar("_M", Manifest, Columns)
 
 
 def read_commit_record(storage: Storage, name: str) -> CommitRecord:
@@ -194,7 +195,18 @@ def read_manifest(storage: Storage, record: CommitRecord, data: bytes | None = N
     """The verified, decoded manifest of a commit record, of either format version (``data``:
     its bytes, if already read with :func:`read_manifest_bytes`)."""
     data = data if data is not None else read_manifest_bytes(storage, record)
-    manifest = decode_any_manifest(data, record.name)
+    return _described(record, decode_any_manifest(data, record.name))
+
+
+def read_columns(storage: Storage, record: CommitRecord, data: bytes | None = None) -> Columns:
+    """The verified manifest of a commit record, of either format version, as :class:`Columns`:
+    what readers that need a few leaves, or whole columns, use (no per-leaf object is made)."""
+    data = data if data is not None else read_manifest_bytes(storage, record)
+    return _described(record, decode_any(data, record.name))
+
+
+def _described(record: CommitRecord, manifest: _M) -> _M:
+    """``manifest``, once the commit record naming it is checked to describe it."""
     differences = manifest.mismatches(record)
     if differences:
         raise ManifestCorruptError(
@@ -240,9 +252,11 @@ def fetch_chunk(storage: Storage, c: ChunkRef) -> tuple[bytes, np.ndarray[Any, A
 class ChunkReader:
     """Reads, decodes and verifies the chunks of one checkpoint; packs are read once."""
 
-    def __init__(self, storage: Storage, manifest: Manifest) -> None:
+    def __init__(self, storage: Storage, manifest: Manifest | Columns) -> None:
         self.storage = storage
-        self.manifest = manifest
+        self.name = manifest.name
+        self.codec = manifest.codec
+        self.packs = manifest.packs if isinstance(manifest, Manifest) else manifest.pack_refs()
         self._packs: dict[int, cf.Future[np.ndarray[Any, Any]]] = {}
         self._lock = threading.Lock()
         self.bytes_read = 0
@@ -250,8 +264,8 @@ class ChunkReader:
     def _located(self, exc: TreestoreError, address: str) -> TreestoreError:
         """``exc`` (raised for a chunk) with the address and checkpoint it concerns."""
         return type(exc)(
-            f"{address or '(root)'}: {exc} in checkpoint {self.manifest.name!r} of {self.storage.url}",
-            checkpoint=self.manifest.name,
+            f"{address or '(root)'}: {exc} in checkpoint {self.name!r} of {self.storage.url}",
+            checkpoint=self.name,
             address=address,
         )
 
@@ -274,7 +288,8 @@ class ChunkReader:
         except ChunkCorruptError as exc:
             raise self._located(exc, address) from None
 
-    def _pack(self, index: int, address: str) -> np.ndarray[Any, Any]:
+    def pack(self, index: int, address: str) -> np.ndarray[Any, Any]:
+        """Pack ``index``, decoded and verified (read once per reader; errors name ``address``)."""
         with self._lock:
             fut = self._packs.get(index)
             owner = fut is None
@@ -282,9 +297,9 @@ class ChunkReader:
                 fut = self._packs[index] = cf.Future()
         if owner:
             try:
-                c = self.manifest.packs[index]
+                c = self.packs[index]
                 obj = self._object(c, address)  # the object first: its size bounds what we allocate
-                buf = allocate(c.raw_size, address, self.manifest.name)
+                buf = allocate(c.raw_size, address, self.name)
                 self._decode(obj, c, buf, address)
                 fut.set_result(buf)
             except BaseException as exc:
@@ -292,14 +307,24 @@ class ChunkReader:
                 raise
         return fut.result()
 
+    def member(
+        self, pack: np.ndarray[Any, Any], offset: int, size: int, chunk_digest: bytes
+    ) -> np.ndarray[Any, Any] | None:
+        """The bytes ``[offset, offset + size)`` of a decoded pack (a view) if they match the
+        digest of the chunk they hold, else None (raise :meth:`mismatch`)."""
+        part = pack[offset : offset + size]
+        return part if part.nbytes == size and digest(part) == chunk_digest else None
+
+    def mismatch(self, chunk_digest: bytes, address: str) -> TreestoreError:
+        return self._located(
+            ChunkCorruptError(f"chunk {chunk_digest.hex()[:16]} does not match its digest"), address
+        )
+
     def read_leaf_chunk(self, c: ChunkRef, out: np.ndarray[Any, Any], address: str) -> None:
         if c.pack is None:
             self.read_into(c, out, address)
             return
-        pack = self._pack(c.pack, address)
-        part = pack[c.offset : c.offset + c.raw_size]
-        if digest(part) != c.digest:
-            raise self._located(
-                ChunkCorruptError(f"chunk {c.digest.hex()[:16]} does not match its digest"), address
-            )
+        part = self.member(self.pack(c.pack, address), c.offset, c.raw_size, c.digest)
+        if part is None:
+            raise self.mismatch(c.digest, address)
         out[:] = part

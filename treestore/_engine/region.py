@@ -9,7 +9,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import functools
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -51,7 +51,7 @@ def piece_bytes(
     them, possibly in parallel, before using the result).
     ``into`` (uint8, stop - start bytes) receives the bytes instead of a new buffer.
     """
-    out = allocate(max(stop - start, 0), address, reader.manifest.name) if into is None else into
+    out = allocate(max(stop - start, 0), address, reader.name) if into is None else into
     at = 0
     for c in piece.chunks:
         lo, hi = at, at + c.raw_size
@@ -79,7 +79,7 @@ def _read_part(
 ) -> None:
     """Bytes [offset, offset + target.nbytes) of chunk ``c`` into ``target``: the whole chunk is
     decoded (its digest covers all of it) into a buffer of its raw size, then the part copied."""
-    tmp = allocate(c.raw_size, address, reader.manifest.name)
+    tmp = allocate(c.raw_size, address, reader.name)
     reader.read_leaf_chunk(c, tmp, address)
     target[:] = tmp[offset : offset + target.nbytes]
 
@@ -139,68 +139,18 @@ def read_region(
     """
     assert entry.shape is not None
     dtype = dtype_from_name(entry.dtype, address=entry.address)
-    out = allocate(tuple(r.stop - r.start for r in region), entry.address, reader.manifest.name, dtype)
+    out = allocate(tuple(r.stop - r.start for r in region), entry.address, reader.name, dtype)
     if out.size:
         jobs: list[Callable[[], None]] = []
         fills: list[Callable[[], None]] = []
         plan_region(reader, entry, region, out, jobs, fills)
-        if pool is None and len(jobs) > 1:
-            with cf.ThreadPoolExecutor(min(default_threads(), len(jobs))) as own:
-                run(jobs, own)
+        if pool is None:
+            run_in_threads(jobs, default_threads())
         else:
             run(jobs, pool)
         for fill in fills:
             fill()
     return out
-
-
-def read_arrays(
-    reader: ChunkReader, entries: Iterable[LeafEntry], *, threads: int
-) -> dict[str, np.ndarray[Any, Any]]:
-    """The host arrays of the given array leaves, every chunk verified.
-
-    Chunks are read in parallel, one job each, decoded straight into the result when a leaf is
-    one piece; leaves packed together are served by one job per pack, which reads and verifies
-    the pack once; sharded leaves are assembled piece by piece.
-    """
-    out: dict[str, np.ndarray[Any, Any]] = {}
-    jobs: list[Callable[[], None]] = []
-    fills: list[Callable[[], None]] = []
-    packed: dict[int, list[tuple[ChunkRef, np.ndarray[Any, Any], str]]] = {}
-    for entry in entries:
-        assert entry.shape is not None
-        dtype = dtype_from_name(entry.dtype, address=entry.address)
-        array = allocate(entry.shape, entry.address, reader.manifest.name, dtype)
-        out[entry.address] = array
-        if entry.pieces:
-            plan_region(reader, entry, tuple(slice(0, n) for n in entry.shape), array, jobs, fills)
-            continue
-        flat = array.reshape(-1).view(np.uint8)
-        at = 0
-        for c in entry.chunks:
-            part = flat[at : at + c.raw_size]
-            if c.pack is None:
-                jobs.append(functools.partial(reader.read_into, c, part, entry.address))
-            else:
-                packed.setdefault(c.pack, []).append((c, part, entry.address))
-            at += c.raw_size
-    for members in packed.values():
-        jobs.append(functools.partial(_read_pack_members, reader, members))
-    if len(jobs) > 1 and threads > 1:
-        with cf.ThreadPoolExecutor(min(threads, len(jobs))) as pool:
-            run(jobs, pool)
-    else:
-        run(jobs, None)
-    for fill in fills:
-        fill()
-    return out
-
-
-def _read_pack_members(
-    reader: ChunkReader, members: list[tuple[ChunkRef, np.ndarray[Any, Any], str]]
-) -> None:
-    for c, part, address in members:
-        reader.read_leaf_chunk(c, part, address)
 
 
 def _fill(
@@ -212,6 +162,15 @@ def _fill(
     src: Any = (),
 ) -> None:
     out[dst] = data.view(dtype).reshape(shape)[src]
+
+
+def run_in_threads(jobs: list[Callable[[], None]], threads: int) -> None:
+    """Run jobs in up to ``threads`` threads of their own (see :func:`run`)."""
+    if threads > 1 and len(jobs) > 1:
+        with cf.ThreadPoolExecutor(min(threads, len(jobs))) as pool:
+            run(jobs, pool)
+    else:
+        run(jobs, None)
 
 
 def run(jobs: list[Callable[[], None]], pool: cf.Executor | None) -> None:

@@ -22,10 +22,10 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-import jax
 import numpy as np
 
 from treestore._engine.write import Prepared, prepare
+from treestore._tree.lazy_jax import jax
 from treestore._tree.leaves import ArrayLeaf, Leaf, prepare_leaf
 
 

@@ -7,35 +7,34 @@ run in the background. Commit order: chunks, then the manifest, then the commit 
 from __future__ import annotations
 
 import concurrent.futures as cf
-import contextlib
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import jax
 import numpy as np
 
 from treestore._engine import distributed as _distributed
+from treestore._engine import known as _known
 from treestore._engine import locks as _locks
 from treestore._engine.commit import commit
+from treestore._engine.leaf_table import LeafEntries, LeafTable, PieceRow, Ref, ref_of
 from treestore._engine.threads import default_threads
 from treestore._format import layout as _layout
 from treestore._format.codecs import PROBE_BYTES, Codec, encode, plane_width, sound
-from treestore._format.columns import encode_any
+from treestore._format.columns import columns_from_fields, encode_columns
 from treestore._format.commit_record import CommitRecord
 from treestore._format.encoding import digest
 from treestore._format.limits import MAX_MANIFEST_BYTES
 from treestore._format.manifest import (
     ChunkRef,
     LeafEntry,
-    Manifest,
-    Piece,
     check_metadata,
     check_name,
 )
 from treestore._storage.base import Storage
+from treestore._tree.lazy_jax import jax
 from treestore._tree.leaves import ArrayLeaf, Leaf, ValueLeaf, prepare_leaf
 from treestore._tree.structure import flatten
 from treestore.errors import CheckpointExistsError, InvalidInputError, UnsupportedLeafError
@@ -74,14 +73,38 @@ class Prepared:
 
 @dataclass(frozen=True)
 class SaveResult:
-    """What a save did: how much it stored and how much it found already in the store."""
+    """What a save did: how much it stored, how much it found already in the store, and the
+    requests it sent for chunks.
+
+    Every chunk is written (``chunks_written``), or reused (``chunks_reused``): taken as known
+    from the checkpoint the save learned them from (``chunks_known``, ``known_from``; no request
+    at all), or found in the store by an existence check (a HEAD on object stores) and a reuse
+    read of its first bytes. ``chunk_requests`` adds those up; learning the known chunks took up
+    to three more (a listing, the commit record, the manifest).
+
+    >>> import numpy as np, treestore
+    >>> store = treestore.Store("memory://doc/save-result")
+    >>> _ = store.save({"w": np.zeros(9000), "b": np.ones(9000)}, "a")
+    >>> r = store.save({"w": np.zeros(9000), "b": np.full(9000, 2.0)}, "b")
+    >>> r.chunks_written, r.chunks_known, r.known_from, r.existence_checks, r.reuse_reads
+    (1, 1, 'a', 1, 0)
+    """
 
     name: str
     leaves: int
     nbytes: int  # raw bytes of all array leaves
-    chunks_written: int
+    chunks_written: int  # chunk objects written: one write request each
     bytes_written: int  # stored bytes of the chunks this save wrote
-    chunks_reused: int  # chunks that were already in the store (deduplicated)
+    chunks_reused: int  # chunks that were already in the store (deduplicated), known ones included
+    chunks_known: int = 0  # chunks referenced as the checkpoint ``known_from`` records them
+    existence_checks: int = 0  # size requests for chunks (a HEAD each on object stores)
+    reuse_reads: int = 0  # reads of an existing chunk object's first bytes (the reuse check)
+    known_from: str | None = None  # the committed checkpoint the known chunks came from
+
+    @property
+    def chunk_requests(self) -> int:
+        """The requests this save sent for chunks: existence checks, reuse reads and writes."""
+        return self.existence_checks + self.reuse_reads + self.chunks_written
 
 
 def prepare(
@@ -158,14 +181,34 @@ def _is_equinox(x: Any) -> bool:
     return any(c.__module__.partition(".")[0] == "equinox" for c in type(x).__mro__)
 
 
-def reusable_size(storage: Storage, chunk_digest: bytes, raw_size: int) -> int | None:
+class ChunkRequests:
+    """The requests a save or copy sent to learn whether the store holds its chunks (see
+    :class:`SaveResult`); safe to count from many threads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.existence_checks = 0
+        self.reuse_reads = 0
+
+    def count(self, existence_checks: int, reuse_reads: int) -> None:
+        with self._lock:
+            self.existence_checks += existence_checks
+            self.reuse_reads += reuse_reads
+
+
+def reusable_size(
+    storage: Storage, chunk_digest: bytes, raw_size: int, requests: ChunkRequests | None = None
+) -> int | None:
     """The stored size of the object under the name of chunk ``chunk_digest`` (``raw_size`` raw
     bytes) if a save or copy may reference it without writing it again; None when there is no
     object or it fails the codec's reuse check (:func:`treestore._format.codecs.sound`, reading
     the object's size and at most its first 80 bytes), and the caller must (re)write it.
+    ``requests`` counts the requests sent.
     """
     path = _layout.chunk_path(chunk_digest)
     stored = storage.object_size(path)
+    if requests is not None:
+        requests.count(1, int(stored is not None))
     if stored is None:
         return None
     head = storage.read_range(path, 0, PROBE_BYTES)
@@ -193,18 +236,53 @@ def _snapshot(raw: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
 class _ChunkWriter:
     """Hashes, deduplicates, encodes and writes chunks; safe to call from many threads.
 
-    A chunk is hashed and encoded from one copy of its bytes, and an object already under its
-    name is referenced only if it passes :func:`reusable_size`; otherwise it is written (over
-    a bad object, replacing it).
+    A chunk is hashed and encoded from one copy of its bytes. One that ``known`` holds (the
+    chunks of a checkpoint committed in the store, learned under this save's lock: see
+    :mod:`treestore._engine.known`) is referenced with the stored size that checkpoint records,
+    with no request; an object already under its name is referenced only if it passes
+    :func:`reusable_size`; otherwise it is written (over a bad object, replacing it).
     """
 
-    def __init__(self, storage: Storage, codec: Codec, on_chunk: Callable[[int], None] | None) -> None:
+    def __init__(
+        self,
+        storage: Storage,
+        codec: Codec,
+        on_chunk: Callable[[int], None] | None,
+        known: _known.KnownChunks | None = None,
+    ) -> None:
         self.storage = storage
         self.codec = codec
         self.on_chunk = on_chunk
+        self.known = known  # set it only while holding the save lock it was learned under
+        self.requests = ChunkRequests()
         self._lock = threading.Lock()
         self._claimed: dict[bytes, cf.Future[int]] = {}
-        self.written = self.written_bytes = self.reused = 0
+        self.written = self.written_bytes = self.reused = self.known_hits = 0
+
+    def result(self, name: str, leaves: int, nbytes: int) -> SaveResult:
+        """The :class:`SaveResult` of a save of ``leaves`` leaves (``nbytes`` raw bytes) by this writer."""
+        return SaveResult(
+            name,
+            leaves,
+            nbytes,
+            self.written,
+            self.written_bytes,
+            self.reused,
+            self.known_hits,
+            self.requests.existence_checks,
+            self.requests.reuse_reads,
+            self.known.checkpoint if self.known is not None else None,
+        )
+
+    def _stored(self, d: bytes, raw_size: int) -> int | None:
+        """The stored size of the chunk ``d`` if the store holds it (known, or found sound)."""
+        if self.known is not None:
+            stored = self.known.stored.get(d)
+            if stored is not None:
+                with self._lock:
+                    self.known_hits += 1
+                return stored
+        return reusable_size(self.storage, d, raw_size, self.requests)
 
     def put(self, raw: np.ndarray[Any, Any], width: int, *, private: bool = False) -> ChunkRef:
         """Store the chunk ``raw`` (1-D uint8); ``private`` says nothing else can change it
@@ -220,7 +298,7 @@ class _ChunkWriter:
         if not owner:
             return ChunkRef(d, raw.nbytes, fut.result())
         try:
-            stored = reusable_size(self.storage, d, raw.nbytes)
+            stored = self._stored(d, raw.nbytes)
             if stored is None:
                 buffers = encode(raw, width, self.codec, reuse=True)  # written before the next
                 self.storage.write(_layout.chunk_path(d), buffers)
@@ -262,8 +340,15 @@ def write(
     options: SaveOptions = SaveOptions(),
     overwrite: bool = False,
     on_chunk: Callable[[int], None] | None = None,
+    previous: _known.Previous = True,
 ) -> SaveResult:
-    """Write ``prepared`` as checkpoint ``name`` and commit it; on any failure nothing is visible."""
+    """Write ``prepared`` as checkpoint ``name`` and commit it; on any failure nothing is visible.
+
+    ``previous`` names the committed checkpoint whose chunks the save takes as present without
+    asking the store (True: the store's newest; False: none, check every chunk): it is read once
+    the save's lock is held, which is what makes trusting it safe (:mod:`treestore._engine.known`);
+    one that cannot be read is ignored. A multi-process save checks every chunk.
+    """
     check_name(name)
     check_metadata(metadata)
     record_path = _layout.record_path(name)
@@ -276,13 +361,15 @@ def write(
     group = _distributed.group()
     if group is None:
         with _locks.save_lock(storage) as lock, cf.ThreadPoolExecutor(options.threads) as pool:
+            writer.known = _known.learn(storage, previous)  # under the lock, after any gc: safe
             try:
-                entries, packs = _write_leaves(prepared, options, pool, writer, lock)
+                table = LeafTable()
+                packs = _write_leaves(prepared, options, pool, writer, lock, table)
             except BaseException:
                 pool.shutdown(wait=True, cancel_futures=True)
                 raise
-            nbytes = _commit(storage, prepared, name, entries, packs, metadata, options, overwrite)
-        return SaveResult(name, len(entries), nbytes, writer.written, writer.written_bytes, writer.reused)
+            nbytes = _commit(storage, prepared, name, table, packs, metadata, options, overwrite)
+        return writer.result(name, len(table), nbytes)
     return _write_in_group(group, storage, prepared, name, writer, metadata, options, overwrite)
 
 
@@ -298,56 +385,38 @@ def _write_in_group(
 ) -> SaveResult:
     """A save by every process of a jax.distributed job; see :mod:`treestore._engine.distributed`.
 
-    Every process reaches all three barriers whatever fails, so none waits forever for another,
-    and the staging records are removed only after every process has read the outcome.
+    Every process shares what it wrote (or the error that stopped it) whatever fails, and every
+    wait has a timeout, so none waits forever for another; only the primary commits.
     """
+    group = group.begin(name)
     failure: BaseException | None = None
-    entries: list[LeafEntry] = []
-    packs: list[ChunkRef] = []
+    written: tuple[list[LeafEntry], list[ChunkRef]] | None = None
     lock: _locks.Lock | None = None
     try:
         lock = _locks.save_lock(storage)
         with cf.ThreadPoolExecutor(options.threads) as pool:
-            entries, packs = _write_leaves(prepared, options, pool, writer, lock, primary=group.primary)
+            sink = LeafEntries()
+            packs = _write_leaves(prepared, options, pool, writer, lock, sink, primary=group.primary)
+            written = sink.entries, packs
         storage.sync()
     except BaseException as exc:
         failure = exc
+    header = {
+        "name": name,
+        "metadata": metadata,
+        "codec": options.codec.to_record(),
+        "chunk_size": options.chunk_size,
+    }
     try:
-        try:
-            group.share_pieces(storage, entries, packs, failure)
-        except BaseException as exc:
-            failure = failure or exc
-        group.barrier("written")
-        if not group.primary:
-            group.barrier("committed")
-            if failure is None:
-                try:
-                    group.outcome(storage)
-                except BaseException as exc:
-                    failure = exc
-            group.barrier("acknowledged")  # the primary removes the outcome only after this
-            if failure is not None:
-                raise failure
-            return SaveResult(name, 0, 0, writer.written, writer.written_bytes, writer.reused)
-        try:
-            if failure is not None:
-                raise failure
-            entries, packs = group.merge(storage, entries)
-            nbytes = _commit(storage, prepared, name, entries, packs, metadata, options, overwrite)
-        except BaseException as exc:
-            with contextlib.suppress(Exception):
-                group.announce(storage, exc)
-            group.barrier("committed")
-            group.barrier("acknowledged")
-            raise
-        group.announce(storage, None)
-        group.barrier("committed")
-        group.barrier("acknowledged")
-        group.clean(storage)
-        return SaveResult(name, len(entries), nbytes, writer.written, writer.written_bytes, writer.reused)
+        columns = group.finish(
+            storage, lock, prepared.tree, prepared.leaves, written, failure, header, overwrite=overwrite
+        )
     finally:
         if lock is not None:
             lock.release_quietly()  # after a commit the save has succeeded: a failure is logged
+    if columns is None:  # another process committed
+        return writer.result(name, 0, 0)
+    return writer.result(name, len(columns), columns.nbytes)
 
 
 def _write_leaves(
@@ -356,10 +425,12 @@ def _write_leaves(
     pool: cf.ThreadPoolExecutor,
     writer: _ChunkWriter,
     lock: _locks.Lock,
+    sink: LeafTable | LeafEntries,
     *,
     primary: bool = True,
-) -> tuple[list[LeafEntry], list[ChunkRef]]:
-    """Write the chunks of every leaf; returns the leaf entries and pack chunks.
+) -> list[ChunkRef]:
+    """Write the chunks of every leaf, appending each leaf written to ``sink`` (the manifest's
+    columns, or leaf entries); returns the pack chunks.
 
     Only the primary process of a multi-process save writes leaves that are not sharded;
     every process writes the pieces it owns.
@@ -370,29 +441,29 @@ def _write_leaves(
     packs: list[list[np.ndarray[Any, Any]]] = [[]]
     pack_fill = 0
 
-    def pack(raw: np.ndarray[Any, Any]) -> ChunkRef:
+    def pack(raw: np.ndarray[Any, Any]) -> Ref:
         nonlocal pack_fill
         if pack_fill + raw.nbytes > options.pack_size:
             packs.append([])
             pack_fill = 0
         raw = raw.copy()  # hashed and packed from one copy, as chunks are (see _snapshot)
-        ref = ChunkRef(digest(raw), raw.nbytes, 0, len(packs) - 1, pack_fill)
+        ref = (digest(raw), raw.nbytes, 0, len(packs) - 1, pack_fill)
         packs[-1].append(raw)
         pack_fill += raw.nbytes
         return ref
 
-    def small(raw: np.ndarray[Any, Any]) -> bool:
-        return 0 < raw.nbytes < options.small_leaf
-
+    small = options.small_leaf
     for _, leaf in prepared.leaves:
         if isinstance(leaf, ValueLeaf) or not (primary or leaf.sharded):
             plans.append(None)
         elif leaf.data is None:  # sharded: small pieces packed now, big ones chunked below
             owned = [(start, piece, piece.reshape(-1).view(np.uint8)) for start, piece in leaf.pieces]
-            plans.append([(start, piece, pack(raw) if small(raw) else raw) for start, piece, raw in owned])
+            plans.append(
+                [(start, piece, pack(raw) if 0 < raw.nbytes < small else raw) for start, piece, raw in owned]
+            )
         else:
             raw = leaf.data.reshape(-1).view(np.uint8)
-            plans.append(pack(raw) if small(raw) else raw)
+            plans.append(pack(raw) if 0 < raw.nbytes < small else raw)
     pack_jobs = [pool.submit(writer.put, np.concatenate(m), 0, private=True) for m in packs if m]
 
     def submit(raw: np.ndarray[Any, Any], width: int) -> cf.Future[ChunkRef]:
@@ -400,75 +471,62 @@ def _write_leaves(
 
     for i, (_, leaf) in enumerate(prepared.leaves):
         plan = plans[i]
-        if isinstance(plan, np.ndarray) and plan.nbytes:
+        if type(plan) is np.ndarray and plan.nbytes:
             assert isinstance(leaf, ArrayLeaf) and leaf.data is not None
             plans[i] = _plan_chunks(leaf.data, options, submit)
-        elif isinstance(plan, list):
+        elif type(plan) is list:
             plans[i] = [
-                (
-                    start,
-                    part.shape,
-                    [ref] if isinstance(ref, ChunkRef) else _plan_chunks(part, options, submit),
-                )
+                (start, part.shape, [ref] if type(ref) is tuple else _plan_chunks(part, options, submit))
                 for start, part, ref in plan
             ]
 
-    entries = []
     for (address, leaf), plan in zip(prepared.leaves, plans, strict=True):
         if isinstance(leaf, ValueLeaf):
-            entries.append(LeafEntry(address, leaf.kind, value=leaf.value))
+            sink.value(leaf.kind, leaf.value, address)
             continue
         if plan is None:  # another process writes it
             continue
-        pieces: tuple[Piece, ...] = ()
-        if isinstance(plan, ChunkRef):
-            chunks: tuple[ChunkRef, ...] = (plan,)
-        elif isinstance(plan, np.ndarray):  # empty
-            chunks = ()
+        pieces: list[PieceRow] | None = None
+        if type(plan) is tuple:  # packed
+            refs = [plan]
+        elif type(plan) is np.ndarray:  # empty
+            refs = []
         elif leaf.sharded:
-            pieces = tuple(Piece(start, shape, tuple(_resolved(f) for f in fs)) for start, shape, fs in plan)
-            chunks = tuple(c for p in pieces for c in p.chunks)
+            refs, pieces = [], []
+            for start, shape, fs in plan:
+                got = [f if type(f) is tuple else ref_of(f.result()) for f in fs]
+                refs += got
+                pieces.append((start, shape, len(got)))
         else:
-            chunks = tuple(f.result() for f in plan)
+            refs = [ref_of(f.result()) for f in plan]
         lock.refresh(_locks.STALE_AFTER)
-        entries.append(
-            LeafEntry(
-                address,
-                leaf.kind,
-                leaf.dtype,
-                leaf.shape,
-                chunks,
-                leaf.prng_impl,
-                pieces=pieces,
-                weak_type=leaf.weak_type,
-            )
-        )
-    return entries, [job.result() for job in pack_jobs]
+        sink.array(leaf.kind, leaf.dtype, leaf.shape, leaf.prng_impl, leaf.weak_type, refs, pieces, address)
+    return [job.result() for job in pack_jobs]
 
 
 def _commit(
     storage: Storage,
     prepared: Prepared,
     name: str,
-    entries: list[LeafEntry],
+    table: LeafTable,
     packs: list[ChunkRef],
     metadata: Any,
     options: SaveOptions,
     overwrite: bool,
 ) -> int:
-    """Build the manifest and commit it; returns the checkpoint's raw array bytes."""
+    """Build the manifest from the columns of the leaves written and commit it; returns the
+    checkpoint's raw array bytes."""
     now = time.time()
-    manifest = Manifest(
+    fields = table.fields(packs)
+    fields.update(
         name=name,
         created=now,
-        tree=prepared.tree,
-        leaves=tuple(_distributed.canonical(e) for e in entries),
-        packs=tuple(packs),
         metadata=metadata,
         codec=options.codec.to_record(),
         chunk_size=options.chunk_size,
     )
-    data = encode_any(manifest)  # checked as readers check it: pieces from several shards too
-    record = CommitRecord(name, b"", 0, now, metadata, len(entries), manifest.nbytes)
+    columns = columns_from_fields(fields, prepared.tree)  # checked as readers check it
+    data = encode_columns(columns)
+    record = CommitRecord(name, b"", 0, now, metadata, len(columns), columns.nbytes)
     commit(storage, data, record, overwrite=overwrite)
-    return manifest.nbytes
+    return columns.nbytes

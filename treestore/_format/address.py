@@ -16,22 +16,111 @@ key                      segment             example
 
 The root leaf (a tree that is a single array) has the empty address ``""``.
 Addresses never name files: chunks are named by digest, so no key can escape the store.
+
+The four key entries are this module's own classes, with the names, fields and reprs of
+``jax.tree_util``'s, so that reading manifests never imports jax. Wherever a key entry is taken,
+jax's own are accepted too (see :func:`as_key`); the tree layer (:mod:`treestore._tree.keys`)
+turns them back into jax's for the public :func:`treestore.parse_address`.
 """
 
 from __future__ import annotations
 
 import functools
 import re
+import sys
 from collections.abc import Hashable, Sequence
-from typing import TypeAlias, Union
-
-from jax.tree_util import DictKey, FlattenedIndexKey, GetAttrKey, SequenceKey
+from dataclasses import dataclass
+from typing import TypeAlias, Union, cast
 
 from treestore._format.limits import INT_END, INT_START, MAX_INDEX
 from treestore.errors import InvalidInputError, UnsupportedKeyError
 
+
+class _KeyEntry:
+    """What the four key entries share: equality and hashing by kind and value. A key entry also
+    equals jax's key entry of its kind and value (so a parsed path equals the jax key path it was
+    formatted from); jax's own ``__eq__`` does not return the favour."""
+
+    __slots__ = ()
+
+    def __eq__(self, other: object) -> bool:
+        theirs = as_key(other)
+        return type(theirs) is type(self) and key_value(theirs) == key_value(self)
+
+    def __hash__(self) -> int:
+        return hash((type(self).__name__, key_value(cast("Key", self))))
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class SequenceKey(_KeyEntry):
+    """The index of a list's or tuple's child."""
+
+    idx: int
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class DictKey(_KeyEntry):
+    """The key of a dict's child (``DictKey(True) == DictKey(1)``, as in Python)."""
+
+    key: Hashable
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class GetAttrKey(_KeyEntry):
+    """The attribute name of a child of a namedtuple, dataclass or module."""
+
+    name: str
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class FlattenedIndexKey(_KeyEntry):
+    """The position of a child of a custom node without named keys."""
+
+    key: int
+
+
 Key: TypeAlias = Union[SequenceKey, DictKey, GetAttrKey, FlattenedIndexKey]  # noqa: UP007
 KeyPath: TypeAlias = tuple[Key, ...]
+_FIELDS: dict[type[Key], str] = {
+    SequenceKey: "idx",
+    DictKey: "key",
+    GetAttrKey: "name",
+    FlattenedIndexKey: "key",
+}
+_KEY_TYPES = tuple(_FIELDS)
+
+
+def as_key(key: object) -> Key | None:
+    """``key`` as one of this module's key entries: itself, or jax's key entry of the same class
+    name (``jax.tree_util.DictKey`` ...) converted; None for anything else.
+
+    jax is never imported here: a jax key entry exists only once jax is, so its classes are looked
+    up in ``sys.modules``.
+    """
+    if isinstance(key, _KEY_TYPES):
+        return key
+    match = _JAX_TYPES.get(type(key)) or _jax_match(type(key))
+    if match is None:
+        return None
+    ours, field = match
+    return ours(getattr(key, field))
+
+
+# The jax key classes (or subclasses) met so far: the class each becomes, and the field it keeps.
+_JAX_TYPES: dict[type, tuple[type[Key], str]] = {}
+
+
+def _jax_match(cls: type) -> tuple[type[Key], str] | None:
+    tree_util = sys.modules.get("jax.tree_util")
+    if tree_util is None:
+        return None
+    for ours, field in _FIELDS.items():
+        theirs = getattr(tree_util, ours.__name__, None)
+        if isinstance(theirs, type) and issubclass(cls, theirs):
+            _JAX_TYPES[cls] = ours, field
+            return ours, field
+    return None
+
 
 _BARE = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*\Z")
 _INT = re.compile(r"-?(0|[1-9][0-9]*)\Z")
@@ -87,10 +176,17 @@ def _unquote(body: str, segment: str) -> str:
 _SEGMENTS: dict[tuple[type, type, object], str] = {}
 
 
+_VALUE_FIELD = {"SequenceKey": "idx", "DictKey": "key", "GetAttrKey": "name", "FlattenedIndexKey": "key"}
+
+
 def format_key(key: object, path: Sequence[object] = ()) -> str:
     """One key entry as an address segment; raises UnsupportedKeyError for unknown keys."""
-    # DictKey(True) == DictKey(1): the type of a dict key's value is part of the memo key.
-    memo = (type(key), type(getattr(key, "key", None)), key)
+    # Memoised by the key's class and plain value (hashed and compared in C, unlike key entries);
+    # DictKey(True) == DictKey(1): the type of the value is part of the memo key.
+    cls = type(key)
+    field = _VALUE_FIELD.get(cls.__name__)
+    value = getattr(key, field, key) if field is not None else key
+    memo = (cls, type(value), value)
     try:
         return _SEGMENTS[memo]
     except (KeyError, TypeError):
@@ -102,7 +198,8 @@ def format_key(key: object, path: Sequence[object] = ()) -> str:
     return segment
 
 
-def _format_key(key: object, path: Sequence[object]) -> str:
+def _format_key(entry: object, path: Sequence[object]) -> str:
+    key = as_key(entry)
     if isinstance(key, SequenceKey) and type(key.idx) is int and 0 <= key.idx < MAX_INDEX:
         return str(key.idx)
     if isinstance(key, DictKey):
@@ -138,11 +235,11 @@ def _format_key(key: object, path: Sequence[object]) -> str:
     index = getattr(key, "idx" if isinstance(key, SequenceKey) else "key", None)
     if isinstance(key, (SequenceKey, FlattenedIndexKey)) and type(index) is int:
         raise UnsupportedKeyError(
-            f"{where}: key entry {key!r} is outside [0, 2**31), the indices treestore stores",
+            f"{where}: key entry {entry!r} is outside [0, 2**31), the indices treestore stores",
             address=where,
         )
     raise UnsupportedKeyError(
-        f"{where}: key entry {key!r} of type {type(key).__name__} cannot become an address; "
+        f"{where}: key entry {entry!r} of type {type(entry).__name__} cannot become an address; "
         "register custom nodes with SequenceKey, DictKey, GetAttrKey or FlattenedIndexKey keys",
         address=where,
     )

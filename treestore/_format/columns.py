@@ -24,6 +24,7 @@ import numpy as np
 
 from treestore._format.columns_tree import NODE_DTYPE as NODE_DTYPE
 from treestore._format.columns_tree import Nodes, check_nodes, nodes_from_tree
+from treestore._format.commit_record import CommitRecord
 from treestore._format.dtypes import (
     DTYPES,
     NOT_IN_JAX,
@@ -54,6 +55,7 @@ from treestore._format.manifest import (
     check_tiling,
     encode_manifest,
     manifest_from_record,
+    record_mismatches,
 )
 from treestore.errors import (
     InvalidInputError,
@@ -101,14 +103,14 @@ _ITEMSIZE = np.array([DTYPES[n].itemsize if n in DTYPES else 1 for n in DTYPE_NA
 _PRNG_WIDTH = np.array([0] + [PRNG_IMPLS[n] for n in PRNG_NAMES[1:] if n], np.int64)
 
 
-def _starts(counts: np.ndarray) -> np.ndarray:
+def prefix_sums(counts: np.ndarray) -> np.ndarray:
     """Exclusive prefix sums with the total at the end: ``[0, c0, c0+c1, ...]`` (int64)."""
     out = np.zeros(len(counts) + 1, np.int64)
     np.cumsum(counts, out=out[1:])
     return out
 
 
-def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+def concat_ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """The concatenation of ``arange(s, s + n)`` for each start s and length n."""
     ends = np.cumsum(lengths)
     return np.arange(int(ends[-1]) if len(ends) else 0) + np.repeat(starts - ends + lengths, lengths)
@@ -116,7 +118,7 @@ def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
 
 def _sums(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
     """Sums of ``values[starts[i]:starts[i+1]]`` (int64, exact for the bounded sizes summed here)."""
-    total = _starts(values.astype(np.int64))
+    total = prefix_sums(values.astype(np.int64))
     return total[starts[1:]] - total[starts[:-1]]
 
 
@@ -164,11 +166,11 @@ class Columns:
         piece, first dimension entry per piece)."""
         pieced = (self.leaves["flags"] & PIECED) != 0
         rank = np.cumsum(pieced) - 1
-        first = _starts(self.piece_counts)
+        first = prefix_sums(self.piece_counts)
         owner = np.repeat(np.flatnonzero(pieced), self.piece_counts)
-        within = _starts(self.piece_chunks)
+        within = prefix_sums(self.piece_chunks)
         chunk = self.chunk_start[owner] + within[:-1] - within[first[:-1]].repeat(self.piece_counts)
-        dims = _starts(self.leaves["ndim"][owner])
+        dims = prefix_sums(self.leaves["ndim"][owner])
         return rank, first, chunk, dims
 
     def address(self, i: int) -> str:
@@ -201,6 +203,21 @@ class Columns:
         ia = np.flatnonzero(ib >= 0)
         return ia, ib[ia]
 
+    def value(self, i: int) -> object:
+        """The value of scalar leaf i (a Python scalar, kept in the manifest)."""
+        return self.values[self._value_rank[i]]
+
+    def restore_kind(self, i: int) -> tuple[str, str | None, bool]:
+        """Leaf i's kind, PRNG implementation and weak type: what turns its host array back
+        into the leaf it was saved as."""
+        row = self.leaves[i]
+        flags = int(row["flags"])
+        return KINDS[row["kind"]], PRNG_NAMES[flags >> PRNG_SHIFT], bool(flags & WEAK_TYPE)
+
+    def as_stored(self) -> list[bool]:
+        """For each leaf, whether it was saved as a numpy array (its host array is the leaf)."""
+        return (self.leaves["kind"] == KINDS.index("numpy")).tolist()
+
     def shape(self, i: int) -> tuple[int, ...]:
         return tuple(self.shapes[self.shape_start[i] : self.shape_start[i + 1]].tolist())
 
@@ -221,7 +238,7 @@ class Columns:
         kind = KINDS[row["kind"]]
         address = self.address(i)
         if row["kind"] >= ARRAY_CODES:
-            return LeafEntry(address, kind, value=self.values[self._value_rank[i]])
+            return LeafEntry(address, kind, value=self.value(i))
         flags = int(row["flags"])
         chunks = self._refs(int(self.chunk_start[i]), int(self.chunk_start[i + 1]))
         pieces: tuple[Piece, ...] = ()
@@ -237,6 +254,18 @@ class Columns:
             pieces=pieces,
             weak_type=bool(flags & WEAK_TYPE),
         )
+
+    def piece_rows(self, i: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The pieces of leaf i (saved in pieces), column-wise: their starts and shapes (one row
+        of ndim ints each), and the first row and number of their chunk refs in ``chunks``."""
+        rank, first, chunk, dims = self._piece_index
+        r = int(rank[i])
+        lo, hi = int(first[r]), int(first[r + 1])
+        ndim = int(self.leaves["ndim"][i])
+        a, b = int(dims[lo]), int(dims[hi])
+        starts = self.piece_start[a:b].reshape(hi - lo, ndim)
+        shapes = self.piece_shape[a:b].reshape(hi - lo, ndim)
+        return starts, shapes, chunk[lo:hi], self.piece_chunks[lo:hi]
 
     def _pieces(self, i: int) -> tuple[Piece, ...]:
         rank, first, chunk, dims = self._piece_index
@@ -292,6 +321,18 @@ class Columns:
             version=self.version,
         )
 
+    def mismatches(self, ref: CommitRecord) -> list[str]:
+        """How a commit record disagrees with this manifest (empty when it describes it)."""
+        return record_mismatches(ref, self.name, self.created, self.metadata, len(self), self.nbytes)
+
+    def chunk_objects(self) -> dict[bytes, int]:
+        """The stored size of each chunk object this checkpoint references (chunk refs outside
+        packs, and packs), by digest."""
+        own = self.chunks[self.chunks["pack"] < 0]
+        digests = np.concatenate([own["digest"], self.packs["digest"]]).tobytes()
+        sizes = np.concatenate([own["stored"], self.packs["stored"]]).tolist()
+        return {digests[32 * j : 32 * j + 32]: n for j, n in enumerate(sizes)}
+
     def chunk_digests(self) -> set[bytes]:
         """Every chunk object this checkpoint needs: chunk refs outside packs, and packs."""
         own = self.chunks["digest"][self.chunks["pack"] < 0]
@@ -317,20 +358,42 @@ class Columns:
             same &= ~array | (x == y)
         cand = np.flatnonzero(same & array)
         n = a["ndim"][cand].astype(np.int64)
-        sa = _ranges(self.shape_start[ia[cand]], n)
-        sb = _ranges(other.shape_start[ib[cand]], n)
+        sa = concat_ranges(self.shape_start[ia[cand]], n)
+        sb = concat_ranges(other.shape_start[ib[cand]], n)
         owner = np.repeat(np.arange(len(cand)), n)
         same[cand[np.unique(owner[self.shapes[sa] != other.shapes[sb]])]] = False
-        plain = cand[same[cand] & ((a["flags"][cand] & PIECED) == 0)]
-        k = a["chunks"][plain].astype(np.int64)
-        ca = _ranges(self.chunk_start[ia[plain]], k)
-        cb = _ranges(other.chunk_start[ib[plain]], k)
-        owner = np.repeat(np.arange(len(plain)), k)
+        cand = cand[same[cand]]  # the chunk refs, in order (of every piece, for pieced leaves)
+        k = a["chunks"][cand].astype(np.int64)
+        ca = concat_ranges(self.chunk_start[ia[cand]], k)
+        cb = concat_ranges(other.chunk_start[ib[cand]], k)
+        owner = np.repeat(np.arange(len(cand)), k)
         differs = self.chunks["digest"][ca] != other.chunks["digest"][cb]
-        same[plain[np.unique(owner[differs])]] = False
-        slow = np.flatnonzero(same & ((~array) | ((a["flags"] & PIECED) != 0)))
-        for j in slow.tolist():
+        same[cand[np.unique(owner[differs])]] = False
+        pieced = cand[same[cand] & ((a["flags"][cand] & PIECED) != 0)]
+        same[pieced] = self._same_pieces(ia[pieced], other, ib[pieced])
+        for j in np.flatnonzero(same & ~array).tolist():  # Python scalars
             same[j] = self.digest(int(ia[j])) == other.digest(int(ib[j]))
+        return same
+
+    def _same_pieces(self, ia: np.ndarray, other: Columns, ib: np.ndarray) -> np.ndarray:
+        """For pairs of leaves saved in pieces, of equal shapes and equal chunk refs: whether
+        they have the same pieces (count, boxes, and chunk refs per piece)."""
+        ra, rb = self._piece_index[0][ia], other._piece_index[0][ib]
+        fa, fb = self._piece_index[1], other._piece_index[1]
+        n = fa[ra + 1] - fa[ra]
+        same = n == fb[rb + 1] - fb[rb]
+        k = np.flatnonzero(same)
+        ra, rb, n = ra[k], rb[k], n[k]
+        pa, pb = concat_ranges(fa[ra], n), concat_ranges(fb[rb], n)
+        differs = np.zeros(len(k), bool)
+        differs[np.repeat(np.arange(len(k)), n)[self.piece_chunks[pa] != other.piece_chunks[pb]]] = True
+        da, db = self._piece_index[3], other._piece_index[3]
+        m = da[fa[ra + 1]] - da[fa[ra]]  # box entries: pieces × ndim, equal in both
+        ea, eb = concat_ranges(da[fa[ra]], m), concat_ranges(db[fb[rb]], m)
+        box = self.piece_start[ea] != other.piece_start[eb]
+        box |= self.piece_shape[ea] != other.piece_shape[eb]
+        differs[np.repeat(np.arange(len(k)), m)[box]] = True
+        same[k[differs]] = False
         return same
 
 
@@ -399,7 +462,7 @@ def _validate(fields: dict[str, Any], nodes: Nodes) -> Columns:
         raise Bad(f"leaf {at(bad)}: a PRNG implementation belongs to prng_key leaves, and only to them")
     if np.any(bad := ndim > MAX_NDIM):
         raise Bad(f"leaf {at(bad)}: {int(ndim.max())} dimensions, over the limit of {MAX_NDIM}")
-    shape_start = _starts(ndim)
+    shape_start = prefix_sums(ndim)
     shapes = fields["shapes"]
     if len(shapes) != shape_start[-1]:
         raise Bad(f"{len(shapes)} dimensions stored for {int(shape_start[-1])}")
@@ -414,7 +477,7 @@ def _validate(fields: dict[str, Any], nodes: Nodes) -> Columns:
         impl, width = PRNG_NAMES[prng[j]], _PRNG_WIDTH[prng[j]]
         raise Bad(f"leaf {at(bad)}: {impl} key data must be uint32 of shape (..., {width})")
     nbytes = _leaf_bytes(shapes, shape_start, ndim, _ITEMSIZE[dtype], array, at)
-    chunk_start = _starts(nchunks)
+    chunk_start = prefix_sums(nchunks)
     chunks, packs = fields["chunks"], fields["packs"]
     if len(chunks) != chunk_start[-1]:
         raise Bad(f"{len(chunks)} chunk refs stored for {int(chunk_start[-1])}")
@@ -500,14 +563,14 @@ def _check_pieces(c: Columns, at: Any) -> None:
     if np.any(bad := (counts < 1) | (counts > MAX_PIECES)):
         j = int(np.argmax(bad))
         raise Bad(f"leaf {at(int(pieced[j]))}: {int(counts[j])} pieces; a sharded leaf has 1 to {MAX_PIECES}")
-    first = _starts(counts)
+    first = prefix_sums(counts)
     if len(c.piece_chunks) != first[-1]:
         raise Bad(f"{len(c.piece_chunks)} piece records for {int(first[-1])} pieces")
     if np.any(bad := _sums(c.piece_chunks, first) != leaves["chunks"][pieced]):
         raise Bad(f"leaf {at(int(pieced[np.argmax(bad)]))}: its pieces' chunk refs are not its chunk refs")
     owner = np.repeat(pieced, counts)  # the leaf of each piece
     ndim = leaves["ndim"][owner].astype(np.int64)
-    dims = _starts(ndim)
+    dims = prefix_sums(ndim)
     if len(c.piece_start) != dims[-1] or len(c.piece_shape) != dims[-1]:
         raise Bad(
             f"piece boxes hold {len(c.piece_start)} and {len(c.piece_shape)} entries for {int(dims[-1])}"
@@ -515,32 +578,43 @@ def _check_pieces(c: Columns, at: Any) -> None:
     if np.any(c.piece_start > MAX_DIM) or np.any(c.piece_shape > MAX_DIM):
         raise Bad("a piece start or dimension is over 2**48")
     of = np.repeat(np.arange(len(owner)), ndim)  # the piece of each box entry
-    if np.any(bad := c.piece_start + c.piece_shape > c.shapes[_ranges(c.shape_start[owner], ndim)]):
+    if np.any(bad := c.piece_start + c.piece_shape > c.shapes[concat_ranges(c.shape_start[owner], ndim)]):
         raise Bad(f"leaf {at(int(owner[of[np.argmax(bad)]]))}: a piece lies outside it")
     # Inside its leaf, a piece's dimensions multiply to at most the leaf's: no overflow.
     volume = np.ones(len(owner), np.int64)
     np.multiply.at(volume, of, c.piece_shape.astype(np.int64))
     chunk = c._piece_index[2]
-    raw = _starts(c.chunks["raw"].astype(np.int64))
+    raw = prefix_sums(c.chunks["raw"].astype(np.int64))
     held = raw[chunk + c.piece_chunks] - raw[chunk]
     if np.any(bad := held != volume * _ITEMSIZE[leaves["dtype"][owner]]):
         raise Bad(f"leaf {at(int(owner[np.argmax(bad)]))}: a piece's chunks hold the wrong number of bytes")
     # With the pieces' bytes summing to the leaf's (checked above), disjoint pieces tile it.
+    # Leaves sharded alike (the usual case) have equal boxes: each distinct grid is checked once.
+    tiled: set[tuple[tuple[int, ...], bytes, bytes]] = set()
     for r, i in enumerate(pieced.tolist()):
         if counts[r] > 1:
             a, z = int(dims[first[r]]), int(dims[first[r + 1]])
+            grid = (c.shape(i), c.piece_start[a:z].tobytes(), c.piece_shape[a:z].tobytes())
+            if grid in tiled:
+                continue
             start = c.piece_start[a:z].astype(np.int64).reshape(int(counts[r]), -1)
             extent = c.piece_shape[a:z].astype(np.int64).reshape(int(counts[r]), -1)
             try:
-                check_tiling(start, extent, c.shape(i))
+                check_tiling(start, extent, grid[0])
             except Bad as exc:
                 raise Bad(f"leaf {at(i)}: {exc}") from None
+            tiled.add(grid)
 
 
 # --- records ----------------------------------------------------------------------------------
 def _array(rec: dict[str, Any], key: str) -> np.ndarray:
+    return binary_array(rec, key, ARRAY_FIELDS[key])
+
+
+def binary_array(rec: dict[str, Any], key: str, dtype: np.dtype[Any]) -> np.ndarray:
+    """The records of bin field ``key`` of a decoded record, as a read-only array of ``dtype``
+    (Bad when the field is missing, not bin, or not a whole number of records)."""
     data = _get(rec, key, bytes)
-    dtype = ARRAY_FIELDS[key]
     if len(data) % dtype.itemsize:
         raise Bad(
             f"field {key!r} holds {len(data)} bytes, not a whole number of {dtype.itemsize}-byte records"
@@ -783,7 +857,30 @@ def _from_manifest(m: Manifest) -> Columns:
     return _validate(fields, nodes)
 
 
+def columns_from_fields(fields: dict[str, Any], tree: object) -> Columns:
+    """A version-2 manifest assembled column by column (a multi-process save merging its
+    processes' shares), checked exactly as readers check one: ``fields`` holds what
+    :func:`decode_columns` reads from a manifest's bytes (the arrays of ARRAY_FIELDS but
+    ``nodes`` and ``node_leaves``, in those dtypes; ``name``, ``created``, ``metadata``, ``codec``,
+    ``chunk_size``; ``values`` as stored), ``tree`` the version-1 node record. InvalidInputError
+    naming the checkpoint when readers would refuse it."""
+    name = fields["name"]
+    check_metadata(fields["metadata"])
+    try:
+        for key in ARRAY_FIELDS.keys() & fields.keys():
+            if fields[key].dtype != ARRAY_FIELDS[key]:
+                raise Bad(f"field {key!r} has dtype {fields[key].dtype}, not {ARRAY_FIELDS[key]}")
+        chunk_size = _count(fields["chunk_size"], "chunk_size", MAX_CHUNK_BYTES)
+        nodes = nodes_from_tree(tree, len(fields["leaves"]))
+        return _validate({**fields, "chunk_size": chunk_size}, nodes)
+    except (Bad, UnsupportedFormatError) as exc:
+        raise InvalidInputError(
+            f"checkpoint {name!r}: its manifest would not be readable: {exc}", checkpoint=name
+        ) from None
+
+
 __all__ = [
+    "ARRAY_CODES",
     "ARRAY_FIELDS",
     "CHUNK_DTYPE",
     "DTYPE_NAMES",
@@ -791,14 +888,21 @@ __all__ = [
     "LEAF_DTYPE",
     "NODE_DTYPE",
     "PACK_DTYPE",
+    "PIECED",
     "PRNG_NAMES",
+    "PRNG_SHIFT",
+    "WEAK_TYPE",
     "Columns",
     "LeafEntries",
+    "binary_array",
     "check_tiling",
+    "columns_from_fields",
     "columns_from_manifest",
+    "concat_ranges",
     "decode_any",
     "decode_any_manifest",
     "decode_columns",
     "encode_any",
     "encode_columns",
+    "prefix_sums",
 ]

@@ -13,10 +13,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from jax.tree_util import DictKey, FlattenedIndexKey, GetAttrKey, SequenceKey
 
 from treestore._format.address import (
+    DictKey,
+    FlattenedIndexKey,
+    GetAttrKey,
     Key,
+    SequenceKey,
     canonical_segment,
     format_key,
     key_from_record,

@@ -28,4 +28,6 @@ INT_END = 2**64
 MAX_INT_DIGITS = 4300
 MAX_INDEX = 2**31  # a sequence or flattened index in a key (jax holds 32-bit indices)
 MAX_NAME = 200  # characters of a checkpoint name
+MAX_STAGING_BYTES = 1 << 28  # a staging record of a multi-process save
+MAX_OUTCOME_BYTES = 1 << 16  # the outcome record of a multi-process save
 MAX_LOCK_BYTES = 4096  # a lock record; a bigger object is not read (it ages by its mtime)

@@ -181,20 +181,7 @@ class Manifest:
 
     def mismatches(self, ref: CommitRecord) -> list[str]:
         """How a commit record disagrees with this manifest (empty when it describes it)."""
-        pairs = {
-            "name": (ref.name, self.name),
-            "created": (ref.created, self.created),
-            "metadata": (ref.metadata, self.metadata),
-            "leaves": (ref.leaves, len(self.leaves)),
-            "nbytes": (ref.nbytes, self.nbytes),
-        }
-        # Metadata is compared as encoded: NaN != NaN, and 1 == 1.0 == True, as Python values.
-        same = {"metadata": to_msgpack(ref.metadata) == to_msgpack(self.metadata)}
-        return [
-            f"{k}: record {a!r:.60}, manifest {b!r:.60}"
-            for k, (a, b) in pairs.items()
-            if not same.get(k, a == b)
-        ]
+        return record_mismatches(ref, self.name, self.created, self.metadata, len(self.leaves), self.nbytes)
 
     def chunk_digests(self) -> set[bytes]:
         """Every chunk object this checkpoint needs."""
@@ -205,6 +192,25 @@ class Manifest:
     @property
     def nbytes(self) -> int:
         return sum(leaf.nbytes for leaf in self.leaves)
+
+
+def record_mismatches(
+    ref: CommitRecord, name: str, created: float, metadata: Any, leaves: int, nbytes: int
+) -> list[str]:
+    """How a commit record disagrees with the manifest of these fields (empty when it describes
+    it); every manifest form (version 1 or 2, decoded or columnar) is checked by this."""
+    pairs = {
+        "name": (ref.name, name),
+        "created": (ref.created, created),
+        "metadata": (ref.metadata, metadata),
+        "leaves": (ref.leaves, leaves),
+        "nbytes": (ref.nbytes, nbytes),
+    }
+    # Metadata is compared as encoded: NaN != NaN, and 1 == 1.0 == True, as Python values.
+    same = {"metadata": to_msgpack(ref.metadata) == to_msgpack(metadata)}
+    return [
+        f"{k}: record {a!r:.60}, manifest {b!r:.60}" for k, (a, b) in pairs.items() if not same.get(k, a == b)
+    ]
 
 
 # --- encoding ---------------------------------------------------------------------------------

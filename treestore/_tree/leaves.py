@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import jax
 import numpy as np
 
 from treestore._format.address import encodable
@@ -24,6 +23,7 @@ from treestore._format.dtypes import (
     value_to_record,
 )
 from treestore._format.manifest import check_shape
+from treestore._tree.lazy_jax import jax
 from treestore.errors import UnsupportedLeafError
 
 
@@ -96,6 +96,8 @@ def prepare_leaf(value: object, address: str, *, copy: bool = False) -> Leaf:
             except ValueError as exc:
                 raise UnsupportedLeafError(f"{where}: {exc}", address=address) from None
         return ValueLeaf(kind, value)
+    if type(value) is np.ndarray:  # the most common leaf first
+        return _numpy_leaf(value, address, copy)
     if isinstance(value, jax.Array):
         deleted = getattr(value, "is_deleted", None)  # tracers have none
         if deleted is not None and deleted():
@@ -131,10 +133,7 @@ def prepare_leaf(value: object, address: str, *, copy: bool = False) -> Leaf:
             address=address,
         )
     if isinstance(value, np.ndarray):
-        name = _checked_name(value.dtype, address)
-        _checked_shape(value.shape, value.dtype, address)
-        plain = value if type(value) is np.ndarray else value.view(np.ndarray)  # e.g. np.memmap
-        return ArrayLeaf(NUMPY, name, _host(plain, copy))
+        return _numpy_leaf(value.view(np.ndarray), address, copy)  # a subclass: np.memmap ...
     if isinstance(value, np.generic):
         data = np.asarray(value)
         return ArrayLeaf(NPSCALAR, _checked_name(data.dtype, address), _host(data))
@@ -144,6 +143,12 @@ def prepare_leaf(value: object, address: str, *, copy: bool = False) -> Leaf:
         "PRNG keys, and Python int, float, bool, complex, str and bytes",
         address=address,
     )
+
+
+def _numpy_leaf(value: np.ndarray[Any, Any], address: str, copy: bool) -> ArrayLeaf:
+    name = _checked_name(value.dtype, address)
+    _checked_shape(value.shape, value.dtype, address)
+    return ArrayLeaf(NUMPY, name, _host(value, copy))
 
 
 def _whole(x: jax.Array) -> np.ndarray[Any, Any]:
@@ -168,9 +173,16 @@ def _owned_shards(x: jax.Array) -> list[tuple[tuple[int, ...], np.ndarray[Any, A
     return parts
 
 
+_SHAPES_OK: set[tuple[tuple[int, ...], int]] = set()  # (shape, itemsize) pairs check_shape accepted
+
+
 def _checked_shape(shape: tuple[int, ...], dtype: np.dtype[Any], address: str) -> None:
+    if (shape, dtype.itemsize) in _SHAPES_OK:  # a model repeats a few shapes many times
+        return
     try:
         check_shape(shape, dtype.itemsize)  # the bound readers keep to
+        if len(_SHAPES_OK) < 4096:
+            _SHAPES_OK.add((shape, dtype.itemsize))
     except ValueError as exc:
         raise UnsupportedLeafError(
             f"{address or '(root)'}: cannot store an array of shape {shape}: {exc}", address=address

@@ -15,12 +15,13 @@ import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-import jax
 import numpy as np
-from jax.tree_util import DictKey, GetAttrKey, SequenceKey
 
 from treestore._format.address import (
+    DictKey,
+    GetAttrKey,
     Key,
+    SequenceKey,
     check_node_keys,
     format_address,
     format_key,
@@ -30,6 +31,8 @@ from treestore._format.address import (
     key_value,
 )
 from treestore._format.limits import MAX_DEPTH
+from treestore._tree.keys import from_jax
+from treestore._tree.lazy_jax import jax
 from treestore.errors import InvalidInputError, StructureMismatchError, UnsupportedKeyError
 
 # Types that are always leaves: no need to ask jax's registry about each one.
@@ -46,7 +49,8 @@ def _jax_order(keys: list[Any]) -> range | list[int]:
 
 
 def _children(node: Any) -> list[tuple[Key, Any]] | None:
-    """One level of a jax pytree node: (key entry, child) pairs, or None for a leaf."""
+    """One level of a jax pytree node: (key entry, child) pairs, or None for a leaf; the key
+    entries are the format's (:func:`treestore._tree.keys.from_jax`)."""
     pairs, treedef = jax.tree_util.tree_flatten_with_path(node, is_leaf=lambda y: y is not node)
     if jax.tree_util.treedef_is_leaf(treedef) and len(pairs) == 1 and pairs[0][0] == ():
         return None
@@ -54,7 +58,7 @@ def _children(node: Any) -> list[tuple[Key, Any]] | None:
     for path, child in pairs:
         if len(path) != 1:  # pragma: no cover - jax always yields one key per child here
             raise UnsupportedKeyError(f"node {type(node).__name__} yielded key path {path!r}")
-        out.append((path[0], child))
+        out.append((from_jax(path[0]), child))
     return out
 
 

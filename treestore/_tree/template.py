@@ -7,12 +7,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import jax
 import numpy as np
 
 from treestore._format.address import format_key, join_address, key_from_record
 from treestore._format.dtypes import DTYPES, JAX, NPSCALAR, NUMPY, PRNG_KEY, PY_KINDS, dtype_name
 from treestore._format.manifest import LeafEntry, Manifest
+from treestore._tree.lazy_jax import jax
 from treestore._tree.leaves import restore_array
 from treestore._tree.structure import leaves_with_addresses
 from treestore.errors import StructureMismatchError

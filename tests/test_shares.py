@@ -1,0 +1,404 @@
+"""Multi-process saves, their columnar shares and the primary's vectorised merge.
+
+Jobs of threads stand in for the processes of a jax.distributed job (tests/jobs.py); the real
+two-process job is tests/test_distributed.py.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from typing import Any
+
+import msgpack
+import numpy as np
+import pytest
+
+import treestore
+from treestore._engine import distributed as D
+from treestore._engine import locks as _locks
+from treestore._engine.group_runtime import LocalRuntime
+from treestore._engine.write import SaveOptions, SaveResult, prepare
+from treestore._format.columns import encode_any, encode_columns
+from treestore._format.manifest import ChunkRef, LeafEntry, Manifest, Piece
+from treestore._format.shares import share_from_entries
+from treestore._format.shares_merge import combine, merge, plan_from_entries
+from treestore._storage.registry import open_storage
+from treestore._tree.leaves import ArrayLeaf
+from treestore.errors import BarrierTimeoutError, InvalidInputError, StorageError
+
+from .jobs import prepared, rows, run_job
+
+
+def tree_of() -> dict[str, Any]:
+    rng = np.random.default_rng(7)
+    return {
+        "big": rng.standard_normal((256, 256)).astype(np.float32),  # 64 KiB pieces: chunked
+        "grid": rng.standard_normal((64, 48)).astype(np.float32),  # a 2 × 2 grid of packed pieces
+        "odd": np.arange(48, dtype=np.int64).reshape(12, 4),  # irregular owners, out of order
+        "whole": np.full((8, 8), 3, np.int16),  # one process owns all of it
+        "v": np.arange(16, dtype=np.int32),
+        "replicated": np.eye(3),
+        "step": 7,
+        "label": "run",
+    }
+
+
+BOXES = {
+    "big": rows(256, 4, 256),
+    "grid": [[((r * 32, c * 24), (32, 24))] for r in (0, 1) for c in (0, 1)],
+    "odd": [[((8, 0), (4, 4)), ((0, 0), (4, 4))], [], [((4, 0), (4, 4))], []],
+    "whole": [[], [], [], [((0, 0), (8, 8))]],
+    "v": rows(16, 4),
+}
+OPTIONS = SaveOptions(chunk_size=16384, small_leaf=4096, threads=2)
+
+
+def job(boxes: dict[str, Any] = BOXES, count: int = 4) -> list[Any]:
+    tree = tree_of()
+    return [prepared(tree, boxes, i) for i in range(count)]
+
+
+class Spied:
+    """A storage whose writes to one path can be changed (``damage``) or delayed, and whose
+    lock writes are timed."""
+
+    def __init__(self, storage: Any) -> None:
+        self._storage = storage
+        self.damage: dict[str, Any] = {}  # path suffix -> bytes -> bytes (None: do not write)
+        self.delay: dict[str, float] = {}  # path suffix -> seconds to wait before writing
+        self.delayed: list[float] = []  # when each delay began
+        self.refuse_lock_of: str | None = None  # the thread whose save lock cannot be written
+        self.lock_writes: list[tuple[float, str]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._storage, name)
+
+    def write(self, path: str, buffers: Any) -> None:
+        if path.startswith("locks/save-"):
+            self.lock_writes.append((time.monotonic(), threading.current_thread().name))
+            if threading.current_thread().name == self.refuse_lock_of:
+                raise StorageError(f"writing {path} failed: PermissionError: disk on fire")
+        for suffix, seconds in self.delay.items():
+            if path.endswith(suffix):
+                self.delayed.append(time.monotonic())
+                time.sleep(seconds)
+        for suffix, change in self.damage.items():
+            if path.endswith(suffix):
+                data = change(b"".join(bytes(b) for b in buffers))
+                if data is None:
+                    return
+                buffers = [data]
+        self._storage.write(path, buffers)
+
+
+def test_a_job_of_threads_saves_one_checkpoint_every_layout(store_url):
+    runtime = LocalRuntime(4)
+    results = run_job(open_storage(store_url), job(), "job", runtime=runtime, options=OPTIONS)
+    assert all(isinstance(r, SaveResult) for r in results), results
+    assert results[0].leaves == 8 and results[0].nbytes == sum(
+        v.nbytes for v in tree_of().values() if isinstance(v, np.ndarray)
+    )
+    store = treestore.Store(store_url)
+    out = store.load("job")
+    for key, value in tree_of().items():
+        assert np.array_equal(out[key], value) if isinstance(value, np.ndarray) else out[key] == value, key
+    by = {e.address: e for e in store.manifest("job").leaves}
+    assert [p.start for p in by["grid"].pieces] == [(0, 0), (0, 24), (32, 0), (32, 24)]
+    assert [p.start for p in by["odd"].pieces] == [(0, 0), (4, 0), (8, 0)]  # sorted by start
+    assert all(len(p.chunks) == 4 for p in by["big"].pieces)  # 64 KiB in 16 KiB chunks
+    assert {c.pack for p in by["v"].pieces for c in p.chunks} == {0, 1, 2, 3}  # renumbered packs
+    assert not by["whole"].pieces and len(by["whole"].chunks) == 1  # one piece, all of it
+    assert store.storage.list("staging") == [] and store.storage.list("locks") == []
+    assert runtime.keys("treestore/") == []  # the runtime keeps nothing of the save
+
+
+def _refs(rng: np.random.Generator, packs: list[ChunkRef], nbytes: int) -> tuple[ChunkRef, ...]:
+    """A piece's chunk refs: inside one of ``packs`` (small ones, at times), else 1 to 3 chunks."""
+    if packs and nbytes < 4096 and rng.random() < 0.5:
+        return (ChunkRef(rng.bytes(32), nbytes, 0, int(rng.integers(len(packs))), 0),)
+    cut = np.unique(np.r_[0, rng.integers(0, nbytes + 1, int(rng.integers(0, 3))), nbytes]).tolist()
+    return tuple(ChunkRef(rng.bytes(32), b - a, b - a + 16) for a, b in itertools.pairwise(cut))
+
+
+def _grid(rng: np.random.Generator, ndim: int) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """The boxes of a random grid over a leaf of shape (6,) * ndim."""
+    cuts = [np.unique(np.r_[0, rng.integers(1, 6, int(rng.integers(0, 3))), 6]).tolist() for _ in range(ndim)]
+    return [
+        (
+            tuple(c[j] for c, j in zip(cuts, at, strict=True)),
+            tuple(c[j + 1] - c[j] for c, j in zip(cuts, at, strict=True)),
+        )
+        for at in np.ndindex(*[len(c) - 1 for c in cuts])
+    ]
+
+
+def _random_job(
+    rng: np.random.Generator,
+) -> tuple[Manifest, list[list[LeafEntry]], list[list[ChunkRef]], list[bool]]:
+    """A checkpoint saved by a job of 1 to 5 processes: the manifest one process would write
+    (pieces sorted by start, each process's packs after the earlier ones'), and what each
+    process holds: its leaf entries (the primary's: every leaf) and its packs."""
+    count = int(rng.integers(1, 6))
+    packs = [
+        [ChunkRef(rng.bytes(32), 1 << 20, 1000) for _ in range(int(rng.integers(0, 3)))] for _ in range(count)
+    ]
+    bases = np.cumsum([0] + [len(p) for p in packs]).tolist()
+    entries: list[LeafEntry] = []
+    owned: list[list[LeafEntry]] = [[] for _ in range(count)]
+    sharded: list[bool] = []
+    for i in range(int(rng.integers(1, 8))):
+        address = f"l{i}"
+        sharded.append(rng.random() > 0.25)
+        if not sharded[-1]:
+            entries.append(LeafEntry(address, "numpy", "float32", (16,), _refs(rng, packs[0], 64)))
+            owned[0].append(entries[-1])
+            continue
+        ndim = int(rng.integers(1, 4))
+        pieces: list[list[Piece]] = [[] for _ in range(count)]
+        for start, shape in _grid(rng, ndim):
+            k = int(rng.integers(count))
+            pieces[k].append(Piece(start, shape, _refs(rng, packs[k], 4 * int(np.prod(shape)))))
+        merged = []
+        for k in range(count):
+            rng.shuffle(pieces[k])  # in any order: the merge sorts them
+            chunks = tuple(c for p in pieces[k] for c in p.chunks)
+            owned[k].append(
+                LeafEntry(address, "numpy", "float32", (6,) * ndim, chunks, pieces=tuple(pieces[k]))
+            )
+            moved = [Piece(p.start, p.shape, tuple(_moved(c, bases[k]) for c in p.chunks)) for p in pieces[k]]
+            merged += moved
+        merged.sort(key=lambda p: p.start)
+        chunks = tuple(c for p in merged for c in p.chunks)
+        entries.append(
+            D.canonical(LeafEntry(address, "numpy", "float32", (6,) * ndim, chunks, pieces=tuple(merged)))
+        )
+    tree = {
+        "type": "dict",
+        "keys": [["dict", e.address] for e in entries],
+        "children": [{"type": "leaf", "leaf": j} for j in range(len(entries))],
+    }
+    manifest = Manifest("m", 1.5, tree, tuple(entries), tuple(p for ps in packs for p in ps), {"n": count})
+    return manifest, owned, packs, sharded
+
+
+def _moved(ref: ChunkRef, base: int) -> ChunkRef:
+    return ref if ref.pack is None else ChunkRef(ref.digest, ref.raw_size, 0, ref.pack + base, ref.offset)
+
+
+def test_the_merge_writes_the_bytes_the_one_process_path_writes():
+    """Random tilings, owners, orders, chunk counts and packs: the vectorised merge of the shares
+    encodes to exactly the manifest the version-1 leaf entries encode to."""
+    rng = np.random.default_rng(3)
+    for trial in range(40):
+        manifest, owned, packs, sharded = _random_job(rng)
+        where = {e.address: j for j, e in enumerate(manifest.leaves)}
+        shares = [share_from_entries(where, owned[k], packs[k]) for k in range(len(owned))]
+        plan = plan_from_entries(manifest.tree, owned[0], sharded)
+        combined, problems = combine(plan, shares)
+        assert combined is not None and not problems
+        header = {"name": "m", "created": 1.5, "metadata": manifest.metadata, "codec": {}, "chunk_size": 0}
+        assert encode_columns(merge(plan, combined, header)) == encode_any(manifest), trial
+
+
+def overlapping() -> dict[str, Any]:
+    boxes = dict(BOXES)
+    boxes["v"] = [[((0,), (4,))], [((4,), (4,))], [((4,), (4,))], [((12,), (4,))]]  # 8..12 missing
+    return boxes
+
+
+def missing() -> dict[str, Any]:
+    boxes = dict(BOXES)
+    boxes["v"] = [[((0,), (4,))], [((4,), (4,))], [((8,), (4,))], []]
+    return boxes
+
+
+OVERLAP = "leaf v: pieces from processes 1 and 2 overlap: at (4,) of shape (4,) and at (4,)"
+MISSING = (
+    "leaf v: its pieces cover 12 of its 16 elements: processes 0, 1, 2 sent pieces of it, process 3 sent none"
+)
+
+
+@pytest.mark.parametrize(("boxes", "expected"), [(overlapping(), OVERLAP), (missing(), MISSING)])
+def test_pieces_that_do_not_tile_a_leaf_name_it_and_the_processes(store_url, boxes, expected):
+    store = treestore.Store(store_url)
+    store.save({"earlier": np.arange(3)}, "earlier")
+    runtime = LocalRuntime(4)
+    results = run_job(store.storage, job(boxes), "job", runtime=runtime, options=OPTIONS)
+    assert isinstance(results[0], InvalidInputError) and expected in str(results[0]), results[0]
+    assert results[0].address == "v"
+    for r in results[1:]:  # the others learn it from the outcome
+        assert isinstance(r, StorageError) and expected in str(r), r
+    assert [c.name for c in store.list()] == ["earlier"]
+    assert store.storage.list("locks") == [] and runtime.keys("treestore/") == []
+
+
+def test_a_piece_outside_its_leaf_names_the_process(store_url):
+    tree = {"v": np.arange(16, dtype=np.int32)}
+
+    def process(i: int) -> Any:
+        start = (4 * i,) if i < 3 else (14,)  # process 3 claims 4 elements from 14 of 16
+
+        def leaf(address: str, value: Any) -> ArrayLeaf:
+            part = np.arange(4, dtype=np.int32)
+            return ArrayLeaf("numpy", "int32", None, pieces=((start, part),), global_shape=(16,))
+
+        return prepare(tree, leaf=leaf)
+
+    results = run_job(open_storage(store_url), [process(i) for i in range(4)], "job")
+    assert isinstance(results[0], InvalidInputError), results[0]
+    assert "leaf v: a piece from process 3 at (14,) of shape (4,) lies outside its shape (16,)" in str(
+        results[0]
+    )
+    assert treestore.Store(store_url).list() == []
+
+
+def _record(data: bytes, change: Any) -> bytes:
+    rec = msgpack.unpackb(data, raw=False)
+    change(rec)
+    return msgpack.packb(rec, use_bin_type=True)
+
+
+def _filled(column: bytes, value: int) -> bytes:
+    """A u4 column of the same length, every entry ``value``."""
+    return np.full(len(column) // 4, value, "<u4").tobytes()
+
+
+def _set(**fields: Any) -> Any:
+    return lambda data: _record(data, lambda rec: rec.update(fields))
+
+
+HOSTILE = {
+    "garbage": (lambda data: b"\xc1 not msgpack", "it is not valid msgpack"),
+    "not a map": (lambda data: msgpack.packb([1, 2]), "it is not a map"),
+    "trailing bytes": (lambda data: data + b"\x00", "not valid msgpack"),
+    "another format": (_set(format="treestore.manifest"), "expected 'treestore.staging'"),
+    "an older treestore's record": (
+        lambda data: msgpack.packb({"ok": True, "pieces": {}, "packs": []}),
+        "its format is None, expected 'treestore.staging'",
+    ),
+    "another tree": (_set(layout=b"\x00" * 32), "it saved another tree than process 0"),
+    "no layout": (lambda data: _record(data, lambda rec: rec.pop("layout")), "missing field 'layout'"),
+    "ok is not a bool": (_set(ok=1), "field 'ok' should be bool"),
+    "a torn chunk table": (
+        lambda data: _record(data, lambda rec: rec.update(chunks=rec["chunks"][:-1])),
+        "field 'chunks' holds",
+    ),
+    "a leaf beyond the tree": (
+        _set(piece_leaves=np.full(2, 10**6, "<u4").tobytes(), piece_chunks=np.ones(2, "<u4").tobytes()),
+        "a piece names a leaf beyond the tree's 8",
+    ),
+    "a leaf that is not sharded": (
+        lambda data: _record(data, lambda rec: rec.update(piece_leaves=_filled(rec["piece_leaves"], 5))),
+        "it holds a piece of a leaf that is not sharded",  # leaf 5, "step", is a scalar
+    ),
+    "boxes of the wrong size": (
+        lambda data: _record(data, lambda rec: rec.update(piece_start=rec["piece_start"][:-8])),
+        "its piece boxes do not match its pieces",
+    ),
+    "chunk counts that do not add up": (
+        lambda data: _record(data, lambda rec: rec.update(piece_chunks=_filled(rec["piece_chunks"], 0))),
+        "its pieces do not list its chunk refs",
+    ),
+    "a pack index out of range": (
+        lambda data: _record(data, lambda rec: rec.update(packs=b"")),
+        "a pack index is out of range",
+    ),
+    "a failure without its error": (
+        lambda data: msgpack.packb({"format": "treestore.staging", "ok": False}),
+        "missing field 'error'",
+    ),
+    "no record at all": (lambda data: None, "it wrote no staging record"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("attack", sorted(HOSTILE))
+def test_a_hostile_staging_record_fails_the_save_naming_its_process(store_url, attack):
+    change, expected = HOSTILE[attack]
+    storage = Spied(open_storage(store_url))
+    storage.damage["/process-1"] = change
+    results = run_job(storage, job(), "job", options=OPTIONS)
+    assert isinstance(results[0], StorageError), results[0]
+    assert "process 1: " in str(results[0]) and expected in str(results[0]), str(results[0])
+    assert all(isinstance(r, StorageError) for r in results[1:]), results
+    assert treestore.Store(store_url).list() == []
+
+
+def test_a_staging_record_over_its_limit_is_not_read(store_url, monkeypatch):
+    monkeypatch.setattr(D, "MAX_STAGING_BYTES", 2048)  # every process's own record is smaller
+    storage = Spied(open_storage(store_url))
+    storage.damage["/process-1"] = _set(padding=b"x" * 4096)
+    results = run_job(storage, job(), "job", options=OPTIONS)
+    assert isinstance(results[0], StorageError), results[0]
+    assert "process 1: its staging record cannot be read" in str(results[0]), results[0]
+    assert "over the limit of 2048 bytes" in str(results[0])
+    assert treestore.Store(store_url).list() == []
+
+
+def test_a_share_over_the_limit_is_refused_by_its_own_process(store_url, monkeypatch):
+    monkeypatch.setattr(D, "MAX_STAGING_BYTES", 600)
+    results = run_job(open_storage(store_url), job(), "job", options=OPTIONS)
+    refused = [r for r in results if "over the 600 bytes a staging record may hold" in str(r)]
+    assert refused and all(isinstance(r, StorageError) for r in results), results
+    assert treestore.Store(store_url).list() == []
+
+
+def test_a_failing_process_fails_every_process_naming_it(store_url):
+    store = treestore.Store(store_url)
+    storage = Spied(store.storage)
+    storage.refuse_lock_of = "process-2"
+    results = run_job(storage, job(), "job", options=OPTIONS)
+    assert isinstance(results[2], StorageError) and "disk on fire" in str(results[2])
+    assert isinstance(results[0], StorageError)
+    assert "process 2: StorageError: writing locks/save-" in str(results[0]), results[0]
+    for r in results[1:]:
+        assert isinstance(r, StorageError) and "disk on fire" in str(r), r
+    assert store.list() == [] and store.storage.list("locks") == []
+
+
+def test_a_process_that_never_arrives_is_named_when_the_others_give_up(store_url, monkeypatch):
+    monkeypatch.setenv("TREESTORE_BARRIER_TIMEOUT", "1")
+    trees: list[Any] = job(count=4)
+    trees[2] = None  # process 2 never saves
+    started = time.monotonic()
+    results = run_job(open_storage(store_url), trees, "job", options=OPTIONS)
+    assert time.monotonic() - started < 30
+    for i in (0, 1, 3):
+        r = results[i]
+        assert isinstance(r, BarrierTimeoutError) and r.missing == (2,), r
+        assert "step 'written': process 2 (of 4) did not arrive within 1 s" in str(r), r
+        assert "nothing was committed" in str(r)
+    store = treestore.Store(store_url)
+    assert store.list() == [] and store.storage.list("locks") == []
+
+
+def test_followers_name_a_primary_that_never_starts(store_url, monkeypatch):
+    monkeypatch.setenv("TREESTORE_BARRIER_TIMEOUT", "0.5")
+    trees: list[Any] = job(count=4)
+    trees[0] = None
+    results = run_job(open_storage(store_url), trees, "job", options=OPTIONS)
+    for r in results[1:]:
+        assert isinstance(r, BarrierTimeoutError) and r.missing == (0,), r
+        assert "process 0 did not start it within 0.5 s" in str(r), r
+    assert treestore.Store(store_url).list() == []
+
+
+def test_waiting_processes_keep_their_save_locks_fresh(store_url, monkeypatch):
+    """A process that waits long for the others rewrites its save lock as a save rewrites it
+    between leaves, so gc never mistakes a save in flight for an abandoned one."""
+    monkeypatch.setattr(D, "KEEP_FRESH", 0.02)
+    monkeypatch.setattr(_locks, "STALE_AFTER", 0.2)  # a lock is rewritten after 0.05 s
+    storage = Spied(open_storage(store_url))
+    storage.delay["/process-2"] = 2.0  # process 2 is slow to share its pieces
+    results = run_job(storage, job(), "job", options=OPTIONS)
+    assert all(isinstance(r, SaveResult) for r in results), results
+    (began,) = storage.delayed
+    waiting = {name.split()[0] for t, name in storage.lock_writes if began + 1.0 < t < began + 1.9}
+    assert {"process-0", "process-1", "process-3"} <= waiting, storage.lock_writes
+
+
+def test_a_job_of_one_process_saves_through_the_group_path(store_url):
+    results = run_job(open_storage(store_url), [prepared(tree_of(), {"v": [[((0,), (16,))]]}, 0)], "one")
+    assert isinstance(results[0], SaveResult) and results[0].leaves == 8
+    assert np.array_equal(treestore.load(store_url, "one")["v"], np.arange(16, dtype=np.int32))

@@ -1,0 +1,121 @@
+"""Whole leaves, many at once, planned from a manifest's columns: what a load reads.
+
+Small leaves packed together are served one pack at a time: the pack is read, decoded and
+verified once, and each member becomes a view of the decoded pack, verified against its own
+digest — no per-leaf allocation, copy or leaf entry. A leaf with chunks of its own gets one job
+per chunk, decoding straight into the leaf's array; a leaf saved in pieces is assembled piece by
+piece (:mod:`treestore._engine.region`). The jobs run in parallel.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from treestore._engine.read import ChunkReader, allocate
+from treestore._engine.region import plan_region, run_in_threads
+from treestore._format.columns import ARRAY_CODES, DTYPE_NAMES, PIECED, Columns
+from treestore._format.dtypes import dtype_from_name
+
+Arrays = dict[int, np.ndarray[Any, Any]]
+
+
+def read_leaves(reader: ChunkReader, columns: Columns, which: np.ndarray, *, threads: int) -> Arrays:
+    """The host arrays of the array leaves among leaf indices ``which``, by leaf index, every
+    byte verified against its digest (scalar leaves, which live in the manifest, are skipped)."""
+    which = np.asarray(which, np.int64)
+    rows = columns.leaves[which]
+    which, rows = which[rows["kind"] < ARRAY_CODES], rows[rows["kind"] < ARRAY_CODES]
+    first = columns.chunk_start[which]
+    single = rows["chunks"] == 1
+    pack = np.full(len(which), -1, np.int64)
+    pack[single] = columns.chunks["pack"][first[single]]
+    member = (pack >= 0) & ((rows["flags"] & PIECED) == 0)
+    out: Arrays = {}
+    jobs: list[Callable[[], None]] = []
+    fills: list[Callable[[], None]] = []
+    for i in which[~member].tolist():  # leaves with chunks of their own, or in pieces
+        if columns.leaves["flags"][i] & PIECED and _packed_pieces(columns, i):
+            dtype = dtype_from_name(DTYPE_NAMES[columns.leaves["dtype"][i]])
+            shape = columns.shape(i)
+            address = columns.address(i)
+            out[i] = allocate(shape, address, reader.name, dtype)
+            jobs.append(functools.partial(_read_packed_pieces, reader, columns, i, out[i], address))
+            continue
+        entry = columns.entries[i]
+        assert entry.shape is not None
+        dtype = dtype_from_name(entry.dtype, address=entry.address)
+        array = out[i] = allocate(entry.shape, entry.address, reader.name, dtype)
+        if entry.pieces:
+            plan_region(reader, entry, tuple(slice(0, n) for n in entry.shape), array, jobs, fills)
+            continue
+        flat = array.reshape(-1).view(np.uint8)
+        at = 0
+        for c in entry.chunks:  # no pack member here, but a hostile manifest may mix them
+            jobs.append(
+                functools.partial(reader.read_leaf_chunk, c, flat[at : at + c.raw_size], entry.address)
+            )
+            at += c.raw_size
+    order = np.argsort(pack[member], kind="stable")
+    members, packs = which[member][order], pack[member][order]
+    bounds = np.flatnonzero(np.diff(packs, prepend=-1, append=-1)).tolist()
+    for lo, hi in itertools.pairwise(bounds):
+        jobs.append(functools.partial(_read_pack, reader, columns, int(packs[lo]), members[lo:hi], out))
+    run_in_threads(jobs, threads)
+    for fill in fills:
+        fill()
+    return out
+
+
+def _read_pack(reader: ChunkReader, columns: Columns, pack: int, leaves: np.ndarray, out: Arrays) -> None:
+    """Leaves ``leaves`` (each one chunk, all in pack ``pack``) as views of the decoded pack."""
+    refs = columns.chunks[columns.chunk_start[leaves]]
+    digests = refs["digest"].tobytes()
+    codes = columns.leaves["dtype"][leaves]
+    dtypes = {int(code): dtype_from_name(DTYPE_NAMES[code]) for code in np.unique(codes).tolist()}
+    buf = reader.pack(pack, columns.address(int(leaves[0])))
+    for j, (i, code, offset, size) in enumerate(
+        zip(leaves.tolist(), codes.tolist(), refs["offset"].tolist(), refs["raw"].tolist(), strict=True)
+    ):
+        chunk_digest = digests[32 * j : 32 * j + 32]
+        part = reader.member(buf, offset, size, chunk_digest)
+        if part is None:
+            raise reader.mismatch(chunk_digest, columns.address(i))
+        dtype = dtypes[code]
+        array = part.view(dtype) if offset % dtype.itemsize == 0 else part.copy().view(dtype)
+        out[i] = array.reshape(columns.shape(i))
+
+
+def _packed_pieces(columns: Columns, i: int) -> bool:
+    """Whether every piece of leaf i is one chunk inside a pack (small shards)."""
+    _, _, first, count = columns.piece_rows(i)
+    return bool(np.all(count == 1)) and bool(np.all(columns.chunks["pack"][first] >= 0))
+
+
+def _read_packed_pieces(
+    reader: ChunkReader, columns: Columns, i: int, out: np.ndarray[Any, Any], address: str
+) -> None:
+    """Leaf i, saved in pieces that are each one chunk inside a pack, assembled into ``out``."""
+    starts, shapes, first, _ = columns.piece_rows(i)
+    refs = columns.chunks[first]
+    digests = refs["digest"].tobytes()
+    for j, (start, shape, pack, offset, size) in enumerate(
+        zip(
+            starts.tolist(),
+            shapes.tolist(),
+            refs["pack"].tolist(),
+            refs["offset"].tolist(),
+            refs["raw"].tolist(),
+            strict=True,
+        )
+    ):
+        chunk_digest = digests[32 * j : 32 * j + 32]
+        part = reader.member(reader.pack(pack, address), offset, size, chunk_digest)
+        if part is None:
+            raise reader.mismatch(chunk_digest, address)
+        box = tuple(slice(a, a + n) for a, n in zip(start, shape, strict=True))
+        out[box] = (part if offset % out.itemsize == 0 else part.copy()).view(out.dtype).reshape(shape)

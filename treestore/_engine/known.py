@@ -1,0 +1,97 @@
+"""Known chunks: the chunk objects a committed checkpoint references, which a save (or a copy)
+may reference without asking the store whether it holds them.
+
+A save of step N+1 usually shares most chunks with step N. Without this, each of them costs a
+size request (a HEAD on object stores) and a read of its first bytes (the reuse check, SPEC.md
+section 3.3). :func:`learn` reads one checkpoint's manifest instead (its commit record and its
+manifest: two requests, a listing more to find the store's newest) and gives a table of digest
+-> stored size, looked up once per chunk.
+
+Why a known chunk needs no check (SPEC.md sections 3.3 and 7):
+
+* A chunk a committed checkpoint references is deleted only by gc, and gc deletes only what no
+  commit record listed in its run references. A checkpoint's chunks therefore vanish only after
+  its commit record is removed *and* a gc runs.
+* :func:`learn` runs holding the save's lock, after :func:`treestore._engine.locks.save_lock`
+  has waited for any running gc to finish, and reads the commit record then. The writer that
+  last committed that record made its chunks durable first, under a save lock of its own: the
+  same exclusion kept every gc from deleting from then to its commit, and every gc after the
+  commit listed the record (listings are strongly consistent) and kept its chunks. So they exist
+  when the record is read.
+* From then until the save's commit, the save's lock keeps every gc from deleting anything
+  (gc defers while a live save lock exists; the save refreshes its lock, so it never goes stale).
+  If the record is deleted meanwhile, its chunks stay until the save has committed, and from then
+  the new checkpoint references them. (A gc run with a stale limit shorter than a save takes
+  ignores that save's lock: that endangers every save, trusting or not; SPEC.md section 7.)
+
+A hint learned *before* the lock (a table kept in memory from an earlier save) would not be safe:
+the checkpoint could have been deleted and gc run in between. That is why callers name the
+checkpoint (or ask for the store's newest) and the table is read under the lock, never cached.
+
+A known chunk also skips the reuse check: the save that committed it wrote it or checked it, and
+damage since then (a body rotted on disk) is what ``verify`` finds, as for any chunk whose body
+is damaged behind an intact header. A hint that cannot be used (no such checkpoint, a damaged or
+unsupported commit record or manifest, a failed read) is dropped silently: the save then checks
+every chunk, as it would without one. ``trust_previous=False`` asks for that every time.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from treestore._engine.read import read_columns, read_commit_record
+from treestore._format import layout as _layout
+from treestore._format.manifest import check_name
+from treestore._storage.base import Storage
+from treestore.errors import TreestoreError
+
+_log = logging.getLogger("treestore")
+
+
+@dataclass(frozen=True)
+class KnownChunks:
+    """The chunk objects checkpoint ``checkpoint`` references, by digest: their stored sizes."""
+
+    checkpoint: str
+    stored: dict[bytes, int]  # chunk digest -> stored size (Columns.chunk_objects)
+
+    def __len__(self) -> int:
+        return len(self.stored)
+
+
+# What a caller names as the source of known chunks: a checkpoint's name, True for the store's
+# newest checkpoint, False for none (check every chunk in the store).
+Previous = str | bool
+
+
+def learn(storage: Storage, previous: Previous) -> KnownChunks | None:
+    """The chunks checkpoint ``previous`` of ``storage`` references (True: the checkpoint whose
+    commit record was written last; False: none), read now. Call it holding a save lock (see the
+    module's docstring); None when there is no usable hint, for whatever reason."""
+    if previous is False:
+        return None
+    try:
+        name = previous if isinstance(previous, str) else _newest(storage)
+        if name is None:
+            return None
+        record = read_commit_record(storage, name)
+        return KnownChunks(record.name, read_columns(storage, record).chunk_objects())
+    except TreestoreError as exc:  # an unusable hint: the save checks every chunk instead
+        _log.debug("%s: no known chunks from %r (%s: %s)", storage.url, previous, type(exc).__name__, exc)
+        return None
+
+
+def _newest(storage: Storage) -> str | None:
+    """The checkpoint whose commit record was written last, by the listing's mtimes (ties, and
+    backends without mtimes, by name): one listing, no record read."""
+    prefix = _layout.CHECKPOINTS + "/"
+    newest: tuple[float, str] | None = None
+    for obj in storage.list(_layout.CHECKPOINTS):
+        try:
+            name = check_name(obj.path[len(prefix) :] if obj.path.startswith(prefix) else "")
+        except TreestoreError:
+            continue
+        key = (obj.mtime if obj.mtime is not None else 0.0, name)
+        newest = key if newest is None or key > newest else newest
+    return None if newest is None else newest[1]

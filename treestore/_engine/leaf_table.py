@@ -1,0 +1,150 @@
+"""The leaves a save wrote, recorded column by column as they are written.
+
+A save appends each leaf's fields to plain lists (a few appends per leaf, no per-leaf object),
+and :meth:`LeafTable.fields` turns them into the arrays of a version-2 manifest (SPEC.md §5.7),
+which :func:`treestore._format.columns.columns_from_fields` checks exactly as readers do. A caller
+that needs version-1 leaf entries (a multi-process save's share, a derived checkpoint) gets them
+from the checked columns.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from treestore._format.columns import (
+    CHUNK_DTYPE,
+    DTYPE_NAMES,
+    KINDS,
+    LEAF_DTYPE,
+    PIECED,
+    PRNG_NAMES,
+    PRNG_SHIFT,
+    WEAK_TYPE,
+)
+from treestore._format.dtypes import value_to_record
+from treestore._format.manifest import ChunkRef, LeafEntry, Piece
+from treestore._format.shares import pack_table
+from treestore.errors import InvalidInputError
+
+Ref = tuple[bytes, int, int, int, int]  # digest, raw size, stored size, pack index (-1: none), offset
+PieceRow = tuple[tuple[int, ...], tuple[int, ...], int]  # start, shape, number of chunk refs
+_KIND = {name: code for code, name in enumerate(KINDS)}
+_DTYPE = {name: code for code, name in enumerate(DTYPE_NAMES)}
+_PRNG = {name: code << PRNG_SHIFT for code, name in enumerate(PRNG_NAMES)}
+
+
+def ref_of(c: ChunkRef) -> Ref:
+    return (c.digest, c.raw_size, c.stored_size, -1 if c.pack is None else c.pack, c.offset)
+
+
+def _chunk_ref(r: Ref) -> ChunkRef:
+    return ChunkRef(r[0], r[1], r[2]) if r[3] < 0 else ChunkRef(*r)
+
+
+class LeafTable:
+    """The columns of a save's leaves, in leaf order; append with :meth:`value` and :meth:`array`."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[int, int, int, int, int]] = []
+        self.shapes: list[int] = []
+        self.values: list[object] = []
+        self.refs: list[Ref] = []
+        self.piece_counts: list[int] = []
+        self.piece_chunks: list[int] = []
+        self.piece_start: list[int] = []
+        self.piece_shape: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def value(self, kind: str, value: object, address: str) -> None:
+        """A Python scalar leaf."""
+        try:
+            record = value_to_record(kind, value)
+        except ValueError as exc:  # prepare_leaf checked it already: a value changed since
+            raise InvalidInputError(f"{address or '(root)'}: {exc}", address=address) from None
+        self.rows.append((_KIND[kind], 0, 0, 0, 0))
+        self.values.append(record)
+
+    def array(
+        self,
+        kind: str,
+        dtype: str,
+        shape: tuple[int, ...],
+        prng_impl: str | None,
+        weak_type: bool,
+        refs: list[Ref],
+        pieces: list[PieceRow] | None,
+        address: str,
+    ) -> None:
+        """An array leaf: its chunk refs, and for a leaf saved in pieces each piece's start,
+        shape and number of chunk refs (the refs are the pieces', piece after piece). A leaf in
+        one piece covering all of it is recorded as a plain leaf."""
+        if pieces is not None and len(pieces) == 1 and pieces[0][1] == shape:
+            pieces = None
+        flags = _PRNG[prng_impl] | (WEAK_TYPE if weak_type else 0) | (PIECED if pieces is not None else 0)
+        self.rows.append((_KIND[kind], _DTYPE[dtype], len(shape), flags, len(refs)))
+        self.shapes += shape
+        self.refs += refs
+        if pieces is not None:
+            self.piece_counts.append(len(pieces))
+            for start, box, n in pieces:
+                self.piece_start += start
+                self.piece_shape += box
+                self.piece_chunks.append(n)
+
+    def fields(self, packs: list[ChunkRef]) -> dict[str, Any]:
+        """The manifest arrays of these leaves and ``packs`` (what ``columns_from_fields`` takes,
+        but the header fields and the tree)."""
+        chunks = np.zeros(len(self.refs), CHUNK_DTYPE)
+        if self.refs:
+            digests, raw, stored, pack, offset = zip(*self.refs, strict=True)
+            chunks["digest"] = np.frombuffer(b"".join(digests), "V32")
+            chunks["raw"], chunks["stored"] = raw, stored
+            chunks["pack"], chunks["offset"] = pack, offset
+        return {
+            "leaves": np.array(self.rows, LEAF_DTYPE) if self.rows else np.zeros(0, LEAF_DTYPE),
+            "shapes": np.array(self.shapes, "<u8"),
+            "values": self.values,
+            "piece_counts": np.array(self.piece_counts, "<u4"),
+            "piece_chunks": np.array(self.piece_chunks, "<u4"),
+            "piece_start": np.array(self.piece_start, "<u8"),
+            "piece_shape": np.array(self.piece_shape, "<u8"),
+            "chunks": chunks,
+            "packs": pack_table(packs),
+        }
+
+
+class LeafEntries:
+    """The leaves a save wrote as version-1 leaf entries, in leaf order (for a multi-process
+    save's share and a derived checkpoint); the same appends as :class:`LeafTable`, but a leaf in
+    one piece stays a piece (its process shares it as one)."""
+
+    def __init__(self) -> None:
+        self.entries: list[LeafEntry] = []
+
+    def value(self, kind: str, value: object, address: str) -> None:
+        self.entries.append(LeafEntry(address, kind, value=value))
+
+    def array(
+        self,
+        kind: str,
+        dtype: str,
+        shape: tuple[int, ...],
+        prng_impl: str | None,
+        weak_type: bool,
+        refs: list[Ref],
+        pieces: list[PieceRow] | None,
+        address: str,
+    ) -> None:
+        chunks = tuple(_chunk_ref(r) for r in refs)
+        made: list[Piece] = []
+        at = 0
+        for start, box, n in pieces or ():
+            made.append(Piece(start, box, chunks[at : at + n]))
+            at += n
+        self.entries.append(
+            LeafEntry(address, kind, dtype, shape, chunks, prng_impl, pieces=tuple(made), weak_type=weak_type)
+        )

@@ -1,0 +1,274 @@
+"""The primary's merge of every process's share into one version-2 manifest, with numpy alone.
+
+The shares are concatenated (process 0's first) and checked together (:func:`combine`); pack
+indices are renumbered (each process's packs follow the earlier processes'), pieces are ordered
+by leaf and then by start, each leaf's chunk refs are placed among the primary's own leaves', and
+the resulting columns are checked exactly as readers check a manifest
+(:func:`treestore._format.columns.columns_from_fields`). No piece becomes a Python object: the
+primary's work grows with the number of pieces only through vectorised operations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from treestore._format.columns import (
+    CHUNK_DTYPE,
+    DTYPE_NAMES,
+    KINDS,
+    LEAF_DTYPE,
+    PIECED,
+    PRNG_NAMES,
+    PRNG_SHIFT,
+    WEAK_TYPE,
+    Columns,
+    columns_from_fields,
+    concat_ranges,
+    prefix_sums,
+)
+from treestore._format.dtypes import value_to_record
+from treestore._format.manifest import ChunkRef, LeafEntry
+from treestore._format.shares import Share, ref_table
+from treestore._format.shares_explain import Pieces, explain
+from treestore.errors import InvalidInputError
+
+_DTYPE_CODES = {name: code for code, name in enumerate(DTYPE_NAMES)}
+_I4_END = 2**31  # pack indices are i4 in a manifest
+_REF_WORDS = CHUNK_DTYPE.itemsize // 4  # a chunk ref as u4 words: digest, raw, stored, pack, offset
+_PACK_WORD = _REF_WORDS - 2
+assert CHUNK_DTYPE.names is not None and CHUNK_DTYPE.names[-2:] == ("pack", "offset")
+
+
+def _words(table: np.ndarray) -> np.ndarray:
+    """CHUNK_DTYPE records as rows of u4 words: numpy copies and gathers those far faster."""
+    return table.view("<u4").reshape(-1, _REF_WORDS)
+
+
+@dataclass(frozen=True, eq=False)
+class Plan:
+    """What the primary knows of every leaf before merging, from its own leaf entries: the
+    leaf rows (``chunks`` 0 for sharded leaves), shapes, values and the chunk refs of leaves
+    that are not sharded, leaf after leaf."""
+
+    tree: object
+    addresses: tuple[str, ...]
+    leaves: np.ndarray  # LEAF_DTYPE
+    shapes: np.ndarray  # uint64
+    shape_start: np.ndarray  # int64 [n + 1]
+    ndim: np.ndarray  # int64 per leaf
+    values: tuple[object, ...]  # scalar leaves' values as stored
+    chunks: np.ndarray  # CHUNK_DTYPE: the refs of every leaf that is not sharded
+    sharded: np.ndarray  # bool per leaf
+
+
+def plan_from_entries(tree: object, entries: Sequence[LeafEntry], sharded: Sequence[bool]) -> Plan:
+    """The primary's :class:`Plan`; ``entries`` holds every leaf, in leaf order."""
+    rows: list[tuple[int, int, int, int, int]] = []
+    shapes: list[int] = []
+    values: list[object] = []
+    refs: list[ChunkRef] = []
+    for entry, split in zip(entries, sharded, strict=True):
+        code = KINDS.index(entry.kind)
+        if not entry.is_array:
+            rows.append((code, 0, 0, 0, 0))
+            values.append(value_to_record(entry.kind, entry.value))
+            continue
+        shape = list(entry.shape or ())
+        flags = (WEAK_TYPE if entry.weak_type else 0) | PRNG_NAMES.index(entry.prng_impl) << PRNG_SHIFT
+        assert entry.dtype is not None
+        count = 0 if split else len(entry.chunks)
+        rows.append((code, _DTYPE_CODES[entry.dtype], min(len(shape), 255), flags, count))
+        shapes += shape
+        if not split:
+            refs += entry.chunks
+    leaves = np.array(rows, LEAF_DTYPE) if rows else np.zeros(0, LEAF_DTYPE)
+    ndim = leaves["ndim"].astype(np.int64)
+    return Plan(
+        tree,
+        tuple(e.address for e in entries),
+        leaves,
+        np.array(shapes, "<u8"),
+        prefix_sums(ndim),
+        ndim,
+        tuple(values),
+        ref_table(refs),
+        np.array(sharded, bool),
+    )
+
+
+@dataclass(frozen=True, eq=False)
+class Combined:
+    """Every process's share concatenated, process 0's first: per piece its leaf, process and
+    number of chunk refs; the pieces' starts and shapes (their leaf's ndim entries each); the
+    chunk refs as u4 rows, pack indices renumbered into ``packs``."""
+
+    processes: int
+    leaf: np.ndarray
+    process: np.ndarray
+    counts: np.ndarray
+    start: np.ndarray
+    shape: np.ndarray
+    refs: np.ndarray
+    packs: np.ndarray
+
+
+def combine(plan: Plan, shares: Sequence[Share]) -> tuple[Combined | None, dict[int, str]]:
+    """The shares (share k being process k's, each decoded) concatenated and checked together:
+    (the combination, {}) or (None, what is wrong with each process's share)."""
+    n = len(plan.leaves)
+    pieces = np.array([len(s.piece_leaves) for s in shares], np.int64)
+    nrefs = np.array([len(s.chunks) for s in shares], np.int64)
+    npacks = np.array([len(s.packs) for s in shares], np.int64)
+    process = np.repeat(np.arange(len(shares)), pieces)
+    leaf = np.concatenate([s.piece_leaves for s in shares]).astype(np.int64)
+    counts = np.concatenate([s.piece_chunks for s in shares]).astype(np.int64)
+    refs = np.concatenate([_words(s.chunks) for s in shares])
+    pack = refs[:, _PACK_WORD].view(np.int32).astype(np.int64)
+    owner = np.repeat(np.arange(len(shares)), nrefs)
+    problems: dict[int, str] = {}
+
+    def refuse(bad: np.ndarray, who: np.ndarray, why: str) -> None:
+        for k in np.unique(who[bad]).tolist():
+            problems.setdefault(int(k), f"its staging record is malformed: {why}")
+
+    refuse(leaf >= n, process, f"a piece names a leaf beyond the tree's {n}")
+    known = np.minimum(leaf, max(n - 1, 0))
+    if n:
+        refuse(~plan.sharded[known], process, "it holds a piece of a leaf that is not sharded")
+    dims = np.bincount(process, plan.ndim[known] if n else None, len(shares)).astype(np.int64)
+    held = np.array([[len(s.piece_start), len(s.piece_shape)] for s in shares], np.int64).reshape(-1, 2)
+    refuse(
+        np.any(held != dims[:, None], axis=1),
+        np.arange(len(shares)),
+        "its piece boxes do not match its pieces",
+    )
+    listed = np.bincount(process, counts, len(shares)).astype(np.int64)
+    refuse(listed != nrefs, np.arange(len(shares)), "its pieces do not list its chunk refs")
+    refuse((pack < -1) | (pack >= npacks[owner]), owner, "a pack index is out of range")
+    if problems:
+        return None, problems
+    base = prefix_sums(npacks)
+    if base[-1] > base[1]:  # a process other than the primary has packs
+        moved = np.where(pack < 0, -1, np.minimum(pack + base[owner], _I4_END - 1))
+        refs[:, _PACK_WORD] = moved.astype(np.int32).view(np.uint32)
+    start = np.concatenate([s.piece_start for s in shares])
+    shape = np.concatenate([s.piece_shape for s in shares])
+    packs = np.concatenate([s.packs for s in shares])
+    return Combined(len(shares), leaf, process, counts, start, shape, refs, packs), {}
+
+
+def _in_order(leaf: np.ndarray, grid: np.ndarray) -> bool:
+    """Whether rows of one leaf (adjacent in ``leaf``) are in lexicographic order of ``grid``."""
+    same = leaf[1:] == leaf[:-1]
+    before = np.zeros(len(same), bool)
+    equal = np.ones(len(same), bool)
+    for d in range(grid.shape[1]):
+        a, b = grid[:-1, d], grid[1:, d]
+        before |= equal & (a < b)
+        equal &= a == b
+    return bool(np.all(before | equal | ~same))
+
+
+def _ordered(plan: Plan, c: Combined) -> tuple[Pieces, np.ndarray, np.ndarray]:
+    """The pieces ordered by leaf, then by start in lexicographic order (ties in process order),
+    with each one's number of chunk refs and the chunk refs (u4 rows) in that order."""
+    leaf = c.leaf
+    ndim = plan.ndim[leaf]
+    width = int(ndim.max()) if len(ndim) else 0
+    uniform = bool(np.all(ndim == width))
+    if uniform:  # the usual case: boxes of one width are rows
+        grid, extent = c.start.reshape(len(leaf), width), c.shape.reshape(len(leaf), width)
+    else:  # padded to one width, for sorting
+        dims = prefix_sums(ndim)
+        at = (np.repeat(np.arange(len(leaf)), ndim), np.arange(len(c.start)) - np.repeat(dims[:-1], ndim))
+        grid, extent = np.zeros((len(leaf), width), np.uint64), np.zeros((len(leaf), width), np.uint64)
+        grid[at], extent[at] = c.start, c.shape
+    order = np.argsort(leaf, kind="stable")  # each process's pieces come leaf by leaf: cheap
+    starts = np.take(grid, order, axis=0)
+    if not _in_order(leaf[order], starts):
+        order = np.lexsort((*(grid[:, d] for d in reversed(range(width))), leaf))
+        starts = np.take(grid, order, axis=0)
+    extents = np.take(extent, order, axis=0)
+    if uniform:
+        boxes = (starts.ravel(), extents.ravel())
+    else:
+        real = np.arange(width)[None, :] < ndim[order][:, None]
+        boxes = (starts[real], extents[real])
+    counts = c.counts[order]
+    if np.all(counts == 1):
+        refs = np.take(c.refs, order, axis=0)
+    else:
+        refs = np.take(c.refs, concat_ranges(prefix_sums(c.counts)[:-1][order], counts), axis=0)
+    return Pieces(leaf[order], c.process[order], ndim[order], *boxes), counts, refs
+
+
+def merge(plan: Plan, combined: Combined, header: Mapping[str, Any]) -> Columns:
+    """The version-2 manifest of a multi-process save: ``plan`` (the primary's leaves), every
+    process's pieces (``combined``) and ``header`` (``name``, ``created``, ``metadata``,
+    ``codec``, ``chunk_size``), checked as readers check a manifest.
+
+    A sharded leaf whose one piece covers all of it is stored as a plain leaf (SPEC.md, section
+    5.4). InvalidInputError when readers would refuse the manifest, naming the leaf and the
+    processes whose pieces make it unreadable where that is the cause.
+    """
+    n = len(plan.leaves)
+    pieces, piece_chunks, piece_refs = _ordered(plan, combined)
+    leaf, ndim = pieces.leaf, pieces.ndim
+    counts = np.bincount(leaf, minlength=n)
+    pieced = plan.sharded.copy()
+    single = np.flatnonzero(counts[leaf] == 1)
+    if len(single):  # one piece that is the whole leaf (start 0, the leaf's shape): a plain leaf
+        entries = concat_ranges(prefix_sums(ndim)[:-1][single], ndim[single])
+        dims = plan.shapes[concat_ranges(plan.shape_start[leaf[single]], ndim[single])]
+        off = (pieces.shape[entries] != dims) | (pieces.start[entries] != 0)
+        partial = np.bincount(np.repeat(np.arange(len(single)), ndim[single]), off, len(single)) > 0
+        pieced[leaf[single[~partial]]] = False
+    nchunks = plan.leaves["chunks"].astype(np.int64)
+    nchunks[plan.sharded] = np.bincount(leaf, piece_chunks, n).astype(np.int64)[plan.sharded]
+    if len(plan.chunks):
+        chunk_start = prefix_sums(nchunks)
+        words = np.empty((int(chunk_start[-1]), _REF_WORDS), np.uint32)
+        for mask, refs in ((~plan.sharded, _words(plan.chunks)), (plan.sharded, piece_refs)):
+            words[concat_ranges(chunk_start[:-1][mask], nchunks[mask])] = refs  # pieces come leaf by leaf
+    else:  # every chunk ref is a piece's
+        words = piece_refs
+    rows = plan.leaves.copy()
+    rows["flags"][pieced] |= PIECED
+    rows["chunks"] = np.minimum(nchunks, 2**32 - 1)  # beyond u32: refused as a count mismatch
+    keep = pieced[leaf]
+    start, shape, per_piece = pieces.start, pieces.shape, piece_chunks.astype("<u4")
+    if not keep.all():
+        entry = np.repeat(keep, ndim)
+        start, shape, per_piece = start[entry], shape[entry], per_piece[keep]
+    fields = {
+        **header,
+        "leaves": rows,
+        "shapes": plan.shapes,
+        "values": list(plan.values),
+        "piece_counts": np.minimum(counts[pieced], 2**32 - 1).astype("<u4"),
+        "piece_chunks": per_piece,
+        "piece_start": start,
+        "piece_shape": shape,
+        "chunks": words.view(CHUNK_DTYPE).ravel(),
+        "packs": combined.packs,
+    }
+    try:
+        return columns_from_fields(fields, plan.tree)
+    except InvalidInputError as exc:
+        found = explain(pieces, pieced, counts, plan.shapes, plan.shape_start, combined.processes)
+        if found is None:
+            raise
+        i, why = found
+        address = plan.addresses[i] or "(root)"
+        raise InvalidInputError(
+            f"multi-process save of checkpoint {header['name']!r}: leaf {address}: {why} ({exc.message})",
+            checkpoint=header["name"],
+            address=plan.addresses[i],
+        ) from None
+
+
+__all__ = ["Combined", "Plan", "combine", "merge", "plan_from_entries"]
