@@ -178,3 +178,62 @@ def test_select_limits_the_comparison_and_its_stats(store_url):
     d = treestore.diff(f"{store_url}#a", f"{store_url}#b", stats=True, select="layers/1/*")
     assert [x.address for x in d.leaves] == ["layers/1/b", "layers/1/w"]  # manifest (jax) order
     assert d.changed == ("layers/1/w",) and d.leaves[1].stats is not None
+
+
+def test_column_wise_diff_agrees_with_comparing_leaf_entries(tmp_path):
+    """The diff tells apart the leaves whose chunks alone differ column by column; every leaf
+    gets the status, types and share of changed chunks that comparing its two leaf entries
+    gives (statuses of every kind, chunked and packed leaves, other chunk sizes)."""
+    from treestore._api import diff as _diff
+
+    rng = np.random.default_rng(4)
+    big = rng.standard_normal((64, 256)).astype(np.float32)  # 64 KiB: 16 chunks of 4 KiB
+    a = {
+        "big": big,
+        "rows": big.copy(),
+        "same": big[:8].copy(),
+        "small": np.arange(6, dtype=np.int32),
+        "retyped": np.zeros(4, np.float32),
+        "same_bytes": np.ones(4, np.int32),
+        "reshaped": np.zeros((2, 3)),
+        "n": 3,
+        "gone": 1.0,
+    }
+    b = dict(a)
+    b["big"] = big + 1  # every chunk
+    rows = big.copy()
+    rows[10] += 1  # one chunk of 16
+    b["rows"] = rows
+    b["small"] = np.arange(6, dtype=np.int32) * 2
+    b["retyped"] = np.zeros(4, np.float16)
+    b["same_bytes"] = np.ones(4, np.int32).view(np.float32)  # another dtype, the same bytes
+    b["reshaped"] = np.zeros((3, 2))
+    b["n"] = 4
+    del b["gone"]
+    b["new"] = "x"
+    url = str(tmp_path / "s")
+    opts = treestore.SaveOptions(chunk_size=4096, small_leaf=1024)
+    treestore.save(url, a, "a", options=opts)
+    treestore.save(url, b, "b", options=opts)
+    treestore.save(
+        url, {**b, "rows": rows}, "c", options=treestore.SaveOptions(chunk_size=8192, small_leaf=1024)
+    )  # layout
+    for x, y in (("a", "b"), ("b", "c"), ("a", "c")):
+        d = treestore.diff(f"{url}#{x}", f"{url}#{y}")
+        ea = {e.address: e for e in treestore.Store(url).manifest(x).leaves}
+        eb = {e.address: e for e in treestore.Store(url).manifest(y).leaves}
+        for leaf in d.leaves:
+            if leaf.address not in ea or leaf.address not in eb:
+                assert leaf.status == ("added" if leaf.address not in ea else "removed")
+                continue
+            status, frac = _diff._compare(ea[leaf.address], eb[leaf.address])
+            if status == "layout":  # equal types cut into other chunks: the bytes decide
+                same = (
+                    treestore.load(url, x)[leaf.address].tobytes()
+                    == treestore.load(url, y)[leaf.address].tobytes()
+                )
+                status, frac = ("unchanged" if same else "changed"), None
+            assert (leaf.status, leaf.chunks_changed) == (status, frac), leaf
+            assert (leaf.a, leaf.b) == (_diff._describe(ea[leaf.address]), _diff._describe(eb[leaf.address]))
+    d = treestore.diff(f"{url}#a", f"{url}#b")
+    assert d.by_status("changed") and dict((x.address, x.chunks_changed) for x in d)["rows"] == 1 / 16

@@ -12,6 +12,7 @@ import numpy as np
 from treestore._api.checkpoint import Checkpoint, LazyLeaf
 from treestore._engine.region import piece_bytes
 from treestore._format import select as _select
+from treestore._format.columns import DTYPE_NAMES
 from treestore._format.manifest import LeafEntry
 
 ADDED, REMOVED, CHANGED, SHAPE, DTYPE, UNCHANGED = (
@@ -329,6 +330,13 @@ def diff_checkpoints(
     look[:na] = partner < 0
     look[ia[~same]] = True
     differing: dict[int, LeafDiff] = {}
+    if not stats:  # leaves whose chunks alone differ: told apart column by column
+        pa, pb = ia[~same], ib[~same]
+        plain, share = ca.chunk_changes(pa, cb, pb)
+        for i, frac in zip(pa[plain].tolist(), share[plain].tolist(), strict=True):
+            described = f"{DTYPE_NAMES[ca.leaves['dtype'][i]]}{list(ca.shape(i))}"
+            differing[i] = LeafDiff(ca.address(i), CHANGED, described, described, frac)
+            look[i] = False
     for row in np.flatnonzero(look[rows] if len(rows) else look[:0]).tolist():
         row = int(rows[row])
         if row >= na:

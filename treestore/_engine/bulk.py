@@ -4,7 +4,9 @@ Small leaves packed together are served one pack at a time: the pack is read, de
 verified once, and each member becomes a view of the decoded pack, verified against its own
 digest — no per-leaf allocation, copy or leaf entry. A leaf with chunks of its own gets one job
 per chunk, decoding straight into the leaf's array; a leaf saved in pieces is assembled piece by
-piece (:mod:`treestore._engine.region`). The jobs run in parallel.
+piece (from the columns when its pieces are packed, else by :mod:`treestore._engine.region`).
+Reading and decoding run in parallel; the Python work on decoded packs runs after, in the
+caller's thread, where it does not fight the decoding threads for the GIL.
 """
 
 from __future__ import annotations
@@ -36,15 +38,19 @@ def read_leaves(reader: ChunkReader, columns: Columns, which: np.ndarray, *, thr
     pack[single] = columns.chunks["pack"][first[single]]
     member = (pack >= 0) & ((rows["flags"] & PIECED) == 0)
     out: Arrays = {}
-    jobs: list[Callable[[], None]] = []
+    jobs: list[Callable[[], None]] = []  # reading and decoding: in parallel
     fills: list[Callable[[], None]] = []
+    assemble: list[Callable[[], None]] = []  # Python work on decoded packs: in this thread
+    needed: dict[int, int] = {}  # the packs to read, each with a leaf that needs it
     for i in which[~member].tolist():  # leaves with chunks of their own, or in pieces
         if columns.leaves["flags"][i] & PIECED and _packed_pieces(columns, i):
             dtype = dtype_from_name(DTYPE_NAMES[columns.leaves["dtype"][i]])
             shape = columns.shape(i)
             address = columns.address(i)
             out[i] = allocate(shape, address, reader.name, dtype)
-            jobs.append(functools.partial(_read_packed_pieces, reader, columns, i, out[i], address))
+            for p in np.unique(columns.chunks["pack"][columns.piece_rows(i)[2]]).tolist():
+                needed.setdefault(p, i)
+            assemble.append(functools.partial(_read_packed_pieces, reader, columns, i, out[i], address))
             continue
         entry = columns.entries[i]
         assert entry.shape is not None
@@ -64,11 +70,17 @@ def read_leaves(reader: ChunkReader, columns: Columns, which: np.ndarray, *, thr
     members, packs = which[member][order], pack[member][order]
     bounds = np.flatnonzero(np.diff(packs, prepend=-1, append=-1)).tolist()
     for lo, hi in itertools.pairwise(bounds):
-        jobs.append(functools.partial(_read_pack, reader, columns, int(packs[lo]), members[lo:hi], out))
+        needed.setdefault(int(packs[lo]), int(members[lo]))
+        assemble.append(functools.partial(_read_pack, reader, columns, int(packs[lo]), members[lo:hi], out))
+    jobs += [functools.partial(_decoded, reader, p, columns.address(i)) for p, i in needed.items()]
     run_in_threads(jobs, threads)
-    for fill in fills:
-        fill()
+    for job in assemble + fills:
+        job()
     return out
+
+
+def _decoded(reader: ChunkReader, pack: int, address: str) -> None:
+    reader.pack(pack, address)  # read, decoded and verified once; kept by the reader
 
 
 def _read_pack(reader: ChunkReader, columns: Columns, pack: int, leaves: np.ndarray, out: Arrays) -> None:
@@ -103,6 +115,7 @@ def _read_packed_pieces(
     starts, shapes, first, _ = columns.piece_rows(i)
     refs = columns.chunks[first]
     digests = refs["digest"].tobytes()
+    packs: dict[int, np.ndarray[Any, Any]] = {}
     for j, (start, shape, pack, offset, size) in enumerate(
         zip(
             starts.tolist(),
@@ -114,7 +127,10 @@ def _read_packed_pieces(
         )
     ):
         chunk_digest = digests[32 * j : 32 * j + 32]
-        part = reader.member(reader.pack(pack, address), offset, size, chunk_digest)
+        buf = packs.get(pack)
+        if buf is None:
+            buf = packs[pack] = reader.pack(pack, address)
+        part = reader.member(buf, offset, size, chunk_digest)
         if part is None:
             raise reader.mismatch(chunk_digest, address)
         box = tuple(slice(a, a + n) for a, n in zip(start, shape, strict=True))

@@ -375,6 +375,31 @@ class Columns:
             same[j] = self.digest(int(ia[j])) == other.digest(int(ib[j]))
         return same
 
+    def chunk_changes(self, ia: np.ndarray, other: Columns, ib: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """For pairs of leaves (``self`` leaf ia[k], ``other`` leaf ib[k]): whether both are
+        arrays saved whole with one dtype, PRNG implementation, shape and chunk layout (raw sizes),
+        so that they differ only in chunk digests; and for those, the share of chunk refs whose
+        digests differ (0 elsewhere)."""
+        ia, ib = np.asarray(ia, np.int64), np.asarray(ib, np.int64)
+        a, b = self.leaves[ia], other.leaves[ib]
+        ok = (a["kind"] < ARRAY_CODES) & (b["kind"] < ARRAY_CODES)
+        ok &= ((a["flags"] | b["flags"]) & PIECED) == 0
+        ok &= (a["dtype"] == b["dtype"]) & (a["ndim"] == b["ndim"]) & (a["chunks"] == b["chunks"])
+        ok &= (a["flags"] >> PRNG_SHIFT) == (b["flags"] >> PRNG_SHIFT)
+        cand = np.flatnonzero(ok)
+        n = a["ndim"][cand].astype(np.int64)
+        sa, sb = concat_ranges(self.shape_start[ia[cand]], n), concat_ranges(other.shape_start[ib[cand]], n)
+        ok[cand[np.repeat(np.arange(len(cand)), n)[self.shapes[sa] != other.shapes[sb]]]] = False
+        cand = np.flatnonzero(ok)
+        k = a["chunks"][cand].astype(np.int64)
+        ca, cb = concat_ranges(self.chunk_start[ia[cand]], k), concat_ranges(other.chunk_start[ib[cand]], k)
+        owner = np.repeat(np.arange(len(cand)), k)
+        ok[cand[owner[self.chunks["raw"][ca] != other.chunks["raw"][cb]]]] = False
+        differs = np.bincount(owner, self.chunks["digest"][ca] != other.chunks["digest"][cb], len(cand))
+        share = np.zeros(len(ia))
+        share[cand] = differs / np.maximum(k, 1)
+        return ok, np.where(ok, share, 0.0)
+
     def _same_pieces(self, ia: np.ndarray, other: Columns, ib: np.ndarray) -> np.ndarray:
         """For pairs of leaves saved in pieces, of equal shapes and equal chunk refs: whether
         they have the same pieces (count, boxes, and chunk refs per piece)."""
