@@ -10,7 +10,7 @@ import msgpack
 
 import treestore
 from treestore._format import layout as _layout
-from treestore._format.columns import decode_any
+from treestore._format.columns_codec import decode_any
 from treestore._format.manifest import encode_manifest
 
 

@@ -1,6 +1,6 @@
-"""Version-2 columnar manifests (treestore/_format/columns.py): the same leaves as version 1, a
-format that cannot drift, hostile input refused with TreestoreErrors only, and every reader bound
-checked at its edge."""
+"""Version-2 columnar manifests (treestore/_format/columns.py and columns_codec.py): the same
+leaves as version 1, a format that cannot drift, hostile input refused with TreestoreErrors only,
+and every reader bound checked at its edge."""
 
 from __future__ import annotations
 
@@ -22,14 +22,8 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import treestore
-from treestore._format.columns import (
-    ARRAY_FIELDS,
-    Columns,
-    columns_from_manifest,
-    decode_any,
-    decode_columns,
-    encode_columns,
-)
+from treestore._format.columns import ARRAY_FIELDS, Columns
+from treestore._format.columns_codec import columns_from_manifest, decode_any, decode_columns, encode_columns
 from treestore._format.dtypes import DTYPES
 from treestore._format.encoding import to_msgpack
 from treestore._format.limits import (

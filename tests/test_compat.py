@@ -13,7 +13,7 @@ import pytest
 import treestore
 from treestore._engine import read as _read
 from treestore._format import layout as _layout
-from treestore._format.columns import decode_any, decode_columns, encode_any, encode_columns
+from treestore._format.columns_codec import decode_any, decode_columns, encode_any, encode_columns
 from treestore._format.manifest import decode_manifest, encode_manifest
 
 from .data.make_store_v1 import tree

@@ -20,7 +20,7 @@ from treestore._engine import distributed as D
 from treestore._engine import locks as _locks
 from treestore._engine.group_runtime import LocalRuntime
 from treestore._engine.write import SaveOptions, SaveResult, prepare
-from treestore._format.columns import encode_any, encode_columns
+from treestore._format.columns_codec import encode_any, encode_columns
 from treestore._format.manifest import ChunkRef, LeafEntry, Manifest, Piece
 from treestore._format.shares import share_from_entries
 from treestore._format.shares_merge import combine, merge, plan_from_entries
@@ -112,6 +112,19 @@ def test_a_job_of_threads_saves_one_checkpoint_every_layout(store_url):
     assert not by["whole"].pieces and len(by["whole"].chunks) == 1  # one piece, all of it
     assert store.storage.list("staging") == [] and store.storage.list("locks") == []
     assert runtime.keys("treestore/") == []  # the runtime keeps nothing of the save
+
+
+def test_every_process_trusts_the_previous_checkpoints_chunks(store_url):
+    """A second save of the same tree by the job sends no existence check from any process: each
+    learns the newest checkpoint's chunks under its own lock."""
+    storage = open_storage(store_url)
+    first = run_job(storage, job(), "one", options=OPTIONS)
+    again = run_job(storage, job(), "two", options=OPTIONS)
+    assert all(isinstance(r, SaveResult) for r in first + again), first + again
+    assert sum(r.existence_checks for r in first) > 0
+    assert [(r.existence_checks, r.chunks_written, r.known_from) for r in again] == [(0, 0, "one")] * 4
+    assert sum(r.chunks_known for r in again) == sum(r.chunks_written + r.chunks_reused for r in first)
+    assert treestore.verify(f"{store_url}#two").ok
 
 
 def _refs(rng: np.random.Generator, packs: list[ChunkRef], nbytes: int) -> tuple[ChunkRef, ...]:

@@ -34,7 +34,7 @@ from treestore._engine.read import decode_chunk
 from treestore._format import codecs as _codecs
 from treestore._format import layout as _layout
 from treestore._format.address import canonical_segment, format_address, key_from_record, parse_address
-from treestore._format.columns import decode_any as decode_manifest  # the reader's entry point
+from treestore._format.columns_codec import decode_any as decode_manifest  # the reader's entry point
 from treestore._format.commit_record import RECORD_MAGIC, decode_commit_record
 from treestore._format.encoding import FORMAT_VERSION, check_version, from_msgpack
 from treestore._format.manifest import MANIFEST_MAGIC, ChunkRef

@@ -13,7 +13,8 @@ import pytest
 
 import treestore
 from treestore._format import layout as _layout
-from treestore._format.columns import ARRAY_CODES, LEAF_DTYPE, decode_any
+from treestore._format.columns import ARRAY_CODES, LEAF_DTYPE
+from treestore._format.columns_codec import decode_any
 
 from ._harness import errors
 

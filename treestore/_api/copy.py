@@ -30,7 +30,7 @@ from treestore._engine.read import fetch_chunk
 from treestore._engine.threads import default_threads
 from treestore._engine.write import reusable_size
 from treestore._format import layout as _layout
-from treestore._format.columns import encode_any
+from treestore._format.columns_codec import encode_any
 from treestore._format.encoding import digest
 from treestore._format.manifest import ChunkRef, Manifest, check_name
 from treestore._storage.base import Storage

@@ -42,7 +42,7 @@ from treestore._format.address import (
     key_value,
     parse_address,
 )
-from treestore._format.columns import encode_any
+from treestore._format.columns_codec import encode_any
 from treestore._format.commit_record import CommitRecord
 from treestore._format.limits import MAX_DEPTH
 from treestore._format.manifest import (

@@ -34,7 +34,8 @@ from treestore._engine import locks as _locks
 from treestore._engine.commit import commit
 from treestore._engine.group_runtime import JaxRuntime, Runtime
 from treestore._format import layout as _layout
-from treestore._format.columns import Columns, encode_columns
+from treestore._format.columns import Columns
+from treestore._format.columns_codec import encode_columns
 from treestore._format.commit_record import CommitRecord
 from treestore._format.encoding import Bad
 from treestore._format.limits import MAX_OUTCOME_BYTES, MAX_STAGING_BYTES

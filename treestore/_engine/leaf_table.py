@@ -2,7 +2,7 @@
 
 A save appends each leaf's fields to plain lists (a few appends per leaf, no per-leaf object),
 and :meth:`LeafTable.fields` turns them into the arrays of a version-2 manifest (SPEC.md §5.7),
-which :func:`treestore._format.columns.columns_from_fields` checks exactly as readers do. A caller
+which :func:`treestore._format.columns_codec.columns_from_fields` checks exactly as readers do. A caller
 that needs version-1 leaf entries (a multi-process save's share, a derived checkpoint) gets them
 from the checked columns.
 """

@@ -15,7 +15,8 @@ import numpy as np
 
 from treestore._format import layout as _layout
 from treestore._format.codecs import decode_into
-from treestore._format.columns import Columns, decode_any, decode_any_manifest
+from treestore._format.columns import Columns
+from treestore._format.columns_codec import decode_any, decode_any_manifest
 from treestore._format.commit_record import CommitRecord, decode_commit_record
 from treestore._format.encoding import digest
 from treestore._format.limits import CHUNK_SLACK, MAX_MANIFEST_BYTES, MAX_RECORD_BYTES

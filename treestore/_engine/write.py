@@ -23,7 +23,7 @@ from treestore._engine.leaf_table import LeafEntries, LeafTable, PieceRow, Ref, 
 from treestore._engine.threads import default_threads
 from treestore._format import layout as _layout
 from treestore._format.codecs import PROBE_BYTES, Codec, encode, plane_width, sound
-from treestore._format.columns import columns_from_fields, encode_columns
+from treestore._format.columns_codec import columns_from_fields, encode_columns
 from treestore._format.commit_record import CommitRecord
 from treestore._format.encoding import digest
 from treestore._format.limits import MAX_MANIFEST_BYTES
@@ -347,7 +347,7 @@ def write(
     ``previous`` names the committed checkpoint whose chunks the save takes as present without
     asking the store (True: the store's newest; False: none, check every chunk): it is read once
     the save's lock is held, which is what makes trusting it safe (:mod:`treestore._engine.known`);
-    one that cannot be read is ignored. A multi-process save checks every chunk.
+    one that cannot be read is ignored.
     """
     check_name(name)
     check_metadata(metadata)
@@ -370,7 +370,7 @@ def write(
                 raise
             nbytes = _commit(storage, prepared, name, table, packs, metadata, options, overwrite)
         return writer.result(name, len(table), nbytes)
-    return _write_in_group(group, storage, prepared, name, writer, metadata, options, overwrite)
+    return _write_in_group(group, storage, prepared, name, writer, metadata, options, overwrite, previous)
 
 
 def _write_in_group(
@@ -382,8 +382,11 @@ def _write_in_group(
     metadata: Any,
     options: SaveOptions,
     overwrite: bool,
+    previous: _known.Previous,
 ) -> SaveResult:
     """A save by every process of a jax.distributed job; see :mod:`treestore._engine.distributed`.
+    Each process learns the chunks it may trust under its own lock (which it holds until the
+    primary has committed), as a one-process save does.
 
     Every process shares what it wrote (or the error that stopped it) whatever fails, and every
     wait has a timeout, so none waits forever for another; only the primary commits.
@@ -394,6 +397,7 @@ def _write_in_group(
     lock: _locks.Lock | None = None
     try:
         lock = _locks.save_lock(storage)
+        writer.known = _known.learn(storage, previous)  # under this process's lock: safe
         with cf.ThreadPoolExecutor(options.threads) as pool:
             sink = LeafEntries()
             packs = _write_leaves(prepared, options, pool, writer, lock, sink, primary=group.primary)

@@ -14,7 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from treestore._format.columns import CHUNK_DTYPE, PACK_DTYPE, binary_array
+from treestore._format.columns import CHUNK_DTYPE, PACK_DTYPE
+from treestore._format.columns_codec import binary_array
 from treestore._format.encoding import Bad, digest, from_msgpack, to_msgpack
 from treestore._format.encoding import field as _get
 from treestore._format.manifest import ChunkRef, LeafEntry

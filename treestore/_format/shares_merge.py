@@ -4,7 +4,7 @@ The shares are concatenated (process 0's first) and checked together (:func:`com
 indices are renumbered (each process's packs follow the earlier processes'), pieces are ordered
 by leaf and then by start, each leaf's chunk refs are placed among the primary's own leaves', and
 the resulting columns are checked exactly as readers check a manifest
-(:func:`treestore._format.columns.columns_from_fields`). No piece becomes a Python object: the
+(:func:`treestore._format.columns_codec.columns_from_fields`). No piece becomes a Python object: the
 primary's work grows with the number of pieces only through vectorised operations.
 """
 
@@ -26,10 +26,10 @@ from treestore._format.columns import (
     PRNG_SHIFT,
     WEAK_TYPE,
     Columns,
-    columns_from_fields,
     concat_ranges,
     prefix_sums,
 )
+from treestore._format.columns_codec import columns_from_fields
 from treestore._format.dtypes import value_to_record
 from treestore._format.manifest import ChunkRef, LeafEntry
 from treestore._format.shares import Share, ref_table

@@ -1,0 +1,336 @@
+"""Version-2 manifests as bytes: decoding (either version, validated as readers validate it)
+and encoding, the one encoder every writer uses (SPEC.md, sections 5 and 5.7).
+
+:func:`decode_any` is what readers call: a version-1 manifest is decoded once and checked in its
+version-2 form too; :func:`encode_any` and :func:`encode_columns` refuse what readers would refuse.
+:func:`columns_from_manifest` and :func:`columns_from_fields` build the columns of a manifest a
+writer holds as leaf entries, or assembled column by column.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from treestore._format.columns import (
+    _CODE,
+    ARRAY_CODES,
+    ARRAY_FIELDS,
+    CHUNK_DTYPE,
+    KINDS,
+    LEAF_DTYPE,
+    PACK_DTYPE,
+    PIECED,
+    PRNG_NAMES,
+    PRNG_SHIFT,
+    VERSION,
+    WEAK_TYPE,
+    Columns,
+    _validate,
+)
+from treestore._format.columns_tree import check_nodes, nodes_from_tree
+from treestore._format.dtypes import value_to_record
+from treestore._format.encoding import FORMAT_VERSION, Bad, from_msgpack, to_msgpack
+from treestore._format.encoding import count as _count
+from treestore._format.encoding import field as _get
+from treestore._format.limits import MAX_CHUNK_BYTES, MAX_MANIFEST_BYTES, MAX_NDIM
+from treestore._format.manifest import (
+    MANIFEST_MAGIC,
+    ChunkRef,
+    Manifest,
+    check_metadata,
+    encode_manifest,
+    manifest_from_record,
+)
+from treestore.errors import (
+    InvalidInputError,
+    ManifestCorruptError,
+    OutOfMemoryError,
+    UnsupportedFormatError,
+)
+
+
+def _array(rec: dict[str, Any], key: str) -> np.ndarray:
+    return binary_array(rec, key, ARRAY_FIELDS[key])
+
+
+def binary_array(rec: dict[str, Any], key: str, dtype: np.dtype[Any]) -> np.ndarray:
+    """The records of bin field ``key`` of a decoded record, as a read-only array of ``dtype``
+    (Bad when the field is missing, not bin, or not a whole number of records)."""
+    data = _get(rec, key, bytes)
+    if len(data) % dtype.itemsize:
+        raise Bad(
+            f"field {key!r} holds {len(data)} bytes, not a whole number of {dtype.itemsize}-byte records"
+        )
+    return np.frombuffer(data, dtype)
+
+
+def _str_list(rec: dict[str, Any], key: str) -> tuple[str, ...]:
+    items = _get(rec, key, list)
+    if any(type(s) is not str for s in items):
+        raise Bad(f"field {key!r} should be a list of str")
+    return tuple(items)
+
+
+def decode_columns(data: bytes, checkpoint: str) -> Columns:
+    """A version-2 manifest's bytes, validated; ManifestCorruptError, UnsupportedFormatError or
+    OutOfMemoryError otherwise, whatever the bytes."""
+    what = f"manifest of checkpoint {checkpoint!r}"
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise ManifestCorruptError(f"{what} is over its size limit", checkpoint=checkpoint)
+    return _decode_record(from_msgpack(data, what, checkpoint), checkpoint)
+
+
+def decode_any(data: bytes, checkpoint: str) -> Columns:
+    """A manifest of either version as :class:`Columns`, validated as readers validate it."""
+    return _decoded(data, checkpoint)[1]
+
+
+def decode_any_manifest(data: bytes, checkpoint: str) -> Manifest:
+    """A manifest of either version as a :class:`Manifest` — what readers use — validated as
+    :func:`decode_any` validates it (a version-1 manifest is decoded once, not converted back)."""
+    manifest, columns = _decoded(data, checkpoint)
+    return manifest if manifest is not None else columns.to_manifest()
+
+
+def _decoded(data: bytes, checkpoint: str) -> tuple[Manifest | None, Columns]:
+    """Decode either version once: a version-1 manifest (and its columns, which check it the way
+    a version-2 reader would), or a version-2 manifest's columns (and None)."""
+    what = f"manifest of checkpoint {checkpoint!r}"
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise ManifestCorruptError(f"{what} is over its size limit", checkpoint=checkpoint)
+    rec = from_msgpack(data, what, checkpoint)
+    if rec.get("version") == VERSION and type(rec.get("version")) is int:
+        return None, _decode_record(rec, checkpoint)
+    m = manifest_from_record(rec, checkpoint)
+    try:
+        return m, replace(columns_from_manifest(m), version=m.version)
+    except InvalidInputError as exc:  # a version-1 manifest no version-1 writer writes
+        raise ManifestCorruptError(f"{what}: {exc}", checkpoint=checkpoint) from None
+
+
+def _decode_record(rec: dict[str, Any], checkpoint: str) -> Columns:
+    what = f"manifest of checkpoint {checkpoint!r}"
+    try:
+        if rec.get("format") != MANIFEST_MAGIC:
+            raise Bad(f"format is {rec.get('format')!r:.60}, expected {MANIFEST_MAGIC!r}")
+        version = rec.get("version")
+        if type(version) is not int:
+            raise Bad("it has no integer version")
+        if version != VERSION:
+            raise UnsupportedFormatError(
+                f"format version {version!r:.20} is not {VERSION}, the columnar manifest this decodes"
+            )
+        if _get(rec, "parts", list):
+            raise UnsupportedFormatError(
+                "it is stored in parts, which this treestore cannot read: upgrade treestore"
+            )
+        try:
+            check_metadata(rec.get("metadata"))  # the bound writers keep to
+        except InvalidInputError as exc:
+            raise Bad(str(exc)) from None
+        fields: dict[str, Any] = {key: _array(rec, key) for key in ARRAY_FIELDS}
+        fields.update(
+            name=_get(rec, "name", str),
+            created=float(_get(rec, "created", float)),
+            metadata=rec.get("metadata"),
+            codec=_get(rec, "codec", dict),
+            chunk_size=_count(rec.get("chunk_size"), "chunk_size", MAX_CHUNK_BYTES),
+            values=_get(rec, "values", list),
+        )
+        segments, names = _str_list(rec, "segments"), _str_list(rec, "node_names")
+        nodes = check_nodes(segments, fields["nodes"], names, fields["node_leaves"], len(fields["leaves"]))
+        return _validate(fields, nodes)
+    except Bad as exc:
+        raise ManifestCorruptError(f"{what}: {exc}", checkpoint=checkpoint) from None
+    except (UnsupportedFormatError, ManifestCorruptError) as exc:
+        exc.checkpoint = checkpoint
+        exc.message = f"{what}: {exc.message}"
+        exc.args = (exc.message,)
+        raise
+    except MemoryError:
+        raise OutOfMemoryError(f"{what}: out of memory decoding it", checkpoint=checkpoint) from None
+    except (ValueError, TypeError, IndexError, KeyError, OverflowError) as exc:  # a check missed
+        raise ManifestCorruptError(
+            f"{what}: unexpected malformation ({type(exc).__name__}: {exc})", checkpoint=checkpoint
+        ) from exc
+
+
+def encode_columns(c: Columns) -> bytes:
+    """The bytes of a version-2 manifest; InvalidInputError beyond the MAX_MANIFEST_BYTES readers
+    accept."""
+    kinds = c.leaves["kind"]
+    scalars = np.flatnonzero(kinds >= ARRAY_CODES).tolist()
+    data = to_msgpack(
+        {
+            "format": MANIFEST_MAGIC,
+            "version": VERSION,
+            "name": c.name,
+            "created": c.created,
+            "metadata": c.metadata,
+            "codec": c.codec,
+            "chunk_size": c.chunk_size,
+            "segments": list(c.nodes.segments),
+            "nodes": c.nodes.table.tobytes(),
+            "node_names": list(c.nodes.names),
+            "node_leaves": c.nodes.leaves.tobytes(),
+            "leaves": c.leaves.tobytes(),
+            "shapes": c.shapes.tobytes(),
+            "values": [value_to_record(KINDS[kinds[i]], v) for i, v in zip(scalars, c.values, strict=True)],
+            "piece_counts": c.piece_counts.tobytes(),
+            "piece_chunks": c.piece_chunks.tobytes(),
+            "piece_start": c.piece_start.tobytes(),
+            "piece_shape": c.piece_shape.tobytes(),
+            "chunks": c.chunks.tobytes(),
+            "packs": c.packs.tobytes(),
+            "parts": [],
+        }
+    )
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise InvalidInputError(
+            f"the manifest of checkpoint {c.name!r} would be {len(data)} bytes, over the "
+            f"{MAX_MANIFEST_BYTES // 2**20} MiB readers accept: save fewer leaves per checkpoint",
+            checkpoint=c.name,
+        )
+    return data
+
+
+def encode_any(m: Manifest, version: int = FORMAT_VERSION) -> bytes:
+    """The bytes of manifest ``m`` in format ``version`` (1 or 2), checked as readers check them
+    first: the one encoder every writer (save, derive, copy) uses. InvalidInputError naming the
+    checkpoint when a reader would refuse them."""
+    columns = columns_from_manifest(m)  # the reader's checks, pieces tiling their leaf included
+    if version == VERSION:
+        return encode_columns(columns)
+    if version == 1:
+        return encode_manifest(m)
+    raise InvalidInputError(f"checkpoint {m.name!r}: cannot write format version {version!r}")
+
+
+def _column(values: list[Any], dtype: Any, what: str) -> np.ndarray:
+    try:
+        return np.array(values, dtype)
+    except (OverflowError, ValueError, TypeError):
+        raise Bad(f"a {what} does not fit its column ({dtype})") from None
+
+
+def columns_from_manifest(m: Manifest) -> Columns:
+    """The version-2 form of a version-1 manifest, checked exactly as readers check it
+    (InvalidInputError naming the checkpoint when they would refuse it)."""
+    try:
+        return _from_manifest(m)
+    except (Bad, UnsupportedFormatError) as exc:
+        raise InvalidInputError(
+            f"checkpoint {m.name!r}: its manifest would not be readable: {exc}", checkpoint=m.name
+        ) from None
+
+
+def _from_manifest(m: Manifest) -> Columns:
+    nodes = nodes_from_tree(m.tree, len(m.leaves))
+    rows: list[tuple[int, int, int, int, int]] = []
+    shapes: list[int] = []
+    values: list[object] = []
+    counts: list[int] = []
+    piece_chunks: list[int] = []
+    starts: list[int] = []
+    boxes: list[int] = []
+    refs: list[ChunkRef] = []
+    for leaf in m.leaves:
+        if leaf.kind not in KINDS:
+            raise UnsupportedFormatError(f"{leaf.address or '(root)'}: unknown leaf kind {leaf.kind!r}")
+        code = KINDS.index(leaf.kind)
+        if code >= ARRAY_CODES:
+            rows.append((code, 0, 0, 0, 0))
+            try:
+                values.append(value_to_record(leaf.kind, leaf.value))
+            except ValueError as exc:
+                raise Bad(f"leaf {leaf.address or '(root)'}: {exc}") from None
+            continue
+        if leaf.dtype not in _CODE:
+            raise UnsupportedFormatError(f"{leaf.address or '(root)'}: unknown dtype {leaf.dtype!r}")
+        if leaf.prng_impl not in PRNG_NAMES:
+            raise UnsupportedFormatError(f"{leaf.address or '(root)'}: unknown PRNG impl {leaf.prng_impl!r}")
+        shape = list(leaf.shape or ())
+        flags = (WEAK_TYPE if leaf.weak_type else 0) | (PIECED if leaf.pieces else 0)
+        flags |= PRNG_NAMES.index(leaf.prng_impl) << PRNG_SHIFT
+        rows.append((code, _CODE[leaf.dtype], min(len(shape), 255), flags, len(leaf.chunks)))
+        shapes += shape
+        if leaf.pieces:
+            counts.append(len(leaf.pieces))
+            for p in leaf.pieces:
+                if len(p.start) != len(shape) or len(p.shape) != len(shape):
+                    raise Bad(f"leaf {leaf.address or '(root)'}: a piece has other dimensions than the leaf")
+                piece_chunks.append(len(p.chunks))
+                starts += p.start
+                boxes += p.shape
+            if tuple(c for p in leaf.pieces for c in p.chunks) != tuple(leaf.chunks):
+                raise Bad(f"leaf {leaf.address or '(root)'}: its chunks are not its pieces' chunks")
+        refs += leaf.chunks
+    if any(type(r.digest) is not bytes or len(r.digest) != 32 for r in (*refs, *m.packs)):
+        raise Bad("a chunk digest is not 32 bytes")
+    chunks = np.zeros(len(refs), CHUNK_DTYPE)
+    chunks["digest"] = np.frombuffer(b"".join(r.digest for r in refs), "V32")
+    chunks["raw"] = _column([r.raw_size for r in refs], "<u4", "raw size")
+    chunks["stored"] = _column([r.stored_size for r in refs], "<u4", "stored size")
+    chunks["pack"] = _column([-1 if r.pack is None else r.pack for r in refs], "<i4", "pack index")
+    chunks["offset"] = _column([r.offset for r in refs], "<u4", "pack offset")
+    packs = np.zeros(len(m.packs), PACK_DTYPE)
+    packs["digest"] = np.frombuffer(b"".join(p.digest for p in m.packs), "V32")
+    packs["raw"] = _column([p.raw_size for p in m.packs], "<u4", "raw size")
+    packs["stored"] = _column([p.stored_size for p in m.packs], "<u4", "stored size")
+    fields = {
+        "name": m.name,
+        "created": float(m.created),
+        "metadata": m.metadata,
+        "codec": dict(m.codec),
+        "chunk_size": _count(m.chunk_size, "chunk_size", MAX_CHUNK_BYTES),
+        "leaves": _column(rows, LEAF_DTYPE, "leaf field") if rows else np.zeros(0, LEAF_DTYPE),
+        "shapes": _column(shapes, "<u8", "dimension"),
+        "values": values,
+        "piece_counts": _column(counts, "<u4", "piece count"),
+        "piece_chunks": _column(piece_chunks, "<u4", "piece chunk count"),
+        "piece_start": _column(starts, "<u8", "piece start"),
+        "piece_shape": _column(boxes, "<u8", "piece dimension"),
+        "chunks": chunks,
+        "packs": packs,
+    }
+    if len(leaf_rows := fields["leaves"]) and np.any(leaf_rows["ndim"] == 255):
+        raise Bad(f"a leaf has more than {MAX_NDIM} dimensions")
+    check_metadata(m.metadata)
+    return _validate(fields, nodes)
+
+
+def columns_from_fields(fields: dict[str, Any], tree: object) -> Columns:
+    """A version-2 manifest assembled column by column (a multi-process save merging its
+    processes' shares), checked exactly as readers check one: ``fields`` holds what
+    :func:`decode_columns` reads from a manifest's bytes (the arrays of ARRAY_FIELDS but
+    ``nodes`` and ``node_leaves``, in those dtypes; ``name``, ``created``, ``metadata``, ``codec``,
+    ``chunk_size``; ``values`` as stored), ``tree`` the version-1 node record. InvalidInputError
+    naming the checkpoint when readers would refuse it."""
+    name = fields["name"]
+    check_metadata(fields["metadata"])
+    try:
+        for key in ARRAY_FIELDS.keys() & fields.keys():
+            if fields[key].dtype != ARRAY_FIELDS[key]:
+                raise Bad(f"field {key!r} has dtype {fields[key].dtype}, not {ARRAY_FIELDS[key]}")
+        chunk_size = _count(fields["chunk_size"], "chunk_size", MAX_CHUNK_BYTES)
+        nodes = nodes_from_tree(tree, len(fields["leaves"]))
+        return _validate({**fields, "chunk_size": chunk_size}, nodes)
+    except (Bad, UnsupportedFormatError) as exc:
+        raise InvalidInputError(
+            f"checkpoint {name!r}: its manifest would not be readable: {exc}", checkpoint=name
+        ) from None
+
+
+__all__ = [
+    "binary_array",
+    "columns_from_fields",
+    "columns_from_manifest",
+    "decode_any",
+    "decode_any_manifest",
+    "decode_columns",
+    "encode_any",
+    "encode_columns",
+]
