@@ -55,8 +55,13 @@ def _describe(e: LeafEntry | None) -> str | None:
     if e is None:
         return None
     if e.is_array:
-        return f"{e.dtype}{list(e.shape or ())}"
+        return _array_type(e.dtype, e.shape or ())
     return e.kind
+
+
+def _array_type(dtype: str | None, shape: tuple[int, ...]) -> str:
+    """An array leaf's type as a diff shows it: ``float32[3, 4]``."""
+    return f"{dtype}{list(shape)}"
 
 
 @dataclass(frozen=True)
@@ -334,7 +339,7 @@ def diff_checkpoints(
         pa, pb = ia[~same], ib[~same]
         plain, share = ca.chunk_changes(pa, cb, pb)
         for i, frac in zip(pa[plain].tolist(), share[plain].tolist(), strict=True):
-            described = f"{DTYPE_NAMES[ca.leaves['dtype'][i]]}{list(ca.shape(i))}"
+            described = _array_type(DTYPE_NAMES[ca.leaves["dtype"][i]], ca.shape(i))
             differing[i] = LeafDiff(ca.address(i), CHANGED, described, described, frac)
             look[i] = False
     for row in np.flatnonzero(look[rows] if len(rows) else look[:0]).tolist():

@@ -176,7 +176,7 @@ def _unquote(body: str, segment: str) -> str:
 _SEGMENTS: dict[tuple[type, type, object], str] = {}
 
 
-_VALUE_FIELD = {"SequenceKey": "idx", "DictKey": "key", "GetAttrKey": "name", "FlattenedIndexKey": "key"}
+_VALUE_FIELD = {ours.__name__: field for ours, field in _FIELDS.items()}  # jax's classes share the names
 
 
 def format_key(key: object, path: Sequence[object] = ()) -> str:

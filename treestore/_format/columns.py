@@ -106,6 +106,15 @@ def concat_ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     return np.arange(int(ends[-1]) if len(ends) else 0) + np.repeat(starts - ends + lengths, lengths)
 
 
+def _runs_differing(
+    x: np.ndarray, sx: np.ndarray, y: np.ndarray, sy: np.ndarray, n: np.ndarray
+) -> np.ndarray:
+    """For pairs of runs ``x[sx[k] : sx[k] + n[k]]`` and ``y[sy[k] : sy[k] + n[k]]``: how many of
+    their elements differ."""
+    unequal = x[concat_ranges(sx, n)] != y[concat_ranges(sy, n)]
+    return np.bincount(np.repeat(np.arange(len(n)), n), unequal, len(n))
+
+
 def _sums(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
     """Sums of ``values[starts[i]:starts[i+1]]`` (int64, exact for the bounded sizes summed here)."""
     total = prefix_sums(values.astype(np.int64))
@@ -348,17 +357,10 @@ class Columns:
             same &= ~array | (x == y)
         cand = np.flatnonzero(same & array)
         n = a["ndim"][cand].astype(np.int64)
-        sa = concat_ranges(self.shape_start[ia[cand]], n)
-        sb = concat_ranges(other.shape_start[ib[cand]], n)
-        owner = np.repeat(np.arange(len(cand)), n)
-        same[cand[np.unique(owner[self.shapes[sa] != other.shapes[sb]])]] = False
+        same[cand[self._differing(other, "shapes", ia[cand], ib[cand], n) > 0]] = False
         cand = cand[same[cand]]  # the chunk refs, in order (of every piece, for pieced leaves)
         k = a["chunks"][cand].astype(np.int64)
-        ca = concat_ranges(self.chunk_start[ia[cand]], k)
-        cb = concat_ranges(other.chunk_start[ib[cand]], k)
-        owner = np.repeat(np.arange(len(cand)), k)
-        differs = self.chunks["digest"][ca] != other.chunks["digest"][cb]
-        same[cand[np.unique(owner[differs])]] = False
+        same[cand[self._differing(other, "digest", ia[cand], ib[cand], k) > 0]] = False
         pieced = cand[same[cand] & ((a["flags"][cand] & PIECED) != 0)]
         same[pieced] = self._same_pieces(ia[pieced], other, ib[pieced])
         for j in np.flatnonzero(same & ~array).tolist():  # Python scalars
@@ -378,17 +380,25 @@ class Columns:
         ok &= (a["flags"] >> PRNG_SHIFT) == (b["flags"] >> PRNG_SHIFT)
         cand = np.flatnonzero(ok)
         n = a["ndim"][cand].astype(np.int64)
-        sa, sb = concat_ranges(self.shape_start[ia[cand]], n), concat_ranges(other.shape_start[ib[cand]], n)
-        ok[cand[np.repeat(np.arange(len(cand)), n)[self.shapes[sa] != other.shapes[sb]]]] = False
+        ok[cand[self._differing(other, "shapes", ia[cand], ib[cand], n) > 0]] = False
         cand = np.flatnonzero(ok)
         k = a["chunks"][cand].astype(np.int64)
-        ca, cb = concat_ranges(self.chunk_start[ia[cand]], k), concat_ranges(other.chunk_start[ib[cand]], k)
-        owner = np.repeat(np.arange(len(cand)), k)
-        ok[cand[owner[self.chunks["raw"][ca] != other.chunks["raw"][cb]]]] = False
-        differs = np.bincount(owner, self.chunks["digest"][ca] != other.chunks["digest"][cb], len(cand))
+        ok[cand[self._differing(other, "raw", ia[cand], ib[cand], k) > 0]] = False
         share = np.zeros(len(ia))
-        share[cand] = differs / np.maximum(k, 1)
+        share[cand] = self._differing(other, "digest", ia[cand], ib[cand], k) / np.maximum(k, 1)
         return ok, np.where(ok, share, 0.0)
+
+    def _differing(
+        self, other: Columns, column: str, ia: np.ndarray, ib: np.ndarray, n: np.ndarray
+    ) -> np.ndarray:
+        """For pairs of leaves (``self`` leaf ia[k], ``other`` leaf ib[k]) with n[k] dimensions
+        (``column`` "shapes") or chunk refs ("raw", "digest") each: how many of them differ."""
+        if column == "shapes":
+            x, y, sx, sy = self.shapes, other.shapes, self.shape_start, other.shape_start
+        else:
+            x, y = self.chunks[column], other.chunks[column]
+            sx, sy = self.chunk_start, other.chunk_start
+        return _runs_differing(x, sx[ia], y, sy[ib], n)
 
     def _same_pieces(self, ia: np.ndarray, other: Columns, ib: np.ndarray) -> np.ndarray:
         """For pairs of leaves saved in pieces, of equal shapes and equal chunk refs: whether
@@ -399,16 +409,12 @@ class Columns:
         same = n == fb[rb + 1] - fb[rb]
         k = np.flatnonzero(same)
         ra, rb, n = ra[k], rb[k], n[k]
-        pa, pb = concat_ranges(fa[ra], n), concat_ranges(fb[rb], n)
-        differs = np.zeros(len(k), bool)
-        differs[np.repeat(np.arange(len(k)), n)[self.piece_chunks[pa] != other.piece_chunks[pb]]] = True
+        differs = _runs_differing(self.piece_chunks, fa[ra], other.piece_chunks, fb[rb], n)
         da, db = self._piece_index[3], other._piece_index[3]
         m = da[fa[ra + 1]] - da[fa[ra]]  # box entries: pieces × ndim, equal in both
-        ea, eb = concat_ranges(da[fa[ra]], m), concat_ranges(db[fb[rb]], m)
-        box = self.piece_start[ea] != other.piece_start[eb]
-        box |= self.piece_shape[ea] != other.piece_shape[eb]
-        differs[np.repeat(np.arange(len(k)), m)[box]] = True
-        same[k[differs]] = False
+        differs += _runs_differing(self.piece_start, da[fa[ra]], other.piece_start, db[fb[rb]], m)
+        differs += _runs_differing(self.piece_shape, da[fa[ra]], other.piece_shape, db[fb[rb]], m)
+        same[k[differs > 0]] = False
         return same
 
 
