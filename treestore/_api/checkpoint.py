@@ -227,7 +227,7 @@ class Checkpoint:
         return self._leaf(i)
 
     def __contains__(self, address: object) -> bool:
-        return isinstance(address, str) and self.columns.find(address) is not None
+        return address in _Addresses(self.columns)
 
     def select(self, patterns: _select.Patterns) -> list[str]:
         """The addresses, in tree order, that match any of the patterns (globs over addresses;

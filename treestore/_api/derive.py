@@ -26,7 +26,7 @@ from treestore._engine import locks as _locks
 from treestore._engine import read as _read
 from treestore._engine import write as _write
 from treestore._engine.commit import commit
-from treestore._engine.leaf_table import LeafEntries
+from treestore._engine.leaf_table import EntryList
 from treestore._format import layout as _layout
 from treestore._format import select as _select
 from treestore._format.address import (
@@ -499,7 +499,7 @@ def _write_derived(
     writer = _write._ChunkWriter(storage, options.codec, None, known)
     with cf.ThreadPoolExecutor(options.threads) as pool:
         try:
-            sink = LeafEntries()
+            sink = EntryList()
             new_packs = _write._write_leaves(prepared, options, pool, writer, lock, sink)
             written = sink.entries
         except BaseException:

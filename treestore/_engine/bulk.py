@@ -43,14 +43,14 @@ def read_leaves(reader: ChunkReader, columns: Columns, which: np.ndarray, *, thr
     assemble: list[Callable[[], None]] = []  # Python work on decoded packs: in this thread
     needed: dict[int, int] = {}  # the packs to read, each with a leaf that needs it
     for i in which[~member].tolist():  # leaves with chunks of their own, or in pieces
-        if columns.leaves["flags"][i] & PIECED and _packed_pieces(columns, i):
+        pieces = columns.piece_rows(i) if columns.leaves["flags"][i] & PIECED else None
+        if pieces is not None and _packed(columns, pieces):
             dtype = dtype_from_name(DTYPE_NAMES[columns.leaves["dtype"][i]])
-            shape = columns.shape(i)
             address = columns.address(i)
-            out[i] = allocate(shape, address, reader.name, dtype)
-            for p in np.unique(columns.chunks["pack"][columns.piece_rows(i)[2]]).tolist():
+            out[i] = allocate(columns.shape(i), address, reader.name, dtype)
+            for p in np.unique(columns.chunks["pack"][pieces[2]]).tolist():
                 needed.setdefault(p, i)
-            assemble.append(functools.partial(_read_packed_pieces, reader, columns, i, out[i], address))
+            assemble.append(functools.partial(_read_packed_pieces, reader, columns, pieces, out[i], address))
             continue
         entry = columns.entries[i]
         assert entry.shape is not None
@@ -97,22 +97,29 @@ def _read_pack(reader: ChunkReader, columns: Columns, pack: int, leaves: np.ndar
         part = reader.member(buf, offset, size, chunk_digest)
         if part is None:
             raise reader.mismatch(chunk_digest, columns.address(i))
-        dtype = dtypes[code]
-        array = part.view(dtype) if offset % dtype.itemsize == 0 else part.copy().view(dtype)
-        out[i] = array.reshape(columns.shape(i))
+        out[i] = _typed(part, offset, dtypes[code]).reshape(columns.shape(i))
 
 
-def _packed_pieces(columns: Columns, i: int) -> bool:
-    """Whether every piece of leaf i is one chunk inside a pack (small shards)."""
-    _, _, first, count = columns.piece_rows(i)
+def _typed(part: np.ndarray[Any, Any], offset: int, dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
+    """Bytes at ``offset`` of a decoded pack as ``dtype``: a view, or a copy when they are not
+    aligned for it."""
+    return (part if offset % dtype.itemsize == 0 else part.copy()).view(dtype)
+
+
+Pieces = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # Columns.piece_rows of one leaf
+
+
+def _packed(columns: Columns, pieces: Pieces) -> bool:
+    """Whether every one of a leaf's pieces is one chunk inside a pack (small shards)."""
+    _, _, first, count = pieces
     return bool(np.all(count == 1)) and bool(np.all(columns.chunks["pack"][first] >= 0))
 
 
 def _read_packed_pieces(
-    reader: ChunkReader, columns: Columns, i: int, out: np.ndarray[Any, Any], address: str
+    reader: ChunkReader, columns: Columns, pieces: Pieces, out: np.ndarray[Any, Any], address: str
 ) -> None:
-    """Leaf i, saved in pieces that are each one chunk inside a pack, assembled into ``out``."""
-    starts, shapes, first, _ = columns.piece_rows(i)
+    """A leaf saved in pieces that are each one chunk inside a pack, assembled into ``out``."""
+    starts, shapes, first, _ = pieces
     refs = columns.chunks[first]
     digests = refs["digest"].tobytes()
     packs: dict[int, np.ndarray[Any, Any]] = {}
@@ -134,4 +141,4 @@ def _read_packed_pieces(
         if part is None:
             raise reader.mismatch(chunk_digest, address)
         box = tuple(slice(a, a + n) for a, n in zip(start, shape, strict=True))
-        out[box] = (part if offset % out.itemsize == 0 else part.copy()).view(out.dtype).reshape(shape)
+        out[box] = _typed(part, offset, out.dtype).reshape(shape)

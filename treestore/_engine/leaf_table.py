@@ -117,7 +117,7 @@ class LeafTable:
         }
 
 
-class LeafEntries:
+class EntryList:
     """The leaves a save wrote as version-1 leaf entries, in leaf order (for a multi-process
     save's share and a derived checkpoint); the same appends as :class:`LeafTable`, but a leaf in
     one piece stays a piece (its process shares it as one)."""

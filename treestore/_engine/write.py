@@ -19,7 +19,7 @@ from treestore._engine import distributed as _distributed
 from treestore._engine import known as _known
 from treestore._engine import locks as _locks
 from treestore._engine.commit import commit
-from treestore._engine.leaf_table import LeafEntries, LeafTable, PieceRow, Ref, ref_of
+from treestore._engine.leaf_table import EntryList, LeafTable, PieceRow, Ref, ref_of
 from treestore._engine.threads import default_threads
 from treestore._format import layout as _layout
 from treestore._format.codecs import PROBE_BYTES, Codec, encode, plane_width, sound
@@ -399,7 +399,7 @@ def _write_in_group(
         lock = _locks.save_lock(storage)
         writer.known = _known.learn(storage, previous)  # under this process's lock: safe
         with cf.ThreadPoolExecutor(options.threads) as pool:
-            sink = LeafEntries()
+            sink = EntryList()
             packs = _write_leaves(prepared, options, pool, writer, lock, sink, primary=group.primary)
             written = sink.entries, packs
         storage.sync()
@@ -429,7 +429,7 @@ def _write_leaves(
     pool: cf.ThreadPoolExecutor,
     writer: _ChunkWriter,
     lock: _locks.Lock,
-    sink: LeafTable | LeafEntries,
+    sink: LeafTable | EntryList,
     *,
     primary: bool = True,
 ) -> list[ChunkRef]:
