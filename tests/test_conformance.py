@@ -526,6 +526,15 @@ class StoreConformance:
         w.delete("y/never-there")
         assert r.list("x") == [] and r.read("x/obj") is None
 
+    def test_listing_while_other_threads_write(self, target: Target) -> None:
+        """A listing taken while other threads of this process write and delete objects (as the
+        processes of a multi-process save do with their locks) succeeds and holds every object
+        that stayed put; so does ``exists``."""
+        if not target.writable:
+            pytest.skip("a read-only backend is written by no thread")
+        small = target.backend in ("local", "memory")
+        list_while_churning(target.store().storage, kept=100 if small else 10, writes=400 if small else 15)
+
     def test_threads_share_one_filesystem(self, target: Target) -> None:
         """Saves and loads run many requests at once through one filesystem instance."""
         rng = np.random.default_rng(5)
@@ -551,6 +560,48 @@ def _after(
     return wrapper
 
 
+def list_while_churning(storage: Storage, *, kept: int, writes: int) -> None:
+    """Three threads write and delete objects under ``locks/`` while this one lists the folder and
+    asks for one object that stays put; nothing may fail and every kept object is always listed."""
+    paths = [f"locks/kept-{i:03d}" for i in range(kept)]
+    for path in paths:
+        storage.write(path, [b"k"])
+    failures: list[BaseException] = []
+
+    def churn(worker: int) -> None:
+        try:
+            for i in range(writes):
+                storage.write(f"locks/w{worker}-{i}", [b"x"])
+                storage.delete(f"locks/w{worker}-{i - 1}")
+        except Exception as exc:  # reported by the assertion below
+            failures.append(exc)
+
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible, to provoke any race
+    writers = [threading.Thread(target=churn, args=(w,)) for w in range(3)]
+    try:
+        for t in writers:
+            t.start()
+        while any(t.is_alive() for t in writers):
+            assert set(paths) <= {o.path for o in storage.list("locks")}
+            assert storage.exists(paths[0])
+    finally:
+        sys.setswitchinterval(switch)
+        for t in writers:
+            t.join()
+    assert failures == []
+
+
+class _SlowlyIterated(dict):  # type: ignore[type-arg]
+    """fsspec's memory store, but iterating it lets other threads run between items (as a
+    garbage collection during fsspec's snapshot of the table can)."""
+
+    def items(self) -> Any:
+        for item in super().items():
+            time.sleep(0)
+            yield item
+
+
 # -- the backends ------------------------------------------------------------------------------------
 class TestLocal(StoreConformance):
     backend = "local"
@@ -558,6 +609,16 @@ class TestLocal(StoreConformance):
 
 class TestMemory(StoreConformance):
     backend = "memory"
+
+    def test_listing_does_not_rely_on_fsspec_being_thread_safe(
+        self, target: Target, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """fsspec's memory filesystem is one dict shared by every thread; treestore serialises its
+        own calls on it, so a listing never meets a table changing under it."""
+        from fsspec.implementations.memory import MemoryFileSystem
+
+        monkeypatch.setattr(MemoryFileSystem, "store", _SlowlyIterated(MemoryFileSystem.store))
+        list_while_churning(target.store().storage, kept=50, writes=200)
 
 
 class TestS3(StoreConformance):

@@ -17,11 +17,11 @@ import re
 import stat
 import threading
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import fsspec
 
-from treestore._storage.base import Buffers, ObjectInfo, Storage
+from treestore._storage.base import Buffers, ObjectInfo, Storage, T
 from treestore.errors import StorageError
 
 _TMP = re.compile(r"\.tmp-[0-9a-f]{32}")
@@ -36,10 +36,18 @@ def _is_folder(path: str) -> bool:
 
 
 class MemoryStorage(Storage):
-    """fsspec's in-process memory filesystem; a lock makes put-if-absent atomic."""
+    """fsspec's in-process memory filesystem: one table of objects shared by every thread.
 
-    _lock = threading.Lock()
+    One lock serialises every call on that table, so a listing never iterates it while another
+    thread adds or removes an object, and put-if-absent is atomic.
+    """
+
+    _lock = threading.RLock()  # one table for every instance, so one lock for all of them
     flat_listing = True  # its find reads the objects' table directly: nothing can fail there
+
+    def _call(self, what: str, path: str, fn: Callable[[], T]) -> T:
+        with self._lock:
+            return super()._call(what, path, fn)
 
     def write_new(self, path: str, data: bytes) -> bool:
         self._check_writable(path)
