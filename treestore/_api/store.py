@@ -22,6 +22,7 @@ from treestore._engine import locks as _locks
 from treestore._engine import read as _read
 from treestore._engine import region as _region
 from treestore._engine import write as _write
+from treestore._engine.gc_pause import paused_gc
 from treestore._engine.threads import default_threads
 from treestore._format import layout as _layout
 from treestore._format import select as _select
@@ -113,16 +114,17 @@ class Store:
         if codec is not None:
             options = dataclasses.replace(options, codec=codec)
         check_name(name)
-        prepared = _write.prepare(tree)
-        return _write.write(
-            self.storage,
-            prepared,
-            name,
-            metadata=metadata,
-            options=options,
-            overwrite=overwrite,
-            previous=bool(trust_previous),
-        )
+        with paused_gc():  # one pause while the caller waits (see treestore._engine.gc_pause)
+            prepared = _write.prepare(tree)
+            return _write.write(
+                self.storage,
+                prepared,
+                name,
+                metadata=metadata,
+                options=options,
+                overwrite=overwrite,
+                previous=bool(trust_previous),
+            )
 
     def delete(self, name: str) -> None:
         """Remove checkpoint ``name`` (its commit record); :meth:`gc` frees its chunks."""
@@ -232,6 +234,20 @@ class Store:
             raise InvalidInputError("types= applies without like=: a template gives every node its type")
         trusted = trusted_types(types)
         columns = _read.read_columns(self.storage, self._record(name))
+        with paused_gc(len(columns)):  # the per-leaf objects of a big tree (see gc_pause)
+            return self._load_columns(columns, like, select, prefix, cast, partial, threads, trusted)
+
+    def _load_columns(
+        self,
+        columns: Columns,
+        like: Any,
+        select: Patterns,
+        prefix: str,
+        cast: bool,
+        partial: bool,
+        threads: int | None,
+        trusted: dict[str, type],
+    ) -> Any:
         threads = threads or default_threads()
         if like is not None:
             manifest = columns.to_manifest()

@@ -19,6 +19,7 @@ from treestore._engine import distributed as _distributed
 from treestore._engine import known as _known
 from treestore._engine import locks as _locks
 from treestore._engine.commit import commit
+from treestore._engine.gc_pause import paused_gc
 from treestore._engine.leaf_table import EntryList, LeafTable, PieceRow, Ref, ref_of
 from treestore._engine.threads import default_threads
 from treestore._format import layout as _layout
@@ -127,10 +128,11 @@ def prepare(
         found.append((address, value))
         return len(found) - 1
 
-    node = flatten(tree, visit)  # distinct keys in each node: distinct addresses
-    if before is not None:
-        before([value for _, value in found])
-    leaves = _converted(tree, found, make)
+    with paused_gc():  # the per-leaf objects made here (see gc_pause)
+        node = flatten(tree, visit)  # distinct keys in each node: distinct addresses
+        if before is not None:
+            before([value for _, value in found])
+        leaves = _converted(tree, found, make)
     # Python scalars live in the manifest: refuse here, before any chunk is written, a tree whose
     # addresses and values alone exceed what readers accept (encode_manifest checks the rest).
     floor = sum(len(a) + (x.size_floor if type(x) is ValueLeaf else 0) for a, x in leaves)
@@ -360,17 +362,32 @@ def write(
     writer = _ChunkWriter(storage, options.codec, on_chunk)
     group = _distributed.group()
     if group is None:
-        with _locks.save_lock(storage) as lock, cf.ThreadPoolExecutor(options.threads) as pool:
-            writer.known = _known.learn(storage, previous)  # under the lock, after any gc: safe
-            try:
-                table = LeafTable()
-                packs = _write_leaves(prepared, options, pool, writer, lock, table)
-            except BaseException:
-                pool.shutdown(wait=True, cancel_futures=True)
-                raise
-            nbytes = _commit(storage, prepared, name, table, packs, metadata, options, overwrite)
-        return writer.result(name, len(table), nbytes)
+        with paused_gc(len(prepared.leaves)):
+            return _write_alone(storage, prepared, name, writer, metadata, options, overwrite, previous)
     return _write_in_group(group, storage, prepared, name, writer, metadata, options, overwrite, previous)
+
+
+def _write_alone(
+    storage: Storage,
+    prepared: Prepared,
+    name: str,
+    writer: _ChunkWriter,
+    metadata: Any,
+    options: SaveOptions,
+    overwrite: bool,
+    previous: _known.Previous,
+) -> SaveResult:
+    """:func:`write` by this process alone."""
+    with _locks.save_lock(storage) as lock, cf.ThreadPoolExecutor(options.threads) as pool:
+        writer.known = _known.learn(storage, previous)  # under the lock, after any gc: safe
+        try:
+            table = LeafTable()
+            packs = _write_leaves(prepared, options, pool, writer, lock, table)
+        except BaseException:
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+        nbytes = _commit(storage, prepared, name, table, packs, metadata, options, overwrite)
+    return writer.result(name, len(table), nbytes)
 
 
 def _write_in_group(

@@ -1,0 +1,88 @@
+"""Python's cyclic garbage collector is paused while a save or load makes its per-leaf objects,
+and is always left as the caller had it."""
+
+from __future__ import annotations
+
+import gc
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+import treestore
+from treestore._engine.gc_pause import MANY_LEAVES, paused_gc
+
+
+@pytest.fixture
+def collections() -> Iterator[list[int]]:
+    """The generation of every collection that starts while the test runs."""
+    started: list[int] = []
+
+    def callback(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            started.append(info["generation"])
+
+    gc.callbacks.append(callback)
+    try:
+        yield started
+    finally:
+        gc.callbacks.remove(callback)
+
+
+def tree_of(n: int) -> dict[str, Any]:
+    return {f"g{i // 100}": {f"w{i}": np.full(4, i, np.float32)} for i in range(n)}
+
+
+def test_a_save_and_a_load_of_many_leaves_run_no_collection(tmp_path, collections):
+    tree = tree_of(3 * MANY_LEAVES)
+    store = treestore.Store(str(tmp_path / "s"))
+    gc.collect()
+    collections.clear()
+    store.save(tree, "a")
+    saving = list(collections)
+    gc.collect()
+    collections.clear()
+    back = store.load("a")
+    # Without the pause: dozens each. With it, at most the one that the first allocation
+    # after the pause may start (the objects made during it are young).
+    assert len(saving) <= 1 and len(collections) <= 1, (saving, collections)
+    assert gc.isenabled()
+    assert np.array_equal(back["g29"]["w2999"], tree["g29"]["w2999"])
+
+
+def test_the_collector_is_left_as_the_caller_had_it(tmp_path):
+    store = treestore.Store(str(tmp_path / "s"))
+    gc.disable()
+    try:
+        store.save(tree_of(MANY_LEAVES), "off")
+        assert not gc.isenabled()  # a caller that turned it off keeps it off
+    finally:
+        gc.enable()
+    with pytest.raises(treestore.errors.UnsupportedLeafError):
+        store.save({"ok": tree_of(MANY_LEAVES), "bad": object()}, "failed")
+    assert gc.isenabled()  # and a failed save turns it back on
+
+
+def test_nested_and_concurrent_pauses_resume_once_the_last_ends():
+    inside, release = threading.Event(), threading.Event()
+
+    def other() -> None:
+        with paused_gc():
+            inside.set()
+            release.wait(10)
+
+    t = threading.Thread(target=other)
+    t.start()
+    assert inside.wait(10)
+    with paused_gc():
+        with paused_gc():
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    assert not gc.isenabled()  # the other thread's pause still holds
+    release.set()
+    t.join()
+    assert gc.isenabled()
+    with paused_gc(leaves=MANY_LEAVES - 1):
+        assert gc.isenabled()  # a tree of few leaves does not pause it
