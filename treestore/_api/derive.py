@@ -43,6 +43,7 @@ from treestore._format.address import (
     parse_address,
 )
 from treestore._format.columns_codec import encode_any
+from treestore._format.columns_tree import nodes_from_tree
 from treestore._format.commit_record import CommitRecord
 from treestore._format.limits import MAX_DEPTH
 from treestore._format.manifest import (
@@ -493,8 +494,9 @@ def _write_derived(
     )
     renumber = {old: i for i, old in enumerate(kept_packs)}
     addresses = {n.new: a for a, n in placed if n.new is not None}
-    prepared = _write.Prepared(
-        {"type": "none"}, tuple((addresses.get(i, ""), leaf) for i, leaf in enumerate(new_leaves))
+    prepared = _write.Prepared(  # only its leaves are written: the tree is the one built here
+        nodes_from_tree({"type": "none"}, 0),
+        tuple((addresses.get(i, ""), leaf) for i, leaf in enumerate(new_leaves)),
     )
     writer = _write._ChunkWriter(storage, options.codec, None, known)
     with cf.ThreadPoolExecutor(options.threads) as pool:

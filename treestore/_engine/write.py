@@ -7,6 +7,7 @@ run in the background. Commit order: chunks, then the manifest, then the commit 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import functools
 import threading
 import time
 from collections.abc import Callable
@@ -25,6 +26,7 @@ from treestore._engine.threads import default_threads
 from treestore._format import layout as _layout
 from treestore._format.codecs import PROBE_BYTES, Codec, encode, plane_width, sound
 from treestore._format.columns_codec import columns_from_fields, encode_columns
+from treestore._format.columns_tree import Nodes
 from treestore._format.commit_record import CommitRecord
 from treestore._format.encoding import digest
 from treestore._format.limits import MAX_MANIFEST_BYTES
@@ -36,7 +38,7 @@ from treestore._format.manifest import (
 )
 from treestore._storage.base import Storage
 from treestore._tree.lazy_jax import jax
-from treestore._tree.leaves import ArrayLeaf, Leaf, ValueLeaf, prepare_leaf
+from treestore._tree.leaves import Leaf, ValueLeaf, prepare_leaf
 from treestore._tree.structure import flatten
 from treestore.errors import CheckpointExistsError, InvalidInputError, UnsupportedLeafError
 
@@ -66,10 +68,15 @@ class SaveOptions:
 
 @dataclass(frozen=True)
 class Prepared:
-    """A tree ready to write: its node record and its (address, leaf) pairs, on host."""
+    """A tree ready to write: its node table and its (address, leaf) pairs, on host."""
 
-    tree: dict[str, Any]
+    nodes: Nodes
     leaves: tuple[tuple[str, Leaf], ...]
+
+    @functools.cached_property
+    def tree(self) -> dict[str, Any]:
+        """The tree's version-1 node record (what multi-process saves share, derive grafts)."""
+        return self.nodes.tree_record()
 
 
 @dataclass(frozen=True)
@@ -129,7 +136,7 @@ def prepare(
         return len(found) - 1
 
     with paused_gc():  # the per-leaf objects made here (see gc_pause)
-        node = flatten(tree, visit)  # distinct keys in each node: distinct addresses
+        nodes = flatten(tree, visit)  # distinct keys in each node: distinct addresses
         if before is not None:
             before([value for _, value in found])
         leaves = _converted(tree, found, make)
@@ -146,7 +153,7 @@ def prepare(
             "large bytes and str values as numpy arrays (np.frombuffer(b, np.uint8))",
             address=address if biggest else None,
         )
-    return Prepared(node, tuple(leaves))
+    return Prepared(nodes, tuple(leaves))
 
 
 def _converted(
@@ -459,68 +466,76 @@ def _write_leaves(
     # Small leaves are hashed here, before any worker runs: thousands of tiny hashes interleaved
     # with workers would spend their time handing the GIL back and forth.
     plans: list[Any] = []
-    packs: list[list[np.ndarray[Any, Any]]] = [[]]
+    packs: list[list[bytes]] = [[]]
     pack_fill = 0
+    small = options.small_leaf
 
-    def pack(raw: np.ndarray[Any, Any]) -> Ref:
+    def pack(data: np.ndarray[Any, Any]) -> Ref:
         nonlocal pack_fill
-        if pack_fill + raw.nbytes > options.pack_size:
+        if pack_fill + data.nbytes > options.pack_size:
             packs.append([])
             pack_fill = 0
-        raw = raw.copy()  # hashed and packed from one copy, as chunks are (see _snapshot)
-        ref = (digest(raw), raw.nbytes, 0, len(packs) - 1, pack_fill)
+        raw = data.tobytes()  # hashed and packed from one copy, as chunks are (see _snapshot)
+        ref = (digest(raw), len(raw), 0, len(packs) - 1, pack_fill)
         packs[-1].append(raw)
-        pack_fill += raw.nbytes
+        pack_fill += len(raw)
         return ref
 
-    small = options.small_leaf
-    for _, leaf in prepared.leaves:
+    chunked: list[int] = []  # the leaves with chunks of their own, or pieces
+    for i, (_, leaf) in enumerate(prepared.leaves):
         if isinstance(leaf, ValueLeaf) or not (primary or leaf.sharded):
             plans.append(None)
         elif leaf.data is None:  # sharded: small pieces packed now, big ones chunked below
-            owned = [(start, piece, piece.reshape(-1).view(np.uint8)) for start, piece in leaf.pieces]
             plans.append(
-                [(start, piece, pack(raw) if 0 < raw.nbytes < small else raw) for start, piece, raw in owned]
+                [
+                    (start, piece, pack(piece) if 0 < piece.nbytes < small else piece)
+                    for start, piece in leaf.pieces
+                ]
             )
+            chunked.append(i)
+        elif 0 < leaf.data.nbytes < small:
+            plans.append(pack(leaf.data))
         else:
-            raw = leaf.data.reshape(-1).view(np.uint8)
-            plans.append(pack(raw) if 0 < raw.nbytes < small else raw)
-    pack_jobs = [pool.submit(writer.put, np.concatenate(m), 0, private=True) for m in packs if m]
+            plans.append(leaf.data)
+            chunked.append(i)
+    pack_jobs = [
+        pool.submit(writer.put, np.frombuffer(b"".join(m), np.uint8), 0, private=True) for m in packs if m
+    ]
 
     def submit(raw: np.ndarray[Any, Any], width: int) -> cf.Future[ChunkRef]:
         return pool.submit(writer.put, raw, width)
 
-    for i, (_, leaf) in enumerate(prepared.leaves):
+    for i in chunked:
         plan = plans[i]
-        if type(plan) is np.ndarray and plan.nbytes:
-            assert isinstance(leaf, ArrayLeaf) and leaf.data is not None
-            plans[i] = _plan_chunks(leaf.data, options, submit)
-        elif type(plan) is list:
+        if type(plan) is np.ndarray:
+            plans[i] = _plan_chunks(plan, options, submit) if plan.nbytes else plan
+        else:
             plans[i] = [
-                (start, part.shape, [ref] if type(ref) is tuple else _plan_chunks(part, options, submit))
-                for start, part, ref in plan
+                (start, piece.shape, [ref] if type(ref) is tuple else _plan_chunks(piece, options, submit))
+                for start, piece, ref in plan
             ]
 
     for (address, leaf), plan in zip(prepared.leaves, plans, strict=True):
         if isinstance(leaf, ValueLeaf):
             sink.value(leaf.kind, leaf.value, address)
             continue
-        if plan is None:  # another process writes it
-            continue
         pieces: list[PieceRow] | None = None
-        if type(plan) is tuple:  # packed
+        if type(plan) is tuple:  # packed: nothing to wait for
             refs = [plan]
+        elif plan is None:  # another process writes it
+            continue
         elif type(plan) is np.ndarray:  # empty
             refs = []
-        elif leaf.sharded:
-            refs, pieces = [], []
-            for start, shape, fs in plan:
-                got = [f if type(f) is tuple else ref_of(f.result()) for f in fs]
-                refs += got
-                pieces.append((start, shape, len(got)))
         else:
-            refs = [ref_of(f.result()) for f in plan]
-        lock.refresh(_locks.STALE_AFTER)
+            if leaf.sharded:
+                refs, pieces = [], []
+                for start, shape, fs in plan:
+                    got = [f if type(f) is tuple else ref_of(f.result()) for f in fs]
+                    refs += got
+                    pieces.append((start, shape, len(got)))
+            else:
+                refs = [ref_of(f.result()) for f in plan]
+            lock.refresh(_locks.STALE_AFTER)  # after waiting for chunks: keep the save's lock fresh
         sink.array(leaf.kind, leaf.dtype, leaf.shape, leaf.prng_impl, leaf.weak_type, refs, pieces, address)
     return [job.result() for job in pack_jobs]
 
@@ -546,7 +561,7 @@ def _commit(
         codec=options.codec.to_record(),
         chunk_size=options.chunk_size,
     )
-    columns = columns_from_fields(fields, prepared.tree)  # checked as readers check it
+    columns = columns_from_fields(fields, prepared.nodes)  # checked as readers check it
     data = encode_columns(columns)
     record = CommitRecord(name, b"", 0, now, metadata, len(columns), columns.nbytes)
     commit(storage, data, record, overwrite=overwrite)

@@ -30,7 +30,7 @@ from treestore._format.columns import (
     Columns,
     _validate,
 )
-from treestore._format.columns_tree import check_nodes, nodes_from_tree
+from treestore._format.columns_tree import Nodes, check_nodes, nodes_from_tree
 from treestore._format.dtypes import value_to_record
 from treestore._format.encoding import FORMAT_VERSION, Bad, from_msgpack, to_msgpack
 from treestore._format.encoding import count as _count
@@ -307,7 +307,8 @@ def columns_from_fields(fields: dict[str, Any], tree: object) -> Columns:
     processes' shares), checked exactly as readers check one: ``fields`` holds what
     :func:`decode_columns` reads from a manifest's bytes (the arrays of ARRAY_FIELDS but
     ``nodes`` and ``node_leaves``, in those dtypes; ``name``, ``created``, ``metadata``, ``codec``,
-    ``chunk_size``; ``values`` as stored), ``tree`` the version-1 node record. InvalidInputError
+    ``chunk_size``; ``values`` as stored), ``tree`` the version-1 node record or a
+    :class:`~treestore._format.columns_tree.Nodes` table. InvalidInputError
     naming the checkpoint when readers would refuse it."""
     name = fields["name"]
     check_metadata(fields["metadata"])
@@ -316,7 +317,10 @@ def columns_from_fields(fields: dict[str, Any], tree: object) -> Columns:
             if fields[key].dtype != ARRAY_FIELDS[key]:
                 raise Bad(f"field {key!r} has dtype {fields[key].dtype}, not {ARRAY_FIELDS[key]}")
         chunk_size = _count(fields["chunk_size"], "chunk_size", MAX_CHUNK_BYTES)
-        nodes = nodes_from_tree(tree, len(fields["leaves"]))
+        nleaves = len(fields["leaves"])
+        nodes = tree if isinstance(tree, Nodes) else nodes_from_tree(tree, nleaves)
+        if len(nodes.leaves) != nleaves:
+            raise Bad(f"the tree has {len(nodes.leaves)} leaves, the columns {nleaves}")
         return _validate({**fields, "chunk_size": chunk_size}, nodes)
     except (Bad, UnsupportedFormatError) as exc:
         raise InvalidInputError(

@@ -1,6 +1,7 @@
 """The tree of a version-2 manifest as a node table: validated with numpy, addresses on demand.
 
-Nodes are listed so that every node's parent comes before it (writers use preorder). Each node
+Nodes are listed so that every node's parent comes before it; a node's children are in node
+order (a save numbers them consecutively when it reaches their parent). Each node
 records its kind, its parent and the index of its key in a table of distinct address segments;
 a leaf node's leaf index is in ``leaves``. A leaf's address is the segments of the keys from the
 root down to its node, so addresses are never stored twice and can never disagree with the tree.

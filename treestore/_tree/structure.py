@@ -27,13 +27,31 @@ from treestore._format.address import (
     format_key,
     join_address,
     key_from_record,
-    key_to_record,
     key_value,
 )
+from treestore._format.columns_tree import (
+    CUSTOM,
+    DICT,
+    LEAF,
+    LIST,
+    NAMEDTUPLE,
+    NODE_DTYPE,
+    NONE,
+    ORDEREDDICT,
+    TUPLE,
+    Nodes,
+    check_nodes,
+)
+from treestore._format.encoding import Bad
 from treestore._format.limits import MAX_DEPTH
 from treestore._tree.keys import from_jax
 from treestore._tree.lazy_jax import jax
-from treestore.errors import InvalidInputError, StructureMismatchError, UnsupportedKeyError
+from treestore.errors import (
+    InvalidInputError,
+    StructureMismatchError,
+    UnsupportedFormatError,
+    UnsupportedKeyError,
+)
 
 # Types that are always leaves: no need to ask jax's registry about each one.
 _LEAF_TYPES = frozenset({np.ndarray, int, float, bool, complex, str, bytes})
@@ -72,86 +90,99 @@ class _Close:
         self.container = container
 
 
-def flatten(tree: Any, visit: Callable[[str, Any], int]) -> dict[str, Any]:
-    """The node record of ``tree``; ``visit(address, leaf)`` is called for each leaf in jax's
+def flatten(tree: Any, visit: Callable[[str, Any], int]) -> Nodes:
+    """The node table of ``tree``; ``visit(address, leaf)`` is called for each leaf in jax's
     flattening order and returns the leaf's index.
 
-    Raises before returning anything that readers would refuse: UnsupportedKeyError for a key
-    that cannot become an address or keys of one node that would collide (naming the path), and
-    InvalidInputError for a node deeper than MAX_DEPTH or a container that holds itself. The walk
-    is iterative, so Python's recursion limit never decides what can be saved.
+    A node's children get consecutive node numbers, in the node's own order (a dict's insertion
+    order), when the node is reached: every parent comes before its children, as the format
+    requires, while the walk itself follows jax's order. Raises before returning anything that
+    readers would refuse: UnsupportedKeyError for a key that cannot become an address or keys of
+    one node that would collide (naming the path), and InvalidInputError for a node deeper than
+    MAX_DEPTH or a container that holds itself. The walk is iterative, so Python's recursion
+    limit never decides what can be saved.
     """
-    root: list[Any] = [None]
-    # A task fills slot ``i`` of the list ``out`` with the record of ``x``, found at ``path``.
-    stack: list[Any] = [(tree, (), "", 0, root, 0)]
+    kinds: list[int] = [NONE]  # filled in as each node is reached
+    parents: list[int] = [0]
+    keys: list[int] = [0]
+    where: dict[str, int] = {}  # distinct segments, numbered in order of first use
+    names: list[tuple[int, str]] = []  # (node, type name) of namedtuple and custom nodes
+    leaf_nodes: list[tuple[int, int]] = []  # (node, leaf index)
+    # A task: the subtree ``x`` found at ``path`` (address ``address``) is node ``me``.
+    stack: list[Any] = [(tree, (), "", 0, 0)]
     open_ids: set[int] = set()  # the containers on the path from the root to the current task
     while stack:
         task = stack.pop()
         if type(task) is _Close:
             open_ids.discard(id(task.container))
             continue
-        x, path, address, depth, out, i = task
-        where = address or "(root)"
+        x, path, address, depth, me = task
+        where_ = address or "(root)"
         if depth > MAX_DEPTH:
             raise InvalidInputError(
-                f"{where}: the tree is nested deeper than {MAX_DEPTH} containers, the most readers accept",
+                f"{where_}: the tree is nested deeper than {MAX_DEPTH} containers, the most readers accept",
                 address=address,
             )
         if x is None:
-            out[i] = {"type": "none"}
-            continue
+            continue  # kinds[me] is NONE already
         t = type(x)
-        keys: list[Key]
+        node_keys: list[Key]
         visits: range | list[int]  # the children's positions in jax's flattening order
         if t is dict or t is collections.OrderedDict:
             order = list(x)
-            keys = [DictKey(k) for k in order]
+            node_keys = [DictKey(k) for k in order]
             visits = range(len(order)) if t is collections.OrderedDict else _jax_order(order)
             children = [x[k] for k in order]
-            record: dict[str, Any] = {
-                "type": "dict" if t is dict else "ordereddict",
-                "keys": [key_to_record(k) for k in keys],
-            }
+            kind = DICT if t is dict else ORDEREDDICT
         elif t is list or t is tuple:
-            keys = [SequenceKey(j) for j in range(len(x))]
+            node_keys = [SequenceKey(j) for j in range(len(x))]
             visits = range(len(x))
             children = list(x)
-            record = {"type": t.__name__}
+            kind = LIST if t is list else TUPLE
         else:
             pairs = None if t in _LEAF_TYPES else _children(x)
             if pairs is None:
-                out[i] = {"type": "leaf", "leaf": visit(address, x)}
+                kinds[me] = LEAF
+                leaf_nodes.append((me, visit(address, x)))
                 continue
-            keys = [k for k, _ in pairs]
+            node_keys = [k for k, _ in pairs]
             visits = range(len(pairs))
             children = [c for _, c in pairs]
-            record = {
-                "type": "namedtuple" if isinstance(x, tuple) and hasattr(x, "_fields") else "custom",
-                "name": f"{t.__module__}.{t.__qualname__}",
-                "keys": [key_to_record(k) for k in keys],
-            }
-        if t is list or t is tuple:
+            kind = NAMEDTUPLE if isinstance(x, tuple) and hasattr(x, "_fields") else CUSTOM
+            names.append((me, type_name(t)))
+        if kind in (LIST, TUPLE):
             segments = [str(j) for j in visits]
         else:
-            segments = [format_key(k, path) for k in keys]
-            if record["type"] in ("namedtuple", "custom"):  # a dict's keys are distinct already
-                check_node_keys(keys, segments, address)
+            segments = [format_key(k, path) for k in node_keys]
+            if kind >= NAMEDTUPLE:  # a dict's keys are distinct already
+                check_node_keys(node_keys, segments, address)
         if id(x) in open_ids:
             raise InvalidInputError(
-                f"{where}: the tree contains itself here (a {t.__name__} that holds itself); "
+                f"{where_}: the tree contains itself here (a {t.__name__} that holds itself); "
                 "treestore saves trees, not cyclic graphs",
                 address=address,
             )
-        record["children"] = slots = [None] * len(children)
-        out[i] = record
+        kinds[me] = kind
         if not children:
             continue
+        first = len(kinds)
+        kinds.extend([NONE] * len(children))
+        parents.extend([me] * len(children))
+        keys.extend([where.setdefault(s, len(where)) for s in segments])
         open_ids.add(id(x))
         stack.append(_Close(x))
         for j in reversed(visits):
             child_address = join_address(address, segments[j])
-            stack.append((children[j], (*path, keys[j]), child_address, depth + 1, slots, j))
-    return root[0]
+            stack.append((children[j], (*path, node_keys[j]), child_address, depth + 1, first + j))
+    table = np.zeros(len(kinds), NODE_DTYPE)
+    table["kind"], table["parent"], table["key"] = kinds, parents, keys
+    leaf_nodes.sort()
+    names.sort()
+    leaves = np.array([leaf for _, leaf in leaf_nodes], "<u4")
+    try:
+        return check_nodes(tuple(where), table, tuple(n for _, n in names), leaves, len(leaf_nodes))
+    except (Bad, UnsupportedFormatError) as exc:  # never for a tree this walk accepted
+        raise InvalidInputError(f"the tree's structure would not be readable: {exc}") from None
 
 
 def type_name(cls: type) -> str:
