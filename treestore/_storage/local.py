@@ -71,15 +71,33 @@ class LocalStorage(Storage):
     # A store never holds links or special files: reads open only regular files reached without
     # symlinks, so a hostile store cannot make a load read (or block on) anything outside it.
     def _check_inside(self, folder: str) -> None:
+        """StorageError unless ``folder`` lies in the store without passing a symlink: no folder
+        between the store's root and it is a link (one ``lstat`` per folder, once per Storage;
+        links above the root are the caller's business). A folder that does not exist (yet) is
+        not checked: nothing can be read through it, and a write makes it first."""
         if folder in self._inside:
             return
-        real_root = os.path.realpath(self.root or ".")
-        real = os.path.realpath(folder)
-        if real != real_root and not real.startswith(real_root.rstrip(os.sep) + os.sep):
-            raise StorageError(f"{folder} leads outside the store {self.url} (a symlinked folder)")
-        if os.path.realpath(os.path.join(real_root, os.path.relpath(folder, self.root or "."))) != real:
-            raise StorageError(f"{folder} in store {self.url} is reached through a symlink")
-        self._inside.add(folder)
+        root = self.root or "."
+        rel = os.path.relpath(folder, root)
+        if rel == ".":
+            return
+        if rel == os.pardir or rel.startswith(os.pardir + os.sep) or os.path.isabs(rel):
+            raise StorageError(f"{folder} leads outside the store {self.url}")
+        here = root
+        for part in rel.split(os.sep):
+            here = os.path.join(here, part)
+            if here in self._inside:
+                continue
+            try:
+                mode = os.lstat(here).st_mode
+            except FileNotFoundError:
+                return
+            if stat.S_ISLNK(mode):
+                raise StorageError(
+                    f"{here} in store {self.url} is a symlink, which may lead outside the store; "
+                    "a store holds no links"
+                )
+            self._inside.add(here)
 
     def _cat_range(self, full: str, start: int, end: int) -> bytes:
         self._check_inside(os.path.dirname(full))
