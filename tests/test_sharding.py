@@ -153,3 +153,23 @@ def test_hostile_pieces_are_rejected(store_url, values):
     hostile.mutate_manifest(store_url, "c", overlap)
     with pytest.raises(treestore.errors.ManifestCorruptError, match="w: pieces overlap or leave holes"):
         treestore.load(store_url)
+
+
+def test_restored_shards_go_onto_cpu_devices_without_a_copy(tmp_path):
+    """Load results are 64-byte aligned host buffers, which jax's CPU client uses in place, so a
+    leaf (or a restored shard) is not copied again on its way to a CPU device."""
+    rng = np.random.default_rng(3)
+    host = {"w": rng.standard_normal((512, 1024)).astype(np.float32), "b": np.arange(7, dtype=np.int8)}
+    url = str(tmp_path / "s")
+    treestore.save(url, host, "c")
+    loaded = treestore.load(url, "c")
+    assert loaded["w"].ctypes.data % 64 == 0
+    on_device = jax.device_put(loaded["w"], jax.devices()[0])
+    assert np.shares_memory(np.asarray(on_device), loaded["w"])  # in place, not copied
+    mesh = Mesh(np.array(jax.devices()[:2]), ("d",))
+    like = {
+        "w": jax.ShapeDtypeStruct((512, 1024), jnp.float32, sharding=NamedSharding(mesh, P("d"))),
+        "b": jax.ShapeDtypeStruct((7,), jnp.int8),
+    }
+    out = treestore.load(url, "c", like=like)
+    assert same_bytes(np.asarray(out["w"]), host["w"])

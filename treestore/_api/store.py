@@ -303,9 +303,9 @@ class Store:
                     leaves.append(_template.restore(slot, arrays.get(slot.address)))
                     continue
 
-                def read(region: tuple[slice, ...], entry: LeafEntry | None = slot.entry) -> Any:
+                def read(regions: list[tuple[slice, ...]], entry: LeafEntry | None = slot.entry) -> Any:
                     assert entry is not None  # a kept leaf is never assembled
-                    return _region.read_region(reader, entry, region, pool)
+                    return _region.read_regions(reader, entry, regions, pool)
 
                 leaves.append(_template.assemble(slot, sharding, read))
         return jax.tree_util.tree_unflatten(treedef, leaves)

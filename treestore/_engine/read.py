@@ -99,10 +99,14 @@ def _physical_memory() -> int:
         return 2**62
 
 
+ALIGN = 64  # bytes; what jax's CPU client needs to use a host buffer in place
+
+
 def allocate(
     shape: int | tuple[int, ...], address: str, checkpoint: str, dtype: Any = np.uint8
 ) -> np.ndarray[Any, Any]:
-    """``np.empty``, with running out of memory reported as a TreestoreError naming the leaf.
+    """``np.empty``, aligned to :data:`ALIGN` bytes, with running out of memory reported as a
+    TreestoreError naming the leaf.
 
     More than the machine's physical memory is refused before allocating: the operating system
     would grant it lazily and kill the process later.
@@ -117,7 +121,10 @@ def allocate(
             checkpoint=checkpoint,
         )
     try:
-        return np.empty(shape, dtype)
+        # 64-byte aligned: jax puts an aligned host array on a CPU device without copying it.
+        buf = np.empty(nbytes + ALIGN - 1, np.uint8)
+        at = -buf.ctypes.data % ALIGN
+        return buf[at : at + nbytes].view(dtype).reshape(dims)
     except (MemoryError, ValueError) as exc:
         raise OutOfMemoryError(
             f"{address or '(root)'}: cannot allocate {shape} of {np.dtype(dtype).name} "

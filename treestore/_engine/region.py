@@ -137,20 +137,31 @@ def read_region(
     The chunks it needs are read, decoded and verified concurrently (in ``pool``, else in
     threads of its own), decoded straight into the result when the region is a whole piece.
     """
+    return read_regions(reader, entry, [region], pool)[0]
+
+
+def read_regions(
+    reader: ChunkReader, entry: LeafEntry, regions: list[Region], pool: cf.Executor | None = None
+) -> list[np.ndarray[Any, Any]]:
+    """:func:`read_region` of each of ``regions`` (a leaf's device shards), all their chunks read
+    and decoded concurrently."""
     assert entry.shape is not None
     dtype = dtype_from_name(entry.dtype, address=entry.address)
-    out = allocate(tuple(r.stop - r.start for r in region), entry.address, reader.name, dtype)
-    if out.size:
-        jobs: list[Callable[[], None]] = []
-        fills: list[Callable[[], None]] = []
-        plan_region(reader, entry, region, out, jobs, fills)
-        if pool is None:
-            run_in_threads(jobs, default_threads())
-        else:
-            run(jobs, pool)
-        for fill in fills:
-            fill()
-    return out
+    jobs: list[Callable[[], None]] = []
+    fills: list[Callable[[], None]] = []
+    outs = []
+    for region in regions:
+        out = allocate(tuple(r.stop - r.start for r in region), entry.address, reader.name, dtype)
+        if out.size:
+            plan_region(reader, entry, region, out, jobs, fills)
+        outs.append(out)
+    if pool is None:
+        run_in_threads(jobs, default_threads())
+    else:
+        run(jobs, pool)
+    for fill in fills:
+        fill()
+    return outs
 
 
 def _fill(

@@ -201,23 +201,29 @@ def target_sharding(slot: Slot) -> Any:
     return sharding
 
 
-def assemble(slot: Slot, sharding: Any, read: Callable[[tuple[slice, ...]], np.ndarray[Any, Any]]) -> Any:
-    """A jax.Array on ``sharding`` whose every addressable shard is read by ``read(region)`` —
-    each distinct region once, whatever sharding the leaf was saved with."""
+def assemble(
+    slot: Slot, sharding: Any, read: Callable[[list[tuple[slice, ...]]], list[np.ndarray[Any, Any]]]
+) -> Any:
+    """A jax.Array on ``sharding`` whose addressable shards are read by ``read(regions)`` — all of
+    them at once, so their chunks are decoded concurrently, and each distinct region once,
+    whatever sharding the leaf was saved with."""
     like, entry = slot.like, slot.entry
     assert entry is not None  # target_sharding gives no sharding to a kept leaf
     dtype = np.dtype(like.dtype)
-    cache: dict[tuple[tuple[int, int], ...], np.ndarray[Any, Any]] = {}
+    shape = tuple(entry.shape or ())
 
-    def shard(index: tuple[slice, ...] | None) -> np.ndarray[Any, Any]:
-        region = _region_of(index or (), entry.shape or ())
-        key = tuple((r.start, r.stop) for r in region)
-        if key not in cache:
-            data = read(region)
-            cache[key] = data if data.dtype == dtype else data.astype(dtype)
-        return cache[key]
+    def key(index: tuple[slice, ...] | None) -> tuple[tuple[int, int], ...]:
+        return tuple((r.start, r.stop) for r in _region_of(index or (), shape))
 
-    return jax.make_array_from_callback(tuple(entry.shape or ()), sharding, shard)
+    regions = {key(index): _region_of(index or (), shape) for index in _indices(sharding, shape)}
+    found = read(list(regions.values()))
+    cache = {k: d if d.dtype == dtype else d.astype(dtype) for k, d in zip(regions, found, strict=True)}
+    return jax.make_array_from_callback(shape, sharding, lambda index: cache[key(index)])
+
+
+def _indices(sharding: Any, shape: tuple[int, ...]) -> list[tuple[slice, ...] | None]:
+    """The index of each shard of ``shape`` on ``sharding`` that lives on this process."""
+    return list(sharding.addressable_devices_indices_map(shape).values())
 
 
 def _region_of(index: tuple[slice, ...], shape: tuple[int, ...]) -> tuple[slice, ...]:
