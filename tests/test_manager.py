@@ -19,7 +19,7 @@ import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
 import treestore
-from treestore._api.manager import StepInfo, _Policy, step_name
+from treestore._api.retention import Policy, StepInfo, step_name
 
 from .helpers import assert_tree_equal
 
@@ -147,19 +147,19 @@ def test_keep_best(mode, best):
 
 
 def test_rules_combine_as_a_union():
-    policy = _Policy(keep_last=2, keep_every=4, keep_best=1, best_metric="acc", best_mode="max")
+    policy = Policy(keep_last=2, keep_every=4, keep_best=1, best_metric="acc", best_mode="max")
     infos = {s: info(s, acc=a) for s, a in [(1, 0.5), (2, 0.9), (3, 0.1), (4, 0.2), (5, 0.3), (6, 0.0)]}
     assert policy.retained(infos) == {5, 6, 4, 2}
-    assert _Policy().retained(infos) == set(infos)  # no rule keeps everything
-    assert _Policy(keep_last=1).retained({}) == set()
+    assert Policy().retained(infos) == set(infos)  # no rule keeps everything
+    assert Policy(keep_last=1).retained({}) == set()
 
 
 def test_best_ignores_steps_without_the_metric_and_nan():
-    policy = _Policy(keep_best=2, best_metric="loss")
+    policy = Policy(keep_best=2, best_metric="loss")
     infos = {1: info(1, loss=math.nan), 2: info(2), 3: info(3, loss=5.0), 4: info(4, loss=6.0), 5: info(5)}
     assert policy.retained(infos) == {3, 4, 5}
     tied = {1: info(1, loss=1.0), 2: info(2, loss=1.0), 3: info(3, loss=3.0)}
-    assert _Policy(keep_best=1, best_metric="loss").retained(tied) == {2, 3}  # ties: the newer
+    assert Policy(keep_best=1, best_metric="loss").retained(tied) == {2, 3}  # ties: the newer
 
 
 @pytest.mark.parametrize(

@@ -26,7 +26,8 @@ import numpy as np
 import pytest
 
 import treestore
-from treestore._api import manager as _manager
+from treestore._api import replication as _replication
+from treestore._api.retention import step_name
 
 from .helpers import assert_tree_equal
 from .test_cloud_faults import FAIL_FAST, Proxy
@@ -98,7 +99,7 @@ def test_each_tier_has_its_own_retention(tmp_path):
     assert treestore.CheckpointManager(local).steps() == [8, 9]
     assert remote_steps(remote) == [0, 4, 8, 9]
     for step in (0, 4, 8, 9):  # remote gc freed nothing a kept step uses
-        assert_tree_equal(treestore.Store(remote).load(_manager.step_name(step)), tree(step))
+        assert_tree_equal(treestore.Store(remote).load(step_name(step)), tree(step))
 
 
 def test_replicate_every_steps(tmp_path):
@@ -115,14 +116,14 @@ class Gate:
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.open = threading.Event()
         self.started: list[str] = []
-        real = _manager._copy
+        real = _replication._copy
 
         def copy(src: str, dst: str, **kwargs: Any) -> Any:
             self.started.append(src.rpartition("#")[2])
             assert self.open.wait(30)
             return real(src, dst, **kwargs)
 
-        monkeypatch.setattr(_manager, "_copy", copy)
+        monkeypatch.setattr(_replication, "_copy", copy)
 
     def release(self) -> None:
         self.open.set()
@@ -152,7 +153,7 @@ def test_saves_never_wait_for_uploads_newest_wins_and_local_retention_keeps_the_
 
 def test_upload_errors_surface_at_the_next_save_wait_and_close(tmp_path, monkeypatch):
     local, remote = str(tmp_path / "local"), str(tmp_path / "remote")
-    real = _manager._copy
+    real = _replication._copy
     failing = [True]
 
     def copy(src: str, dst: str, **kwargs: Any) -> Any:
@@ -160,7 +161,7 @@ def test_upload_errors_surface_at_the_next_save_wait_and_close(tmp_path, monkeyp
             raise treestore.StorageError(f"writing {dst} failed: remote down")
         return real(src, dst, **kwargs)
 
-    monkeypatch.setattr(_manager, "_copy", copy)
+    monkeypatch.setattr(_replication, "_copy", copy)
     m = treestore.CheckpointManager(local=local, remote=remote, async_save=False)
     m.save(0, tree(0))
     with pytest.raises(treestore.StorageError, match="remote down") as e:

@@ -10,7 +10,7 @@ listing reports, and the manifest a checkpoint's view exposes (``Checkpoint.mani
 from treestore._api.copy import CopyReport
 from treestore._api.diff import Diff, LeafDiff, LeafStats
 from treestore._api.interop import ExportResult
-from treestore._api.manager import StepInfo
+from treestore._api.retention import StepInfo
 from treestore._api.store import CheckpointInfo
 from treestore._api.timeline import Timeline
 from treestore._api.verify import VerifyProblem, VerifyReport

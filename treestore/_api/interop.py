@@ -22,7 +22,7 @@ import numpy as np
 
 from treestore._api import file_formats as _formats
 from treestore._api.checkpoint import Checkpoint, LazyLeaf
-from treestore._api.manager import step_name
+from treestore._api.retention import step_name
 from treestore._api.spec import parse_spec
 from treestore._api.store import resolve
 from treestore._engine import write as _write

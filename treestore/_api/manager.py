@@ -6,18 +6,24 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
-import re
 import signal
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from treestore._api.copy import CopyReport
-from treestore._api.copy import copy as _copy
+from treestore._api.replication import Replicator
+from treestore._api.retention import (
+    Policy,
+    StepInfo,
+    check_count,
+    check_metrics,
+    check_step,
+    step_infos,
+    step_name,
+)
 from treestore._api.store import Store
 from treestore._engine import write as _write
 from treestore._engine.snapshot import Background, HostSnapshot
@@ -32,257 +38,6 @@ from treestore.errors import (
 )
 
 _log = logging.getLogger("treestore")
-
-_STEP_NAME = re.compile(r"step-(\d{9,})\Z")
-
-
-def step_name(step: int) -> str:
-    """The checkpoint name of a step: zero-padded, so names sort like steps.
-
-    >>> step_name(123)
-    'step-000000123'
-    """
-    return f"step-{step:09d}"
-
-
-@dataclass(frozen=True)
-class StepInfo:
-    """One saved step: its checkpoint name, when it was saved (seconds since the epoch), its
-    metrics and the caller's data."""
-
-    step: int
-    name: str
-    created: float
-    metrics: Mapping[str, float]
-    user: Any
-
-
-def _count(name: str, value: object) -> int | None:
-    if value is None:
-        return None
-    if type(value) is not int or value < 1:
-        raise InvalidInputError(f"{name} must be a positive int or None, got {value!r}")
-    return value
-
-
-def _step(step: object) -> int:
-    if type(step) is not int or step < 0:
-        raise InvalidInputError(f"step must be an int >= 0, got {step!r}")
-    return step
-
-
-def _metrics(metrics: object) -> dict[str, float]:
-    if metrics is None:
-        return {}
-    if not isinstance(metrics, Mapping):
-        raise InvalidInputError(f"metrics must be a dict of names to numbers, got {type(metrics).__name__}")
-    out = {}
-    for key, value in metrics.items():
-        if not isinstance(key, str):
-            raise InvalidInputError(f"metric names must be str, got {key!r}")
-        try:
-            if isinstance(value, (str, bytes)):
-                raise TypeError
-            out[key] = float(value)
-        except (TypeError, ValueError):
-            raise InvalidInputError(
-                f"metric {key!r} must be a real number, got {type(value).__name__}"
-            ) from None
-    return out
-
-
-@dataclass(frozen=True)
-class _Policy:
-    """When to save and which steps to keep; validated on construction."""
-
-    save_every_steps: int | None = None
-    save_every_seconds: float | None = None
-    keep_last: int | None = None
-    keep_every: int | None = None
-    keep_best: int | None = None
-    best_metric: str | None = None
-    best_mode: str | None = None
-
-    def __post_init__(self) -> None:
-        _count("save_every_steps", self.save_every_steps)
-        _count("keep_last", self.keep_last)
-        _count("keep_every", self.keep_every)
-        _count("keep_best", self.keep_best)
-        s = self.save_every_seconds
-        if s is not None and (
-            isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(s) or s <= 0
-        ):
-            raise InvalidInputError(f"save_every_seconds must be a positive number or None, got {s!r}")
-        if self.keep_best is None and (self.best_metric is not None or self.best_mode is not None):
-            raise InvalidInputError("best_metric and best_mode apply only with keep_best=N")
-        if self.keep_best is not None and not (isinstance(self.best_metric, str) and self.best_metric):
-            raise InvalidInputError(
-                f"keep_best={self.keep_best} needs best_metric, the name of a metric passed to "
-                f"save(), got {self.best_metric!r}"
-            )
-        if self.best_mode not in (None, "min", "max"):
-            raise InvalidInputError(f"best_mode must be 'min' or 'max', got {self.best_mode!r}")
-
-    def due(self, step: int, elapsed: float) -> bool:
-        """Whether the interval asks for a save at ``step``, ``elapsed`` s after the last save."""
-        if self.save_every_steps is None and self.save_every_seconds is None:
-            return True
-        by_steps = self.save_every_steps is not None and step % self.save_every_steps == 0
-        by_time = self.save_every_seconds is not None and elapsed >= self.save_every_seconds
-        return by_steps or by_time
-
-    def retained(self, infos: Mapping[int, StepInfo]) -> set[int]:
-        """The steps to keep: any rule keeps a step, and the newest step is always kept."""
-        steps = sorted(infos)
-        if not steps or (self.keep_last is None and self.keep_every is None and self.keep_best is None):
-            return set(steps)
-        keep = {steps[-1]}
-        if self.keep_last is not None:
-            keep.update(steps[-self.keep_last :])
-        if self.keep_every is not None:
-            keep.update(s for s in steps if s % self.keep_every == 0)
-        if self.keep_best is not None:
-            sign = -1.0 if self.best_mode == "max" else 1.0
-            scored = [
-                (sign * v, -s, s)
-                for s in steps
-                if (v := infos[s].metrics.get(str(self.best_metric))) is not None and not math.isnan(v)
-            ]
-            keep.update(s for *_, s in sorted(scored)[: self.keep_best])
-        return keep
-
-
-def _step_infos(store: Store) -> dict[int, StepInfo]:
-    """The steps committed in ``store``: checkpoints named ``step-N`` whose metadata says step N."""
-    out = {}
-    for c in store.list():
-        match = _STEP_NAME.match(c.name)
-        meta = c.metadata
-        if match is None or not isinstance(meta, dict) or meta.get("step") != int(match.group(1)):
-            continue
-        metrics = meta.get("metrics")
-        metrics = (
-            {k: v for k, v in metrics.items() if isinstance(v, float)} if isinstance(metrics, dict) else {}
-        )
-        out[int(match.group(1))] = StepInfo(int(match.group(1)), c.name, c.created, metrics, meta.get("user"))
-    return out
-
-
-def _apply_retention(store: Store, policy: _Policy, protected: Iterable[int] = ()) -> bool:
-    """Delete the steps of ``store`` that ``policy`` (or ``protected``) does not keep; True when
-    any was deleted."""
-    infos = _step_infos(store)
-    keep = policy.retained(infos) | set(protected)
-    deleted = False
-    for step, info in infos.items():
-        if step not in keep:
-            with contextlib.suppress(CheckpointNotFoundError):  # deleted by someone else
-                store.delete(info.name)
-            deleted = True
-    return deleted
-
-
-class _Replicator:
-    """The remote tier: one thread copying committed local steps to the remote store, one at a
-    time; a step asked for while one is copying replaces any step still waiting (the newest
-    wins). Each copy transfers only the chunks the remote lacks and commits there after them
-    (:func:`treestore.copy`); then the remote retention policy runs. An error is kept until
-    :meth:`take_error`."""
-
-    def __init__(
-        self,
-        src: tuple[str, dict[str, Any] | None],
-        dst: tuple[str, dict[str, Any] | None],
-        remote: Store,
-        policy: _Policy,
-    ) -> None:
-        self._src, self._dst, self._remote, self._policy = src, dst, remote, policy
-        self._cond = threading.Condition()
-        self._wanted: int | None = None  # the step waiting to be copied
-        self._running: int | None = None  # the step being copied
-        self._error: BaseException | None = None
-        self._stop = False
-        self._gc_due = False
-        self.last: int | None = None  # the newest step this manager replicated
-        self.report: CopyReport | None = None  # of the last replication that committed
-        self._thread = threading.Thread(target=self._loop, name="treestore-replicate", daemon=True)
-        self._thread.start()
-
-    def request(self, step: int) -> None:
-        with self._cond:
-            self._wanted = step
-            self._cond.notify_all()
-
-    def busy(self) -> set[int]:
-        """The steps being copied or waiting: local retention must keep them."""
-        with self._cond:
-            return {s for s in (self._wanted, self._running) if s is not None}
-
-    def take_error(self) -> BaseException | None:
-        with self._cond:
-            error, self._error = self._error, None
-            return error
-
-    def drain(self) -> None:
-        """Wait until nothing is being copied or waiting."""
-        with self._cond:
-            while self._wanted is not None or self._running is not None:
-                self._cond.wait()
-
-    def close(self) -> None:
-        self.drain()
-        with self._cond:
-            self._stop = True
-            self._cond.notify_all()
-        self._thread.join()
-
-    def _loop(self) -> None:
-        while True:
-            with self._cond:
-                while self._wanted is None and not self._stop:
-                    self._cond.wait()
-                if self._wanted is None:
-                    return
-                step, self._wanted, self._running = self._wanted, None, self._wanted
-            error: BaseException | None = None
-            try:
-                self._replicate(step)
-            except BaseException as exc:  # kept for the training loop's next save/wait/close
-                exc.add_note(
-                    f"while replicating {step_name(step)} from {self._src[0]} to {self._dst[0]}: the "
-                    "step is saved locally, and the next replication copies the newest step again"
-                )
-                error = exc
-            with self._cond:
-                self._running = None
-                if error is not None:
-                    self._error = error
-                else:
-                    self.last = step if self.last is None else max(self.last, step)
-                self._cond.notify_all()
-
-    def _replicate(self, step: int) -> None:
-        (src, src_options), (dst, dst_options) = self._src, self._dst
-        self.report = _copy(
-            f"{src}#{step_name(step)}",
-            dst,
-            overwrite=True,  # the remote copy of a step follows the local one (force=True saves)
-            storage_options=src_options,
-            dst_storage_options=dst_options or {},
-        )
-        try:  # the copy is committed: retention failures are logged, as a local save's are
-            self._gc_due |= _apply_retention(self._remote, self._policy)
-            if self._gc_due:
-                with contextlib.suppress(StoreBusyError):  # a save in flight: after the next copy
-                    self._gc_due = bool(self._remote.gc(grace=0, wait=0).damaged)
-        except TreestoreError as exc:
-            _log.warning(
-                "%s: retention after replicating %s failed (%s: %s); it runs again after the next one",
-                self._remote.url,
-                step_name(step),
-                type(exc).__name__,
-                exc,
-            )
 
 
 class CheckpointManager:
@@ -386,7 +141,7 @@ class CheckpointManager:
         storage_options: dict[str, Any] | None = None,
         trust_previous: bool = True,
     ) -> None:
-        self._policy = _Policy(
+        self._policy = Policy(
             save_every_steps, save_every_seconds, keep_last, keep_every, keep_best, best_metric, best_mode
         )
         if preemption and threading.current_thread() is not threading.main_thread():
@@ -396,8 +151,8 @@ class CheckpointManager:
         if (url is None) == (local is None):
             raise InvalidInputError("give the store's URL, or local= (with remote= for two tiers), once")
         local_url = os.fspath(url if url is not None else local)  # type: ignore[arg-type]
-        self._replicate_every = _count("replicate_every_steps", replicate_every_steps)
-        self._remote_policy = _Policy(keep_last=remote_keep_last, keep_every=remote_keep_every)
+        self._replicate_every = check_count("replicate_every_steps", replicate_every_steps)
+        self._remote_policy = Policy(keep_last=remote_keep_last, keep_every=remote_keep_every)
         if remote is None and (
             replicate_every_steps is not None
             or remote_keep_last is not None
@@ -410,12 +165,12 @@ class CheckpointManager:
             )
         self.store = Store(local_url, storage_options=storage_options)
         self.remote: Store | None = None  # the remote tier's store
-        self._replicator: _Replicator | None = None
+        self._replicator: Replicator | None = None
         if remote is not None:
             self.remote = Store(remote, storage_options=remote_storage_options)
             if self.remote.url == self.store.url:
                 raise InvalidInputError(f"local and remote are one store ({self.store.url})")
-            self._replicator = _Replicator(
+            self._replicator = Replicator(
                 (local_url, storage_options),
                 (os.fspath(remote), remote_storage_options),
                 self.remote,
@@ -478,8 +233,8 @@ class CheckpointManager:
         ``metrics`` (names to numbers) and ``user`` (plain data) are stored with the step.
         """
         self._check_open()
-        step = _step(step)
-        metrics_ = _metrics(metrics)
+        step = check_step(step)
+        metrics_ = check_metrics(metrics)
         metadata = {"step": step, "metrics": metrics_, "user": user}
         check_metadata(metadata)
         self._collect(block=False)  # an earlier failure surfaces here
@@ -628,7 +383,7 @@ class CheckpointManager:
     def reached_preemption(self, step: int) -> bool:
         """True once a SIGTERM arrived (with ``preemption=True``) and ``step`` is committed: the
         loop may stop. While it is False after a SIGTERM, the next ``save`` saves at once."""
-        step = _step(step)
+        step = check_step(step)
         if not self._preempted:
             return False
         if self._pending == step:
@@ -638,7 +393,7 @@ class CheckpointManager:
     # -- reading -----------------------------------------------------------------------------
     def _infos(self) -> dict[int, StepInfo]:
         """The steps committed in the local tier."""
-        return _step_infos(self.store)
+        return step_infos(self.store)
 
     def _tiers(self) -> dict[int, tuple[StepInfo, Store]]:
         """Each step committed in either tier, with the store to load it from (the local one
@@ -646,7 +401,7 @@ class CheckpointManager:
         out = {step: (info, self.store) for step, info in self._infos().items()}
         if self.remote is not None:
             try:
-                remote = _step_infos(self.remote)
+                remote = step_infos(self.remote)
             except TreestoreError as exc:
                 _log.warning(
                     "%s: listing the remote tier failed (%s: %s); using the local tier only",
@@ -698,7 +453,7 @@ class CheckpointManager:
         try:
             return store.load(info.name, **kwargs)
         except CorruptionError as exc:
-            if store is not self.store or self.remote is None or info.step not in _step_infos(self.remote):
+            if store is not self.store or self.remote is None or info.step not in step_infos(self.remote):
                 raise
             _log.warning(
                 "%s: %s is damaged locally (%s); loading it from the remote tier %s",
@@ -711,7 +466,7 @@ class CheckpointManager:
 
     def _find(self, step: int | None) -> tuple[StepInfo, Store]:
         tiers = self._tiers()
-        step = max(tiers, default=None) if step is None else _step(step)
+        step = max(tiers, default=None) if step is None else check_step(step)
         where = self.store.url if self.remote is None else f"{self.store.url} or {self.remote.url}"
         if step is None:
             raise CheckpointNotFoundError(f"no steps saved in {where}")

@@ -1,0 +1,162 @@
+"""Which steps a checkpoint manager saves and keeps: step names, the saved steps of a store, the
+interval and retention policy, and applying it (deleting the steps it does not keep)."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from treestore._api.store import Store
+from treestore.errors import CheckpointNotFoundError, InvalidInputError
+
+_STEP_NAME = re.compile(r"step-(\d{9,})\Z")
+
+
+def step_name(step: int) -> str:
+    """The checkpoint name of a step: zero-padded, so names sort like steps.
+
+    >>> step_name(123)
+    'step-000000123'
+    """
+    return f"step-{step:09d}"
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    """One saved step: its checkpoint name, when it was saved (seconds since the epoch), its
+    metrics and the caller's data."""
+
+    step: int
+    name: str
+    created: float
+    metrics: Mapping[str, float]
+    user: Any
+
+
+def check_count(name: str, value: object) -> int | None:
+    if value is None:
+        return None
+    if type(value) is not int or value < 1:
+        raise InvalidInputError(f"{name} must be a positive int or None, got {value!r}")
+    return value
+
+
+def check_step(step: object) -> int:
+    if type(step) is not int or step < 0:
+        raise InvalidInputError(f"step must be an int >= 0, got {step!r}")
+    return step
+
+
+def check_metrics(metrics: object) -> dict[str, float]:
+    if metrics is None:
+        return {}
+    if not isinstance(metrics, Mapping):
+        raise InvalidInputError(f"metrics must be a dict of names to numbers, got {type(metrics).__name__}")
+    out = {}
+    for key, value in metrics.items():
+        if not isinstance(key, str):
+            raise InvalidInputError(f"metric names must be str, got {key!r}")
+        try:
+            if isinstance(value, (str, bytes)):
+                raise TypeError
+            out[key] = float(value)
+        except (TypeError, ValueError):
+            raise InvalidInputError(
+                f"metric {key!r} must be a real number, got {type(value).__name__}"
+            ) from None
+    return out
+
+
+@dataclass(frozen=True)
+class Policy:
+    """When to save and which steps to keep; validated on construction."""
+
+    save_every_steps: int | None = None
+    save_every_seconds: float | None = None
+    keep_last: int | None = None
+    keep_every: int | None = None
+    keep_best: int | None = None
+    best_metric: str | None = None
+    best_mode: str | None = None
+
+    def __post_init__(self) -> None:
+        check_count("save_every_steps", self.save_every_steps)
+        check_count("keep_last", self.keep_last)
+        check_count("keep_every", self.keep_every)
+        check_count("keep_best", self.keep_best)
+        s = self.save_every_seconds
+        if s is not None and (
+            isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(s) or s <= 0
+        ):
+            raise InvalidInputError(f"save_every_seconds must be a positive number or None, got {s!r}")
+        if self.keep_best is None and (self.best_metric is not None or self.best_mode is not None):
+            raise InvalidInputError("best_metric and best_mode apply only with keep_best=N")
+        if self.keep_best is not None and not (isinstance(self.best_metric, str) and self.best_metric):
+            raise InvalidInputError(
+                f"keep_best={self.keep_best} needs best_metric, the name of a metric passed to "
+                f"save(), got {self.best_metric!r}"
+            )
+        if self.best_mode not in (None, "min", "max"):
+            raise InvalidInputError(f"best_mode must be 'min' or 'max', got {self.best_mode!r}")
+
+    def due(self, step: int, elapsed: float) -> bool:
+        """Whether the interval asks for a save at ``step``, ``elapsed`` s after the last save."""
+        if self.save_every_steps is None and self.save_every_seconds is None:
+            return True
+        by_steps = self.save_every_steps is not None and step % self.save_every_steps == 0
+        by_time = self.save_every_seconds is not None and elapsed >= self.save_every_seconds
+        return by_steps or by_time
+
+    def retained(self, infos: Mapping[int, StepInfo]) -> set[int]:
+        """The steps to keep: any rule keeps a step, and the newest step is always kept."""
+        steps = sorted(infos)
+        if not steps or (self.keep_last is None and self.keep_every is None and self.keep_best is None):
+            return set(steps)
+        keep = {steps[-1]}
+        if self.keep_last is not None:
+            keep.update(steps[-self.keep_last :])
+        if self.keep_every is not None:
+            keep.update(s for s in steps if s % self.keep_every == 0)
+        if self.keep_best is not None:
+            sign = -1.0 if self.best_mode == "max" else 1.0
+            scored = [
+                (sign * v, -s, s)
+                for s in steps
+                if (v := infos[s].metrics.get(str(self.best_metric))) is not None and not math.isnan(v)
+            ]
+            keep.update(s for *_, s in sorted(scored)[: self.keep_best])
+        return keep
+
+
+def step_infos(store: Store) -> dict[int, StepInfo]:
+    """The steps committed in ``store``: checkpoints named ``step-N`` whose metadata says step N."""
+    out = {}
+    for c in store.list():
+        match = _STEP_NAME.match(c.name)
+        meta = c.metadata
+        if match is None or not isinstance(meta, dict) or meta.get("step") != int(match.group(1)):
+            continue
+        metrics = meta.get("metrics")
+        metrics = (
+            {k: v for k, v in metrics.items() if isinstance(v, float)} if isinstance(metrics, dict) else {}
+        )
+        out[int(match.group(1))] = StepInfo(int(match.group(1)), c.name, c.created, metrics, meta.get("user"))
+    return out
+
+
+def apply_retention(store: Store, policy: Policy, protected: Iterable[int] = ()) -> bool:
+    """Delete the steps of ``store`` that ``policy`` (or ``protected``) does not keep; True when
+    any was deleted."""
+    infos = step_infos(store)
+    keep = policy.retained(infos) | set(protected)
+    deleted = False
+    for step, info in infos.items():
+        if step not in keep:
+            with contextlib.suppress(CheckpointNotFoundError):  # deleted by someone else
+                store.delete(info.name)
+            deleted = True
+    return deleted
