@@ -46,8 +46,11 @@ class MemoryStorage(Storage):
     flat_listing = True  # its find reads the objects' table directly: nothing can fail there
 
     def _call(self, what: str, path: str, fn: Callable[[], T]) -> T:
-        with self._lock:
-            return super()._call(what, path, fn)
+        def locked() -> T:  # each attempt holds the lock; a retry's backoff does not
+            with self._lock:
+                return fn()
+
+        return super()._call(what, path, locked)
 
     def write_new(self, path: str, data: bytes) -> bool:
         self._check_writable(path)
