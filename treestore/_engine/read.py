@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from treestore._format import layout as _layout
-from treestore._format.codecs import decode_into
+from treestore._format.codecs import decode_in_place, decode_into, in_place_room
 from treestore._format.columns import Columns
 from treestore._format.columns_codec import decode_any, decode_any_manifest
 from treestore._format.commit_record import CommitRecord, decode_commit_record
@@ -232,17 +232,43 @@ def fetch_object(storage: Storage, c: ChunkRef) -> bytes:
     the address).
     """
     data = storage.read_range(_layout.chunk_path(c.digest), 0, c.raw_size + CHUNK_SLACK + 1)
-    if data is None:
-        raise ChunkMissingError(f"chunk {c.digest.hex()[:16]} is missing")
-    if len(data) > c.raw_size + CHUNK_SLACK:
-        raise ChunkCorruptError(f"chunk {c.digest.hex()[:16]} is larger than its raw size allows")
+    _check_fetched(c, None if data is None else len(data))
+    assert data is not None
     return data
 
 
-def decode_chunk(obj: bytes, c: ChunkRef, out: np.ndarray[Any, Any]) -> None:
-    """Decode the object of chunk ``c`` into ``out`` (uint8, its raw size) and check its digest."""
+def fetch_object_into(storage: Storage, c: ChunkRef, buf: np.ndarray[Any, Any]) -> memoryview:
+    """:func:`fetch_object`, read into the start of ``buf`` (uint8, at least the size bound):
+    a view of the bytes read."""
+    n = storage.read_into(_layout.chunk_path(c.digest), buf[: c.raw_size + CHUNK_SLACK + 1].data)
+    _check_fetched(c, n)
+    assert n is not None
+    return buf[:n].data
+
+
+def _check_fetched(c: ChunkRef, n: int | None) -> None:
+    """The checks on the ``n`` bytes (None: no object) read of chunk ``c``'s object."""
+    if n is None:
+        raise ChunkMissingError(f"chunk {c.digest.hex()[:16]} is missing")
+    if n > c.raw_size + CHUNK_SLACK:
+        raise ChunkCorruptError(f"chunk {c.digest.hex()[:16]} is larger than its raw size allows")
+
+
+def decode_chunk(
+    obj: bytes | memoryview,
+    c: ChunkRef,
+    out: np.ndarray[Any, Any],
+    *,
+    room: np.ndarray[Any, Any] | None = None,
+) -> None:
+    """Decode the object of chunk ``c`` into ``out`` (uint8, its raw size) and check its digest;
+    ``room``: a scratch buffer that ``obj`` starts, which decoding may use (it then decodes
+    byte planes in place, see :func:`treestore._format.codecs.decode_in_place`)."""
     try:
-        decode_into(obj, out)
+        if room is None:
+            decode_into(obj, out)
+        else:
+            decode_in_place(room, len(obj), out)
     except ChunkCorruptError as exc:
         raise ChunkCorruptError(f"chunk {c.digest.hex()[:16]} {exc}") from None
     if digest(out) != c.digest:
@@ -255,6 +281,19 @@ def fetch_chunk(storage: Storage, c: ChunkRef) -> tuple[bytes, np.ndarray[Any, A
     raw = np.empty(c.raw_size, np.uint8)
     decode_chunk(obj, c, raw)
     return obj, raw
+
+
+# Chunks of these raw sizes are read into a thread's scratch and decoded there (local stores).
+IN_PLACE_FROM, IN_PLACE_UP_TO = 256 * 1024, 16 * 2**20
+_tls = threading.local()
+
+
+def _scratch(size: int) -> np.ndarray[Any, Any]:
+    """This thread's reusable read buffer of at least ``size`` bytes."""
+    buf = getattr(_tls, "buf", None)
+    if buf is None or buf.nbytes < size:
+        buf = _tls.buf = np.empty(size, np.uint8)
+    return buf
 
 
 class ChunkReader:
@@ -277,9 +316,14 @@ class ChunkReader:
             address=address,
         )
 
-    def _object(self, c: ChunkRef, address: str) -> bytes:
+    def _object(self, c: ChunkRef, address: str, room: np.ndarray[Any, Any] | None = None) -> memoryview:
+        """Chunk ``c``'s object (read into ``room`` when given); errors name ``address``."""
         try:
-            data = fetch_object(self.storage, c)
+            data = (
+                memoryview(fetch_object(self.storage, c))
+                if room is None
+                else fetch_object_into(self.storage, c, room)
+            )
         except (ChunkMissingError, ChunkCorruptError) as exc:
             raise self._located(exc, address) from None
         with self._lock:
@@ -287,12 +331,29 @@ class ChunkReader:
         return data
 
     def read_into(self, c: ChunkRef, out: np.ndarray[Any, Any], address: str) -> None:
-        """Decode the (non-packed) chunk ``c`` into ``out`` (uint8, c.raw_size) and verify it."""
-        self._decode(self._object(c, address), c, out, address)
+        """Decode the (non-packed) chunk ``c`` into ``out`` (uint8, c.raw_size) and verify it.
 
-    def _decode(self, obj: bytes, c: ChunkRef, out: np.ndarray[Any, Any], address: str) -> None:
+        From a store that reads into buffers (local files), a big chunk's object is read into
+        this thread's scratch and its byte planes decoded there: no copy of the object is made."""
+        room = None
+        if self.storage.reads_into and IN_PLACE_FROM <= c.raw_size <= IN_PLACE_UP_TO:
+            # Scratch only for an object that is there and within its size bound: what a
+            # hostile manifest declares allocates nothing until the store holds it.
+            stored = self.storage.object_size(_layout.chunk_path(c.digest))
+            if stored is not None and stored <= c.raw_size + CHUNK_SLACK:
+                room = _scratch(in_place_room(c.raw_size))
+        self._decode(self._object(c, address, room), c, out, address, room)
+
+    def _decode(
+        self,
+        obj: bytes | memoryview,
+        c: ChunkRef,
+        out: np.ndarray[Any, Any],
+        address: str,
+        room: np.ndarray[Any, Any] | None = None,
+    ) -> None:
         try:
-            decode_chunk(obj, c, out)
+            decode_chunk(obj, c, out, room=room)
         except ChunkCorruptError as exc:
             raise self._located(exc, address) from None
 

@@ -253,7 +253,7 @@ def _unzstd_into(frame: bytes | memoryview, out: np.ndarray[Any, Any]) -> None:
         raise ChunkCorruptError(f"zstd frame decoded to {done} bytes, expected {size}")
 
 
-def _header(obj: bytes, size: int) -> tuple[int, int, int]:
+def _header(obj: bytes | memoryview, size: int) -> tuple[int, int, int]:
     """The codec, plane width and mask of chunk object ``obj`` (raw size ``size``), after checking
     its header; ChunkCorruptError otherwise."""
     if len(obj) < HEADER.size:
@@ -293,7 +293,7 @@ def sound(head: bytes, stored: int, raw_size: int) -> bool:
     return stored >= table and sum(struct.unpack_from(f"<{width}Q", head, HEADER.size)) == stored - table
 
 
-def decode_into(obj: bytes, out: np.ndarray[Any, Any]) -> None:
+def decode_into(obj: bytes | memoryview, out: np.ndarray[Any, Any]) -> None:
     """Decode the chunk object ``obj`` into ``out`` (1-D uint8, exactly the raw size).
 
     Raises ChunkCorruptError on any inconsistency (an unknown codec included); never allocates
@@ -315,6 +315,64 @@ def decode_into(obj: bytes, out: np.ndarray[Any, Any]) -> None:
             raise ChunkCorruptError(f"has unknown codec id {codec}")
     except zstandard.ZstdError as exc:
         raise ChunkCorruptError(f"zstd frame does not decode: {exc}") from None
+
+
+def decode_in_place(buf: np.ndarray[Any, Any], n: int, out: np.ndarray[Any, Any]) -> None:
+    """:func:`decode_into` for a chunk object held in ``buf[:n]`` (1-D uint8, writable), where
+    ``buf`` may be used as scratch up to :func:`in_place_room` bytes.
+
+    Byte planes whose compressed planes all follow the raw ones (fp32 and bf16 weights: the
+    exponent planes compress, the mantissa planes do not) are unshuffled from ``buf`` itself:
+    the compressed planes are moved past the planes' span and decompressed into place, so the
+    raw planes are never copied. Anything else decodes as :func:`decode_into` does, with the
+    same checks.
+    """
+    size = out.nbytes
+    obj = buf[:n]
+    codec, width, mask = _header(obj.data, size)
+    table = HEADER.size + 8 * width
+    raw_planes = (~mask & ((1 << width) - 1)).bit_length()  # planes below the first compressed one
+    if (
+        codec != PLANES
+        or _SHUFFLE is None
+        or not out.flags.c_contiguous
+        or not 2 <= width <= MAX_PLANE_WIDTH
+        or size % width
+        or not 0 < mask < 1 << width
+        or mask != ((1 << width) - 1) ^ ((1 << raw_planes) - 1)  # compressed planes not a suffix
+        or n < table
+        or size >= 2**31
+    ):
+        decode_into(obj.data, out)
+        return
+    plane = size // width
+    lengths = struct.unpack_from(f"<{width}Q", obj.data, HEADER.size)
+    span = table + width * plane  # where the planes lie once decoded
+    if (
+        sum(lengths) != n - table
+        or any(lengths[j] != plane for j in range(raw_planes))
+        or n > span  # "compressed" planes longer than raw ones: not worth a special case
+        or len(buf) < span + n - (table + raw_planes * plane)
+    ):
+        decode_into(obj.data, out)  # (which names what is wrong)
+        return
+    packed = table + raw_planes * plane
+    buf[span : span + n - packed] = buf[packed:n]  # after the source: no overlap (n <= span)
+    at = span
+    try:
+        for j in range(raw_planes, width):
+            _unzstd_into(buf[at : at + lengths[j]].data, buf[table + j * plane : table + (j + 1) * plane])
+            at += lengths[j]
+    except zstandard.ZstdError as exc:
+        raise ChunkCorruptError(f"zstd frame does not decode: {exc}") from None
+    if _SHUFFLE[1](width, size, buf[table:].ctypes.data, out.ctypes.data) != size:
+        out.reshape(-1, width)[:] = buf[table:span].reshape(width, -1).T
+
+
+def in_place_room(raw_size: int) -> int:
+    """How many bytes of scratch :func:`decode_in_place` may use for a chunk of ``raw_size``
+    raw bytes: the object, its planes decoded, and its compressed planes moved past them."""
+    return 2 * (raw_size + CHUNK_SLACK) + 1
 
 
 def _decode_planes(body: memoryview, out: np.ndarray[Any, Any], width: int, mask: int) -> None:

@@ -169,6 +169,19 @@ class Storage:
         data: bytes = self.fs.cat_file(full, start=start, end=end)
         return data
 
+    # Whether :meth:`read_into` reads straight into the caller's buffer (local files); elsewhere
+    # it reads a copy first, so callers with bytes of their own to keep use :meth:`read_range`.
+    reads_into = False
+
+    def read_into(self, path: str, buf: memoryview) -> int | None:
+        """Fill ``buf`` (writable bytes) with the object's first bytes; how many it holds (fewer
+        at its end), or None if it does not exist."""
+        data = self.read_range(path, 0, len(buf))
+        if data is None:
+            return None
+        buf[: len(data)] = data
+        return len(data)
+
     def object_size(self, path: str) -> int | None:
         """The stored size of an object in bytes, or None if it does not exist."""
         full = self._full(path)

@@ -102,12 +102,12 @@ class LocalStorage(Storage):
                 )
             self._inside.add(here)
 
-    def _cat_range(self, full: str, start: int, end: int) -> bytes:
+    def _open_regular(self, full: str) -> int:
+        """A read-only descriptor of the regular file ``full``, reached without symlinks (the
+        caller closes it); FileNotFoundError if there is none, StorageError for a link or any
+        other kind of file."""
         self._check_inside(os.path.dirname(full))
-        try:
-            mode = os.lstat(full).st_mode  # refuse links before opening anything through them
-        except FileNotFoundError:
-            raise
+        mode = os.lstat(full).st_mode  # refuse links before opening anything through them
         if not stat.S_ISREG(mode):
             raise StorageError(f"{full} is not a regular file; a store holds only regular files")
         flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
@@ -120,13 +120,43 @@ class LocalStorage(Storage):
                 raise StorageError(f"{full} is a symlink; a store holds only regular files") from None
             raise
         try:
-            info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode):
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
                 raise StorageError(f"{full} is not a regular file; a store holds only regular files")
-            stop = min(end, info.st_size)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _cat_range(self, full: str, start: int, end: int) -> bytes:
+        fd = self._open_regular(full)
+        try:
+            stop = min(end, os.fstat(fd).st_size)
             return os.pread(fd, max(stop - start, 0), start) if stop > start else b""
         finally:
             os.close(fd)
+
+    reads_into = True
+
+    def read_into(self, path: str, buf: memoryview) -> int | None:
+        full = self._full(path)
+
+        def get() -> int:
+            fd = self._open_regular(full)
+            try:
+                done = 0
+                while done < len(buf):  # a regular file: short reads only at its end
+                    n = os.preadv(fd, [buf[done:]], done)
+                    if not n:
+                        break
+                    done += n
+                return done
+            finally:
+                os.close(fd)
+
+        try:
+            return self._call("reading", path, get)
+        except FileNotFoundError:
+            return None
 
     def read(self, path: str, *, limit: int | None = None) -> bytes | None:
         if limit is None:
