@@ -173,3 +173,24 @@ def test_restored_shards_go_onto_cpu_devices_without_a_copy(tmp_path):
     }
     out = treestore.load(url, "c", like=like)
     assert same_bytes(np.asarray(out["w"]), host["w"])
+
+
+def test_big_load_results_are_faulted_in_with_ordinary_pages(tmp_path):
+    """A result of 4 MiB or more gets no huge pages (numpy asks for them; faulting them in
+    stalls where memory is fragmented): its pages are marked so before it is filled."""
+    w = np.arange(2**21, dtype=np.float32)  # 8 MiB
+    url = str(tmp_path / "s")
+    treestore.save(url, {"w": w}, "c")
+    loaded = treestore.load(url, "c")["w"]
+    start = loaded.ctypes.data + 2 * 4096  # (the first, partial page is left as it was)
+    with open("/proc/self/smaps") as f:
+        blocks = f.read().split("\n")
+    for i, line in enumerate(blocks):
+        lo, _, hi = line.partition(" ")[0].partition("-")
+        if hi and all(c in "0123456789abcdef" for c in lo + hi) and int(lo, 16) <= start < int(hi, 16):
+            flags = next(b for b in blocks[i + 1 :] if b.startswith("VmFlags:"))
+            break
+    else:
+        pytest.fail("the result's mapping is not in /proc/self/smaps")
+    assert " nh" in flags, flags  # MADV_NOHUGEPAGE on the result's pages
+    assert same_bytes(loaded, w)
