@@ -54,7 +54,7 @@ def components(leaves: list[np.ndarray], tmp_dir: str) -> dict[str, float]:
         for raw, width in _chunks(leaf, chunk_size):
             _timed(t, "hash", digest, raw)
             if width >= 2 and raw.nbytes % width == 0:
-                planes = C._scratch(raw.nbytes)  # reused, as a save reuses it
+                planes = C.scratch(raw.nbytes)  # reused, as a save reuses it
                 _timed(t, "transform", C._shuffle, raw, planes, width)
                 parts = [
                     _timed(t, "compress", C._maybe_compress, p, codec.level)
@@ -89,7 +89,7 @@ def components(leaves: list[np.ndarray], tmp_dir: str) -> dict[str, float]:
     for width, size, parts, packed in stored:
         out = np.empty(size, np.uint8)  # a fresh result, as a load allocates
         if width:
-            planes = C._scratch(size, "planes").reshape(width, -1)
+            planes = C.scratch(size, "planes").reshape(width, -1)
             for j, part in enumerate(parts):
                 if packed[j]:
                     _timed(t, "decompress", C._unzstd_into, part, planes[j])

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from treestore._format import layout as _layout
-from treestore._format.codecs import decode_in_place, decode_into, in_place_room
+from treestore._format.codecs import decode_in_place, decode_into, in_place_room, scratch
 from treestore._format.columns import Columns
 from treestore._format.columns_codec import decode_any, decode_any_manifest
 from treestore._format.commit_record import CommitRecord, decode_commit_record
@@ -319,15 +319,6 @@ def fetch_chunk(storage: Storage, c: ChunkRef) -> tuple[bytes, np.ndarray[Any, A
 
 # Chunks of these raw sizes are read into a thread's scratch and decoded there (local stores).
 IN_PLACE_FROM, IN_PLACE_UP_TO = 256 * 1024, 16 * 2**20
-_tls = threading.local()
-
-
-def _scratch(size: int) -> np.ndarray[Any, Any]:
-    """This thread's reusable read buffer of at least ``size`` bytes."""
-    buf = getattr(_tls, "buf", None)
-    if buf is None or buf.nbytes < size:
-        buf = _tls.buf = np.empty(size, np.uint8)
-    return buf
 
 
 class ChunkReader:
@@ -375,7 +366,7 @@ class ChunkReader:
             # hostile manifest declares allocates nothing until the store holds it.
             stored = self.storage.object_size(_layout.chunk_path(c.digest))
             if stored is not None and stored <= c.raw_size + CHUNK_SLACK:
-                room = _scratch(in_place_room(c.raw_size))
+                room = scratch(in_place_room(c.raw_size), "read")
         self._decode(self._object(c, address, room), c, out, address, room)
 
     def _decode(

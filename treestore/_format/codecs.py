@@ -124,7 +124,7 @@ def _maybe_compress(data: np.ndarray[Any, Any], level: int) -> bytes | None:
     return packed if len(packed) < PAYS_OFF * data.nbytes else None
 
 
-def _scratch(size: int, name: str = "scratch") -> np.ndarray[Any, Any]:
+def scratch(size: int, name: str = "scratch") -> np.ndarray[Any, Any]:
     """This thread's reusable buffer ``name`` of at least ``size`` bytes: a fresh 4 MiB array per
     chunk costs more in page faults than the byte-plane transpose itself."""
     buf = getattr(_tls, name, None)
@@ -208,7 +208,7 @@ def encode(
     size = raw.nbytes
     if codec.name == "zstd" and size:
         if codec.byte_planes and width >= 2 and size % width == 0:
-            flat = _scratch(size) if reuse else np.empty(size, np.uint8)
+            flat = scratch(size) if reuse else np.empty(size, np.uint8)
             _shuffle(raw, flat, width)
             planes = flat.reshape(width, -1)
             parts: list[bytes | memoryview] = []
@@ -390,7 +390,7 @@ def _decode_planes(body: memoryview, out: np.ndarray[Any, Any], width: int, mask
     # With blosc2 every plane goes to this thread's scratch (compressed ones decompressed there
     # directly) and one SIMD unshuffle writes ``out``; numpy instead writes each plane into
     # ``out`` with a strided copy, straight from the chunk object when the plane is raw.
-    planes = _scratch(size, "planes").reshape(width, -1)
+    planes = scratch(size, "planes").reshape(width, -1)
     grid = out.reshape(-1, width)
     at = table
     for j, length in enumerate(lengths):
