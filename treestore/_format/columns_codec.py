@@ -32,7 +32,7 @@ from treestore._format.columns import (
 )
 from treestore._format.columns_tree import Nodes, check_nodes, nodes_from_tree
 from treestore._format.dtypes import value_to_record
-from treestore._format.encoding import FORMAT_VERSION, Bad, from_msgpack, to_msgpack
+from treestore._format.encoding import FORMAT_VERSION, Bad, from_msgpack, manifest_errors, to_msgpack
 from treestore._format.encoding import count as _count
 from treestore._format.encoding import field as _get
 from treestore._format.limits import MAX_CHUNK_BYTES, MAX_MANIFEST_BYTES, MAX_NDIM
@@ -114,42 +114,38 @@ def _decoded(data: bytes, checkpoint: str) -> tuple[Manifest | None, Columns]:
 def _decode_record(rec: dict[str, Any], checkpoint: str) -> Columns:
     what = f"manifest of checkpoint {checkpoint!r}"
     try:
-        if rec.get("format") != MANIFEST_MAGIC:
-            raise Bad(f"format is {rec.get('format')!r:.60}, expected {MANIFEST_MAGIC!r}")
-        version = rec.get("version")
-        if type(version) is not int:
-            raise Bad("it has no integer version")
-        if version != VERSION:
-            raise UnsupportedFormatError(
-                f"format version {version!r:.20} is not {VERSION}, the columnar manifest this decodes"
+        with manifest_errors(what, checkpoint):
+            if rec.get("format") != MANIFEST_MAGIC:
+                raise Bad(f"format is {rec.get('format')!r:.60}, expected {MANIFEST_MAGIC!r}")
+            version = rec.get("version")
+            if type(version) is not int:
+                raise Bad("it has no integer version")
+            if version != VERSION:
+                raise UnsupportedFormatError(
+                    f"format version {version!r:.20} is not {VERSION}, the columnar manifest this decodes"
+                )
+            if _get(rec, "parts", list):
+                raise UnsupportedFormatError(
+                    "it is stored in parts, which this treestore cannot read: upgrade treestore"
+                )
+            try:
+                check_metadata(rec.get("metadata"))  # the bound writers keep to
+            except InvalidInputError as exc:
+                raise Bad(str(exc)) from None
+            fields: dict[str, Any] = {key: _array(rec, key) for key in ARRAY_FIELDS}
+            fields.update(
+                name=_get(rec, "name", str),
+                created=float(_get(rec, "created", float)),
+                metadata=rec.get("metadata"),
+                codec=_get(rec, "codec", dict),
+                chunk_size=_count(rec.get("chunk_size"), "chunk_size", MAX_CHUNK_BYTES),
+                values=_get(rec, "values", list),
             )
-        if _get(rec, "parts", list):
-            raise UnsupportedFormatError(
-                "it is stored in parts, which this treestore cannot read: upgrade treestore"
+            segments, names = _str_list(rec, "segments"), _str_list(rec, "node_names")
+            nodes = check_nodes(
+                segments, fields["nodes"], names, fields["node_leaves"], len(fields["leaves"])
             )
-        try:
-            check_metadata(rec.get("metadata"))  # the bound writers keep to
-        except InvalidInputError as exc:
-            raise Bad(str(exc)) from None
-        fields: dict[str, Any] = {key: _array(rec, key) for key in ARRAY_FIELDS}
-        fields.update(
-            name=_get(rec, "name", str),
-            created=float(_get(rec, "created", float)),
-            metadata=rec.get("metadata"),
-            codec=_get(rec, "codec", dict),
-            chunk_size=_count(rec.get("chunk_size"), "chunk_size", MAX_CHUNK_BYTES),
-            values=_get(rec, "values", list),
-        )
-        segments, names = _str_list(rec, "segments"), _str_list(rec, "node_names")
-        nodes = check_nodes(segments, fields["nodes"], names, fields["node_leaves"], len(fields["leaves"]))
-        return _validate(fields, nodes)
-    except Bad as exc:
-        raise ManifestCorruptError(f"{what}: {exc}", checkpoint=checkpoint) from None
-    except (UnsupportedFormatError, ManifestCorruptError) as exc:
-        exc.checkpoint = checkpoint
-        exc.message = f"{what}: {exc.message}"
-        exc.args = (exc.message,)
-        raise
+            return _validate(fields, nodes)
     except MemoryError:
         raise OutOfMemoryError(f"{what}: out of memory decoding it", checkpoint=checkpoint) from None
     except (ValueError, TypeError, IndexError, KeyError, OverflowError) as exc:  # a check missed

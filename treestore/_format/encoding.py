@@ -3,6 +3,8 @@ format version, typed fields with bounds, and BLAKE3 digests."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import blake3
@@ -27,6 +29,22 @@ def to_msgpack(obj: object) -> bytes:
 
 class Bad(Exception):
     """Internal: a schema violation, turned into ManifestCorruptError with context."""
+
+
+@contextlib.contextmanager
+def manifest_errors(what: str, checkpoint: str) -> Iterator[None]:
+    """How a manifest decoder reports what it finds wrong: ``Bad`` becomes a ManifestCorruptError
+    saying ``what``, and an UnsupportedFormatError or ManifestCorruptError raised inside gets
+    ``what`` in front of its message and the checkpoint's name."""
+    try:
+        yield
+    except Bad as exc:
+        raise ManifestCorruptError(f"{what}: {exc}", checkpoint=checkpoint) from None
+    except (UnsupportedFormatError, ManifestCorruptError) as exc:
+        exc.checkpoint = checkpoint
+        exc.message = f"{what}: {exc.message}"
+        exc.args = (exc.message,)
+        raise
 
 
 def field(rec: dict[str, Any], key: str, *types: type) -> Any:

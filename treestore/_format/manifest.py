@@ -37,7 +37,7 @@ from treestore._format.dtypes import (
     value_from_record,
     value_to_record,
 )
-from treestore._format.encoding import DIGEST_BYTES, digest, from_msgpack, to_msgpack
+from treestore._format.encoding import DIGEST_BYTES, digest, from_msgpack, manifest_errors, to_msgpack
 from treestore._format.encoding import Bad as _Bad
 from treestore._format.encoding import check_version as _check_version
 from treestore._format.encoding import count as _count
@@ -485,7 +485,7 @@ def manifest_from_record(rec: dict[str, Any], checkpoint: str) -> Manifest:
     """A version-1 manifest from its decoded msgpack map (see :func:`decode_manifest`)."""
     what = f"manifest of checkpoint {checkpoint!r}"
     version = _check_version(rec, MANIFEST_MAGIC, what, checkpoint)
-    try:
+    with manifest_errors(what, checkpoint):
         if version != VERSION:
             raise _Bad(f"it is a version-{version} manifest, not the version-1 layout this decodes")
         packs = tuple(_chunk(p, 0) for p in _get(rec, "packs", list))
@@ -514,10 +514,3 @@ def manifest_from_record(rec: dict[str, Any], checkpoint: str) -> Manifest:
             chunk_size=_count(rec.get("chunk_size"), "chunk_size", MAX_CHUNK_BYTES),
             version=version,
         )
-    except _Bad as exc:
-        raise ManifestCorruptError(f"{what}: {exc}", checkpoint=checkpoint) from None
-    except (UnsupportedFormatError, ManifestCorruptError) as exc:
-        exc.checkpoint = checkpoint
-        exc.message = f"{what}: {exc.message}"
-        exc.args = (exc.message,)
-        raise
