@@ -160,6 +160,31 @@ MUTATIONS: list[Mutation] = [
         [f"{FUZZ}::test_gc_with_lock_objects_of_arbitrary_content"],
         "gc deletes an object named like a chunk in another chunk's folder",
     ),
+    m(
+        "gc forgets the parts of a manifest stored in parts",
+        "treestore/_engine/gc.py",
+        "                live_manifests.update(columns.parts)",
+        "                pass",
+        ["tests/test_shares.py::test_gc_keeps_the_parts_of_a_checkpoint_until_it_is_deleted"],
+        "gc deletes the parts of a committed multi-process checkpoint, which no reader can then read",
+    ),
+    # --- multi-process commits -----------------------------------------------------------------
+    m(
+        "commit skips the coverage check",
+        "treestore/_engine/distributed.py",
+        "            if cover != expected:",
+        "            if False:",
+        ["tests/test_shares.py::test_pieces_that_do_not_tile_a_leaf_name_it_and_the_processes"],
+        "a multi-process save commits pieces that overlap or leave a gap: readers refuse the checkpoint",
+    ),
+    m(
+        "a part is not checked against its digest",
+        "treestore/_engine/parts.py",
+        "    if len(data) != size or digest(data) != found:",
+        "    if False:",
+        ["tests/test_shares.py::test_a_part_missing_or_changed_is_refused_by_readers"],
+        "a reader takes a changed part's pieces",
+    ),
     # --- structure validation ------------------------------------------------------------------
     m(
         "leaf not checked to sit at its address",

@@ -22,7 +22,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import treestore
-from treestore._format.columns import ARRAY_FIELDS, Columns
+from treestore._format.columns import ARRAY_FIELDS, LEAF_DTYPE, PIECED, Columns
 from treestore._format.columns_codec import columns_from_manifest, decode_any, decode_columns, encode_columns
 from treestore._format.dtypes import DTYPES
 from treestore._format.encoding import to_msgpack
@@ -39,6 +39,7 @@ from treestore._format.limits import (
     MAX_MANIFEST_BYTES,
     MAX_METADATA_BYTES,
     MAX_NDIM,
+    MAX_PARTS,
     MAX_PIECES,
 )
 from treestore._format.manifest import (
@@ -50,6 +51,7 @@ from treestore._format.manifest import (
     encode_manifest,
     leaf_to_record,
 )
+from treestore._format.parted import Parted
 from treestore.errors import (
     InvalidInputError,
     ManifestCorruptError,
@@ -126,7 +128,7 @@ def record(m: Manifest) -> dict[str, Any]:
     return msgpack.unpackb(encode_columns(columns_from_manifest(m)), raw=False)
 
 
-def decode(rec: dict[str, Any]) -> Columns:
+def decode(rec: dict[str, Any]) -> Columns | Parted:
     return decode_columns(to_msgpack(rec), NAME)
 
 
@@ -432,11 +434,8 @@ def test_versions_and_parts():
     rec = msgpack.unpackb(BASES[0], raw=False)
     refused({**rec, "version": 3}, "version", UnsupportedFormatError)
     refused({**rec, "format": "treestore.checkpoint"}, "format")
-    refused(
-        {**rec, "parts": [{"digest": bytes(32), "size": 1, "leaves": [0, 1]}]},
-        "parts",
-        UnsupportedFormatError,
-    )
+    refused({**rec, "parts": [{"digest": bytes(32), "size": 1}]}, "missing field 'layout'")
+    refused({**rec, "parts": [{"digest": bytes(32), "size": 1}], "layout": bytes(32)}, "a part should be")
     with pytest.raises(UnsupportedFormatError):
         decode_columns(encode_manifest(golden_manifest()), NAME)  # version 1 goes to decode_any
 
@@ -632,3 +631,28 @@ def test_key_indices_and_int_keys():
 def test_manifest_size():
     with pytest.raises(ManifestCorruptError, match="size limit"):
         decode_columns(bytes(MAX_MANIFEST_BYTES + 1), NAME)
+
+
+def _frame() -> dict[str, Any]:
+    """The frame of the checked-in store's manifest stored in parts (SPEC.md, section 5.8)."""
+    from pathlib import Path
+
+    store = Path(__file__).parent / "data" / "store-v2-parts"
+    found = msgpack.unpackb((store / "checkpoints" / "sharded").read_bytes(), raw=False)["manifest"]
+    rec = msgpack.unpackb((store / "manifests" / found.hex()).read_bytes(), raw=False)
+    return {**rec, "name": NAME}
+
+
+def test_a_frame_decodes_and_bad_frames_are_refused():
+    rec = _frame()
+    assert isinstance(decode(rec), Parted)
+    one = rec["parts"][0]
+    refused({**rec, "layout": bytes(31)}, "its layout is 31 bytes, not 32")
+    refused({**rec, "parts": [[one[0], -1], *rec["parts"][1:]]}, "a size outside")
+    refused({**rec, "parts": [[one[0][:31], one[1]], *rec["parts"][1:]]}, "a 31-byte digest")
+    refused({**rec, "parts": [one, one, 3]}, "a part should be")
+    refused({**rec, "parts": [one] * (MAX_PARTS + 1)}, f"over the limit of {MAX_PARTS}")
+    pieced = int(np.flatnonzero(np.frombuffer(rec["leaves"], LEAF_DTYPE)["flags"] & PIECED)[0])
+    refused(edited(rec, "leaves", "chunks", 1, pieced), "1 chunk refs stored for 2")
+    refused({**rec, "piece_counts": np.ones(1, "<u4").tobytes()}, "lists pieces or chunk refs")
+    refused({**rec, "parts": [], "layout": b""}, "its shape needs")  # a frame alone is not a manifest

@@ -15,6 +15,9 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import treestore
+from treestore._engine import read as _read
+from treestore._format.columns_codec import decode_any
+from treestore._format.parted import Parted
 
 from .scripts.distributed_worker import expected
 
@@ -66,7 +69,10 @@ def test_two_processes_save_then_restore_elsewhere(tmp_path):
     by = {e.address: e for e in manifest.leaves}
     assert len(by["w"].pieces) == 4 and len(by["v"].pieces) == 4 and not by["r"].pieces
     assert manifest.metadata == {"processes": 2}
-    assert treestore.Store(store).storage.list("staging") == []  # staging records cleaned up
+    assert treestore.Store(store).storage.list("staging") == []  # the outcome record cleaned up
+    storage = treestore.Store(store).storage
+    frame = decode_any(_read.read_manifest_bytes(storage, _read.read_commit_record(storage, "dist")), "dist")
+    assert isinstance(frame, Parted) and len(frame.parts) == 2  # each process's pieces in its part
 
     # One process, four devices, another layout.
     values = expected()

@@ -7,8 +7,10 @@ two-process job is tests/test_distributed.py.
 from __future__ import annotations
 
 import itertools
+import json
 import threading
 import time
+from dataclasses import replace
 from typing import Any
 
 import msgpack
@@ -18,15 +20,22 @@ import pytest
 import treestore
 from treestore._engine import distributed as D
 from treestore._engine import locks as _locks
+from treestore._engine.commit import commit
 from treestore._engine.group_runtime import LocalRuntime
+from treestore._engine.parts import complete
+from treestore._engine.read import read_columns, read_commit_record, read_manifest_bytes
 from treestore._engine.write import SaveOptions, SaveResult, prepare
-from treestore._format.columns_codec import encode_any, encode_columns
+from treestore._format import parted as parted_module
+from treestore._format.columns_codec import decode_any, decode_columns, encode_any, encode_columns
+from treestore._format.encoding import digest
+from treestore._format.layout import manifest_path
 from treestore._format.manifest import ChunkRef, LeafEntry, Manifest, Piece
-from treestore._format.shares import share_from_entries
-from treestore._format.shares_merge import combine, merge, plan_from_entries
+from treestore._format.parted import Parted
+from treestore._format.shares import decode_part, encode_part, share_from_entries
+from treestore._format.shares_merge import frame_of, plan_from_entries
 from treestore._storage.registry import open_storage
 from treestore._tree.leaves import ArrayLeaf
-from treestore.errors import BarrierTimeoutError, InvalidInputError, StorageError
+from treestore.errors import BarrierTimeoutError, InvalidInputError, ManifestCorruptError, StorageError
 
 from .jobs import prepared, rows, run_job
 
@@ -71,6 +80,16 @@ class Spied:
         self.delayed: list[float] = []  # when each delay began
         self.refuse_lock_of: str | None = None  # the thread whose save lock cannot be written
         self.lock_writes: list[tuple[float, str]] = []
+        self.delay_of: dict[str, float] = {}  # thread -> seconds to wait before writing its part
+        self.reads: list[str] = []  # every path read
+
+    def read_range(self, path: str, start: int, end: int) -> Any:
+        self.reads.append(path)
+        return self._storage.read_range(path, start, end)
+
+    def read(self, path: str, **kwargs: Any) -> Any:
+        self.reads.append(path)
+        return self._storage.read(path, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._storage, name)
@@ -84,6 +103,10 @@ class Spied:
             if path.endswith(suffix):
                 self.delayed.append(time.monotonic())
                 time.sleep(seconds)
+        seconds = self.delay_of.get(threading.current_thread().name, 0.0)
+        if seconds and path.startswith("manifests/"):
+            self.delayed.append(time.monotonic())
+            time.sleep(seconds)
         for suffix, change in self.damage.items():
             if path.endswith(suffix):
                 data = change(b"".join(bytes(b) for b in buffers))
@@ -108,10 +131,10 @@ def test_a_job_of_threads_saves_one_checkpoint_every_layout(store_url):
     assert [p.start for p in by["grid"].pieces] == [(0, 0), (0, 24), (32, 0), (32, 24)]
     assert [p.start for p in by["odd"].pieces] == [(0, 0), (4, 0), (8, 0)]  # sorted by start
     assert all(len(p.chunks) == 4 for p in by["big"].pieces)  # 64 KiB in 16 KiB chunks
-    assert {c.pack for p in by["v"].pieces for c in p.chunks} == {0, 1, 2, 3}  # renumbered packs
+    assert {c.pack for p in by["v"].pieces for c in p.chunks} == {1, 2, 3, 4}  # after the frame's pack
     assert not by["whole"].pieces and len(by["whole"].chunks) == 1  # one piece, all of it
     assert store.storage.list("staging") == [] and store.storage.list("locks") == []
-    assert runtime.keys("treestore/") == []  # the runtime keeps nothing of the save
+    assert runtime.items("treestore/") == {}  # the runtime keeps nothing of the save
 
 
 def test_every_process_trusts_the_previous_checkpoints_chunks(store_url):
@@ -200,19 +223,45 @@ def _moved(ref: ChunkRef, base: int) -> ChunkRef:
     return ref if ref.pack is None else ChunkRef(ref.digest, ref.raw_size, 0, ref.pack + base, ref.offset)
 
 
-def test_the_merge_writes_the_bytes_the_one_process_path_writes():
-    """Random tilings, owners, orders, chunk counts and packs: the vectorised merge of the shares
-    encodes to exactly the manifest the version-1 leaf entries encode to."""
+def _resolved(m: Manifest) -> list[Any]:
+    """Each leaf of ``m`` with every chunk ref's pack named by its digest, not its index."""
+
+    def ref(c: ChunkRef) -> tuple[Any, ...]:
+        pack = None if c.pack is None else m.packs[c.pack].digest
+        return (c.digest, c.raw_size, c.stored_size if pack is None else 0, pack, c.offset)
+
+    return [
+        (
+            e.address,
+            e.shape,
+            [ref(c) for c in e.chunks],
+            [(p.start, p.shape, [ref(c) for c in p.chunks]) for p in e.pieces],
+        )
+        for e in m.leaves
+    ]
+
+
+def test_a_reader_merges_the_parts_into_the_manifest_one_process_would_write():
+    """Random tilings, owners, orders, chunk counts and packs: the frame the primary commits and
+    every process's part, encoded and decoded as a reader decodes them, merge into the manifest
+    one process would write (packs renumbered: the frame's first, then each part's)."""
     rng = np.random.default_rng(3)
     for trial in range(40):
         manifest, owned, packs, sharded = _random_job(rng)
         where = {e.address: j for j, e in enumerate(manifest.leaves)}
-        shares = [share_from_entries(where, owned[k], packs[k]) for k in range(len(owned))]
-        plan = plan_from_entries(manifest.tree, owned[0], sharded)
-        combined, problems = combine(plan, shares)
-        assert combined is not None and not problems
+        layout = b"L" * 32
+        parts = [
+            encode_part(share_from_entries(where, owned[k], packs[k])[0], layout) for k in range(len(owned))
+        ]
+        plan = plan_from_entries(manifest.tree, owned[0], sharded, packs[0])
         header = {"name": "m", "created": 1.5, "metadata": manifest.metadata, "codec": {}, "chunk_size": 0}
-        assert encode_columns(merge(plan, combined, header)) == encode_any(manifest), trial
+        frame = frame_of(plan, header, layout, [(digest(p), len(p)) for p in parts])
+        decoded = decode_columns(encode_columns(frame), "m")
+        assert isinstance(decoded, Parted) and decoded.parts == frame.parts
+        columns, problems = complete(decoded, [decode_part(p, layout) for p in parts])
+        assert columns is not None and not problems, problems
+        assert _resolved(columns.to_manifest()) == _resolved(manifest), trial
+        encode_any(columns.to_manifest())  # what readers accept
 
 
 def overlapping() -> dict[str, Any]:
@@ -244,7 +293,7 @@ def test_pieces_that_do_not_tile_a_leaf_name_it_and_the_processes(store_url, box
     for r in results[1:]:  # the others learn it from the outcome
         assert isinstance(r, StorageError) and expected in str(r), r
     assert [c.name for c in store.list()] == ["earlier"]
-    assert store.storage.list("locks") == [] and runtime.keys("treestore/") == []
+    assert store.storage.list("locks") == [] and runtime.items("treestore/") == {}
 
 
 def test_a_piece_outside_its_leaf_names_the_process(store_url):
@@ -282,18 +331,124 @@ def _set(**fields: Any) -> Any:
     return lambda data: _record(data, lambda rec: rec.update(fields))
 
 
-HOSTILE = {
+class Told(LocalRuntime):
+    """A job's runtime in which what process 1 tells the primary of its share is changed."""
+
+    def __init__(self, count: int, change: Any) -> None:
+        super().__init__(count)
+        self.change = change
+
+    def set(self, key: str, value: str) -> None:
+        if key.endswith("/share/1"):
+            value = self.change(value)
+            if value is None:
+                return
+        super().set(key, value)
+
+
+def _told(**fields: Any) -> Any:
+    return lambda text: json.dumps({**json.loads(text), **fields})
+
+
+SUMMARIES = {
+    "not JSON": (lambda text: "{not json", "its summary is not valid JSON"),
+    "not a map": (lambda text: "[1, 2]", "its summary is malformed"),
+    "ok is not a bool": (_told(ok=1), "its summary is malformed"),
+    "another tree": (_told(layout="00" * 32), "it saved another tree than process 0"),
+    "no part": (_told(part=None), "it wrote no part"),
+    "a short digest": (_told(part="ab"), "its summary is malformed"),
+    "a negative count": (_told(pieces=-1), "its summary is malformed"),
+    "a part over its limit": (_told(size=2**28 + 1), "its summary is malformed"),
+    "a fingerprint out of range": (_told(cover="f" * 32), "its summary is malformed"),
+    "a failure": (lambda text: json.dumps({"ok": False, "error": "disk on fire"}), "process 1: disk on fire"),
+    "no summary at all": (lambda text: None, "it sent no summary of its share"),
+}
+
+
+@pytest.mark.parametrize("attack", sorted(SUMMARIES))
+def test_a_bad_summary_fails_the_save_naming_its_process(store_url, attack):
+    change, expected = SUMMARIES[attack]
+    runtime = Told(4, change)
+    results = run_job(open_storage(store_url), job(), "job", runtime=runtime, options=OPTIONS)
+    assert isinstance(results[0], StorageError), results[0]
+    assert "process 1: " in str(results[0]) and expected in str(results[0]), str(results[0])
+    assert all(isinstance(r, StorageError) for r in results[1:]), results
+    assert treestore.Store(store_url).list() == []
+
+
+def test_a_wrong_fingerprint_is_caught_and_explained(store_url):
+    """A process whose fingerprint is wrong while its pieces are right: the primary reads the
+    parts to explain, finds them sound, and commits nothing."""
+    runtime = Told(4, _told(cover="1" * 32))
+    results = run_job(open_storage(store_url), job(), "job", runtime=runtime, options=OPTIONS)
+    assert isinstance(results[0], StorageError), results[0]
+    assert "coverage fingerprints say their pieces do not tile the sharded leaves" in str(results[0])
+    assert treestore.Store(store_url).list() == []
+
+
+def test_the_primary_commits_without_reading_a_part(store_url):
+    """The commit checks the pieces from the processes' fingerprints: no part is read, and the
+    manifest lists every process's part."""
+    storage = Spied(open_storage(store_url))
+    results = run_job(storage, job(), "job", options=OPTIONS)
+    assert all(isinstance(r, SaveResult) for r in results), results
+    store = treestore.Store(store_url)
+    record = read_commit_record(store.storage, "job")
+    frame = decode_any(read_manifest_bytes(store.storage, record), "job")
+    assert isinstance(frame, Parted) and len(frame.parts) == 4
+    assert not {manifest_path(d) for d, _ in frame.parts} & set(storage.reads)
+    assert read_columns(store.storage, record).parts == tuple(d for d, _ in frame.parts)
+
+
+def saved(store_url: str) -> None:
+    """The job's checkpoint "job", saved in parts."""
+    results = run_job(open_storage(store_url), job(), "job", options=OPTIONS)
+    assert all(isinstance(r, SaveResult) for r in results), results
+
+
+def _reparted(store_url: str, name: str, k: int, change: Any, *, keep_digest: bool = False) -> None:
+    """Replace part ``k`` of checkpoint ``name`` with ``change(its bytes)`` (None: remove it),
+    under its new digest with the manifest and commit record rewritten to match, or
+    (``keep_digest``) under its old name."""
+    storage = open_storage(store_url)
+    record = read_commit_record(storage, name)
+    frame = decode_any(read_manifest_bytes(storage, record), name)
+    assert isinstance(frame, Parted)
+    found, _ = frame.parts[k]
+    data = change(storage.read(manifest_path(found)))
+    if data is None:
+        storage.delete(manifest_path(found))
+        return
+    if keep_digest:
+        storage.write(manifest_path(found), [data])
+        return
+    storage.write(manifest_path(digest(data)), [data])
+    parts = list(frame.parts)
+    parts[k] = (digest(data), len(data))
+    commit(storage, encode_columns(replace(frame, parts=tuple(parts))), record, overwrite=True)
+
+
+def _moved_piece(data: bytes) -> bytes:
+    """Part 1 with its first piece of leaf v moved onto process 2's (4..8 → 8..12)."""
+
+    def change(rec: dict[str, Any]) -> None:
+        leaves = np.frombuffer(rec["piece_leaves"], "<u4")
+        v = 6  # big, grid, label, odd, replicated, step, v, whole: v is 1-d, the others 2-d
+        at = sum(1 if j == v else 2 for j in leaves[: int(np.flatnonzero(leaves == v)[0])].tolist())
+        start = np.frombuffer(rec["piece_start"], "<u8").copy()
+        start[at] = 8
+        rec["piece_start"] = start.tobytes()
+
+    return _record(data, change)
+
+
+PARTS = {
     "garbage": (lambda data: b"\xc1 not msgpack", "it is not valid msgpack"),
     "not a map": (lambda data: msgpack.packb([1, 2]), "it is not a map"),
     "trailing bytes": (lambda data: data + b"\x00", "not valid msgpack"),
-    "another format": (_set(format="treestore.manifest"), "expected 'treestore.staging'"),
-    "an older treestore's record": (
-        lambda data: msgpack.packb({"ok": True, "pieces": {}, "packs": []}),
-        "its format is None, expected 'treestore.staging'",
-    ),
-    "another tree": (_set(layout=b"\x00" * 32), "it saved another tree than process 0"),
+    "another format": (_set(format="treestore.manifest"), "expected 'treestore.part'"),
+    "another tree": (_set(layout=b"\x00" * 32), "its layout differs"),
     "no layout": (lambda data: _record(data, lambda rec: rec.pop("layout")), "missing field 'layout'"),
-    "ok is not a bool": (_set(ok=1), "field 'ok' should be bool"),
     "a torn chunk table": (
         lambda data: _record(data, lambda rec: rec.update(chunks=rec["chunks"][:-1])),
         "field 'chunks' holds",
@@ -318,41 +473,53 @@ HOSTILE = {
         lambda data: _record(data, lambda rec: rec.update(packs=b"")),
         "a pack index is out of range",
     ),
-    "a failure without its error": (
-        lambda data: msgpack.packb({"format": "treestore.staging", "ok": False}),
-        "missing field 'error'",
-    ),
-    "no record at all": (lambda data: None, "it wrote no staging record"),
+    "pieces that overlap": (_moved_piece, "leaf v: pieces from processes 1 and 2 overlap"),
 }  # fmt: skip
 
 
-@pytest.mark.parametrize("attack", sorted(HOSTILE))
-def test_a_hostile_staging_record_fails_the_save_naming_its_process(store_url, attack):
-    change, expected = HOSTILE[attack]
-    storage = Spied(open_storage(store_url))
-    storage.damage["/process-1"] = change
-    results = run_job(storage, job(), "job", options=OPTIONS)
-    assert isinstance(results[0], StorageError), results[0]
-    assert "process 1: " in str(results[0]) and expected in str(results[0]), str(results[0])
-    assert all(isinstance(r, StorageError) for r in results[1:]), results
-    assert treestore.Store(store_url).list() == []
+@pytest.mark.parametrize("attack", sorted(PARTS))
+def test_a_hostile_part_is_refused_by_readers_naming_its_process(store_url, attack):
+    change, expected = PARTS[attack]
+    saved(store_url)
+    _reparted(store_url, "job", 1, change)
+    store = treestore.Store(store_url)
+    for read in (lambda: store.load("job"), lambda: store.open("job"), lambda: store.manifest("job")):
+        with pytest.raises(ManifestCorruptError) as caught:
+            read()
+        assert "is stored in parts" in str(caught.value) and expected in str(caught.value), str(caught.value)
+        if attack != "pieces that overlap":
+            assert "process 1: " in str(caught.value)
+    assert not treestore.verify(store_url).ok
 
 
-def test_a_staging_record_over_its_limit_is_not_read(store_url, monkeypatch):
-    monkeypatch.setattr(D, "MAX_STAGING_BYTES", 2048)  # every process's own record is smaller
-    storage = Spied(open_storage(store_url))
-    storage.damage["/process-1"] = _set(padding=b"x" * 4096)
-    results = run_job(storage, job(), "job", options=OPTIONS)
-    assert isinstance(results[0], StorageError), results[0]
-    assert "process 1: its staging record cannot be read" in str(results[0]), results[0]
-    assert "over the limit of 2048 bytes" in str(results[0])
-    assert treestore.Store(store_url).list() == []
+@pytest.mark.parametrize("damage", ["missing", "changed", "grown"])
+def test_a_part_missing_or_changed_is_refused_by_readers(store_url, damage):
+    saved(store_url)
+    flipped = {
+        "missing": lambda d: None,
+        "changed": lambda d: d[:-1] + bytes([d[-1] ^ 1]),
+        "grown": lambda d: d + b"x",
+    }
+    change = flipped[damage]
+    _reparted(store_url, "job", 2, change, keep_digest=True)
+    with pytest.raises(ManifestCorruptError) as caught:
+        treestore.load(store_url, "job")
+    expected = "is missing" if damage == "missing" else "does not match its digest"
+    assert "process 2: its part" in str(caught.value) and expected in str(caught.value), str(caught.value)
+
+
+def test_a_part_over_its_limit_is_not_read(store_url, monkeypatch):
+    saved(store_url)
+    monkeypatch.setattr(parted_module, "MAX_PART_BYTES", 100)  # smaller than every part
+    with pytest.raises(ManifestCorruptError) as caught:
+        treestore.load(store_url, "job")
+    assert "a part has a 32-byte digest or a size outside [0, 100]" in str(caught.value), str(caught.value)
 
 
 def test_a_share_over_the_limit_is_refused_by_its_own_process(store_url, monkeypatch):
-    monkeypatch.setattr(D, "MAX_STAGING_BYTES", 600)
+    monkeypatch.setattr(D, "MAX_PART_BYTES", 600)
     results = run_job(open_storage(store_url), job(), "job", options=OPTIONS)
-    refused = [r for r in results if "over the 600 bytes a staging record may hold" in str(r)]
+    refused = [r for r in results if "over the 600 bytes a part may hold" in str(r)]
     assert refused and all(isinstance(r, StorageError) for r in results), results
     assert treestore.Store(store_url).list() == []
 
@@ -403,7 +570,7 @@ def test_waiting_processes_keep_their_save_locks_fresh(store_url, monkeypatch):
     monkeypatch.setattr(D, "KEEP_FRESH", 0.02)
     monkeypatch.setattr(_locks, "STALE_AFTER", 0.2)  # a lock is rewritten after 0.05 s
     storage = Spied(open_storage(store_url))
-    storage.delay["/process-2"] = 2.0  # process 2 is slow to share its pieces
+    storage.delay_of["process-2"] = 2.0  # process 2 is slow to share its pieces
     results = run_job(storage, job(), "job", options=OPTIONS)
     assert all(isinstance(r, SaveResult) for r in results), results
     (began,) = storage.delayed
@@ -415,3 +582,20 @@ def test_a_job_of_one_process_saves_through_the_group_path(store_url):
     results = run_job(open_storage(store_url), [prepared(tree_of(), {"v": [[((0,), (16,))]]}, 0)], "one")
     assert isinstance(results[0], SaveResult) and results[0].leaves == 8
     assert np.array_equal(treestore.load(store_url, "one")["v"], np.arange(16, dtype=np.int32))
+
+
+def test_gc_keeps_the_parts_of_a_checkpoint_until_it_is_deleted(store_url):
+    saved(store_url)
+    store = treestore.Store(store_url)
+    frame = decode_any(read_manifest_bytes(store.storage, read_commit_record(store.storage, "job")), "job")
+    assert isinstance(frame, Parted)
+    paths = [manifest_path(d) for d, _ in frame.parts]
+    store.save({"x": np.arange(3)}, "other")
+    store.gc(grace=0)
+    assert all(store.storage.read(p) is not None for p in paths)
+    assert treestore.verify(store_url).ok and np.array_equal(store.load("job")["v"], tree_of()["v"])
+    store.delete("job")
+    report = store.gc(grace=0)
+    assert all(store.storage.read(p) is None for p in paths)
+    assert report.manifests_removed == 1 + len(paths)  # the frame and its parts
+    assert treestore.verify(store_url).ok

@@ -26,13 +26,15 @@ from treestore._engine import known as _known
 from treestore._engine import locks as _locks
 from treestore._engine import read as _read
 from treestore._engine.commit import commit
+from treestore._engine.parts import part_bytes
 from treestore._engine.read import fetch_chunk
 from treestore._engine.threads import default_threads
 from treestore._engine.write import reusable_size
 from treestore._format import layout as _layout
-from treestore._format.columns_codec import encode_any
+from treestore._format.columns_codec import decode_any, encode_any
 from treestore._format.encoding import digest
 from treestore._format.manifest import ChunkRef, Manifest, check_name
+from treestore._format.parted import Parted
 from treestore._storage.base import Storage
 from treestore._storage.registry import open_storage
 from treestore.errors import (
@@ -40,6 +42,7 @@ from treestore.errors import (
     CheckpointNotFoundError,
     CorruptionError,
     InvalidInputError,
+    ManifestCorruptError,
     TreestoreError,
 )
 
@@ -187,20 +190,24 @@ def copy(
         data = _read.read_manifest_bytes(s, ref)
         manifest = _read.read_manifest(s, ref, data)
         new = check_name(dst_name or n)
+        found = decode_any(data, n)
+        parts = found.parts if isinstance(found, Parted) else ()  # copied with it, unless renamed
         if new != n:
             data = encode_any(replace(manifest, name=new), manifest.version)  # the source's version
+            parts = ()  # merged into the renamed copy's manifest
         if _already_there(d, new, digest(data), overwrite):
             continue
         owners = _chunk_owners(manifest)
         copier.total += sum(c.raw_size for c, _ in owners.values())
-        plans.append((ref, manifest, new, data, owners))
+        plans.append((ref, parts, new, data, owners))
     copied: list[str] = []
     if plans:
         with _locks.save_lock(d) as lock:
             known = _known.learn(d, bool(trust_previous))  # under the lock, after any gc: safe
             copier.known = set(known.stored) if known is not None else set()
-            for ref, _manifest, new, data, owners in plans:
+            for ref, parts, new, data, owners in plans:
                 copier.chunks(owners, ref.name, lock)
+                _copy_parts(s, d, ref.name, parts)
                 commit(d, data, replace(ref, name=new), overwrite=overwrite)
                 copied.append(new)
                 if trust_previous:  # written or checked under this lock, and now referenced
@@ -216,6 +223,15 @@ def copy(
         copier.present,
         copier.known_hits,
     )
+
+
+def _copy_parts(src: Storage, dst: Storage, name: str, parts: tuple[tuple[bytes, int], ...]) -> None:
+    """Copy the parts of checkpoint ``name``'s manifest (SPEC.md, section 5.8), each checked."""
+    for found, size in parts:
+        data = part_bytes(src, found, size)
+        if isinstance(data, str):  # changed since the manifest was read and checked
+            raise ManifestCorruptError(f"manifest of checkpoint {name!r}: {data}", checkpoint=name)
+        dst.write(_layout.manifest_path(found), [data])
 
 
 def _already_there(dst: Storage, name: str, manifest_digest: bytes, overwrite: bool) -> bool:

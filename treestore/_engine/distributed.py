@@ -1,11 +1,15 @@
 """Saves by several processes of one ``jax.distributed`` job (SPEC.md, section 3.4).
 
-Every process writes the chunks of the pieces it owns, then its share of the manifest as its
-staging record, in columns (:mod:`treestore._format.shares`). After a barrier the primary (process
-0) reads the other processes' records concurrently, merges them with numpy into one version-2
-manifest, checks it as readers check a manifest and commits; after a second barrier the others
-read the outcome, and after a third the primary removes the staging records. If any process fails,
-nothing is committed and every process raises.
+Every process writes the chunks of the pieces it owns, then its share of the manifest as its own
+part, in columns (:mod:`treestore._format.shares`), and sends the primary (process 0) a summary
+of it through the job's runtime: the part's digest, a few counts and a fingerprint of how its
+pieces cover their leaves (:mod:`treestore._format.coverage`). After a barrier the primary reads
+every summary with one request, checks that the pieces tile every sharded leaf from the
+fingerprints alone, and commits a manifest that lists the parts (SPEC.md, section 5.8): its
+work grows with the number of processes, never with the number of pieces, and it reads no part
+unless the check fails (it then merges them to name the leaf and the processes). After a second
+barrier the others read the outcome, and after a third the primary removes the outcome record.
+If any process fails, nothing is committed and every process raises.
 
 Synchronisation goes through the job's runtime (:mod:`treestore._engine.group_runtime`: JAX's
 own, in a real job) and every wait has a timeout (``BARRIER_TIMEOUT``): a process that gives up
@@ -16,7 +20,6 @@ its save lock fresh, so gc never takes the chunks of a save in flight for abando
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import contextlib
 import contextvars
 import logging
@@ -33,29 +36,34 @@ import msgpack
 from treestore._engine import locks as _locks
 from treestore._engine.commit import commit
 from treestore._engine.group_runtime import JaxRuntime, Runtime
+from treestore._engine.parts import complete, named, problems_of, read_parts
 from treestore._format import layout as _layout
-from treestore._format.columns import Columns
 from treestore._format.columns_codec import encode_columns
 from treestore._format.commit_record import CommitRecord
-from treestore._format.encoding import Bad
-from treestore._format.limits import MAX_OUTCOME_BYTES, MAX_STAGING_BYTES
+from treestore._format.coverage import Coverage, P
+from treestore._format.encoding import digest
+from treestore._format.limits import MAX_OUTCOME_BYTES, MAX_PART_BYTES, MAX_PARTS, MAX_PIECES
 from treestore._format.manifest import ChunkRef, LeafEntry
+from treestore._format.parted import Parted
 from treestore._format.shares import (
     Share,
-    decode_share,
-    encode_share,
+    Summary,
+    decode_summary,
+    encode_part,
+    encode_summary,
     layout_digest,
+    most_pieces,
     share_from_entries,
 )
-from treestore._format.shares_merge import Combined, Plan, combine, merge, plan_from_entries
+from treestore._format.shares_merge import Plan, frame_of, plan_from_entries
 from treestore._storage.base import Storage
 from treestore._tree.lazy_jax import jax
 from treestore._tree.leaves import ArrayLeaf, Leaf
-from treestore.errors import BarrierTimeoutError, StorageError
+from treestore.errors import BarrierTimeoutError, InvalidInputError, StorageError
 
 STAGING = _layout.STAGING
 BARRIER_TIMEOUT = 600.0  # seconds a process waits at each step; TREESTORE_BARRIER_TIMEOUT replaces it
-READERS = 64  # staging records the primary reads at once
+_I4_END = 2**31  # pack indices are i4 in a manifest
 KEEP_FRESH = 30.0  # seconds between looks at the save lock while waiting (it is rewritten every 900 s)
 _ID = re.compile(r"[0-9a-f]{32}")
 _log = logging.getLogger("treestore")
@@ -191,7 +199,7 @@ class Group:
             return
         arrived: set[str] = set()
         with contextlib.suppress(Exception):
-            arrived = {k.rsplit("/", 1)[-1] for k in self.runtime.keys(f"{root}/")}
+            arrived = {k.rsplit("/", 1)[-1] for k in self.runtime.items(f"{root}/")}
         missing = [i for i in range(self.count) if str(i) not in arrived]
         where = f"multi-process save of checkpoint {self.name!r}, step {step!r}"
         if not missing:
@@ -216,58 +224,74 @@ class Group:
         header: dict[str, Any],
         *,
         overwrite: bool,
-    ) -> Columns | None:
+    ) -> tuple[int, int] | None:
         """Share what this process wrote (``written``: its leaf entries and packs, None when
-        ``failure`` stopped it), then commit (the primary: returns the committed manifest) or
-        learn the outcome (the others: None). Raises unless the checkpoint was committed."""
-        layout = _layout_of(tree, leaves)
-        own: Share | None = None
-        try:
-            own = self._publish(storage, layout, leaves, written, failure)
-        except Exception as exc:
-            failure = failure or exc
-        try:
-            self.barrier("written", lock)
-        except BarrierTimeoutError as exc:
-            if failure is not None:
-                raise failure from exc
-            raise
-        finally:
-            if self.primary:
-                with contextlib.suppress(Exception):  # everyone has it now
-                    self.runtime.delete(self._key(self.name))
-        if not self.primary:
-            self._follow(storage, lock, failure)
-            return None
-        try:
-            if failure is not None:
-                raise failure
-            assert own is not None and written is not None
+        ``failure`` stopped it), then commit (the primary: returns the committed checkpoint's
+        number of leaves and bytes) or learn the outcome (the others: None). Raises unless the
+        checkpoint was committed."""
+        with _kept_fresh(lock):  # one keeper while this process waits at any of the barriers
+            layout = _layout_of(tree, leaves)
             sharded = [isinstance(leaf, ArrayLeaf) and leaf.sharded for _, leaf in leaves]
-            plan = plan_from_entries(tree, written[0], sharded)
-            combined = self._gather(storage, plan, own, layout)
-            columns = merge(plan, combined, {**header, "created": time.time()})
-            record = CommitRecord(
-                columns.name, b"", 0, columns.created, columns.metadata, len(columns), columns.nbytes
-            )
-            commit(storage, encode_columns(columns), record, overwrite=overwrite)
-        except BaseException as exc:
-            with contextlib.suppress(Exception):
-                self._announce(storage, exc)
-            with contextlib.suppress(BarrierTimeoutError):
-                self.barrier("committed", lock)
-                self.barrier("acknowledged", lock)
-                self._forget()
-            raise
-        try:  # committed: the save has succeeded, whatever follows
-            self._announce(storage, None)
-            self.barrier("committed", lock)
-            self.barrier("acknowledged", lock)  # every process has read the outcome
-        except Exception as exc:
-            _log.warning("%s: committed; staging records left for gc: %s", self.name, exc)
-            return columns
-        self._clean(storage)
-        return columns
+            shapes = [
+                (i, leaf.shape)
+                for i, (_, leaf) in enumerate(leaves)
+                if isinstance(leaf, ArrayLeaf) and sharded[i]
+            ]
+            coverage = None
+            if shapes:
+                coverage = Coverage(bytes.fromhex(self.save_id), max(len(shape) for _, shape in shapes))
+            try:
+                self._publish(storage, layout, leaves, written, failure, coverage)
+            except Exception as exc:
+                failure = failure or exc
+            expected = 0
+            if self.primary and failure is None and coverage is not None:  # while the others write
+                expected = coverage.sum((i, (0,) * len(shape), shape) for i, shape in shapes)
+            try:
+                self.barrier("written")
+            except BarrierTimeoutError as exc:
+                if failure is not None:
+                    raise failure from exc
+                raise
+            finally:
+                if self.primary:
+                    with contextlib.suppress(Exception):  # everyone has it now
+                        self.runtime.delete(self._key(self.name))
+            if not self.primary:
+                self._follow(storage, failure)
+                return None
+            try:
+                if failure is not None:
+                    raise failure
+                assert written is not None
+                plan = plan_from_entries(tree, written[0], sharded, written[1])
+                parts, cover = self._gather(plan, layout, coverage is not None)
+                frame = frame_of(plan, {**header, "created": time.time()}, layout, parts)
+                if cover != expected:
+                    self._diagnose(storage, frame)
+                columns = frame.frame
+                record = CommitRecord(
+                    columns.name, b"", 0, columns.created, columns.metadata, len(columns), columns.nbytes
+                )
+                commit(storage, encode_columns(frame if parts else columns), record, overwrite=overwrite)
+            except BaseException as exc:
+                with contextlib.suppress(Exception):
+                    self._announce(storage, exc)
+                with contextlib.suppress(BarrierTimeoutError):
+                    self.barrier("committed")
+                    self.barrier("acknowledged")
+                    self._forget()
+                raise
+            done = len(columns), columns.nbytes
+            try:  # committed: the save has succeeded, whatever follows
+                self._announce(storage, None)
+                self.barrier("committed")
+                self.barrier("acknowledged")  # every process has read the outcome
+            except Exception as exc:
+                _log.warning("%s: committed; outcome record left for gc: %s", self.name, exc)
+                return done
+            self._clean(storage)
+            return done
 
     def _publish(
         self,
@@ -276,57 +300,96 @@ class Group:
         leaves: Sequence[tuple[str, Leaf]],
         written: tuple[list[LeafEntry], list[ChunkRef]] | None,
         failure: BaseException | None,
-    ) -> Share:
-        """Write this process's staging record: its share, or the error that stopped it."""
+        coverage: Coverage | None,
+    ) -> None:
+        """Write this process's part (when the tree has sharded leaves) and send the primary its
+        summary, or the error that stopped it; raises what stopped it here."""
+        summary: Summary | str
+        problem: BaseException | None = None
         if failure is not None or written is None:
-            share = Share.failed(f"{type(failure).__name__}: {failure}"[:2000])
+            summary = f"{type(failure).__name__}: {failure}"
+        elif coverage is None:  # every leaf is the primary's: no part
+            summary = Summary(layout, None, 0, 0, 0, 0, 0)
         else:
             where = {address: i for i, (address, _) in enumerate(leaves)}
-            share = share_from_entries(where, written[0], written[1])
-        data = encode_share(share, layout)
-        if len(data) > MAX_STAGING_BYTES:
-            share = Share.failed(
-                f"its share of the manifest takes {len(data)} bytes, over the "
-                f"{MAX_STAGING_BYTES} bytes a staging record may hold: save fewer pieces"
+            share, cover = share_from_entries(where, written[0], written[1], coverage)
+            data = encode_part(share, layout)
+            found = digest(data)
+            summary = Summary(
+                layout, found, len(data), len(share.piece_leaves), len(share.packs), most_pieces(share), cover
             )
-            data = encode_share(share, layout)
-        storage.write(self._path(f"process-{self.index}"), [data])
-        if share.error is not None and failure is None:
-            raise StorageError(
-                f"multi-process save of checkpoint {self.name!r}: process {self.index}: {share.error}"
+            if len(data) > MAX_PART_BYTES:
+                summary = (
+                    f"its share of the manifest takes {len(data)} bytes, over the "
+                    f"{MAX_PART_BYTES} bytes a part may hold: save fewer pieces"
+                )
+                problem = StorageError(
+                    f"multi-process save of checkpoint {self.name!r}: process {self.index}: {summary}"
+                )
+            else:
+                try:
+                    storage.write(_layout.manifest_path(found), [data])
+                    storage.sync()
+                except Exception as exc:
+                    summary, problem = f"{type(exc).__name__}: {exc}", exc
+        self.runtime.set(self._share_key(self.index), encode_summary(summary))
+        if problem is not None:
+            raise problem
+
+    def _share_key(self, index: int) -> str:
+        return f"treestore/{self.save_id}/share/{index}"
+
+    def _gather(self, plan: Plan, layout: bytes, parted: bool) -> tuple[list[tuple[bytes, int]], int]:
+        """Every process's summary, with one request to the runtime: each process's part (none
+        when the tree has no sharded leaf), and the sum of their coverage fingerprints.
+        StorageError naming every process that failed or whose summary is missing or malformed;
+        InvalidInputError when the parts together are beyond what readers accept."""
+        found = self.runtime.items(f"treestore/{self.save_id}/share/")
+        problems: dict[int, str] = {}
+        summaries: list[Summary] = []
+        for i in range(self.count):
+            text = found.get(self._share_key(i))
+            got = "it sent no summary of its share" if text is None else decode_summary(text, layout)
+            if isinstance(got, str):
+                problems[i] = got
+            elif parted and got.part is None:
+                problems[i] = "it wrote no part"
+            else:
+                summaries.append(got)
+        if problems:
+            raise StorageError(f"multi-process save of checkpoint {self.name!r} failed: {named(problems)}")
+        where = f"multi-process save of checkpoint {self.name!r}"
+        if parted and len(summaries) > MAX_PARTS:
+            raise InvalidInputError(
+                f"{where}: {len(summaries)} processes hold pieces, over the {MAX_PARTS} parts a "
+                "manifest may list",
+                checkpoint=self.name,
             )
-        return share
+        if sum(s.most for s in summaries) > MAX_PIECES:
+            raise InvalidInputError(
+                f"{where}: a leaf may have more than the {MAX_PIECES} pieces readers accept "
+                "(the processes hold that many between them): shard it in fewer pieces",
+                checkpoint=self.name,
+            )
+        if len(plan.packs) + sum(s.packs for s in summaries) >= _I4_END:
+            raise InvalidInputError(f"{where}: over 2**31 packs", checkpoint=self.name)
+        parts = [(s.part, s.size) for s in summaries if s.part is not None] if parted else []
+        return parts, sum(s.cover for s in summaries) % P
 
-    def _gather(self, storage: Storage, plan: Plan, own: Share, layout: bytes) -> Combined:
-        """This process's share and every other's, read concurrently, combined; StorageError
-        naming every process that failed or whose staging record is missing or malformed."""
-
-        def read(i: int) -> Share | str:
-            path = self._path(f"process-{i}")
-            try:
-                data = storage.read(path, limit=MAX_STAGING_BYTES)
-            except StorageError as exc:
-                return f"its staging record cannot be read ({exc.message})"
-            if data is None:
-                return f"it wrote no staging record ({path})"
-            try:
-                share = decode_share(data, layout)
-            except Bad as exc:
-                return f"its staging record {path} is malformed: {exc}"
-            return share if share.error is None else share.error
-
-        others = range(1, self.count)
-        with cf.ThreadPoolExecutor(max(1, min(READERS, len(others)))) as pool:
-            found = list(pool.map(read, others))
-        problems = {i: r for i, r in zip(others, found, strict=True) if isinstance(r, str)}
-        combined = None
-        if not problems:
-            combined, problems = combine(plan, [own, *(r for r in found if isinstance(r, Share))])
-        if combined is None:
-            lines = [f"process {i}: {why}" for i, why in sorted(problems.items())]
-            shown = lines[:20] + ([f"(and {len(lines) - 20} more)"] if len(lines) > 20 else [])
-            raise StorageError(f"multi-process save of checkpoint {self.name!r} failed: " + "; ".join(shown))
-        return combined
+    def _diagnose(self, storage: Storage, frame: Parted) -> None:
+        """The processes' pieces do not tile the sharded leaves (their coverage fingerprints
+        say so): read the parts and merge them, to name the leaf and the processes."""
+        shares = read_parts(storage, frame)
+        problems = problems_of(shares)
+        if not problems:  # InvalidInputError naming the leaf and the processes, where merging finds it
+            _, problems = complete(frame, [s for s in shares if isinstance(s, Share)])
+        if problems:
+            raise StorageError(f"multi-process save of checkpoint {self.name!r} failed: {named(problems)}")
+        raise StorageError(
+            f"multi-process save of checkpoint {self.name!r} failed: the processes' coverage "
+            "fingerprints say their pieces do not tile the sharded leaves, yet their parts merge "
+            "(a part changed after it was written?)"
+        )
 
     def _announce(self, storage: Storage, error: BaseException | None) -> None:
         text = None if error is None else f"{type(error).__name__}: {error}"[: MAX_OUTCOME_BYTES // 8]
@@ -348,11 +411,11 @@ class Group:
             return "the primary process's outcome record is malformed"
         return None if ok is True else str(error)[:2000]
 
-    def _follow(self, storage: Storage, lock: _locks.Lock | None, failure: BaseException | None) -> None:
+    def _follow(self, storage: Storage, failure: BaseException | None) -> None:
         """A process other than the primary, after the first barrier: learn the outcome."""
         late: BarrierTimeoutError | None = None
         try:
-            self.barrier("committed", lock)
+            self.barrier("committed")
         except BarrierTimeoutError as exc:
             late = exc
         if failure is None and (why := self._outcome(storage)) is not None:
@@ -361,7 +424,7 @@ class Group:
             failure = StorageError(f"multi-process save of checkpoint {self.name!r} failed: {why}")
         if late is None:
             try:
-                self.barrier("acknowledged", lock)  # the primary removes the outcome only after this
+                self.barrier("acknowledged")  # the primary removes the outcome only after this
             except BarrierTimeoutError as exc:
                 if failure is None:  # the outcome says committed: the save has succeeded
                     _log.warning("%s: committed, but %s", self.name, exc)
@@ -369,13 +432,11 @@ class Group:
             raise failure
 
     def _clean(self, storage: Storage) -> None:
-        """Remove the staging records and the outcome record (every process has read it)."""
+        """Remove the outcome record (every process has read it)."""
         try:
-            storage.delete_many(
-                [self._path(f"process-{i}") for i in range(self.count)] + [self._path("outcome")]
-            )
+            storage.delete_many([self._path("outcome")])
         except Exception as exc:  # committed: left for gc
-            _log.warning("%s: committed; could not remove its staging records: %s", self.name, exc)
+            _log.warning("%s: committed; could not remove its outcome record: %s", self.name, exc)
         self._forget()
 
     def _forget(self) -> None:

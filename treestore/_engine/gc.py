@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from treestore._engine.locks import LOCK_PATH, STALE_AFTER, gc_lock, lock_time
-from treestore._engine.read import committed_records, read_manifest
+from treestore._engine.read import committed_records, read_columns
 from treestore._format import layout as _layout
 from treestore._storage.base import Storage
 from treestore.errors import CorruptionError, TreestoreError, UnsupportedFormatError
@@ -43,7 +43,8 @@ class GcReport:
 
     ``damaged`` names the checkpoints whose commit record or manifest could not be read; while
     there is one, gc cannot tell what it references and removes no chunk and no manifest (only
-    stale locks, staging records and temporary files). Delete or repair it to free space again.
+    stale locks, outcome and staging records and temporary files). Delete or repair it to free
+    space again.
     """
 
     chunks_removed: int
@@ -145,7 +146,9 @@ def collect_garbage(
         for record in records:
             live_manifests.add(record.manifest)
             try:
-                live_chunks |= read_manifest(storage, record).chunk_digests()
+                columns = read_columns(storage, record)
+                live_manifests.update(columns.parts)  # a manifest stored in parts needs them
+                live_chunks |= columns.chunk_digests()
             except (CorruptionError, UnsupportedFormatError) as exc:
                 damaged[record.name] = exc
             refresh()

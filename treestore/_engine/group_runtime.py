@@ -25,8 +25,9 @@ class Runtime(Protocol):
     def get(self, key: str, timeout: float) -> str | None:
         """The value of ``key``, waiting up to ``timeout`` seconds for it to be set; None after."""
 
-    def keys(self, prefix: str) -> list[str]:
-        """Every key set under ``prefix`` (a folder: it ends with ``/``)."""
+    def items(self, prefix: str) -> dict[str, str]:
+        """Every key set under ``prefix`` (a folder: it ends with ``/``), with its value: one
+        request, whatever the number of keys."""
 
     def delete(self, prefix: str) -> None:
         """Delete ``prefix`` and every key under it."""
@@ -63,8 +64,8 @@ class JaxRuntime:
         except Exception:  # JaxRuntimeError DEADLINE_EXCEEDED, or the service is gone
             return None
 
-    def keys(self, prefix: str) -> list[str]:
-        return [str(k) for k, _ in self._client.key_value_dir_get(prefix)]
+    def items(self, prefix: str) -> dict[str, str]:
+        return {str(k): str(v) for k, v in self._client.key_value_dir_get(prefix)}
 
     def delete(self, prefix: str) -> None:
         self._client.key_value_delete(prefix)
@@ -99,9 +100,9 @@ class LocalRuntime:
             self._cond.wait_for(lambda: key in self._values, timeout)
             return self._values.get(key)
 
-    def keys(self, prefix: str) -> list[str]:
+    def items(self, prefix: str) -> dict[str, str]:
         with self._cond:
-            return [k for k in self._values if k.startswith(prefix)]
+            return {k: v for k, v in self._values.items() if k.startswith(prefix)}
 
     def delete(self, prefix: str) -> None:
         with self._cond:

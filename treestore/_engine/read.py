@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from treestore._engine.parts import assemble
 from treestore._format import layout as _layout
 from treestore._format.codecs import decode_in_place, decode_into, in_place_room, scratch
 from treestore._format.columns import Columns
@@ -24,6 +25,7 @@ from treestore._format.commit_record import CommitRecord, decode_commit_record
 from treestore._format.encoding import digest
 from treestore._format.limits import CHUNK_SLACK, MAX_MANIFEST_BYTES, MAX_RECORD_BYTES
 from treestore._format.manifest import ChunkRef, Manifest, check_name
+from treestore._format.parted import Parted
 from treestore._storage.base import Storage
 from treestore.errors import (
     CheckpointNotFoundError,
@@ -235,16 +237,22 @@ def read_manifest_bytes(storage: Storage, record: CommitRecord) -> bytes:
 
 def read_manifest(storage: Storage, record: CommitRecord, data: bytes | None = None) -> Manifest:
     """The verified, decoded manifest of a commit record, of either format version (``data``:
-    its bytes, if already read with :func:`read_manifest_bytes`)."""
+    its bytes, if already read with :func:`read_manifest_bytes`); one stored in parts is
+    completed with its parts."""
     data = data if data is not None else read_manifest_bytes(storage, record)
-    return _described(record, decode_any_manifest(data, record.name))
+    found = decode_any_manifest(data, record.name)
+    if isinstance(found, Parted):
+        return _described(record, assemble(storage, found)).to_manifest()
+    return _described(record, found)
 
 
 def read_columns(storage: Storage, record: CommitRecord, data: bytes | None = None) -> Columns:
     """The verified manifest of a commit record, of either format version, as :class:`Columns`:
-    what readers that need a few leaves, or whole columns, use (no per-leaf object is made)."""
+    what readers that need a few leaves, or whole columns, use (no per-leaf object is made).
+    One stored in parts is completed with its parts."""
     data = data if data is not None else read_manifest_bytes(storage, record)
-    return _described(record, decode_any(data, record.name))
+    found = decode_any(data, record.name)
+    return _described(record, assemble(storage, found) if isinstance(found, Parted) else found)
 
 
 def _described(record: CommitRecord, manifest: _M) -> _M:

@@ -436,15 +436,15 @@ def _write_in_group(
         "chunk_size": options.chunk_size,
     }
     try:
-        columns = group.finish(
+        committed = group.finish(
             storage, lock, prepared.tree, prepared.leaves, written, failure, header, overwrite=overwrite
         )
     finally:
         if lock is not None:
             lock.release_quietly()  # after a commit the save has succeeded: a failure is logged
-    if columns is None:  # another process committed
+    if committed is None:  # another process committed
         return writer.result(name, 0, 0)
-    return writer.result(name, len(columns), columns.nbytes)
+    return writer.result(name, *committed)
 
 
 def _write_leaves(

@@ -146,6 +146,7 @@ class Columns:
     shape_start: np.ndarray = field(repr=False)  # int64 [n + 1]: leaf i's dimensions
     leaf_nbytes: np.ndarray = field(repr=False)  # int64 [n]: raw bytes of each leaf
     version: int = VERSION  # the version of the bytes it was decoded from
+    parts: tuple[bytes, ...] = ()  # the digests of the parts its pieces were read from (SPEC 5.8)
 
     def __len__(self) -> int:
         return len(self.leaves)
@@ -449,9 +450,14 @@ class LeafEntries(Sequence[LeafEntry]):
 
 
 # --- validation (readers and writers) ------------------------------------------------------------
-def _validate(fields: dict[str, Any], nodes: Nodes) -> Columns:
+PIECE_FIELDS = ("piece_counts", "piece_chunks", "piece_start", "piece_shape")
+
+
+def _validate(fields: dict[str, Any], nodes: Nodes, *, parted: bool = False) -> Columns:
     """Check every column (the tree checked already) and build :class:`Columns`; Bad or
-    UnsupportedFormatError otherwise."""
+    UnsupportedFormatError otherwise. ``parted``: the columns of a manifest stored in parts
+    (SPEC.md, section 5.8), whose leaves saved in pieces list no piece and no chunk ref here —
+    the result is only the frame the parts complete (:mod:`treestore._engine.parts`)."""
     for key in ARRAY_FIELDS.keys() & fields.keys():  # a Columns never changes, whoever holds it
         fields[key].flags.writeable = False
     leaves = fields["leaves"]
@@ -504,7 +510,10 @@ def _validate(fields: dict[str, Any], nodes: Nodes) -> Columns:
         raise Bad(f"{len(chunks)} chunk refs stored for {int(chunk_start[-1])}")
     _check_refs(chunks, packs)
     held = _sums(chunks["raw"], chunk_start)
-    if np.any(bad := held != nbytes):
+    waiting = (flags & PIECED) != 0 if parted else np.zeros(n, bool)  # their parts hold them
+    if parted and (np.any(nchunks[waiting]) or any(len(fields[key]) for key in PIECE_FIELDS)):
+        raise Bad("a manifest in parts lists pieces or chunk refs of a leaf its parts hold")
+    if np.any(bad := (held != nbytes) & ~waiting):
         j = int(np.argmax(bad))
         raise Bad(f"leaf {at(bad)}: its shape needs {int(nbytes[j])} bytes, chunks hold {int(held[j])}")
     values = fields["values"]
@@ -522,7 +531,8 @@ def _validate(fields: dict[str, Any], nodes: Nodes) -> Columns:
         nodes, leaves, shapes, tuple(decoded), fields["piece_counts"], fields["piece_chunks"],
         fields["piece_start"], fields["piece_shape"], chunks, packs, chunk_start, shape_start, nbytes,
     )  # fmt: skip
-    _check_pieces(columns, at)
+    if not parted:
+        _check_pieces(columns, at)
     return columns
 
 
@@ -637,6 +647,7 @@ __all__ = [
     "NODE_DTYPE",
     "PACK_DTYPE",
     "PIECED",
+    "PIECE_FIELDS",
     "PRNG_NAMES",
     "PRNG_SHIFT",
     "WEAK_TYPE",

@@ -44,6 +44,7 @@ from treestore._format.manifest import (
     encode_manifest,
     manifest_from_record,
 )
+from treestore._format.parted import Parted, parts_fields, parts_from_record
 from treestore.errors import (
     InvalidInputError,
     ManifestCorruptError,
@@ -74,28 +75,33 @@ def _str_list(rec: dict[str, Any], key: str) -> tuple[str, ...]:
     return tuple(items)
 
 
-def decode_columns(data: bytes, checkpoint: str) -> Columns:
-    """A version-2 manifest's bytes, validated; ManifestCorruptError, UnsupportedFormatError or
-    OutOfMemoryError otherwise, whatever the bytes."""
+def decode_columns(data: bytes, checkpoint: str) -> Columns | Parted:
+    """A version-2 manifest's bytes, validated (a manifest stored in parts: its frame);
+    ManifestCorruptError, UnsupportedFormatError or OutOfMemoryError otherwise, whatever the
+    bytes."""
     what = f"manifest of checkpoint {checkpoint!r}"
     if len(data) > MAX_MANIFEST_BYTES:
         raise ManifestCorruptError(f"{what} is over its size limit", checkpoint=checkpoint)
     return _decode_record(from_msgpack(data, what, checkpoint), checkpoint)
 
 
-def decode_any(data: bytes, checkpoint: str) -> Columns:
-    """A manifest of either version as :class:`Columns`, validated as readers validate it."""
+def decode_any(data: bytes, checkpoint: str) -> Columns | Parted:
+    """A manifest of either version as :class:`Columns`, validated as readers validate it (one
+    stored in parts: its frame, which :mod:`treestore._engine.parts` completes)."""
     return _decoded(data, checkpoint)[1]
 
 
-def decode_any_manifest(data: bytes, checkpoint: str) -> Manifest:
+def decode_any_manifest(data: bytes, checkpoint: str) -> Manifest | Parted:
     """A manifest of either version as a :class:`Manifest` — what readers use — validated as
-    :func:`decode_any` validates it (a version-1 manifest is decoded once, not converted back)."""
+    :func:`decode_any` validates it (a version-1 manifest is decoded once, not converted back;
+    one stored in parts stays a frame)."""
     manifest, columns = _decoded(data, checkpoint)
-    return manifest if manifest is not None else columns.to_manifest()
+    if manifest is not None:
+        return manifest
+    return columns if isinstance(columns, Parted) else columns.to_manifest()
 
 
-def _decoded(data: bytes, checkpoint: str) -> tuple[Manifest | None, Columns]:
+def _decoded(data: bytes, checkpoint: str) -> tuple[Manifest | None, Columns | Parted]:
     """Decode either version once: a version-1 manifest (and its columns, which check it the way
     a version-2 reader would), or a version-2 manifest's columns (and None)."""
     what = f"manifest of checkpoint {checkpoint!r}"
@@ -111,7 +117,7 @@ def _decoded(data: bytes, checkpoint: str) -> tuple[Manifest | None, Columns]:
         raise ManifestCorruptError(f"{what}: {exc}", checkpoint=checkpoint) from None
 
 
-def _decode_record(rec: dict[str, Any], checkpoint: str) -> Columns:
+def _decode_record(rec: dict[str, Any], checkpoint: str) -> Columns | Parted:
     what = f"manifest of checkpoint {checkpoint!r}"
     try:
         with manifest_errors(what, checkpoint):
@@ -124,10 +130,7 @@ def _decode_record(rec: dict[str, Any], checkpoint: str) -> Columns:
                 raise UnsupportedFormatError(
                     f"format version {version!r:.20} is not {VERSION}, the columnar manifest this decodes"
                 )
-            if _get(rec, "parts", list):
-                raise UnsupportedFormatError(
-                    "it is stored in parts, which this treestore cannot read: upgrade treestore"
-                )
+            parted = parts_from_record(rec) if _get(rec, "parts", list) else None
             try:
                 check_metadata(rec.get("metadata"))  # the bound writers keep to
             except InvalidInputError as exc:
@@ -145,7 +148,9 @@ def _decode_record(rec: dict[str, Any], checkpoint: str) -> Columns:
             nodes = check_nodes(
                 segments, fields["nodes"], names, fields["node_leaves"], len(fields["leaves"])
             )
-            return _validate(fields, nodes)
+            if parted is None:
+                return _validate(fields, nodes)
+            return Parted(_validate(fields, nodes, parted=True), *parted)
     except MemoryError:
         raise OutOfMemoryError(f"{what}: out of memory decoding it", checkpoint=checkpoint) from None
     except (ValueError, TypeError, IndexError, KeyError, OverflowError) as exc:  # a check missed
@@ -154,9 +159,11 @@ def _decode_record(rec: dict[str, Any], checkpoint: str) -> Columns:
         ) from exc
 
 
-def encode_columns(c: Columns) -> bytes:
-    """The bytes of a version-2 manifest; InvalidInputError beyond the MAX_MANIFEST_BYTES readers
-    accept."""
+def encode_columns(manifest: Columns | Parted) -> bytes:
+    """The bytes of a version-2 manifest (or of the frame of one stored in parts);
+    InvalidInputError beyond the MAX_MANIFEST_BYTES readers accept."""
+    parted = manifest if isinstance(manifest, Parted) else None
+    c = manifest.frame if isinstance(manifest, Parted) else manifest
     kinds = c.leaves["kind"]
     scalars = np.flatnonzero(kinds >= ARRAY_CODES).tolist()
     data = to_msgpack(
@@ -181,7 +188,7 @@ def encode_columns(c: Columns) -> bytes:
             "piece_shape": c.piece_shape.tobytes(),
             "chunks": c.chunks.tobytes(),
             "packs": c.packs.tobytes(),
-            "parts": [],
+            **parts_fields(parted),
         }
     )
     if len(data) > MAX_MANIFEST_BYTES:
@@ -298,7 +305,7 @@ def _from_manifest(m: Manifest) -> Columns:
     return _validate(fields, nodes)
 
 
-def columns_from_fields(fields: dict[str, Any], tree: object) -> Columns:
+def columns_from_fields(fields: dict[str, Any], tree: object, *, parted: bool = False) -> Columns:
     """A version-2 manifest assembled column by column (a multi-process save merging its
     processes' shares), checked exactly as readers check one: ``fields`` holds what
     :func:`decode_columns` reads from a manifest's bytes (the arrays of ARRAY_FIELDS but
@@ -317,7 +324,7 @@ def columns_from_fields(fields: dict[str, Any], tree: object) -> Columns:
         nodes = tree if isinstance(tree, Nodes) else nodes_from_tree(tree, nleaves)
         if len(nodes.leaves) != nleaves:
             raise Bad(f"the tree has {len(nodes.leaves)} leaves, the columns {nleaves}")
-        return _validate({**fields, "chunk_size": chunk_size}, nodes)
+        return _validate({**fields, "chunk_size": chunk_size}, nodes, parted=parted)
     except (Bad, UnsupportedFormatError) as exc:
         raise InvalidInputError(
             f"checkpoint {name!r}: its manifest would not be readable: {exc}", checkpoint=name

@@ -1,27 +1,34 @@
-"""Each process's share of a multi-process save: its staging record, in columns.
+"""Each process's share of a multi-process save: its part of the manifest, in columns, and the
+summary it sends the primary.
 
-A process of a multi-process save writes the pieces it owns, and its packs, as its staging record
-(SPEC.md, section 3.4) in the version-2 manifest's conventions (section 5.7): little-endian bin
-fields, one record per piece, per chunk ref and per pack. The primary decodes each record without
-trusting it (:func:`decode_share`) and merges them (:mod:`treestore._format.shares_merge`).
+A process of a multi-process save writes the pieces it owns, and its packs, as a part (SPEC.md,
+section 5.8): a record in the version-2 manifest's conventions (section 5.7), stored as a
+manifest-like object named by its digest. It tells the primary, through the job's runtime, only a
+:class:`Summary`: the part's digest and size, a few counts and the fingerprint of how its pieces
+cover their leaves (:mod:`treestore._format.coverage`), so the primary's commit never reads the
+parts. Readers decode each part without trusting it (:func:`decode_part`) and merge them
+(:mod:`treestore._format.shares_merge`).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from treestore._format.columns import CHUNK_DTYPE, PACK_DTYPE
 from treestore._format.columns_codec import binary_array
+from treestore._format.coverage import Coverage, P, from_text, to_text
 from treestore._format.encoding import Bad, digest, from_msgpack, to_msgpack
 from treestore._format.encoding import field as _get
+from treestore._format.limits import MAX_PART_BYTES
 from treestore._format.manifest import ChunkRef, LeafEntry
 from treestore.errors import TreestoreError
 
-STAGING_FORMAT = "treestore.staging"
+PART_FORMAT = "treestore.part"
 SHARE_FIELDS: dict[str, np.dtype[Any]] = {
     "piece_leaves": np.dtype("<u4"),  # the leaf index of each piece
     "piece_chunks": np.dtype("<u4"),  # chunk refs of each piece
@@ -61,7 +68,8 @@ def layout_digest(tree: object, sharded: Iterable[tuple[str, str | None, tuple[i
 
 @dataclass(frozen=True, eq=False)
 class Share:
-    """One process's pieces and packs (SHARE_FIELDS), or the error that stopped it."""
+    """One process's pieces and packs (SHARE_FIELDS); the pack indices of its chunk refs index
+    its own packs."""
 
     piece_leaves: np.ndarray
     piece_chunks: np.ndarray
@@ -69,37 +77,43 @@ class Share:
     piece_shape: np.ndarray
     chunks: np.ndarray
     packs: np.ndarray
-    error: str | None = None
 
     @classmethod
-    def of(cls, arrays: Mapping[str, np.ndarray], error: str | None = None) -> Share:
+    def of(cls, arrays: Mapping[str, np.ndarray]) -> Share:
         """A share of the arrays of SHARE_FIELDS, by name."""
-        a = arrays
-        return cls(
-            a["piece_leaves"],
-            a["piece_chunks"],
-            a["piece_start"],
-            a["piece_shape"],
-            a["chunks"],
-            a["packs"],
-            error,
-        )
+        return cls(*(arrays[key] for key in SHARE_FIELDS))
 
-    @classmethod
-    def failed(cls, error: str) -> Share:
-        return cls.of({key: np.zeros(0, dtype) for key, dtype in SHARE_FIELDS.items()}, error)
+
+@dataclass(frozen=True)
+class Summary:
+    """What a process tells the primary of its share (SPEC.md, section 3.4): its part (digest
+    and size; no part when the save has no sharded leaf), its numbers of pieces and packs, the
+    most pieces it holds of one leaf, and the coverage fingerprint of its pieces."""
+
+    layout: bytes
+    part: bytes | None
+    size: int
+    pieces: int
+    packs: int
+    most: int
+    cover: int
 
 
 def share_from_entries(
-    where: Mapping[str, int], entries: Iterable[LeafEntry], packs: Sequence[ChunkRef]
-) -> Share:
-    """This process's share: the pieces of its leaf entries (``where`` gives each address's leaf
-    index) and its packs. Python work in the pieces this process owns, as its save already did."""
+    where: Mapping[str, int],
+    entries: Iterable[LeafEntry],
+    packs: Sequence[ChunkRef],
+    coverage: Coverage | None = None,
+) -> tuple[Share, int]:
+    """This process's share — the pieces of its leaf entries (``where`` gives each address's leaf
+    index) and the packs they use, renumbered — and the coverage fingerprint of its pieces
+    (0 without ``coverage``). Python work in the pieces this process owns, as its save did."""
     leaves: list[int] = []
     counts: list[int] = []
     starts: list[int] = []
     shapes: list[int] = []
     refs: list[ChunkRef] = []
+    cover = 0
     for entry in entries:
         i = where[entry.address]
         for piece in entry.pieces:
@@ -108,7 +122,14 @@ def share_from_entries(
             starts += piece.start
             shapes += piece.shape
             refs += piece.chunks
-    return Share(
+            if coverage is not None:
+                cover += coverage.box(i, piece.start, piece.shape)
+    used = sorted({r.pack for r in refs if r.pack is not None})
+    if used != list(range(len(packs))):  # keep only the packs the pieces use
+        index = {old: new for new, old in enumerate(used)}
+        refs = [r if r.pack is None else replace(r, pack=index[r.pack]) for r in refs]
+        packs = [packs[j] for j in used]
+    share = Share(
         np.array(leaves, "<u4"),
         np.array(counts, "<u4"),
         np.array(starts, "<u8"),
@@ -116,52 +137,105 @@ def share_from_entries(
         ref_table(refs),
         pack_table(packs),
     )
+    return share, cover % P
 
 
-def encode_share(share: Share, layout: bytes) -> bytes:
-    """The staging record of ``share`` (SPEC.md, section 3.4)."""
-    record: dict[str, Any] = {"format": STAGING_FORMAT, "ok": share.error is None}
-    if share.error is not None:
-        record["error"] = share.error
-    else:
-        record["layout"] = layout
-        record.update((key, getattr(share, key).tobytes()) for key in SHARE_FIELDS)
+def most_pieces(share: Share) -> int:
+    """The most pieces the share holds of one leaf."""
+    if not len(share.piece_leaves):
+        return 0
+    return int(np.unique(share.piece_leaves, return_counts=True)[1].max())
+
+
+def encode_part(share: Share, layout: bytes) -> bytes:
+    """The part record of ``share`` (SPEC.md, section 5.8)."""
+    record: dict[str, Any] = {"format": PART_FORMAT, "layout": layout}
+    record.update((key, getattr(share, key).tobytes()) for key in SHARE_FIELDS)
     return to_msgpack(record)
 
 
-def decode_share(data: bytes, layout: bytes) -> Share:
-    """A staging record's share, decoded without trusting it: Bad when it is malformed, or when
-    its process saved another tree than ``layout`` says. What its arrays hold is checked with
-    every process's at once (:func:`treestore._format.shares_merge.combine`)."""
+def decode_part(data: bytes, layout: bytes) -> Share:
+    """A part's share, decoded without trusting it: Bad when it is malformed, or when its
+    process saved another tree than ``layout`` says. What its arrays hold is checked with every
+    part's at once (:func:`treestore._format.shares_merge.combine`)."""
     try:
         rec = from_msgpack(data, "it", None)
     except TreestoreError as exc:
         raise Bad(exc.message) from None
-    if rec.get("format") != STAGING_FORMAT:
-        raise Bad(
-            f"its format is {rec.get('format')!r:.60}, expected {STAGING_FORMAT!r} "
-            "(every process of a save must run the same treestore version)"
-        )
-    if not _get(rec, "ok", bool):
-        return Share.failed(_get(rec, "error", str)[:2000])
+    if rec.get("format") != PART_FORMAT:
+        raise Bad(f"its format is {rec.get('format')!r:.60}, expected {PART_FORMAT!r}")
     if _get(rec, "layout", bytes) != layout:
-        raise Bad(
-            "it saved another tree than process 0: every process must save the same tree "
-            "(the same structure, and each sharded leaf with the same kind, dtype and shape)"
-        )
+        raise Bad("it holds pieces of another tree than the manifest's (its layout differs)")
     share = Share.of({key: binary_array(rec, key, dtype) for key, dtype in SHARE_FIELDS.items()})
     if len(share.piece_chunks) != len(share.piece_leaves):
         raise Bad(f"{len(share.piece_chunks)} piece chunk counts for {len(share.piece_leaves)} pieces")
     return share
 
 
+def encode_summary(summary: Summary | str) -> str:
+    """The text a process sends the primary: its summary, or (a str) the error that stopped it."""
+    if isinstance(summary, str):
+        return json.dumps({"ok": False, "error": summary[:2000]})
+    s = summary
+    return json.dumps(
+        {
+            "ok": True,
+            "layout": s.layout.hex(),
+            "part": None if s.part is None else s.part.hex(),
+            "size": s.size,
+            "pieces": s.pieces,
+            "packs": s.packs,
+            "most": s.most,
+            "cover": to_text(s.cover),
+        }
+    )
+
+
+_COUNTS = ("size", "pieces", "packs", "most")
+
+
+def decode_summary(text: str, layout: bytes) -> Summary | str:
+    """A summary as :func:`encode_summary` wrote it, or (a str) what is wrong: the process's
+    error, another tree, or malformed text."""
+    try:
+        rec = json.loads(text)
+    except ValueError:
+        return "its summary is not valid JSON"
+    if not isinstance(rec, dict) or type(rec.get("ok")) is not bool:
+        return "its summary is malformed"
+    if not rec["ok"]:
+        return str(rec.get("error"))[:2000]
+    try:
+        found = bytes.fromhex(rec["layout"])
+        part = None if rec["part"] is None else bytes.fromhex(rec["part"])
+        counts = [rec[key] for key in _COUNTS]
+        cover = from_text(rec["cover"])
+    except (KeyError, TypeError, ValueError):
+        return "its summary is malformed"
+    if any(type(n) is not int or not 0 <= n < 2**63 for n in counts) or cover is None:
+        return "its summary is malformed"
+    if (part is not None and len(part) != 32) or counts[0] > MAX_PART_BYTES:
+        return "its summary is malformed"
+    if found != layout:
+        return (
+            "it saved another tree than process 0: every process must save the same tree "
+            "(the same structure, and each sharded leaf with the same kind, dtype and shape)"
+        )
+    size, pieces, packs, most = counts
+    return Summary(found, part, size, pieces, packs, most, cover)
+
+
 __all__ = [
+    "PART_FORMAT",
     "SHARE_FIELDS",
-    "STAGING_FORMAT",
     "Share",
-    "decode_share",
-    "encode_share",
+    "Summary",
+    "decode_part",
+    "decode_summary",
+    "encode_part",
+    "encode_summary",
     "layout_digest",
+    "most_pieces",
     "pack_table",
     "ref_table",
     "share_from_entries",

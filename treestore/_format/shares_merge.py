@@ -1,22 +1,26 @@
-"""The primary's merge of every process's share into one version-2 manifest, with numpy alone.
+"""The merge of a manifest's frame and every process's part into one version-2 manifest, with
+numpy alone (SPEC.md, section 5.8).
 
-The shares are concatenated (process 0's first) and checked together (:func:`combine`); pack
-indices are renumbered (each process's packs follow the earlier processes'), pieces are ordered
-by leaf and then by start, each leaf's chunk refs are placed among the primary's own leaves', and
-the resulting columns are checked exactly as readers check a manifest
-(:func:`treestore._format.columns_codec.columns_from_fields`). No piece becomes a Python object: the
-primary's work grows with the number of pieces only through vectorised operations.
+The frame says what every leaf is (:class:`Plan`: the primary's, from its leaf entries when it
+commits, or a reader's, from a decoded frame); the parts are concatenated (process 0's first) and
+checked together (:func:`combine`); pack indices are renumbered (each part's packs follow the
+frame's and the earlier parts'), pieces are ordered by leaf and then by start, each leaf's chunk
+refs are placed among the frame's own leaves', and the resulting columns are checked exactly as
+readers check a manifest (:func:`treestore._format.columns_codec.columns_from_fields`). No piece
+becomes a Python object: the work grows with the number of pieces only through vectorised
+operations.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from treestore._format.columns import (
+    ARRAY_CODES,
     CHUNK_DTYPE,
     DTYPE_NAMES,
     KINDS,
@@ -32,7 +36,8 @@ from treestore._format.columns import (
 from treestore._format.columns_codec import columns_from_fields
 from treestore._format.dtypes import value_to_record
 from treestore._format.manifest import ChunkRef, LeafEntry
-from treestore._format.shares import Share, ref_table
+from treestore._format.parted import Parted
+from treestore._format.shares import Share, pack_table, ref_table
 from treestore._format.shares_explain import Pieces, explain
 from treestore.errors import InvalidInputError
 
@@ -50,23 +55,27 @@ def _words(table: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True, eq=False)
 class Plan:
-    """What the primary knows of every leaf before merging, from its own leaf entries: the
-    leaf rows (``chunks`` 0 for sharded leaves), shapes, values and the chunk refs of leaves
-    that are not sharded, leaf after leaf."""
+    """What a manifest's frame says of every leaf: the leaf rows (``chunks`` 0 and no PIECED
+    flag for sharded leaves), shapes, values and the chunk refs of leaves that are not sharded,
+    leaf after leaf, and the packs those refs index."""
 
     tree: object
-    addresses: tuple[str, ...]
+    address: Callable[[int], str]
     leaves: np.ndarray  # LEAF_DTYPE
     shapes: np.ndarray  # uint64
     shape_start: np.ndarray  # int64 [n + 1]
     ndim: np.ndarray  # int64 per leaf
     values: tuple[object, ...]  # scalar leaves' values as stored
     chunks: np.ndarray  # CHUNK_DTYPE: the refs of every leaf that is not sharded
+    packs: np.ndarray  # PACK_DTYPE: the packs ``chunks`` index
     sharded: np.ndarray  # bool per leaf
 
 
-def plan_from_entries(tree: object, entries: Sequence[LeafEntry], sharded: Sequence[bool]) -> Plan:
-    """The primary's :class:`Plan`; ``entries`` holds every leaf, in leaf order."""
+def plan_from_entries(
+    tree: object, entries: Sequence[LeafEntry], sharded: Sequence[bool], packs: Sequence[ChunkRef]
+) -> Plan:
+    """The primary's :class:`Plan`; ``entries`` holds every leaf, in leaf order, and ``packs``
+    the primary's packs."""
     rows: list[tuple[int, int, int, int, int]] = []
     shapes: list[int] = []
     values: list[object] = []
@@ -89,15 +98,63 @@ def plan_from_entries(tree: object, entries: Sequence[LeafEntry], sharded: Seque
     ndim = leaves["ndim"].astype(np.int64)
     return Plan(
         tree,
-        tuple(e.address for e in entries),
+        tuple(e.address for e in entries).__getitem__,
         leaves,
         np.array(shapes, "<u8"),
         prefix_sums(ndim),
         ndim,
         tuple(values),
         ref_table(refs),
+        pack_table(packs),
         np.array(sharded, bool),
     )
+
+
+def plan_from_frame(frame: Columns) -> Plan:
+    """A reader's :class:`Plan`, from the validated frame of a manifest stored in parts."""
+    sharded = (frame.leaves["flags"] & PIECED) != 0
+    leaves = frame.leaves.copy()
+    leaves["flags"] &= ~np.uint8(PIECED)
+    kinds = leaves["kind"]
+    scalars = np.flatnonzero(kinds >= ARRAY_CODES).tolist()
+    values = tuple(value_to_record(KINDS[kinds[i]], v) for i, v in zip(scalars, frame.values, strict=True))
+    ndim = leaves["ndim"].astype(np.int64)
+    return Plan(
+        frame.nodes,
+        frame.address,
+        leaves,
+        frame.shapes,
+        frame.shape_start,
+        ndim,
+        values,
+        frame.chunks,
+        frame.packs,
+        sharded,
+    )
+
+
+def frame_of(
+    plan: Plan, header: Mapping[str, Any], layout: bytes, parts: Sequence[tuple[bytes, int]]
+) -> Parted:
+    """The frame of the manifest a multi-process save commits: ``plan`` (the primary's leaves),
+    ``header`` (``name``, ``created``, ``metadata``, ``codec``, ``chunk_size``) and its parts,
+    checked as readers check a frame (InvalidInputError naming the checkpoint otherwise)."""
+    rows = plan.leaves.copy()
+    rows["flags"][plan.sharded] |= PIECED
+    none = np.zeros(0, "<u4")
+    fields = {
+        **header,
+        "leaves": rows,
+        "shapes": plan.shapes,
+        "values": list(plan.values),
+        "piece_counts": none,
+        "piece_chunks": none,
+        "piece_start": none.astype("<u8"),
+        "piece_shape": none.astype("<u8"),
+        "chunks": plan.chunks,
+        "packs": plan.packs,
+    }
+    return Parted(columns_from_fields(fields, plan.tree, parted=True), layout, tuple(parts))
 
 
 @dataclass(frozen=True, eq=False)
@@ -117,8 +174,8 @@ class Combined:
 
 
 def combine(plan: Plan, shares: Sequence[Share]) -> tuple[Combined | None, dict[int, str]]:
-    """The shares (share k being process k's, each decoded) concatenated and checked together:
-    (the combination, {}) or (None, what is wrong with each process's share)."""
+    """The shares (share k being process k's part, each decoded) concatenated and checked
+    together: (the combination, {}) or (None, what is wrong with each process's part)."""
     n = len(plan.leaves)
     pieces = np.array([len(s.piece_leaves) for s in shares], np.int64)
     nrefs = np.array([len(s.chunks) for s in shares], np.int64)
@@ -133,7 +190,7 @@ def combine(plan: Plan, shares: Sequence[Share]) -> tuple[Combined | None, dict[
 
     def refuse(bad: np.ndarray, who: np.ndarray, why: str) -> None:
         for k in np.unique(who[bad]).tolist():
-            problems.setdefault(int(k), f"its staging record is malformed: {why}")
+            problems.setdefault(int(k), f"its part is malformed: {why}")
 
     refuse(leaf >= n, process, f"a piece names a leaf beyond the tree's {n}")
     known = np.minimum(leaf, max(n - 1, 0))
@@ -151,13 +208,13 @@ def combine(plan: Plan, shares: Sequence[Share]) -> tuple[Combined | None, dict[
     refuse((pack < -1) | (pack >= npacks[owner]), owner, "a pack index is out of range")
     if problems:
         return None, problems
-    base = prefix_sums(npacks)
-    if base[-1] > base[1]:  # a process other than the primary has packs
+    base = prefix_sums(npacks) + len(plan.packs)  # each part's packs follow the frame's
+    if base[-1] > len(plan.packs):
         moved = np.where(pack < 0, -1, np.minimum(pack + base[owner], _I4_END - 1))
         refs[:, _PACK_WORD] = moved.astype(np.int32).view(np.uint32)
     start = np.concatenate([s.piece_start for s in shares])
     shape = np.concatenate([s.piece_shape for s in shares])
-    packs = np.concatenate([s.packs for s in shares])
+    packs = np.concatenate([plan.packs, *(s.packs for s in shares)])
     return Combined(len(shares), leaf, process, counts, start, shape, refs, packs), {}
 
 
@@ -263,12 +320,13 @@ def merge(plan: Plan, combined: Combined, header: Mapping[str, Any]) -> Columns:
         if found is None:
             raise
         i, why = found
-        address = plan.addresses[i] or "(root)"
+        address = plan.address(i)
         raise InvalidInputError(
-            f"multi-process save of checkpoint {header['name']!r}: leaf {address}: {why} ({exc.message})",
+            f"multi-process save of checkpoint {header['name']!r}: leaf {address or '(root)'}: {why} "
+            f"({exc.message})",
             checkpoint=header["name"],
-            address=plan.addresses[i],
+            address=address,
         ) from None
 
 
-__all__ = ["Combined", "Plan", "combine", "merge", "plan_from_entries"]
+__all__ = ["Combined", "Plan", "combine", "frame_of", "merge", "plan_from_entries", "plan_from_frame"]
