@@ -599,3 +599,46 @@ def test_gc_keeps_the_parts_of_a_checkpoint_until_it_is_deleted(store_url):
     assert all(store.storage.read(p) is None for p in paths)
     assert report.manifests_removed == 1 + len(paths)  # the frame and its parts
     assert treestore.verify(store_url).ok
+
+
+def test_a_sharded_leaf_with_no_elements_is_checked_by_merging(store_url):
+    """Pieces of a leaf with no elements weigh nothing in the coverage fingerprint: the primary
+    merges the parts to check them instead, and commits what readers accept."""
+    tree = {"e": np.zeros((0, 4), np.float32), "v": np.arange(16, dtype=np.int32)}
+    boxes = {"e": [[((0, 0), (0, 4))], [], [], []], "v": rows(16, 4)}
+    results = run_job(open_storage(store_url), [prepared(tree, boxes, i) for i in range(4)], "job")
+    assert all(isinstance(r, SaveResult) for r in results), results
+    out = treestore.load(store_url, "job")
+    assert out["e"].shape == (0, 4) and np.array_equal(out["v"], tree["v"])
+    boxes["e"] = [[], [], [], []]  # no process holds a piece of it: readers would refuse it
+    results = run_job(open_storage(store_url), [prepared(tree, boxes, i) for i in range(4)], "none")
+    assert isinstance(results[0], InvalidInputError) and "leaf e: " in str(results[0]), results[0]
+    assert [c.name for c in treestore.Store(store_url).list()] == ["job"]
+
+
+def test_an_empty_piece_outside_its_leaf_is_caught(store_url):
+    """A piece with no elements has no weight, so a process marks one outside its leaf in its
+    fingerprint: the primary merges, names the leaf and commits nothing."""
+    tree = {"v": np.arange(16, dtype=np.int32)}
+    boxes = {"v": [*rows(16, 4)[:3], [((12,), (4,)), ((20,), (0,))]]}
+    results = run_job(open_storage(store_url), [prepared(tree, boxes, i) for i in range(4)], "job")
+    assert isinstance(results[0], InvalidInputError), results[0]
+    assert "leaf v: a piece from process 3 at (20,) of shape (0,) lies outside its shape (16,)" in str(
+        results[0]
+    )
+    assert treestore.Store(store_url).list() == []
+
+
+def test_parts_over_their_total_limit_are_refused_by_the_primary(store_url, monkeypatch):
+    monkeypatch.setattr(D, "MAX_PARTS_BYTES", 1000)
+    results = run_job(open_storage(store_url), job(), "job", options=OPTIONS)
+    assert isinstance(results[0], InvalidInputError), results[0]
+    assert "over the 1000 bytes readers accept" in str(results[0])
+    assert treestore.Store(store_url).list() == []
+
+
+def test_a_frame_whose_parts_are_over_their_total_limit_is_not_read(store_url, monkeypatch):
+    saved(store_url)
+    monkeypatch.setattr(parted_module, "MAX_PARTS_BYTES", 1000)
+    with pytest.raises(ManifestCorruptError, match="over the limit of 1000"):
+        treestore.load(store_url, "job")

@@ -42,7 +42,13 @@ from treestore._format.columns_codec import encode_columns
 from treestore._format.commit_record import CommitRecord
 from treestore._format.coverage import Coverage, P
 from treestore._format.encoding import digest
-from treestore._format.limits import MAX_OUTCOME_BYTES, MAX_PART_BYTES, MAX_PARTS, MAX_PIECES
+from treestore._format.limits import (
+    MAX_OUTCOME_BYTES,
+    MAX_PART_BYTES,
+    MAX_PARTS,
+    MAX_PARTS_BYTES,
+    MAX_PIECES,
+)
 from treestore._format.manifest import ChunkRef, LeafEntry
 from treestore._format.parted import Parted
 from treestore._format.shares import (
@@ -237,6 +243,7 @@ class Group:
                 for i, (_, leaf) in enumerate(leaves)
                 if isinstance(leaf, ArrayLeaf) and sharded[i]
             ]
+            empty = any(0 in shape for _, shape in shapes)
             coverage = None
             if shapes:
                 coverage = Coverage(bytes.fromhex(self.save_id), max(len(shape) for _, shape in shapes))
@@ -267,8 +274,8 @@ class Group:
                 plan = plan_from_entries(tree, written[0], sharded, written[1])
                 parts, cover = self._gather(plan, layout, coverage is not None)
                 frame = frame_of(plan, {**header, "created": time.time()}, layout, parts)
-                if cover != expected:
-                    self._diagnose(storage, frame)
+                if cover != expected or empty:  # a zero-size leaf's pieces weigh nothing
+                    self._merge_parts(storage, frame, cover == expected)
                 columns = frame.frame
                 record = CommitRecord(
                     columns.name, b"", 0, columns.created, columns.metadata, len(columns), columns.nbytes
@@ -371,20 +378,29 @@ class Group:
                 "(the processes hold that many between them): shard it in fewer pieces",
                 checkpoint=self.name,
             )
+        if sum(s.size for s in summaries) > MAX_PARTS_BYTES:
+            raise InvalidInputError(
+                f"{where}: the processes' parts of the manifest take {sum(s.size for s in summaries)} "
+                f"bytes, over the {MAX_PARTS_BYTES} bytes readers accept: save fewer pieces",
+                checkpoint=self.name,
+            )
         if len(plan.packs) + sum(s.packs for s in summaries) >= _I4_END:
             raise InvalidInputError(f"{where}: over 2**31 packs", checkpoint=self.name)
         parts = [(s.part, s.size) for s in summaries if s.part is not None] if parted else []
         return parts, sum(s.cover for s in summaries) % P
 
-    def _diagnose(self, storage: Storage, frame: Parted) -> None:
-        """The processes' pieces do not tile the sharded leaves (their coverage fingerprints
-        say so): read the parts and merge them, to name the leaf and the processes."""
+    def _merge_parts(self, storage: Storage, frame: Parted, covered: bool) -> None:
+        """Read the parts and merge them as readers do: when the coverage fingerprints say the
+        pieces do not tile the sharded leaves (``covered`` false), to name the leaf and the
+        processes; when a sharded leaf has no elements (its pieces weigh nothing), to check it."""
         shares = read_parts(storage, frame)
         problems = problems_of(shares)
         if not problems:  # InvalidInputError naming the leaf and the processes, where merging finds it
             _, problems = complete(frame, [s for s in shares if isinstance(s, Share)])
         if problems:
             raise StorageError(f"multi-process save of checkpoint {self.name!r} failed: {named(problems)}")
+        if covered:
+            return
         raise StorageError(
             f"multi-process save of checkpoint {self.name!r} failed: the processes' coverage "
             "fingerprints say their pieces do not tile the sharded leaves, yet their parts merge "

@@ -17,7 +17,7 @@ from treestore._format.parted import Parted
 from treestore._format.shares import Share, decode_part
 from treestore._format.shares_merge import combine, merge, plan_from_frame
 from treestore._storage.base import Storage
-from treestore.errors import InvalidInputError, ManifestCorruptError
+from treestore.errors import InvalidInputError, ManifestCorruptError, OutOfMemoryError
 
 READERS = 64  # parts read at once
 
@@ -93,6 +93,10 @@ def assemble(storage: Storage, parted: Parted) -> Columns:
     try:
         if not problems:
             columns, problems = complete(parted, [s for s in shares if isinstance(s, Share)])
+    except MemoryError:
+        raise OutOfMemoryError(
+            f"manifest of checkpoint {name!r}: out of memory merging its parts", checkpoint=name
+        ) from None
     except InvalidInputError as exc:
         raise ManifestCorruptError(
             f"manifest of checkpoint {name!r} is stored in parts that do not make a readable "
@@ -100,6 +104,12 @@ def assemble(storage: Storage, parted: Parted) -> Columns:
             checkpoint=name,
             address=exc.address,
         ) from None
+    except (ValueError, TypeError, IndexError, KeyError, OverflowError) as exc:  # a check missed
+        raise ManifestCorruptError(
+            f"manifest of checkpoint {name!r}: unexpected malformation of its parts "
+            f"({type(exc).__name__}: {exc})",
+            checkpoint=name,
+        ) from exc
     if columns is None:
         raise ManifestCorruptError(
             f"manifest of checkpoint {name!r} is stored in parts, and some cannot be read: {named(problems)}",

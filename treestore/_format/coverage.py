@@ -6,9 +6,11 @@ prime P = 2¹²⁷ − 1, from the save's id), is given the weight r^(l+1) · Π
 fingerprint is the sum of its elements' weights, which the geometric series gives in O(ndim); a
 process sends the sum over its pieces, one number. The pieces tile every leaf exactly when the
 processes' sums add up to the sum over every sharded leaf's elements: otherwise the difference is
-a nonzero polynomial in r and the a_d (some element is covered c ≠ 1 times, and |c − 1| ≤ 65536 ≪ P)
-of degree below 2³² + 64 · 2⁴⁸, which random numbers mod P make zero with probability below 2⁻⁷³
-(Schwartz–Zippel). Pieces outside their leaf change the sum too.
+a nonzero polynomial in r and the a_d (some element is covered c ≠ 1 times, and |c − 1| ≪ P) of
+degree below 2³² + 64 · 2⁴⁸, which random numbers mod P make zero with probability of about 2⁻⁷³
+at most (Schwartz–Zippel). Pieces outside their leaf change the sum too, but a piece with no
+elements weighs nothing: a process adds 1 for each piece outside its leaf, and the primary checks
+the pieces of a leaf without elements by merging them.
 """
 
 from __future__ import annotations

@@ -30,5 +30,6 @@ MAX_INDEX = 2**31  # a sequence or flattened index in a key (jax holds 32-bit in
 MAX_NAME = 200  # characters of a checkpoint name
 MAX_PART_BYTES = 1 << 28  # a part of a manifest stored in parts (one process's pieces)
 MAX_PARTS = 65536  # parts of one manifest (processes of a multi-process save)
+MAX_PARTS_BYTES = MAX_MANIFEST_BYTES  # every part of one manifest together
 MAX_OUTCOME_BYTES = 1 << 16  # the outcome record of a multi-process save
 MAX_LOCK_BYTES = 4096  # a lock record; a bigger object is not read (it ages by its mtime)

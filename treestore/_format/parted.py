@@ -14,7 +14,7 @@ from typing import Any
 from treestore._format.columns import Columns
 from treestore._format.encoding import Bad
 from treestore._format.encoding import field as _get
-from treestore._format.limits import MAX_PART_BYTES, MAX_PARTS
+from treestore._format.limits import MAX_PART_BYTES, MAX_PARTS, MAX_PARTS_BYTES
 
 
 @dataclass(frozen=True, eq=False)
@@ -50,6 +50,10 @@ def parts_from_record(rec: dict[str, Any]) -> tuple[bytes, tuple[tuple[bytes, in
         if len(item[0]) != 32 or not 0 <= item[1] <= MAX_PART_BYTES:
             raise Bad(f"a part has a {len(item[0])}-byte digest or a size outside [0, {MAX_PART_BYTES}]")
         parts.append((item[0], item[1]))
+    if sum(size for _, size in parts) > MAX_PARTS_BYTES:
+        raise Bad(
+            f"its parts take {sum(size for _, size in parts)} bytes, over the limit of {MAX_PARTS_BYTES}"
+        )
     return layout, tuple(parts)
 
 

@@ -124,6 +124,10 @@ def share_from_entries(
             refs += piece.chunks
             if coverage is not None:
                 cover += coverage.box(i, piece.start, piece.shape)
+                if any(
+                    s + n > d for s, n, d in zip(piece.start, piece.shape, entry.shape or (), strict=False)
+                ):
+                    cover += 1  # outside its leaf (even with no elements): the sums cannot agree
     used = sorted({r.pack for r in refs if r.pack is not None})
     if used != list(range(len(packs))):  # keep only the packs the pieces use
         index = {old: new for new, old in enumerate(used)}
