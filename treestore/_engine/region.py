@@ -155,12 +155,13 @@ def read_regions(
         if out.size:
             plan_region(reader, entry, region, out, jobs, fills)
         outs.append(out)
-    if pool is None:
-        run_in_threads(jobs, default_threads())
-    else:
-        run(jobs, pool)
-    for fill in fills:
-        fill()
+    # The copies write disjoint parts of the results (pieces tile their leaf): they run
+    # concurrently too, once every chunk is decoded (numpy releases the GIL while it copies).
+    for step in (jobs, fills):
+        if pool is None:
+            run_in_threads(step, default_threads())
+        else:
+            run(step, pool)
     return outs
 
 
