@@ -36,7 +36,7 @@ import msgpack
 from treestore._engine import locks as _locks
 from treestore._engine.commit import commit
 from treestore._engine.group_runtime import JaxRuntime, Runtime
-from treestore._engine.parts import complete, named, problems_of, read_parts
+from treestore._engine.parts import merged, named
 from treestore._format import layout as _layout
 from treestore._format.columns_codec import encode_columns
 from treestore._format.commit_record import CommitRecord
@@ -52,7 +52,6 @@ from treestore._format.limits import (
 from treestore._format.manifest import ChunkRef, LeafEntry
 from treestore._format.parted import Parted
 from treestore._format.shares import (
-    Share,
     Summary,
     decode_summary,
     encode_part,
@@ -61,7 +60,7 @@ from treestore._format.shares import (
     most_pieces,
     share_from_entries,
 )
-from treestore._format.shares_merge import Plan, frame_of, plan_from_entries
+from treestore._format.shares_merge import PACK_INDEX_END, Plan, frame_of, plan_from_entries
 from treestore._storage.base import Storage
 from treestore._tree.lazy_jax import jax
 from treestore._tree.leaves import ArrayLeaf, Leaf
@@ -69,7 +68,6 @@ from treestore.errors import BarrierTimeoutError, InvalidInputError, StorageErro
 
 STAGING = _layout.STAGING
 BARRIER_TIMEOUT = 600.0  # seconds a process waits at each step; TREESTORE_BARRIER_TIMEOUT replaces it
-_I4_END = 2**31  # pack indices are i4 in a manifest
 KEEP_FRESH = 30.0  # seconds between looks at the save lock while waiting (it is rewritten every 900 s)
 _ID = re.compile(r"[0-9a-f]{32}")
 _log = logging.getLogger("treestore")
@@ -321,10 +319,6 @@ class Group:
             where = {address: i for i, (address, _) in enumerate(leaves)}
             share, cover = share_from_entries(where, written[0], written[1], coverage)
             data = encode_part(share, layout)
-            found = digest(data)
-            summary = Summary(
-                layout, found, len(data), len(share.piece_leaves), len(share.packs), most_pieces(share), cover
-            )
             if len(data) > MAX_PART_BYTES:
                 summary = (
                     f"its share of the manifest takes {len(data)} bytes, over the "
@@ -334,6 +328,9 @@ class Group:
                     f"multi-process save of checkpoint {self.name!r}: process {self.index}: {summary}"
                 )
             else:
+                found = digest(data)
+                pieces, packs = len(share.piece_leaves), len(share.packs)
+                summary = Summary(layout, found, len(data), pieces, packs, most_pieces(share), cover)
                 try:
                     storage.write(_layout.manifest_path(found), [data])
                     storage.sync()
@@ -384,7 +381,7 @@ class Group:
                 f"bytes, over the {MAX_PARTS_BYTES} bytes readers accept: save fewer pieces",
                 checkpoint=self.name,
             )
-        if len(plan.packs) + sum(s.packs for s in summaries) >= _I4_END:
+        if len(plan.packs) + sum(s.packs for s in summaries) >= PACK_INDEX_END:
             raise InvalidInputError(f"{where}: over 2**31 packs", checkpoint=self.name)
         parts = [(s.part, s.size) for s in summaries if s.part is not None] if parted else []
         return parts, sum(s.cover for s in summaries) % P
@@ -393,10 +390,7 @@ class Group:
         """Read the parts and merge them as readers do: when the coverage fingerprints say the
         pieces do not tile the sharded leaves (``covered`` false), to name the leaf and the
         processes; when a sharded leaf has no elements (its pieces weigh nothing), to check it."""
-        shares = read_parts(storage, frame)
-        problems = problems_of(shares)
-        if not problems:  # InvalidInputError naming the leaf and the processes, where merging finds it
-            _, problems = complete(frame, [s for s in shares if isinstance(s, Share)])
+        _, problems = merged(storage, frame)  # InvalidInputError naming the leaf and the processes
         if problems:
             raise StorageError(f"multi-process save of checkpoint {self.name!r} failed: {named(problems)}")
         if covered:

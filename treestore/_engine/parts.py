@@ -53,10 +53,6 @@ def read_parts(storage: Storage, parted: Parted) -> list[Share | str]:
         return list(pool.map(read, range(len(parted.parts))))
 
 
-def problems_of(shares: Sequence[Share | str]) -> dict[int, str]:
-    return {k: found for k, found in enumerate(shares) if isinstance(found, str)}
-
-
 def named(problems: dict[int, str]) -> str:
     """What is wrong with each process's share, as one line naming them (the first 20)."""
     lines = [f"process {k}: {why}" for k, why in sorted(problems.items())]
@@ -83,16 +79,22 @@ def complete(parted: Parted, shares: Sequence[Share]) -> tuple[Columns | None, d
     return replace(columns, parts=tuple(d for d, _ in parted.parts)), {}
 
 
+def merged(storage: Storage, parted: Parted) -> tuple[Columns | None, dict[int, str]]:
+    """``parted`` completed with its parts, read from ``storage``: (the columns, {}) or (None,
+    what is wrong with each process's part); InvalidInputError as :func:`complete` raises it."""
+    shares = read_parts(storage, parted)
+    problems = {k: found for k, found in enumerate(shares) if isinstance(found, str)}
+    if problems:
+        return None, problems
+    return complete(parted, [s for s in shares if isinstance(s, Share)])
+
+
 def assemble(storage: Storage, parted: Parted) -> Columns:
     """The checkpoint's columns: ``parted`` completed with its parts. ManifestCorruptError
     naming the checkpoint, and each process whose part is missing, damaged or malformed."""
     name = parted.name
-    shares = read_parts(storage, parted)
-    problems = problems_of(shares)
-    columns = None
     try:
-        if not problems:
-            columns, problems = complete(parted, [s for s in shares if isinstance(s, Share)])
+        columns, problems = merged(storage, parted)
     except MemoryError:
         raise OutOfMemoryError(
             f"manifest of checkpoint {name!r}: out of memory merging its parts", checkpoint=name
@@ -118,4 +120,4 @@ def assemble(storage: Storage, parted: Parted) -> Columns:
     return columns
 
 
-__all__ = ["READERS", "assemble", "complete", "named", "part_bytes", "problems_of", "read_parts"]
+__all__ = ["READERS", "assemble", "complete", "merged", "named", "part_bytes", "read_parts"]

@@ -164,8 +164,6 @@ def encode_columns(manifest: Columns | Parted) -> bytes:
     InvalidInputError beyond the MAX_MANIFEST_BYTES readers accept."""
     parted = manifest if isinstance(manifest, Parted) else None
     c = manifest.frame if isinstance(manifest, Parted) else manifest
-    kinds = c.leaves["kind"]
-    scalars = np.flatnonzero(kinds >= ARRAY_CODES).tolist()
     data = to_msgpack(
         {
             "format": MANIFEST_MAGIC,
@@ -181,7 +179,7 @@ def encode_columns(manifest: Columns | Parted) -> bytes:
             "node_leaves": c.nodes.leaves.tobytes(),
             "leaves": c.leaves.tobytes(),
             "shapes": c.shapes.tobytes(),
-            "values": [value_to_record(KINDS[kinds[i]], v) for i, v in zip(scalars, c.values, strict=True)],
+            "values": stored_values(c),
             "piece_counts": c.piece_counts.tobytes(),
             "piece_chunks": c.piece_chunks.tobytes(),
             "piece_start": c.piece_start.tobytes(),
@@ -198,6 +196,13 @@ def encode_columns(manifest: Columns | Parted) -> bytes:
             checkpoint=c.name,
         )
     return data
+
+
+def stored_values(c: Columns) -> list[object]:
+    """The value of each scalar leaf of ``c`` as a manifest stores it (SPEC.md, section 5.3)."""
+    kinds = c.leaves["kind"]
+    scalars = np.flatnonzero(kinds >= ARRAY_CODES).tolist()
+    return [value_to_record(KINDS[kinds[i]], v) for i, v in zip(scalars, c.values, strict=True)]
 
 
 def encode_any(m: Manifest, version: int = FORMAT_VERSION) -> bytes:
@@ -340,4 +345,5 @@ __all__ = [
     "decode_columns",
     "encode_any",
     "encode_columns",
+    "stored_values",
 ]

@@ -20,7 +20,6 @@ from typing import Any
 import numpy as np
 
 from treestore._format.columns import (
-    ARRAY_CODES,
     CHUNK_DTYPE,
     DTYPE_NAMES,
     KINDS,
@@ -33,7 +32,7 @@ from treestore._format.columns import (
     concat_ranges,
     prefix_sums,
 )
-from treestore._format.columns_codec import columns_from_fields
+from treestore._format.columns_codec import columns_from_fields, stored_values
 from treestore._format.dtypes import value_to_record
 from treestore._format.manifest import ChunkRef, LeafEntry
 from treestore._format.parted import Parted
@@ -42,7 +41,7 @@ from treestore._format.shares_explain import Pieces, explain
 from treestore.errors import InvalidInputError
 
 _DTYPE_CODES = {name: code for code, name in enumerate(DTYPE_NAMES)}
-_I4_END = 2**31  # pack indices are i4 in a manifest
+PACK_INDEX_END = 2**31  # pack indices are i4 in a manifest
 _REF_WORDS = CHUNK_DTYPE.itemsize // 4  # a chunk ref as u4 words: digest, raw, stored, pack, offset
 _PACK_WORD = _REF_WORDS - 2
 assert CHUNK_DTYPE.names is not None and CHUNK_DTYPE.names[-2:] == ("pack", "offset")
@@ -115,9 +114,7 @@ def plan_from_frame(frame: Columns) -> Plan:
     sharded = (frame.leaves["flags"] & PIECED) != 0
     leaves = frame.leaves.copy()
     leaves["flags"] &= ~np.uint8(PIECED)
-    kinds = leaves["kind"]
-    scalars = np.flatnonzero(kinds >= ARRAY_CODES).tolist()
-    values = tuple(value_to_record(KINDS[kinds[i]], v) for i, v in zip(scalars, frame.values, strict=True))
+    values = tuple(stored_values(frame))
     ndim = leaves["ndim"].astype(np.int64)
     return Plan(
         frame.nodes,
@@ -210,7 +207,7 @@ def combine(plan: Plan, shares: Sequence[Share]) -> tuple[Combined | None, dict[
         return None, problems
     base = prefix_sums(npacks) + len(plan.packs)  # each part's packs follow the frame's
     if base[-1] > len(plan.packs):
-        moved = np.where(pack < 0, -1, np.minimum(pack + base[owner], _I4_END - 1))
+        moved = np.where(pack < 0, -1, np.minimum(pack + base[owner], PACK_INDEX_END - 1))
         refs[:, _PACK_WORD] = moved.astype(np.int32).view(np.uint32)
     start = np.concatenate([s.piece_start for s in shares])
     shape = np.concatenate([s.piece_shape for s in shares])
@@ -329,4 +326,13 @@ def merge(plan: Plan, combined: Combined, header: Mapping[str, Any]) -> Columns:
         ) from None
 
 
-__all__ = ["Combined", "Plan", "combine", "frame_of", "merge", "plan_from_entries", "plan_from_frame"]
+__all__ = [
+    "PACK_INDEX_END",
+    "Combined",
+    "Plan",
+    "combine",
+    "frame_of",
+    "merge",
+    "plan_from_entries",
+    "plan_from_frame",
+]
