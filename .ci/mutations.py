@@ -178,6 +178,14 @@ MUTATIONS: list[Mutation] = [
         "a multi-process save commits pieces that overlap or leave a gap: readers refuse the checkpoint",
     ),
     m(
+        "readers skip the leaf range of a part",
+        "treestore/_format/shares_merge.py",
+        '    refuse(outside, process, "a piece lies outside the leaves its frame lists")',
+        "    pass",
+        ["tests/test_shares.py::test_a_frame_that_lists_a_part_s_leaves_wrongly_is_refused"],
+        "a reader of every leaf accepts a checkpoint that readers of some of its leaves refuse",
+    ),
+    m(
         "a part is not checked against its digest",
         "treestore/_engine/parts.py",
         "    if len(data) != size or digest(data) != found:",

@@ -1,6 +1,6 @@
 """Multi-process saves: the primary's commit as the job grows, in a job of threads.
 
-    python -m benchmarks.bench_multihost [--runs 3] [--leaves 1000] [--processes 1 8 64 256]
+    python -m benchmarks.bench_multihost [--runs 3] [--leaves 1000] [--processes 1 8 64 256] [--stages 8]
 
 Each job size N runs N threads in this process, each saving as one process of a multi-process
 save (``treestore._engine.distributed.joined``, synchronised by a ``LocalRuntime`` as JAX's runtime
@@ -19,8 +19,14 @@ barrier) to its commit record written: reading the summaries from the runtime, c
 coverage fingerprints, building, checking and encoding the frame, and the commit — and the
 requests process 0 sends meanwhile: to the store from its own thread, one after another, and from
 other threads at once (part reads, which only a failed check makes), and to the runtime. Then the
-sizes of the frame and of one part, and a reader's ``open`` of the checkpoint (every part read and
-merged). Issue 13's target: the commit at 256 processes within 2× its time at 8.
+sizes of the frame and of one part, a reader's ``open`` of the checkpoint (the frame alone is
+read), and its ``open`` and read of one leaf (the parts holding pieces of it read and merged).
+
+Each job size runs in two layouts: every process holding a piece of every leaf (the usual data
+and model parallel layout, where a reader of one leaf needs every part), and ``--stages``
+pipeline stages (leaf i in stage ``i * stages // leaves``, sharded over that stage's processes
+alone, where a reader of one leaf reads only its stage's parts). Issue 13's target: the commit at
+256 processes within 2× its time at 8, in the first layout.
 """
 
 from __future__ import annotations
@@ -118,18 +124,24 @@ class Clock:
         D.commit = timed_commit  # type: ignore[assignment]
 
 
-def shares_of(leaves: int, count: int) -> list[Prepared]:
-    """What each process of the job prepares: every leaf sharded, one piece its own."""
+def shares_of(leaves: int, count: int, stages: int = 1) -> list[Prepared]:
+    """What each process of the job prepares: every leaf sharded, one piece its own. With
+    ``stages`` (pipeline stages), leaf i belongs to stage ``i * stages // leaves`` and is
+    sharded over that stage's ``count // stages`` processes alone."""
     rng = np.random.default_rng(0)
     rows, cols = PIECE
-    tree = {f"layer{i}": rng.standard_normal((rows * count, cols)).astype(np.float32) for i in range(leaves)}
+    width = count // stages  # processes per stage
+    names = [f"layer{i:06d}" for i in range(leaves)]
+    tree = {a: rng.standard_normal((rows * width, cols)).astype(np.float32) for a in names}
+    stage = {a: i * stages // leaves for i, a in enumerate(names)}
 
     def prepared(index: int) -> Prepared:
         def leaf(address: str, value: Any) -> ArrayLeaf:
-            own = value[rows * index : rows * (index + 1)]
-            return ArrayLeaf(
-                "numpy", "float32", None, pieces=(((rows * index, 0), own),), global_shape=value.shape
-            )
+            if stage[address] != index // width:
+                return ArrayLeaf("numpy", "float32", None, pieces=(), global_shape=value.shape)
+            at = rows * (index % width)
+            own = value[at : at + rows]
+            return ArrayLeaf("numpy", "float32", None, pieces=(((at, 0), own),), global_shape=value.shape)
 
         return prepare(tree, leaf=leaf)
 
@@ -194,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--leaves", type=int, default=1000)
     ap.add_argument("--processes", type=int, nargs="+", default=[1, 8, 64, 256])
+    ap.add_argument("--stages", type=int, default=8, help="pipeline stages of the second layout")
     args = ap.parse_args(argv)
     rows = []
     clock = Clock()
@@ -201,59 +214,91 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for where in ("local", "memory"):
             for count in args.processes:
-                log(f"{where}: {count} processes, {args.leaves} leaves")
-                prepared = shares_of(args.leaves, count)
-                url = f"{tmp}/{where}-{count}" if where == "local" else f"memory://bench-{uuid.uuid4().hex}"
-                watched = Watched(open_storage(url))
-                clock.watched = watched
-                times, own, pooled, asked = [], [], [], []
-                for run in range(args.runs):
-                    watched.own = watched.pooled = CountedRuntime.reads = 0
-                    clock.committed.clear()
-                    save_job(watched, prepared, f"run{run}", clock.committed)
-                    times.append(clock.end - clock.start)
-                    own.append(watched.own)
-                    pooled.append(watched.pooled)
-                    asked.append(CountedRuntime.reads)
-                del prepared
-                storage = open_storage(url)
-                record = read_commit_record(storage, "run0")
-                frame = decode_any(read_manifest_bytes(storage, record), "run0")
-                part = max((size for _, size in frame.parts), default=0) if isinstance(frame, Parted) else 0
-                opened = []
-                for _ in range(args.runs):
-                    started = time.perf_counter()
-                    treestore.open(url, "run0")
-                    opened.append(time.perf_counter() - started)
-                rows.append(
-                    (
-                        where,
-                        count,
-                        args.leaves * count,
-                        statistics.median(times) * 1000,
-                        statistics.median(own),
-                        statistics.median(pooled),
-                        statistics.median(asked),
-                        record.manifest_size / 2**10,
-                        part / 2**10,
-                        statistics.median(opened) * 1000,
-                    )
-                )
-    print(f"\nprocess 0's commit, {args.leaves} sharded leaves, one piece per process ", end="")
-    print(f"(medians of {args.runs})\n")
-    print("| store | processes | pieces | commit ms | store requests, one after another ", end="")
-    print("| store requests at once | runtime requests | frame KiB | part KiB | reader's open ms |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for where, count, pieces, ms, own_n, pooled_n, asked_n, frame_k, part_k, open_ms in rows:
+                for stages in (1, args.stages):
+                    if stages > 1 and (count < stages or count % stages):
+                        continue
+                    log(f"{where}: {count} processes, {args.leaves} leaves, {stages} stage(s)")
+                    rows.append(measure(where, count, stages, args, tmp, clock))
+    print(f"\nprocess 0's commit, {args.leaves} sharded leaves, one piece per process holding it ", end="")
+    print(f"(medians of {args.runs}); a reader's open, and open + one leaf\n")
+    print("| store | processes | stages | pieces | commit ms | store requests, one after another ", end="")
+    print("| store requests at once | runtime requests | frame KiB | part KiB | reader's open ms ", end="")
+    print("| open + one leaf ms | parts it reads |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for row in rows:
+        (
+            where,
+            count,
+            stages,
+            pieces,
+            ms,
+            own_n,
+            pooled_n,
+            asked_n,
+            frame_k,
+            part_k,
+            open_ms,
+            leaf_ms,
+            read,
+        ) = row
         print(
-            f"| {where} | {count} | {pieces} | {ms:.1f} | {own_n:.0f} | {pooled_n:.0f} | {asked_n:.0f} "
-            f"| {frame_k:.1f} | {part_k:.1f} | {open_ms:.1f} |"
+            f"| {where} | {count} | {stages} | {pieces} | {ms:.1f} | {own_n:.0f} | {pooled_n:.0f} "
+            f"| {asked_n:.0f} | {frame_k:.1f} | {part_k:.1f} | {open_ms:.1f} | {leaf_ms:.1f} | {read} |"
         )
     for where in ("local", "memory"):
-        by = {count: ms for w, count, _, ms, *_ in rows if w == where}
+        by = {count: ms for w, count, stages, _, ms, *_ in rows if w == where and stages == 1}
         if 8 in by and 256 in by:
             print(f"\n{where}: 256 processes / 8 processes = {by[256] / by[8]:.2f}× (target ≤ 2×)")
     return 0
+
+
+def measure(
+    where: str, count: int, stages: int, args: argparse.Namespace, tmp: str, clock: Clock
+) -> tuple[Any, ...]:
+    """One row of the table: ``args.runs`` saves of a job of ``count`` processes, then reads."""
+    prepared = shares_of(args.leaves, count, stages)
+    url = f"{tmp}/{where}-{count}-{stages}" if where == "local" else f"memory://bench-{uuid.uuid4().hex}"
+    watched = Watched(open_storage(url))
+    clock.watched = watched
+    times, own, pooled, asked = [], [], [], []
+    for run in range(args.runs):
+        watched.own = watched.pooled = CountedRuntime.reads = 0
+        clock.committed.clear()
+        save_job(watched, prepared, f"run{run}", clock.committed)
+        times.append(clock.end - clock.start)
+        own.append(watched.own)
+        pooled.append(watched.pooled)
+        asked.append(CountedRuntime.reads)
+    del prepared
+    storage = open_storage(url)
+    record = read_commit_record(storage, "run0")
+    frame = decode_any(read_manifest_bytes(storage, record), "run0")
+    part, read = 0, 0
+    if isinstance(frame, Parted):
+        part = max((p.size for p in frame.parts), default=0)
+        read = len(frame.needed(np.arange(len(frame.frame)) == 0))
+    opened, leaf = [], []
+    for _ in range(args.runs):
+        started = time.perf_counter()
+        ckpt = treestore.open(url, "run0")
+        opened.append(time.perf_counter() - started)
+        np.asarray(ckpt["layer000000"])
+        leaf.append(time.perf_counter() - started)
+    return (
+        where,
+        count,
+        stages,
+        args.leaves * count // stages,
+        statistics.median(times) * 1000,
+        statistics.median(own),
+        statistics.median(pooled),
+        statistics.median(asked),
+        record.manifest_size / 2**10,
+        part / 2**10,
+        statistics.median(opened) * 1000,
+        statistics.median(leaf) * 1000,
+        read,
+    )
 
 
 if __name__ == "__main__":

@@ -648,9 +648,13 @@ def test_a_frame_decodes_and_bad_frames_are_refused():
     assert isinstance(decode(rec), Parted)
     one = rec["parts"][0]
     refused({**rec, "layout": bytes(31)}, "its layout is 31 bytes, not 32")
-    refused({**rec, "parts": [[one[0], -1], *rec["parts"][1:]]}, "a size outside")
-    refused({**rec, "parts": [[one[0][:31], one[1]], *rec["parts"][1:]]}, "a 31-byte digest")
+    refused({**rec, "parts": [[one[0], -1, *one[2:]], *rec["parts"][1:]]}, "a size outside")
+    refused({**rec, "parts": [[one[0][:31], *one[1:]], *rec["parts"][1:]]}, "a 31-byte digest")
     refused({**rec, "parts": [one, one, 3]}, "a part should be")
+    refused({**rec, "parts": [one[:2], *rec["parts"][1:]]}, "a part should be")
+    leaves = len(np.frombuffer(rec["leaves"], LEAF_DTYPE))
+    for first, end in ((2, 1), (-1, 1), (0, leaves + 1)):
+        refused({**rec, "parts": [[*one[:2], first, end], *rec["parts"][1:]]}, "are not a range")
     refused({**rec, "parts": [one] * (MAX_PARTS + 1)}, f"over the limit of {MAX_PARTS}")
     pieced = int(np.flatnonzero(np.frombuffer(rec["leaves"], LEAF_DTYPE)["flags"] & PIECED)[0])
     refused(edited(rec, "leaves", "chunks", 1, pieced), "1 chunk refs stored for 2")

@@ -18,20 +18,21 @@ import numpy as np
 import pytest
 
 import treestore
+from treestore._api.checkpoint import Checkpoint
 from treestore._engine import distributed as D
 from treestore._engine import locks as _locks
 from treestore._engine.commit import commit
 from treestore._engine.group_runtime import LocalRuntime
-from treestore._engine.parts import complete
-from treestore._engine.read import read_columns, read_commit_record, read_manifest_bytes
+from treestore._engine.parts import NOT_READ, complete
+from treestore._engine.read import read_columns, read_commit_record, read_frame, read_manifest_bytes
 from treestore._engine.write import SaveOptions, SaveResult, prepare
 from treestore._format import parted as parted_module
 from treestore._format.columns_codec import decode_any, decode_columns, encode_any, encode_columns
 from treestore._format.encoding import digest
 from treestore._format.layout import manifest_path
 from treestore._format.manifest import ChunkRef, LeafEntry, Manifest, Piece
-from treestore._format.parted import Parted
-from treestore._format.shares import decode_part, encode_part, share_from_entries
+from treestore._format.parted import Parted, PartRef
+from treestore._format.shares import decode_part, encode_part, leaf_range, share_from_entries
 from treestore._format.shares_merge import frame_of, plan_from_entries
 from treestore._storage.registry import open_storage
 from treestore._tree.leaves import ArrayLeaf
@@ -250,18 +251,32 @@ def test_a_reader_merges_the_parts_into_the_manifest_one_process_would_write():
         manifest, owned, packs, sharded = _random_job(rng)
         where = {e.address: j for j, e in enumerate(manifest.leaves)}
         layout = b"L" * 32
-        parts = [
-            encode_part(share_from_entries(where, owned[k], packs[k])[0], layout) for k in range(len(owned))
-        ]
+        shares = [share_from_entries(where, owned[k], packs[k])[0] for k in range(len(owned))]
+        parts = [encode_part(share, layout) for share in shares]
         plan = plan_from_entries(manifest.tree, owned[0], sharded, packs[0])
         header = {"name": "m", "created": 1.5, "metadata": manifest.metadata, "codec": {}, "chunk_size": 0}
-        frame = frame_of(plan, header, layout, [(digest(p), len(p)) for p in parts])
+        refs = [PartRef(digest(p), len(p), *leaf_range(s)) for p, s in zip(parts, shares, strict=True)]
+        frame = frame_of(plan, header, layout, refs)
         decoded = decode_columns(encode_columns(frame), "m")
         assert isinstance(decoded, Parted) and decoded.parts == frame.parts
         columns, problems = complete(decoded, [decode_part(p, layout) for p in parts])
         assert columns is not None and not problems, problems
         assert _resolved(columns.to_manifest()) == _resolved(manifest), trial
         encode_any(columns.to_manifest())  # what readers accept
+        # A reader of some leaves, given only the parts it needs, gets those leaves exactly.
+        chosen = rng.random(len(manifest.leaves)) < 0.3
+        needed = set(decoded.needed(chosen).tolist())
+        for k, share in enumerate(shares):  # a part not needed holds no piece of a chosen leaf
+            assert k in needed or not chosen[share.piece_leaves].any()
+        given = [decode_part(p, layout) if k in needed else NOT_READ for k, p in enumerate(parts)]
+        some, problems = complete(decoded, given, chosen)
+        assert some is not None and not problems, problems
+        rows = np.flatnonzero(chosen).tolist()
+        assert _resolved(some.to_manifest(rows)) == [_resolved(manifest)[i] for i in rows], trial
+        for i in np.flatnonzero(~chosen & np.array(sharded)).tolist():
+            assert some.waiting[i]
+            with pytest.raises(RuntimeError, match="parts not read"):
+                some.entries[i]
 
 
 def overlapping() -> dict[str, Any]:
@@ -360,6 +375,10 @@ SUMMARIES = {
     "a negative count": (_told(pieces=-1), "its summary is malformed"),
     "a part over its limit": (_told(size=2**28 + 1), "its summary is malformed"),
     "a fingerprint out of range": (_told(cover="f" * 32), "its summary is malformed"),
+    "no leaf range": (_told(leaves=None), "its summary is malformed"),
+    "a leaf range that is not one": (_told(leaves=[3, 2]), "its summary is malformed"),
+    "pieces in no leaf": (_told(leaves=[0, 0]), "its summary is malformed"),
+    "leaves beyond the tree": (_told(leaves=[0, 9]), "its pieces lie in leaves up to 9, beyond the tree's 8"),
     "a failure": (lambda text: json.dumps({"ok": False, "error": "disk on fire"}), "process 1: disk on fire"),
     "no summary at all": (lambda text: None, "it sent no summary of its share"),
 }
@@ -396,8 +415,64 @@ def test_the_primary_commits_without_reading_a_part(store_url):
     record = read_commit_record(store.storage, "job")
     frame = decode_any(read_manifest_bytes(store.storage, record), "job")
     assert isinstance(frame, Parted) and len(frame.parts) == 4
-    assert not {manifest_path(d) for d, _ in frame.parts} & set(storage.reads)
-    assert read_columns(store.storage, record).parts == tuple(d for d, _ in frame.parts)
+    assert not {manifest_path(p.digest) for p in frame.parts} & set(storage.reads)
+    assert read_columns(store.storage, record).parts == tuple(p.digest for p in frame.parts)
+
+
+def test_a_reader_of_some_leaves_reads_only_the_parts_holding_them(store_url):
+    """Process 3 alone holds "whole" (leaf 7; the others hold pieces of leaves 0 to 6): reading
+    it reads part 3 and no other; reading "big", held by all, reads the rest, each part once."""
+    saved(store_url)
+    storage = Spied(open_storage(store_url))
+    frame = read_frame(storage, read_commit_record(storage, "job"))
+    assert isinstance(frame, Parted)
+    assert [(p.first, p.end) for p in frame.parts] == [(0, 7), (0, 7), (0, 7), (0, 8)]
+    parts = [manifest_path(p.digest) for p in frame.parts]
+    ckpt = Checkpoint(storage, frame)
+    assert not set(parts) & set(storage.reads)  # opening reads the frame alone
+    np.testing.assert_array_equal(ckpt["replicated"].read(), tree_of()["replicated"])  # no part
+    assert not set(parts) & set(storage.reads)
+    before = ckpt.bytes_read
+    np.testing.assert_array_equal(ckpt["whole"][2:], tree_of()["whole"][2:])
+    assert [p for p in parts if p in storage.reads] == [parts[3]]
+    assert ckpt.bytes_read > before  # counted by the reader of the leaf's columns
+    np.testing.assert_array_equal(np.asarray(ckpt["big"]), tree_of()["big"])
+    assert [storage.reads.count(p) for p in parts] == [1, 1, 1, 1]  # part 3 was kept
+    store = treestore.Store(store_url)
+    store.storage = storage = Spied(store.storage)
+    np.testing.assert_array_equal(store.load("job", select="whole")["whole"], tree_of()["whole"])
+    assert [p for p in parts if p in storage.reads] == [parts[3]]
+    like = {"whole": np.zeros((8, 8), np.int16)}
+    restored = store.load("job", like=like, select="whole", partial=True)
+    np.testing.assert_array_equal(restored["whole"], tree_of()["whole"])
+    assert [p for p in parts if p in storage.reads] == [parts[3]]
+
+
+def test_a_frame_that_lists_a_part_s_leaves_wrongly_is_refused(store_url):
+    """Part 1 holds pieces of leaves 0 to 6; a frame saying 1 to 7 hides its piece of "big"
+    (leaf 0). A reader of every leaf refuses the part, and a reader of "big" alone, which skips
+    it, finds the leaf's pieces do not cover it: both refuse the checkpoint."""
+    saved(store_url)
+    storage = open_storage(store_url)
+    record = read_commit_record(storage, "job")
+    frame = decode_any(read_manifest_bytes(storage, record), "job")
+    assert isinstance(frame, Parted)
+    parts = list(frame.parts)
+    parts[1] = parts[1]._replace(first=1)
+    commit(storage, encode_columns(replace(frame, parts=tuple(parts))), record, overwrite=True)
+    with pytest.raises(
+        ManifestCorruptError, match=r"process 1: .*a piece lies outside the leaves its frame lists"
+    ):
+        treestore.load(store_url, "job")
+    for read in (
+        lambda: treestore.load(store_url, "job", select="big"),
+        lambda: treestore.open(store_url + "#job")["big"],
+    ):
+        with pytest.raises(ManifestCorruptError, match=r"leaf big: .*process"):
+            read()
+    np.testing.assert_array_equal(
+        treestore.load(store_url, "job", select="whole")["whole"], tree_of()["whole"]
+    )
 
 
 def saved(store_url: str) -> None:
@@ -414,7 +489,7 @@ def _reparted(store_url: str, name: str, k: int, change: Any, *, keep_digest: bo
     record = read_commit_record(storage, name)
     frame = decode_any(read_manifest_bytes(storage, record), name)
     assert isinstance(frame, Parted)
-    found, _ = frame.parts[k]
+    found = frame.parts[k].digest
     data = change(storage.read(manifest_path(found)))
     if data is None:
         storage.delete(manifest_path(found))
@@ -424,7 +499,7 @@ def _reparted(store_url: str, name: str, k: int, change: Any, *, keep_digest: bo
         return
     storage.write(manifest_path(digest(data)), [data])
     parts = list(frame.parts)
-    parts[k] = (digest(data), len(data))
+    parts[k] = parts[k]._replace(digest=digest(data), size=len(data))
     commit(storage, encode_columns(replace(frame, parts=tuple(parts))), record, overwrite=True)
 
 
@@ -483,13 +558,24 @@ def test_a_hostile_part_is_refused_by_readers_naming_its_process(store_url, atta
     saved(store_url)
     _reparted(store_url, "job", 1, change)
     store = treestore.Store(store_url)
-    for read in (lambda: store.load("job"), lambda: store.open("job"), lambda: store.manifest("job")):
+    leaf = "v" if attack == "pieces that overlap" else "big"  # each process holds a piece of it
+    reads = (
+        lambda: store.load("job"),
+        lambda: store.load("job", select=leaf),
+        lambda: store.open("job")[leaf],
+        lambda: store.open("job").manifest,
+        lambda: store.manifest("job"),
+    )
+    for read in reads:
         with pytest.raises(ManifestCorruptError) as caught:
             read()
         assert "is stored in parts" in str(caught.value) and expected in str(caught.value), str(caught.value)
         if attack != "pieces that overlap":
             assert "process 1: " in str(caught.value)
     assert not treestore.verify(store_url).ok
+    # Process 3 alone holds "whole": its readers read its part only, never process 1's.
+    np.testing.assert_array_equal(store.load("job", select="whole")["whole"], tree_of()["whole"])
+    np.testing.assert_array_equal(np.asarray(store.open("job")["whole"]), tree_of()["whole"])
 
 
 @pytest.mark.parametrize("damage", ["missing", "changed", "grown"])
@@ -589,7 +675,7 @@ def test_gc_keeps_the_parts_of_a_checkpoint_until_it_is_deleted(store_url):
     store = treestore.Store(store_url)
     frame = decode_any(read_manifest_bytes(store.storage, read_commit_record(store.storage, "job")), "job")
     assert isinstance(frame, Parted)
-    paths = [manifest_path(d) for d, _ in frame.parts]
+    paths = [manifest_path(p.digest) for p in frame.parts]
     store.save({"x": np.arange(3)}, "other")
     store.gc(grace=0)
     assert all(store.storage.read(p) is not None for p in paths)

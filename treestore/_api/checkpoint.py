@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from treestore._engine import parts as _parts
 from treestore._engine import read as _read
 from treestore._engine import region as _region
 from treestore._format import select as _select
@@ -17,6 +18,7 @@ from treestore._format.codecs import stored_codec
 from treestore._format.columns import Columns
 from treestore._format.dtypes import dtype_from_name
 from treestore._format.manifest import LeafEntry, Manifest
+from treestore._format.parted import Parted
 from treestore._storage.base import Storage
 from treestore._tree.leaves import restore_array
 from treestore._tree.structure import rebuild
@@ -163,7 +165,8 @@ class _Addresses(Collection[str]):
 
 
 class Checkpoint:
-    """A read-only view of one committed checkpoint; nothing but its manifest is read up front.
+    """A read-only view of one committed checkpoint; nothing but its manifest is read up front
+    (of one stored in parts, its frame: a sharded leaf's parts are read when it is asked for).
 
     >>> import numpy as np, treestore
     >>> _ = treestore.save("memory://doc/open", {"emb": np.arange(12).reshape(6, 2)}, "c")
@@ -178,13 +181,30 @@ class Checkpoint:
     ['layer/"0"/b', 'layer/"0"/w']
     """
 
-    def __init__(self, storage: Storage, columns: Columns) -> None:
+    def __init__(self, storage: Storage, columns: Columns | Parted) -> None:
         self.storage = storage
-        self.columns = columns
-        self.name = columns.name
+        self._parted = columns if isinstance(columns, Parted) else None
+        # Every leaf's address, kind, dtype and shape; a frame's sharded leaves wait for parts.
+        self._frame = columns.frame if isinstance(columns, Parted) else columns
+        self._parts: _parts.Decoded = {}  # the parts read so far, by index
+        self.name = self._frame.name
         self.url = storage.url
-        self.reader = _read.ChunkReader(storage, columns)
+        self.reader = _read.ChunkReader(storage, self._frame)
+        self._readers = [self.reader]
+        self._source = self._frame  # where leaf entries come from: the frame, or the whole
         self._made: dict[int, Any] = {}  # leaf index -> its LazyLeaf or value, made on first use
+
+    @functools.cached_property
+    def columns(self) -> Columns:
+        """The whole manifest's columns (one stored in parts: completed with every part, on
+        first use)."""
+        if self._parted is None:
+            return self._frame
+        whole = _parts.assemble(self.storage, self._parted, cache=self._parts)
+        self.reader = _read.ChunkReader(self.storage, whole)
+        self._readers.append(self.reader)
+        self._source = whole
+        return whole
 
     @functools.cached_property
     def manifest(self) -> Manifest:
@@ -192,18 +212,26 @@ class Checkpoint:
         return self.columns.to_manifest()
 
     def __repr__(self) -> str:
-        return f"Checkpoint({self.url!r}, {self.name!r}, leaves={len(self.columns)})"
+        return f"Checkpoint({self.url!r}, {self.name!r}, leaves={len(self._frame)})"
 
     def _leaf(self, i: int) -> Any:
         found = self._made.get(i, _MISSING)
         if found is _MISSING:
-            entry = self.columns.entries[i]
-            found = self._made[i] = LazyLeaf(self.reader, entry) if entry.is_array else entry.value
+            columns, reader = self._source, self.reader
+            if columns.waiting[i]:  # a sharded leaf of a frame: only the parts it needs are read
+                assert self._parted is not None
+                mask = np.zeros(len(columns), bool)
+                mask[i] = True
+                columns = _parts.assemble(self.storage, self._parted, mask, self._parts)
+                reader = _read.ChunkReader(self.storage, columns)
+                self._readers.append(reader)
+            entry = columns.entries[i]
+            found = self._made[i] = LazyLeaf(reader, entry) if entry.is_array else entry.value
         return found
 
     @property
     def metadata(self) -> Any:
-        return self.columns.metadata
+        return self._frame.metadata
 
     @property
     def leaves(self) -> dict[str, Any]:
@@ -218,22 +246,22 @@ class Checkpoint:
     def __getitem__(self, address: str) -> Any:
         """The leaf at ``address`` — as the manifest spells it, or with digit keys as bare digits
         when that names one leaf (``h/3/w`` for ``h/"3"/w``)."""
-        found = _select.lookup(address, _Addresses(self.columns)) if isinstance(address, str) else None
+        found = _select.lookup(address, _Addresses(self._frame)) if isinstance(address, str) else None
         if found is None:
             self.select(glob_escape(address) if isinstance(address, str) else address)
             raise KeyError(address)  # select raised for anything it did not find
-        i = self.columns.find(found)
+        i = self._frame.find(found)
         assert i is not None  # lookup found it
         return self._leaf(i)
 
     def __contains__(self, address: object) -> bool:
-        return address in _Addresses(self.columns)
+        return address in _Addresses(self._frame)
 
     def select(self, patterns: _select.Patterns) -> list[str]:
         """The addresses, in tree order, that match any of the patterns (globs over addresses;
         quotes around digit-only keys may be left out); every pattern must match one."""
         return _select.select(
-            self.columns.addresses, patterns, where=f"checkpoint {self.name!r}", checkpoint=self.name
+            self._frame.addresses, patterns, where=f"checkpoint {self.name!r}", checkpoint=self.name
         )
 
     def chunk_objects(self) -> dict[bytes, int]:
@@ -248,7 +276,7 @@ class Checkpoint:
     @property
     def bytes_read(self) -> int:
         """Chunk-object bytes this view has read so far."""
-        return self.reader.bytes_read
+        return sum(reader.bytes_read for reader in self._readers)
 
 
 # The doctests of the methods: the classes report themselves as treestore.X (or treestore.types.X),

@@ -34,7 +34,7 @@ from treestore._format import layout as _layout
 from treestore._format.columns_codec import decode_any, encode_any
 from treestore._format.encoding import digest
 from treestore._format.manifest import ChunkRef, Manifest, check_name
-from treestore._format.parted import Parted
+from treestore._format.parted import Parted, PartRef
 from treestore._storage.base import Storage
 from treestore._storage.registry import open_storage
 from treestore.errors import (
@@ -225,9 +225,9 @@ def copy(
     )
 
 
-def _copy_parts(src: Storage, dst: Storage, name: str, parts: tuple[tuple[bytes, int], ...]) -> None:
+def _copy_parts(src: Storage, dst: Storage, name: str, parts: tuple[PartRef, ...]) -> None:
     """Copy the parts of checkpoint ``name``'s manifest (SPEC.md, section 5.8), each checked."""
-    for found, size in parts:
+    for found, size, *_ in parts:
         data = part_bytes(src, found, size)
         if isinstance(data, str):  # changed since the manifest was read and checked
             raise ManifestCorruptError(f"manifest of checkpoint {name!r}: {data}", checkpoint=name)

@@ -19,6 +19,7 @@ from treestore._api.spec import Spec, parse_spec
 from treestore._engine import bulk as _bulk
 from treestore._engine import gc as _gc
 from treestore._engine import locks as _locks
+from treestore._engine import parts as _parts
 from treestore._engine import read as _read
 from treestore._engine import region as _region
 from treestore._engine import write as _write
@@ -30,6 +31,7 @@ from treestore._format.codecs import Codec
 from treestore._format.columns import Columns
 from treestore._format.commit_record import CommitRecord
 from treestore._format.manifest import LeafEntry, Manifest, check_name
+from treestore._format.parted import Parted
 from treestore._storage.base import Storage
 from treestore._storage.registry import open_storage
 from treestore._tree import template as _template
@@ -190,7 +192,7 @@ class Store:
     def open(self, name: str | None = None) -> Checkpoint:
         """A lazy, read-only view of checkpoint ``name`` (default: the newest); its leaves are
         made as they are asked for."""
-        return Checkpoint(self.storage, _read.read_columns(self.storage, self._record(name)))
+        return Checkpoint(self.storage, _read.read_frame(self.storage, self._record(name)))
 
     def load(
         self,
@@ -233,9 +235,19 @@ class Store:
         if types is not None and like is not None:
             raise InvalidInputError("types= applies without like=: a template gives every node its type")
         trusted = trusted_types(types)
-        columns = _read.read_columns(self.storage, self._record(name))
+        found = _read.read_frame(self.storage, self._record(name))
+        columns = found if isinstance(found, Columns) else self._completed(found, select)
         with paused_gc(len(columns)):  # the per-leaf objects of a big tree (see gc_pause)
             return self._load_columns(columns, like, select, prefix, cast, partial, threads, trusted)
+
+    def _completed(self, parted: Parted, select: Patterns) -> Columns:
+        """The columns of a checkpoint stored in parts, completed with the parts that hold the
+        pieces of the leaves ``select`` matches (all of them without ``select``)."""
+        if select is None:
+            return _parts.assemble(self.storage, parted)
+        wanted = _chosen(parted.frame, select)
+        mask = np.array([a in wanted for a in parted.frame.addresses], bool)
+        return _parts.assemble(self.storage, parted, mask)
 
     def _load_columns(
         self,
@@ -250,12 +262,11 @@ class Store:
     ) -> Any:
         threads = threads or default_threads()
         if like is not None:
-            manifest = columns.to_manifest()
+            rows = None
             if select is not None:
                 wanted = _chosen(columns, select)
-                manifest = dataclasses.replace(
-                    manifest, leaves=tuple(e for e in manifest.leaves if e.address in wanted)
-                )
+                rows = [i for i, a in enumerate(columns.addresses) if a in wanted]
+            manifest = columns.to_manifest(rows)
             return self._load_like(columns, manifest, like, prefix, cast, partial, threads)
         keep = None
         which = np.arange(len(columns))

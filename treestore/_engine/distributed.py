@@ -50,13 +50,14 @@ from treestore._format.limits import (
     MAX_PIECES,
 )
 from treestore._format.manifest import ChunkRef, LeafEntry
-from treestore._format.parted import Parted
+from treestore._format.parted import Parted, PartRef
 from treestore._format.shares import (
     Summary,
     decode_summary,
     encode_part,
     encode_summary,
     layout_digest,
+    leaf_range,
     most_pieces,
     share_from_entries,
 )
@@ -330,7 +331,8 @@ class Group:
             else:
                 found = digest(data)
                 pieces, packs = len(share.piece_leaves), len(share.packs)
-                summary = Summary(layout, found, len(data), pieces, packs, most_pieces(share), cover)
+                most, (first, end) = most_pieces(share), leaf_range(share)
+                summary = Summary(layout, found, len(data), pieces, packs, most, cover, first, end)
                 try:
                     storage.write(_layout.manifest_path(found), [data])
                     storage.sync()
@@ -343,7 +345,7 @@ class Group:
     def _share_key(self, index: int) -> str:
         return f"treestore/{self.save_id}/share/{index}"
 
-    def _gather(self, plan: Plan, layout: bytes, parted: bool) -> tuple[list[tuple[bytes, int]], int]:
+    def _gather(self, plan: Plan, layout: bytes, parted: bool) -> tuple[list[PartRef], int]:
         """Every process's summary, with one request to the runtime: each process's part (none
         when the tree has no sharded leaf), and the sum of their coverage fingerprints.
         StorageError naming every process that failed or whose summary is missing or malformed;
@@ -358,6 +360,10 @@ class Group:
                 problems[i] = got
             elif parted and got.part is None:
                 problems[i] = "it wrote no part"
+            elif got.end > len(plan.leaves):
+                problems[i] = (
+                    f"its pieces lie in leaves up to {got.end}, beyond the tree's {len(plan.leaves)}"
+                )
             else:
                 summaries.append(got)
         if problems:
@@ -383,7 +389,8 @@ class Group:
             )
         if len(plan.packs) + sum(s.packs for s in summaries) >= PACK_INDEX_END:
             raise InvalidInputError(f"{where}: over 2**31 packs", checkpoint=self.name)
-        parts = [(s.part, s.size) for s in summaries if s.part is not None] if parted else []
+        parts = [PartRef(s.part, s.size, s.first, s.end) for s in summaries if s.part is not None]
+        parts = parts if parted else []
         return parts, sum(s.cover for s in summaries) % P
 
     def _merge_parts(self, storage: Storage, frame: Parted, covered: bool) -> None:

@@ -1,20 +1,27 @@
-"""Reading a manifest stored in parts (SPEC.md, section 5.8): every part is fetched at once,
-checked against its digest and decoded without trusting it, and merged with the frame into the
-checkpoint's columns, which are checked as any manifest is. A reader needs every part of the
-checkpoint, whichever leaves it reads: each process's part holds its pieces of every leaf.
+"""Reading a manifest stored in parts (SPEC.md, section 5.8): the parts a reader needs are
+fetched at once, checked against their digests and decoded without trusting them, and merged
+with the frame into the checkpoint's columns, which are checked as any manifest is.
+
+A reader of every leaf reads every part. A reader of some leaves (``leaves``, a bool mask over
+the frame's) reads only the parts whose leaf range meets one of them saved in pieces, and gets
+columns in which the other sharded leaves wait for their parts (``Columns.waiting``): each leaf
+it reads is checked as in a whole manifest, and a frame that lists a part's range wrongly leaves
+a gap in a leaf read, which is refused.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
-from collections.abc import Sequence
+from collections.abc import MutableMapping, Sequence
 from dataclasses import replace
+
+import numpy as np
 
 from treestore._format import layout as _layout
 from treestore._format.columns import Columns
 from treestore._format.encoding import Bad, digest
 from treestore._format.parted import Parted
-from treestore._format.shares import Share, decode_part
+from treestore._format.shares import SHARE_FIELDS, Share, decode_part
 from treestore._format.shares_merge import combine, merge, plan_from_frame
 from treestore._storage.base import Storage
 from treestore.errors import InvalidInputError, ManifestCorruptError, OutOfMemoryError
@@ -33,12 +40,19 @@ def part_bytes(storage: Storage, found: bytes, size: int) -> bytes | str:
     return data
 
 
-def read_parts(storage: Storage, parted: Parted) -> list[Share | str]:
-    """Each part of ``parted``, decoded, or (a str) why it cannot be used; a failing storage
-    raises StorageError."""
+NOT_READ = Share.of({key: np.zeros(0, dtype) for key, dtype in SHARE_FIELDS.items()})  # a part left
+Decoded = MutableMapping[int, "Share | str"]  # part index -> its share, or why it cannot be used
+
+
+def read_parts(
+    storage: Storage, parted: Parted, which: Sequence[int] | None = None, cache: Decoded | None = None
+) -> list[Share | str]:
+    """Each part of ``parted``, decoded, or (a str) why it cannot be used: those in ``which``
+    (default: every part), the others :data:`NOT_READ`. ``cache`` keeps what was read, for the
+    next call. A failing storage raises StorageError."""
 
     def read(k: int) -> Share | str:
-        found, size = parted.parts[k]
+        found, size = parted.parts[k].digest, parted.parts[k].size
         data = part_bytes(storage, found, size)
         if isinstance(data, str):
             return data
@@ -47,10 +61,14 @@ def read_parts(storage: Storage, parted: Parted) -> list[Share | str]:
         except Bad as exc:
             return f"its part {found.hex()[:16]} is malformed: {exc}"
 
-    if not parted.parts:
-        return []
-    with cf.ThreadPoolExecutor(min(READERS, len(parted.parts))) as pool:
-        return list(pool.map(read, range(len(parted.parts))))
+    cache = {} if cache is None else cache
+    wanted = range(len(parted.parts)) if which is None else which
+    missing = [k for k in wanted if k not in cache]
+    if missing:
+        with cf.ThreadPoolExecutor(min(READERS, len(missing))) as pool:
+            cache.update(zip(missing, pool.map(read, missing), strict=True))
+    chosen = set(wanted)
+    return [cache[k] if k in chosen else NOT_READ for k in range(len(parted.parts))]
 
 
 def named(problems: dict[int, str]) -> str:
@@ -59,13 +77,18 @@ def named(problems: dict[int, str]) -> str:
     return "; ".join(lines[:20] + ([f"(and {len(lines) - 20} more)"] if len(lines) > 20 else []))
 
 
-def complete(parted: Parted, shares: Sequence[Share]) -> tuple[Columns | None, dict[int, str]]:
-    """The columns of ``parted`` with its decoded parts (part k being process k's): (the columns,
-    {}) or (None, what is wrong with each process's part); InvalidInputError naming the leaf
-    (and the processes) when the pieces do not make a readable manifest."""
+def complete(
+    parted: Parted, shares: Sequence[Share], leaves: np.ndarray | None = None
+) -> tuple[Columns | None, dict[int, str]]:
+    """The columns of ``parted`` with its decoded parts (part k being process k's;
+    :data:`NOT_READ` for one a reader of ``leaves`` does not need): (the columns, {}) or (None,
+    what is wrong with each process's part); InvalidInputError naming the leaf (and the
+    processes) when the pieces do not make a readable manifest. With ``leaves`` (a bool mask),
+    only their pieces are listed; the other sharded leaves wait."""
     frame = parted.frame
     plan = plan_from_frame(frame)
-    combined, problems = combine(plan, shares)
+    ranges = [(p.first, p.end) for p in parted.parts]
+    combined, problems = combine(plan, shares, ranges, leaves)
     if combined is None:
         return None, problems
     header = {
@@ -75,26 +98,33 @@ def complete(parted: Parted, shares: Sequence[Share]) -> tuple[Columns | None, d
         "codec": frame.codec,
         "chunk_size": frame.chunk_size,
     }
-    columns = merge(plan, combined, header)
-    return replace(columns, parts=tuple(d for d, _ in parted.parts)), {}
+    columns = merge(plan, combined, header, None if leaves is None else ~leaves)
+    return replace(columns, parts=tuple(p.digest for p in parted.parts)), {}
 
 
-def merged(storage: Storage, parted: Parted) -> tuple[Columns | None, dict[int, str]]:
-    """``parted`` completed with its parts, read from ``storage``: (the columns, {}) or (None,
-    what is wrong with each process's part); InvalidInputError as :func:`complete` raises it."""
-    shares = read_parts(storage, parted)
+def merged(
+    storage: Storage, parted: Parted, leaves: np.ndarray | None = None, cache: Decoded | None = None
+) -> tuple[Columns | None, dict[int, str]]:
+    """``parted`` completed with the parts a reader of ``leaves`` (a bool mask; None: every
+    leaf) needs, read from ``storage`` (or found in ``cache``): (the columns, {}) or (None, what
+    is wrong with each process's part); InvalidInputError as :func:`complete` raises it."""
+    which = None if leaves is None else parted.needed(leaves).tolist()
+    shares = read_parts(storage, parted, which, cache)
     problems = {k: found for k, found in enumerate(shares) if isinstance(found, str)}
     if problems:
         return None, problems
-    return complete(parted, [s for s in shares if isinstance(s, Share)])
+    return complete(parted, [s for s in shares if isinstance(s, Share)], leaves)
 
 
-def assemble(storage: Storage, parted: Parted) -> Columns:
-    """The checkpoint's columns: ``parted`` completed with its parts. ManifestCorruptError
-    naming the checkpoint, and each process whose part is missing, damaged or malformed."""
+def assemble(
+    storage: Storage, parted: Parted, leaves: np.ndarray | None = None, cache: Decoded | None = None
+) -> Columns:
+    """The checkpoint's columns: ``parted`` completed with its parts (those a reader of
+    ``leaves`` needs, as :func:`merged` reads them). ManifestCorruptError naming the
+    checkpoint, and each process whose part is missing, damaged or malformed."""
     name = parted.name
     try:
-        columns, problems = merged(storage, parted)
+        columns, problems = merged(storage, parted, leaves, cache)
     except MemoryError:
         raise OutOfMemoryError(
             f"manifest of checkpoint {name!r}: out of memory merging its parts", checkpoint=name
@@ -120,4 +150,14 @@ def assemble(storage: Storage, parted: Parted) -> Columns:
     return columns
 
 
-__all__ = ["READERS", "assemble", "complete", "merged", "named", "part_bytes", "read_parts"]
+__all__ = [
+    "NOT_READ",
+    "READERS",
+    "Decoded",
+    "assemble",
+    "complete",
+    "merged",
+    "named",
+    "part_bytes",
+    "read_parts",
+]

@@ -250,9 +250,21 @@ def read_columns(storage: Storage, record: CommitRecord, data: bytes | None = No
     """The verified manifest of a commit record, of either format version, as :class:`Columns`:
     what readers that need a few leaves, or whole columns, use (no per-leaf object is made).
     One stored in parts is completed with its parts."""
+    found = read_frame(storage, record, data)
+    return assemble(storage, found) if isinstance(found, Parted) else found
+
+
+def read_frame(storage: Storage, record: CommitRecord, data: bytes | None = None) -> Columns | Parted:
+    """The verified manifest of a commit record as :func:`read_columns` gives it, except that
+    one stored in parts stays its frame (checked against the record; its parts not read): for
+    readers of some leaves, which complete it with the parts they need
+    (:func:`treestore._engine.parts.assemble`)."""
     data = data if data is not None else read_manifest_bytes(storage, record)
     found = decode_any(data, record.name)
-    return _described(record, assemble(storage, found) if isinstance(found, Parted) else found)
+    if isinstance(found, Parted):
+        _described(record, found.frame)
+        return found
+    return _described(record, found)
 
 
 def _described(record: CommitRecord, manifest: _M) -> _M:

@@ -145,6 +145,9 @@ class Columns:
     chunk_start: np.ndarray = field(repr=False)  # int64 [n + 1]: leaf i's chunk refs
     shape_start: np.ndarray = field(repr=False)  # int64 [n + 1]: leaf i's dimensions
     leaf_nbytes: np.ndarray = field(repr=False)  # int64 [n]: raw bytes of each leaf
+    # Per leaf: saved in pieces, which are in parts not read (SPEC 5.8): a frame's sharded
+    # leaves, or those a reader of other leaves left. Such a leaf lists no piece or chunk ref.
+    waiting: np.ndarray = field(repr=False)
     version: int = VERSION  # the version of the bytes it was decoded from
     parts: tuple[bytes, ...] = ()  # the digests of the parts its pieces were read from (SPEC 5.8)
 
@@ -164,7 +167,7 @@ class Columns:
     def _piece_index(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(rank among pieced leaves per leaf, first piece per pieced leaf, first chunk per
         piece, first dimension entry per piece)."""
-        pieced = (self.leaves["flags"] & PIECED) != 0
+        pieced = ((self.leaves["flags"] & PIECED) != 0) & ~self.waiting
         rank = np.cumsum(pieced) - 1
         first = prefix_sums(self.piece_counts)
         owner = np.repeat(np.flatnonzero(pieced), self.piece_counts)
@@ -175,6 +178,13 @@ class Columns:
 
     def address(self, i: int) -> str:
         return self.nodes.address(int(self.nodes.leaf_node[i]))
+
+    def require_pieces(self, i: int | None = None) -> None:
+        """Refuse to go on where the pieces of leaf ``i`` (None: of any leaf) are in parts not
+        read: what needs them must complete the frame first (:mod:`treestore._engine.parts`)."""
+        if self.waiting[i] if i is not None else self.waiting.any():
+            j = i if i is not None else int(np.argmax(self.waiting))
+            raise RuntimeError(f"leaf {self.address(j) or '(root)'}: its pieces are in parts not read")
 
     @functools.cached_property
     def addresses(self) -> list[str]:
@@ -258,6 +268,7 @@ class Columns:
     def piece_rows(self, i: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """The pieces of leaf i (saved in pieces), column-wise: their starts and shapes (one row
         of ndim ints each), and the first row and number of their chunk refs in ``chunks``."""
+        self.require_pieces(i)
         rank, first, chunk, dims = self._piece_index
         r = int(rank[i])
         lo, hi = int(first[r]), int(first[r + 1])
@@ -268,6 +279,7 @@ class Columns:
         return starts, shapes, chunk[lo:hi], self.piece_chunks[lo:hi]
 
     def _pieces(self, i: int) -> tuple[Piece, ...]:
+        self.require_pieces(i)
         rank, first, chunk, dims = self._piece_index
         r = int(rank[i])
         out = []
@@ -305,15 +317,18 @@ class Columns:
             )
         )
 
-    def to_manifest(self) -> Manifest:
+    def to_manifest(self, which: Sequence[int] | None = None) -> Manifest:
         """This manifest as a :class:`Manifest` (its leaves made eagerly, its ``version`` the one
         it was decoded from); encoding that with :func:`encode_any` in either version writes a
-        valid manifest of the same checkpoint."""
+        valid manifest of the same checkpoint. ``which``: only those leaves' entries (what a
+        template is matched against when a load selects some leaves)."""
+        if which is None:
+            self.require_pieces()
         return Manifest(
             name=self.name,
             created=self.created,
             tree=self.tree_record(),
-            leaves=tuple(self.entries),
+            leaves=tuple(self.entries) if which is None else tuple(self.entries[i] for i in which),
             packs=self.pack_refs(),
             metadata=self.metadata,
             codec=dict(self.codec),
@@ -328,6 +343,7 @@ class Columns:
     def chunk_objects(self) -> dict[bytes, int]:
         """The stored size of each chunk object this checkpoint references (chunk refs outside
         packs, and packs), by digest."""
+        self.require_pieces()
         own = self.chunks[self.chunks["pack"] < 0]
         digests = np.concatenate([own["digest"], self.packs["digest"]]).tobytes()
         sizes = np.concatenate([own["stored"], self.packs["stored"]]).tolist()
@@ -335,6 +351,7 @@ class Columns:
 
     def chunk_digests(self) -> set[bytes]:
         """Every chunk object this checkpoint needs: chunk refs outside packs, and packs."""
+        self.require_pieces()
         own = self.chunks["digest"][self.chunks["pack"] < 0]
         found = np.unique(np.concatenate([own, self.packs["digest"]])).tobytes()
         return {found[j : j + 32] for j in range(0, len(found), 32)}
@@ -347,6 +364,8 @@ class Columns:
         """For each pair (``self`` leaf ia[k], ``other`` leaf ib[k]): whether their digests are
         equal (SPEC.md section 5.5), compared column by column without hashing; only scalar
         leaves and leaves saved in pieces are compared one by one."""
+        self.require_pieces()
+        other.require_pieces()
         ia, ib = np.asarray(ia, np.int64), np.asarray(ib, np.int64)
         a, b = self.leaves[ia], other.leaves[ib]
         array = a["kind"] < ARRAY_CODES
@@ -373,6 +392,8 @@ class Columns:
         arrays saved whole with one dtype, PRNG implementation, shape and chunk layout (raw sizes),
         so that they differ only in chunk digests; and for those, the share of chunk refs whose
         digests differ (0 elsewhere)."""
+        self.require_pieces()
+        other.require_pieces()
         ia, ib = np.asarray(ia, np.int64), np.asarray(ib, np.int64)
         a, b = self.leaves[ia], other.leaves[ib]
         ok = (a["kind"] < ARRAY_CODES) & (b["kind"] < ARRAY_CODES)
@@ -453,11 +474,12 @@ class LeafEntries(Sequence[LeafEntry]):
 PIECE_FIELDS = ("piece_counts", "piece_chunks", "piece_start", "piece_shape")
 
 
-def _validate(fields: dict[str, Any], nodes: Nodes, *, parted: bool = False) -> Columns:
+def _validate(fields: dict[str, Any], nodes: Nodes, *, waiting: bool | np.ndarray = False) -> Columns:
     """Check every column (the tree checked already) and build :class:`Columns`; Bad or
-    UnsupportedFormatError otherwise. ``parted``: the columns of a manifest stored in parts
-    (SPEC.md, section 5.8), whose leaves saved in pieces list no piece and no chunk ref here —
-    the result is only the frame the parts complete (:mod:`treestore._engine.parts`)."""
+    UnsupportedFormatError otherwise. ``waiting``: the leaves saved in pieces that are in parts
+    not read (SPEC.md, section 5.8) — True for every such leaf (the frame of a manifest stored in
+    parts), or a mask — which list no piece and no chunk ref here; the others are checked as
+    in any manifest."""
     for key in ARRAY_FIELDS.keys() & fields.keys():  # a Columns never changes, whoever holds it
         fields[key].flags.writeable = False
     leaves = fields["leaves"]
@@ -510,8 +532,10 @@ def _validate(fields: dict[str, Any], nodes: Nodes, *, parted: bool = False) -> 
         raise Bad(f"{len(chunks)} chunk refs stored for {int(chunk_start[-1])}")
     _check_refs(chunks, packs)
     held = _sums(chunks["raw"], chunk_start)
-    waiting = (flags & PIECED) != 0 if parted else np.zeros(n, bool)  # their parts hold them
-    if parted and (np.any(nchunks[waiting]) or any(len(fields[key]) for key in PIECE_FIELDS)):
+    pieced = (flags & PIECED) != 0
+    parted = waiting is True
+    waiting = pieced & waiting if waiting is not False else np.zeros(n, bool)  # their parts hold them
+    if (parted and any(len(fields[key]) for key in PIECE_FIELDS)) or np.any(nchunks[waiting]):
         raise Bad("a manifest in parts lists pieces or chunk refs of a leaf its parts hold")
     if np.any(bad := (held != nbytes) & ~waiting):
         j = int(np.argmax(bad))
@@ -530,9 +554,9 @@ def _validate(fields: dict[str, Any], nodes: Nodes, *, parted: bool = False) -> 
         fields["name"], fields["created"], fields["metadata"], fields["codec"], fields["chunk_size"],
         nodes, leaves, shapes, tuple(decoded), fields["piece_counts"], fields["piece_chunks"],
         fields["piece_start"], fields["piece_shape"], chunks, packs, chunk_start, shape_start, nbytes,
+        waiting,
     )  # fmt: skip
-    if not parted:
-        _check_pieces(columns, at)
+    _check_pieces(columns, at)
     return columns
 
 
@@ -587,7 +611,7 @@ def _check_refs(chunks: np.ndarray, packs: np.ndarray) -> None:
 def _check_pieces(c: Columns, at: Any) -> None:
     """Pieces tile their leaf: counts, boxes and sizes vectorised, the grid per sharded leaf."""
     leaves = c.leaves
-    pieced = np.flatnonzero((leaves["flags"] & PIECED) != 0)
+    pieced = np.flatnonzero(((leaves["flags"] & PIECED) != 0) & ~c.waiting)
     counts = c.piece_counts.astype(np.int64)
     if len(counts) != len(pieced):
         raise Bad(f"{len(counts)} piece counts for {len(pieced)} leaves saved in pieces")

@@ -130,7 +130,6 @@ def _decode_record(rec: dict[str, Any], checkpoint: str) -> Columns | Parted:
                 raise UnsupportedFormatError(
                     f"format version {version!r:.20} is not {VERSION}, the columnar manifest this decodes"
                 )
-            parted = parts_from_record(rec) if _get(rec, "parts", list) else None
             try:
                 check_metadata(rec.get("metadata"))  # the bound writers keep to
             except InvalidInputError as exc:
@@ -148,9 +147,10 @@ def _decode_record(rec: dict[str, Any], checkpoint: str) -> Columns | Parted:
             nodes = check_nodes(
                 segments, fields["nodes"], names, fields["node_leaves"], len(fields["leaves"])
             )
-            if parted is None:
+            if not _get(rec, "parts", list):
                 return _validate(fields, nodes)
-            return Parted(_validate(fields, nodes, parted=True), *parted)
+            parted = parts_from_record(rec, len(fields["leaves"]))
+            return Parted(_validate(fields, nodes, waiting=True), *parted)
     except MemoryError:
         raise OutOfMemoryError(f"{what}: out of memory decoding it", checkpoint=checkpoint) from None
     except (ValueError, TypeError, IndexError, KeyError, OverflowError) as exc:  # a check missed
@@ -164,6 +164,8 @@ def encode_columns(manifest: Columns | Parted) -> bytes:
     InvalidInputError beyond the MAX_MANIFEST_BYTES readers accept."""
     parted = manifest if isinstance(manifest, Parted) else None
     c = manifest.frame if isinstance(manifest, Parted) else manifest
+    if parted is None:
+        c.require_pieces()  # a reader's columns of some leaves are not a manifest
     data = to_msgpack(
         {
             "format": MANIFEST_MAGIC,
@@ -310,14 +312,16 @@ def _from_manifest(m: Manifest) -> Columns:
     return _validate(fields, nodes)
 
 
-def columns_from_fields(fields: dict[str, Any], tree: object, *, parted: bool = False) -> Columns:
+def columns_from_fields(
+    fields: dict[str, Any], tree: object, *, waiting: bool | np.ndarray = False
+) -> Columns:
     """A version-2 manifest assembled column by column (a multi-process save merging its
     processes' shares), checked exactly as readers check one: ``fields`` holds what
     :func:`decode_columns` reads from a manifest's bytes (the arrays of ARRAY_FIELDS but
     ``nodes`` and ``node_leaves``, in those dtypes; ``name``, ``created``, ``metadata``, ``codec``,
     ``chunk_size``; ``values`` as stored), ``tree`` the version-1 node record or a
-    :class:`~treestore._format.columns_tree.Nodes` table. InvalidInputError
-    naming the checkpoint when readers would refuse it."""
+    :class:`~treestore._format.columns_tree.Nodes` table, ``waiting`` as :func:`_validate`
+    takes it. InvalidInputError naming the checkpoint when readers would refuse it."""
     name = fields["name"]
     check_metadata(fields["metadata"])
     try:
@@ -329,7 +333,7 @@ def columns_from_fields(fields: dict[str, Any], tree: object, *, parted: bool = 
         nodes = tree if isinstance(tree, Nodes) else nodes_from_tree(tree, nleaves)
         if len(nodes.leaves) != nleaves:
             raise Bad(f"the tree has {len(nodes.leaves)} leaves, the columns {nleaves}")
-        return _validate({**fields, "chunk_size": chunk_size}, nodes, parted=parted)
+        return _validate({**fields, "chunk_size": chunk_size}, nodes, waiting=waiting)
     except (Bad, UnsupportedFormatError) as exc:
         raise InvalidInputError(
             f"checkpoint {name!r}: its manifest would not be readable: {exc}", checkpoint=name

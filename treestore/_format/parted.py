@@ -2,39 +2,62 @@
 — every leaf, and the chunk refs of the leaves that are not sharded — and the list of the parts
 each process wrote with its pieces, so the primary's commit never reads or merges the pieces.
 
-:class:`Parted` is a decoded frame; :mod:`treestore._engine.parts` reads the parts and completes
-it into the checkpoint's :class:`~treestore._format.columns.Columns`, checked as any manifest.
+:class:`Parted` is a decoded frame; :mod:`treestore._engine.parts` reads the parts (those a
+reader of some leaves needs, or all) and completes it into the checkpoint's
+:class:`~treestore._format.columns.Columns`, checked as any manifest.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
-from treestore._format.columns import Columns
+import numpy as np
+
+from treestore._format.columns import Columns, prefix_sums
 from treestore._format.encoding import Bad
 from treestore._format.encoding import field as _get
 from treestore._format.limits import MAX_PART_BYTES, MAX_PARTS, MAX_PARTS_BYTES
 
 
+class PartRef(NamedTuple):
+    """A part as its frame lists it: its digest and size, and the leaf indices ``[first, end)``
+    its pieces lie in (``0, 0`` when it holds none)."""
+
+    digest: bytes
+    size: int
+    first: int
+    end: int
+
+
 @dataclass(frozen=True, eq=False)
 class Parted:
-    """The frame of a manifest stored in parts: ``frame`` (its leaves saved in pieces list none
-    here), the ``layout`` digest every part must carry, and each part's digest and size, in
-    process order."""
+    """The frame of a manifest stored in parts: ``frame`` (its leaves saved in pieces wait for
+    their parts: they list no piece here), the ``layout`` digest every part must carry, and each
+    part, in process order."""
 
     frame: Columns
     layout: bytes
-    parts: tuple[tuple[bytes, int], ...]
+    parts: tuple[PartRef, ...]
 
     @property
     def name(self) -> str:
         return self.frame.name
 
+    def needed(self, leaves: np.ndarray | None = None) -> np.ndarray:
+        """The indices of the parts a reader of ``leaves`` (a bool mask over the frame's leaves;
+        None: every leaf) reads: those whose leaf range meets one of them saved in pieces."""
+        if not self.parts:
+            return np.zeros(0, np.int64)
+        ranges = np.array([(p.first, p.end) for p in self.parts], np.int64)
+        wanted = self.frame.waiting if leaves is None else self.frame.waiting & leaves
+        held = prefix_sums(wanted.astype(np.int64))
+        return np.flatnonzero(held[ranges[:, 1]] > held[ranges[:, 0]])
 
-def parts_from_record(rec: dict[str, Any]) -> tuple[bytes, tuple[tuple[bytes, int], ...]]:
-    """The ``layout`` and ``parts`` fields of a manifest record stored in parts; Bad when they
-    are malformed."""
+
+def parts_from_record(rec: dict[str, Any], nleaves: int) -> tuple[bytes, tuple[PartRef, ...]]:
+    """The ``layout`` and ``parts`` fields of a manifest record stored in parts, whose tree has
+    ``nleaves`` leaves; Bad when they are malformed."""
     items = _get(rec, "parts", list)
     if len(items) > MAX_PARTS:
         raise Bad(f"it lists {len(items)} parts, over the limit of {MAX_PARTS}")
@@ -44,16 +67,20 @@ def parts_from_record(rec: dict[str, Any]) -> tuple[bytes, tuple[tuple[bytes, in
     parts = []
     for item in items:
         if not (
-            isinstance(item, list) and len(item) == 2 and type(item[0]) is bytes and type(item[1]) is int
+            isinstance(item, list)
+            and len(item) == 4
+            and type(item[0]) is bytes
+            and all(type(n) is int for n in item[1:])
         ):
-            raise Bad("a part should be [digest, size]")
-        if len(item[0]) != 32 or not 0 <= item[1] <= MAX_PART_BYTES:
-            raise Bad(f"a part has a {len(item[0])}-byte digest or a size outside [0, {MAX_PART_BYTES}]")
-        parts.append((item[0], item[1]))
-    if sum(size for _, size in parts) > MAX_PARTS_BYTES:
-        raise Bad(
-            f"its parts take {sum(size for _, size in parts)} bytes, over the limit of {MAX_PARTS_BYTES}"
-        )
+            raise Bad("a part should be [digest, size, first leaf, end leaf]")
+        found, size, first, end = item
+        if len(found) != 32 or not 0 <= size <= MAX_PART_BYTES:
+            raise Bad(f"a part has a {len(found)}-byte digest or a size outside [0, {MAX_PART_BYTES}]")
+        if not 0 <= first <= end <= nleaves:
+            raise Bad(f"a part's leaves [{first}, {end}) are not a range of the tree's {nleaves}")
+        parts.append(PartRef(found, size, first, end))
+    if sum(p.size for p in parts) > MAX_PARTS_BYTES:
+        raise Bad(f"its parts take {sum(p.size for p in parts)} bytes, over the limit of {MAX_PARTS_BYTES}")
     return layout, tuple(parts)
 
 
@@ -61,7 +88,7 @@ def parts_fields(parted: Parted | None) -> dict[str, Any]:
     """The fields of a manifest record that say where its pieces are (none when not parted)."""
     if parted is None:
         return {"parts": []}
-    return {"layout": parted.layout, "parts": [[d, size] for d, size in parted.parts]}
+    return {"layout": parted.layout, "parts": [list(p) for p in parted.parts]}
 
 
-__all__ = ["Parted", "parts_fields", "parts_from_record"]
+__all__ = ["PartRef", "Parted", "parts_fields", "parts_from_record"]

@@ -88,7 +88,8 @@ class Share:
 class Summary:
     """What a process tells the primary of its share (SPEC.md, section 3.4): its part (digest
     and size; no part when the save has no sharded leaf), its numbers of pieces and packs, the
-    most pieces it holds of one leaf, and the coverage fingerprint of its pieces."""
+    most pieces it holds of one leaf, the coverage fingerprint of its pieces, and the leaf
+    indices ``[first, end)`` its pieces lie in (0, 0 without pieces)."""
 
     layout: bytes
     part: bytes | None
@@ -97,6 +98,8 @@ class Summary:
     packs: int
     most: int
     cover: int
+    first: int = 0
+    end: int = 0
 
 
 def share_from_entries(
@@ -151,6 +154,13 @@ def most_pieces(share: Share) -> int:
     return int(np.unique(share.piece_leaves, return_counts=True)[1].max())
 
 
+def leaf_range(share: Share) -> tuple[int, int]:
+    """The leaf indices ``[first, end)`` the share's pieces lie in; (0, 0) without pieces."""
+    if not len(share.piece_leaves):
+        return 0, 0
+    return int(share.piece_leaves.min()), int(share.piece_leaves.max()) + 1
+
+
 def encode_part(share: Share, layout: bytes) -> bytes:
     """The part record of ``share`` (SPEC.md, section 5.8)."""
     record: dict[str, Any] = {"format": PART_FORMAT, "layout": layout}
@@ -191,6 +201,7 @@ def encode_summary(summary: Summary | str) -> str:
             "packs": s.packs,
             "most": s.most,
             "cover": to_text(s.cover),
+            "leaves": [s.first, s.end],
         }
     )
 
@@ -214,11 +225,14 @@ def decode_summary(text: str, layout: bytes) -> Summary | str:
         part = None if rec["part"] is None else bytes.fromhex(rec["part"])
         counts = [rec[key] for key in _COUNTS]
         cover = from_text(rec["cover"])
+        first, end = rec["leaves"]
     except (KeyError, TypeError, ValueError):
         return "its summary is malformed"
-    if any(type(n) is not int or not 0 <= n < 2**63 for n in counts) or cover is None:
+    if any(type(n) is not int or not 0 <= n < 2**63 for n in [*counts, first, end]) or cover is None:
         return "its summary is malformed"
     if (part is not None and len(part) != 32) or counts[0] > MAX_PART_BYTES:
+        return "its summary is malformed"
+    if not (first < end if counts[1] else first == end == 0):  # pieces lie in [first, end)
         return "its summary is malformed"
     if found != layout:
         return (
@@ -226,7 +240,7 @@ def decode_summary(text: str, layout: bytes) -> Summary | str:
             "(the same structure, and each sharded leaf with the same kind, dtype and shape)"
         )
     size, pieces, packs, most = counts
-    return Summary(found, part, size, pieces, packs, most, cover)
+    return Summary(found, part, size, pieces, packs, most, cover, first, end)
 
 
 __all__ = [
@@ -239,6 +253,7 @@ __all__ = [
     "encode_part",
     "encode_summary",
     "layout_digest",
+    "leaf_range",
     "most_pieces",
     "pack_table",
     "ref_table",

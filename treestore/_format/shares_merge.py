@@ -35,7 +35,7 @@ from treestore._format.columns import (
 from treestore._format.columns_codec import columns_from_fields, stored_values
 from treestore._format.dtypes import value_to_record
 from treestore._format.manifest import ChunkRef, LeafEntry
-from treestore._format.parted import Parted
+from treestore._format.parted import Parted, PartRef
 from treestore._format.shares import Share, pack_table, ref_table
 from treestore._format.shares_explain import Pieces, explain
 from treestore.errors import InvalidInputError
@@ -130,9 +130,7 @@ def plan_from_frame(frame: Columns) -> Plan:
     )
 
 
-def frame_of(
-    plan: Plan, header: Mapping[str, Any], layout: bytes, parts: Sequence[tuple[bytes, int]]
-) -> Parted:
+def frame_of(plan: Plan, header: Mapping[str, Any], layout: bytes, parts: Sequence[PartRef]) -> Parted:
     """The frame of the manifest a multi-process save commits: ``plan`` (the primary's leaves),
     ``header`` (``name``, ``created``, ``metadata``, ``codec``, ``chunk_size``) and its parts,
     checked as readers check a frame (InvalidInputError naming the checkpoint otherwise)."""
@@ -151,7 +149,7 @@ def frame_of(
         "chunks": plan.chunks,
         "packs": plan.packs,
     }
-    return Parted(columns_from_fields(fields, plan.tree, parted=True), layout, tuple(parts))
+    return Parted(columns_from_fields(fields, plan.tree, waiting=True), layout, tuple(parts))
 
 
 @dataclass(frozen=True, eq=False)
@@ -170,9 +168,17 @@ class Combined:
     packs: np.ndarray
 
 
-def combine(plan: Plan, shares: Sequence[Share]) -> tuple[Combined | None, dict[int, str]]:
-    """The shares (share k being process k's part, each decoded) concatenated and checked
-    together: (the combination, {}) or (None, what is wrong with each process's part)."""
+def combine(
+    plan: Plan,
+    shares: Sequence[Share],
+    ranges: Sequence[tuple[int, int]],
+    keep: np.ndarray | None = None,
+) -> tuple[Combined | None, dict[int, str]]:
+    """The shares (share k being process k's part, each decoded; an empty share for a part not
+    read) concatenated and checked together: (the combination, {}) or (None, what is wrong with
+    each process's part). Share k's pieces must lie in the leaves ``ranges[k]`` (``[first,
+    end)``, as its frame lists it). ``keep`` (a bool mask over the leaves): only their pieces
+    are kept, once every piece is checked."""
     n = len(plan.leaves)
     pieces = np.array([len(s.piece_leaves) for s in shares], np.int64)
     nrefs = np.array([len(s.chunks) for s in shares], np.int64)
@@ -190,6 +196,9 @@ def combine(plan: Plan, shares: Sequence[Share]) -> tuple[Combined | None, dict[
             problems.setdefault(int(k), f"its part is malformed: {why}")
 
     refuse(leaf >= n, process, f"a piece names a leaf beyond the tree's {n}")
+    bounds = np.array(ranges, np.int64).reshape(-1, 2)[process]
+    outside = (leaf < bounds[:, 0]) | (leaf >= bounds[:, 1])
+    refuse(outside, process, "a piece lies outside the leaves its frame lists")
     known = np.minimum(leaf, max(n - 1, 0))
     if n:
         refuse(~plan.sharded[known], process, "it holds a piece of a leaf that is not sharded")
@@ -212,6 +221,12 @@ def combine(plan: Plan, shares: Sequence[Share]) -> tuple[Combined | None, dict[
     start = np.concatenate([s.piece_start for s in shares])
     shape = np.concatenate([s.piece_shape for s in shares])
     packs = np.concatenate([plan.packs, *(s.packs for s in shares)])
+    if keep is not None:  # a reader of some leaves: the others' pieces go
+        kept = keep[leaf]
+        boxes = np.repeat(kept, plan.ndim[leaf])
+        refs = refs[np.repeat(kept, counts)]
+        leaf, process, counts = leaf[kept], process[kept], counts[kept]
+        start, shape = start[boxes], shape[boxes]
     return Combined(len(shares), leaf, process, counts, start, shape, refs, packs), {}
 
 
@@ -260,16 +275,20 @@ def _ordered(plan: Plan, c: Combined) -> tuple[Pieces, np.ndarray, np.ndarray]:
     return Pieces(leaf[order], c.process[order], ndim[order], *boxes), counts, refs
 
 
-def merge(plan: Plan, combined: Combined, header: Mapping[str, Any]) -> Columns:
+def merge(
+    plan: Plan, combined: Combined, header: Mapping[str, Any], waiting: np.ndarray | None = None
+) -> Columns:
     """The version-2 manifest of a multi-process save: ``plan`` (the primary's leaves), every
     process's pieces (``combined``) and ``header`` (``name``, ``created``, ``metadata``,
-    ``codec``, ``chunk_size``), checked as readers check a manifest.
+    ``codec``, ``chunk_size``), checked as readers check a manifest. ``waiting`` (a bool mask):
+    the sharded leaves whose pieces were left out (a reader's of other leaves); they list none.
 
     A sharded leaf whose one piece covers all of it is stored as a plain leaf (SPEC.md, section
     5.4). InvalidInputError when readers would refuse the manifest, naming the leaf and the
     processes whose pieces make it unreadable where that is the cause.
     """
     n = len(plan.leaves)
+    waiting = np.zeros(n, bool) if waiting is None else waiting & plan.sharded
     pieces, piece_chunks, piece_refs = _ordered(plan, combined)
     leaf, ndim = pieces.leaf, pieces.ndim
     counts = np.bincount(leaf, minlength=n)
@@ -303,7 +322,7 @@ def merge(plan: Plan, combined: Combined, header: Mapping[str, Any]) -> Columns:
         "leaves": rows,
         "shapes": plan.shapes,
         "values": list(plan.values),
-        "piece_counts": np.minimum(counts[pieced], 2**32 - 1).astype("<u4"),
+        "piece_counts": np.minimum(counts[pieced & ~waiting], 2**32 - 1).astype("<u4"),
         "piece_chunks": per_piece,
         "piece_start": start,
         "piece_shape": shape,
@@ -311,9 +330,10 @@ def merge(plan: Plan, combined: Combined, header: Mapping[str, Any]) -> Columns:
         "packs": combined.packs,
     }
     try:
-        return columns_from_fields(fields, plan.tree)
+        return columns_from_fields(fields, plan.tree, waiting=waiting)
     except InvalidInputError as exc:
-        found = explain(pieces, pieced, counts, plan.shapes, plan.shape_start, combined.processes)
+        listed = pieced & ~waiting
+        found = explain(pieces, listed, counts, plan.shapes, plan.shape_start, combined.processes)
         if found is None:
             raise
         i, why = found
