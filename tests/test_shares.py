@@ -21,6 +21,7 @@ import treestore
 from treestore._api.checkpoint import Checkpoint
 from treestore._engine import distributed as D
 from treestore._engine import locks as _locks
+from treestore._engine import parts as parts_module
 from treestore._engine.commit import commit
 from treestore._engine.group_runtime import LocalRuntime
 from treestore._engine.parts import NOT_READ, complete
@@ -36,7 +37,13 @@ from treestore._format.shares import decode_part, encode_part, leaf_range, share
 from treestore._format.shares_merge import frame_of, plan_from_entries
 from treestore._storage.registry import open_storage
 from treestore._tree.leaves import ArrayLeaf
-from treestore.errors import BarrierTimeoutError, InvalidInputError, ManifestCorruptError, StorageError
+from treestore.errors import (
+    BarrierTimeoutError,
+    InvalidInputError,
+    ManifestCorruptError,
+    OutOfMemoryError,
+    StorageError,
+)
 
 from .jobs import prepared, rows, run_job
 
@@ -600,6 +607,30 @@ def test_a_part_over_its_limit_is_not_read(store_url, monkeypatch):
     with pytest.raises(ManifestCorruptError) as caught:
         treestore.load(store_url, "job")
     assert "a part has a 32-byte digest or a size outside [0, 100]" in str(caught.value), str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("raised", "expected", "message"),
+    [
+        (MemoryError(), OutOfMemoryError, "out of memory merging its parts"),
+        (ValueError("a bound the checks missed"), ManifestCorruptError, "unexpected malformation"),
+    ],
+)
+def test_a_merge_that_fails_unexpectedly_is_a_treestore_error(
+    store_url, monkeypatch, raised, expected, message
+):
+    """Running out of memory while merging parts, or a check the merge missed: readers raise the
+    TreestoreError that says so, naming the checkpoint."""
+    saved(store_url)
+
+    def failing(*args: Any, **kwargs: Any) -> Any:
+        raise raised
+
+    monkeypatch.setattr(parts_module, "merge", failing)
+    for read in (lambda: treestore.load(store_url, "job"), lambda: treestore.open(store_url + "#job")["big"]):
+        with pytest.raises(expected, match=message) as caught:
+            read()
+        assert caught.value.checkpoint == "job" and "'job'" in str(caught.value)
 
 
 def test_a_share_over_the_limit_is_refused_by_its_own_process(store_url, monkeypatch):
