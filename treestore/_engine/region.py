@@ -10,12 +10,14 @@ import concurrent.futures as cf
 import functools
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from treestore._engine.read import ChunkReader, allocate
 from treestore._engine.threads import default_threads
+from treestore._format.codecs import scratch
 from treestore._format.dtypes import dtype_from_name
 from treestore._format.manifest import ChunkRef, LeafEntry, Piece
 from treestore.errors import OutOfBoundsError
@@ -120,13 +122,90 @@ def plan_region(
             into = out.reshape(-1).view(np.uint8)[at : at + (r1 - r0) * row]
             piece_bytes(reader, piece, r0 * row, r1 * row, entry.address, jobs, into=into)
             continue
-        data = piece_bytes(reader, piece, r0 * row, r1 * row, entry.address, jobs)
-        src = (
-            slice(None),
-            *(slice(s.start - a, s.stop - a) for s, a in zip(inter[1:], piece.start[1:], strict=True)),
-        )
+        inner = tuple(slice(s.start - a, s.stop - a) for s, a in zip(inter[1:], piece.start[1:], strict=True))
         dst = tuple(slice(s.start - r.start, s.stop - r.start) for s, r in zip(inter, region, strict=True))
-        fills.append(functools.partial(_fill, out, dst, data, dtype, (r1 - r0, *piece.shape[1:]), src))
+        cut = _Cut(out, dst, inner, dtype, piece.shape[1:], r0)
+        _plan_cut(reader, piece, r0 * row, r1 * row, entry.address, cut, jobs, fills)
+
+
+@dataclass(frozen=True)
+class _Cut:
+    """Where the rows of a piece go when a region cuts across them (a leaf sharded along a later
+    axis, restored onto other devices): row ``first + k`` of the piece, ``inner`` taken of its
+    other axes, is row ``dst[0].start + k`` of ``out[dst]``."""
+
+    out: np.ndarray[Any, Any]
+    dst: tuple[slice, ...]
+    inner: tuple[slice, ...]
+    dtype: np.dtype[Any]
+    row_shape: tuple[int, ...]
+    first: int
+
+    @property
+    def row(self) -> int:
+        return math.prod(self.row_shape) * self.dtype.itemsize
+
+    def place(self, rows: np.ndarray[Any, Any], at: int) -> None:
+        """Put whole piece rows (their bytes, from piece row ``at``) where they go in ``out``."""
+        n = rows.nbytes // self.row
+        k = at - self.first + self.dst[0].start
+        block = rows.view(self.dtype).reshape((n, *self.row_shape))[(slice(None), *self.inner)]
+        self.out[(slice(k, k + n), *self.dst[1:])] = block
+
+
+def _plan_cut(
+    reader: ChunkReader,
+    piece: Piece,
+    start: int,
+    stop: int,
+    address: str,
+    cut: _Cut,
+    jobs: list[Callable[[], None]],
+    fills: list[Callable[[], None]],
+) -> None:
+    """Queue the reads that put bytes [start, stop) of ``piece`` (whole rows) where ``cut``
+    says: each chunk is decoded and verified in its thread's scratch and its whole rows copied
+    into the result at once; a row split between two chunks is gathered in a row buffer and
+    copied by ``fills``. No buffer of the piece's size is made."""
+    row = cut.row
+    edges: dict[int, np.ndarray[Any, Any]] = {}  # piece row -> its bytes, gathered from chunks
+    at = 0
+    for c in piece.chunks:
+        lo, hi = at, at + c.raw_size
+        at = hi
+        if hi <= start or lo >= stop:
+            continue
+        for edge in {max(lo, start) // row, (min(hi, stop) - 1) // row}:
+            if not (lo <= edge * row and (edge + 1) * row <= hi) and edge not in edges:
+                edges[edge] = allocate(row, address, reader.name)
+        jobs.append(functools.partial(_decode_cut, reader, c, lo, start, stop, address, cut, edges))
+    for edge, buf in edges.items():
+        fills.append(functools.partial(cut.place, buf, edge))
+
+
+def _decode_cut(
+    reader: ChunkReader,
+    c: ChunkRef,
+    lo: int,
+    start: int,
+    stop: int,
+    address: str,
+    cut: _Cut,
+    edges: dict[int, np.ndarray[Any, Any]],
+) -> None:
+    """Chunk ``c`` (bytes [lo, lo + raw size) of its piece) decoded into this thread's scratch,
+    its whole rows within [start, stop) placed, and the parts of split rows kept in ``edges``."""
+    buf = scratch(c.raw_size, "cut")
+    reader.read_leaf_chunk(c, buf, address)
+    row = cut.row
+    a, b = max(lo, start), min(lo + c.raw_size, stop)
+    first, end = -(-a // row), b // row  # the rows wholly in this chunk
+    if first < end:
+        cut.place(buf[first * row - lo : end * row - lo], first)
+    for edge, into in edges.items():  # the parts of split rows this chunk holds
+        x, y = max(a, edge * row), min(b, (edge + 1) * row)
+        if x < y:
+            into[x - edge * row : y - edge * row] = buf[x - lo : y - lo]
 
 
 def read_region(
