@@ -9,7 +9,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,12 +54,7 @@ def piece_bytes(
     ``into`` (uint8, stop - start bytes) receives the bytes instead of a new buffer.
     """
     out = allocate(max(stop - start, 0), address, reader.name) if into is None else into
-    at = 0
-    for c in piece.chunks:
-        lo, hi = at, at + c.raw_size
-        at = hi
-        if hi <= start or lo >= stop:
-            continue
+    for c, lo, hi in _overlapping(piece, start, stop):
         if start <= lo and hi <= stop:
             target = out[lo - start : hi - start]
             if jobs is None:
@@ -74,6 +69,17 @@ def piece_bytes(
             else:
                 jobs.append(job)
     return out
+
+
+def _overlapping(piece: Piece, start: int, stop: int) -> Iterator[tuple[ChunkRef, int, int]]:
+    """The chunks of ``piece`` that overlap its bytes [start, stop), each with the bytes
+    [lo, hi) of the piece it holds."""
+    at = 0
+    for c in piece.chunks:
+        lo, hi = at, at + c.raw_size
+        at = hi
+        if lo < stop and hi > start:
+            yield c, lo, hi
 
 
 def _read_part(
@@ -169,12 +175,7 @@ def _plan_cut(
     copied by ``fills``. No buffer of the piece's size is made."""
     row = cut.row
     edges: dict[int, np.ndarray[Any, Any]] = {}  # piece row -> its bytes, gathered from chunks
-    at = 0
-    for c in piece.chunks:
-        lo, hi = at, at + c.raw_size
-        at = hi
-        if hi <= start or lo >= stop:
-            continue
+    for c, lo, hi in _overlapping(piece, start, stop):
         for edge in {max(lo, start) // row, (min(hi, stop) - 1) // row}:
             if not (lo <= edge * row and (edge + 1) * row <= hi) and edge not in edges:
                 edges[edge] = allocate(row, address, reader.name)
