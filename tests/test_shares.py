@@ -43,6 +43,7 @@ from treestore.errors import (
     ManifestCorruptError,
     OutOfMemoryError,
     StorageError,
+    StructureMismatchError,
 )
 
 from .jobs import prepared, rows, run_job
@@ -450,9 +451,19 @@ def test_a_reader_of_some_leaves_reads_only_the_parts_holding_them(store_url):
     np.testing.assert_array_equal(store.load("job", select="whole")["whole"], tree_of()["whole"])
     assert [p for p in parts if p in storage.reads] == [parts[3]]
     like = {"whole": np.zeros((8, 8), np.int16)}
-    restored = store.load("job", like=like, select="whole", partial=True)
-    np.testing.assert_array_equal(restored["whole"], tree_of()["whole"])
+    for options in ({"select": "whole", "partial": True}, {"partial": True}):  # flax's params-only restore
+        restored = store.load("job", like=like, **options)
+        np.testing.assert_array_equal(restored["whole"], tree_of()["whole"])
+    restored = store.load("job", like=np.zeros((8, 8), np.int16), prefix="whole")
+    np.testing.assert_array_equal(restored, tree_of()["whole"])
     assert [p for p in parts if p in storage.reads] == [parts[3]]
+    # A template that is not partial is matched against every leaf: every part is read.
+    like = {k: np.zeros_like(v) if isinstance(v, np.ndarray) else v for k, v in tree_of().items()}
+    with pytest.raises(StructureMismatchError, match="replicated: unexpected"):
+        store.load("job", like={k: v for k, v in like.items() if k != "replicated"})
+    restored = store.load("job", like=like)
+    np.testing.assert_array_equal(restored["big"], tree_of()["big"])
+    assert all(p in storage.reads for p in parts)
 
 
 def test_a_frame_that_lists_a_part_s_leaves_wrongly_is_refused(store_url):

@@ -236,17 +236,25 @@ class Store:
             raise InvalidInputError("types= applies without like=: a template gives every node its type")
         trusted = trusted_types(types)
         found = _read.read_frame(self.storage, self._record(name))
-        columns = found if isinstance(found, Columns) else self._completed(found, select)
+        columns = (
+            found if isinstance(found, Columns) else self._completed(found, like, select, prefix, partial)
+        )
         with paused_gc(len(columns)):  # the per-leaf objects of a big tree (see gc_pause)
             return self._load_columns(columns, like, select, prefix, cast, partial, threads, trusted)
 
-    def _completed(self, parted: Parted, select: Patterns) -> Columns:
+    def _completed(self, parted: Parted, like: Any, select: Patterns, prefix: str, partial: bool) -> Columns:
         """The columns of a checkpoint stored in parts, completed with the parts that hold the
-        pieces of the leaves ``select`` matches (all of them without ``select``)."""
-        if select is None:
+        pieces of the leaves a load reads: those ``select`` matches; or with a template that
+        roots at ``prefix`` or may leave leaves out (``partial``), its leaves and (unless
+        ``partial``) every leaf under ``prefix``; else every leaf."""
+        frame = parted.frame
+        if select is not None:
+            wanted = _chosen(frame, select)
+        elif like is not None and (prefix or partial):
+            wanted = _template.reads(like, prefix, partial, frame.addresses)
+        else:
             return _parts.assemble(self.storage, parted)
-        wanted = _chosen(parted.frame, select)
-        mask = np.array([a in wanted for a in parted.frame.addresses], bool)
+        mask = np.array([a in wanted for a in frame.addresses], bool)
         return _parts.assemble(self.storage, parted, mask)
 
     def _load_columns(
@@ -266,6 +274,8 @@ class Store:
             if select is not None:
                 wanted = _chosen(columns, select)
                 rows = [i for i, a in enumerate(columns.addresses) if a in wanted]
+            elif columns.waiting.any():  # completed for the template's leaves (_completed)
+                rows = np.flatnonzero(~columns.waiting).tolist()
             manifest = columns.to_manifest(rows)
             return self._load_like(columns, manifest, like, prefix, cast, partial, threads)
         keep = None

@@ -3,7 +3,7 @@ every mismatch at once; then turn stored data into the template's leaf types."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,7 +77,7 @@ def match(
     pairs, treedef = leaves_with_addresses(like)
     stored = {e.address: e for e in manifest.leaves}
     nones: set[str] | None = None  # found on the first leaf the checkpoint lacks
-    joined = (lambda a: f"{prefix}/{a}" if a else prefix) if prefix else (lambda a: a)
+    joined = rooted(prefix)
     problems: list[str] = []
     slots: list[Slot] = []
     wanted = set()
@@ -100,9 +100,8 @@ def match(
         if problem is not None:
             problems.append(f"{address or '(root)'}: {problem}")
         slots.append(Slot(address, leaf, entry))
-    under = (lambda a: a == prefix or a.startswith(prefix + "/")) if prefix else (lambda a: True)
     for address, entry in stored.items():
-        if address not in wanted and under(address) and not partial:
+        if address not in wanted and under(address, prefix) and not partial:
             problems.append(
                 f"{address or '(root)'}: unexpected: found {describe(entry)}, not in the template "
                 "(pass partial=True to load only the template's leaves)"
@@ -110,6 +109,28 @@ def match(
     if problems:
         raise StructureMismatchError(problems, checkpoint=manifest.name)
     return slots, treedef
+
+
+def rooted(prefix: str) -> Callable[[str], str]:
+    """The address of a template's leaf (its address ``a`` within the template) in a checkpoint
+    the template describes at ``prefix``."""
+    return (lambda a: f"{prefix}/{a}" if a else prefix) if prefix else (lambda a: a)
+
+
+def under(address: str, prefix: str) -> bool:
+    """Whether ``address`` is ``prefix`` or lies under it (every address is under "")."""
+    return not prefix or address == prefix or address.startswith(prefix + "/")
+
+
+def reads(like: Any, prefix: str, partial: bool, addresses: Sequence[str]) -> set[str]:
+    """The addresses of ``addresses`` (a checkpoint's) a load with template ``like`` reads:
+    the template's leaves, at ``prefix``, and, unless ``partial``, every leaf under ``prefix``
+    (:func:`match` names those the template lacks)."""
+    joined = rooted(prefix)
+    wanted = {joined(a) for a, _ in leaves_with_addresses(like)[0]}
+    if not partial:
+        wanted.update(a for a in addresses if under(a, prefix))
+    return wanted & set(addresses)
 
 
 def _kept(like: Any, none_stored: bool) -> bool:
