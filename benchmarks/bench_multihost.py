@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for where in ("local", "memory"):
             for count in args.processes:
-                for stages in (1, args.stages):
+                for stages in sorted({1, args.stages}):
                     if stages > 1 and (count < stages or count % stages):
                         continue
                     log(f"{where}: {count} processes, {args.leaves} leaves, {stages} stage(s)")
