@@ -466,6 +466,22 @@ def test_a_reader_of_some_leaves_reads_only_the_parts_holding_them(store_url):
     assert all(p in storage.reads for p in parts)
 
 
+def test_a_view_read_leaf_by_leaf_merges_each_set_of_parts_once(store_url, monkeypatch):
+    """A leaf's parts complete every leaf they alone hold: reading "big" (in every part)
+    completes every sharded leaf, so the view's other leaves need no merge; reading "whole"
+    (part 3 alone) completes it alone."""
+    saved(store_url)
+    merges = []
+    merge = parts_module.merge
+    monkeypatch.setattr(parts_module, "merge", lambda *a, **k: merges.append(1) or merge(*a, **k))
+    ckpt = treestore.open(store_url + "#job")
+    np.testing.assert_array_equal(np.asarray(ckpt["whole"]), tree_of()["whole"])
+    assert len(merges) == 1
+    for address in ("big", "grid", "odd", "v"):
+        np.testing.assert_array_equal(np.asarray(ckpt[address]), tree_of()[address])
+    assert len(merges) == 2
+
+
 def test_a_frame_that_lists_a_part_s_leaves_wrongly_is_refused(store_url):
     """Part 1 holds pieces of leaves 0 to 6; a frame saying 1 to 7 hides its piece of "big"
     (leaf 0). A reader of every leaf refuses the part, and a reader of "big" alone, which skips

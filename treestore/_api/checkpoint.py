@@ -192,6 +192,8 @@ class Checkpoint:
         self.reader = _read.ChunkReader(storage, self._frame)
         self._readers = [self.reader]
         self._source = self._frame  # where leaf entries come from: the frame, or the whole
+        # Of a frame: columns completed for some leaves, each with the leaves it completes.
+        self._some: list[tuple[np.ndarray, Columns, _read.ChunkReader]] = []
         self._made: dict[int, Any] = {}  # leaf index -> its LazyLeaf or value, made on first use
 
     @functools.cached_property
@@ -219,15 +221,27 @@ class Checkpoint:
         if found is _MISSING:
             columns, reader = self._source, self.reader
             if columns.waiting[i]:  # a sharded leaf of a frame: only the parts it needs are read
-                assert self._parted is not None
-                mask = np.zeros(len(columns), bool)
-                mask[i] = True
-                columns = _parts.assemble(self.storage, self._parted, mask, self._parts)
-                reader = _read.ChunkReader(self.storage, columns)
-                self._readers.append(reader)
+                columns, reader = self._completing(i)
             entry = columns.entries[i]
             found = self._made[i] = LazyLeaf(reader, entry) if entry.is_array else entry.value
         return found
+
+    def _completing(self, i: int) -> tuple[Columns, _read.ChunkReader]:
+        """Columns in which sharded leaf ``i`` of the frame is complete, and their reader: made
+        from the parts that hold it, for every leaf those parts alone complete (each later leaf
+        they hold needs no other merge; where every process holds every leaf, that is all)."""
+        for mask, columns, reader in self._some:
+            if mask[i]:
+                return columns, reader
+        assert self._parted is not None
+        one = np.zeros(len(self._frame), bool)
+        one[i] = True
+        mask = self._frame.waiting & self._parted.covered(self._parted.needed(one))
+        columns = _parts.assemble(self.storage, self._parted, mask, self._parts)
+        reader = _read.ChunkReader(self.storage, columns)
+        self._readers.append(reader)
+        self._some.append((mask, columns, reader))
+        return columns, reader
 
     @property
     def metadata(self) -> Any:

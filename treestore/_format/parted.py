@@ -54,6 +54,18 @@ class Parted:
         held = prefix_sums(wanted.astype(np.int64))
         return np.flatnonzero(held[ranges[:, 1]] > held[ranges[:, 0]])
 
+    def covered(self, parts: np.ndarray) -> np.ndarray:
+        """Per leaf of the frame: whether every part whose leaf range holds it is one of
+        ``parts`` (indices), so that those parts alone complete it."""
+        n = len(self.frame)
+        ranges = np.array([(p.first, p.end) for p in self.parts], np.int64).reshape(-1, 2)
+
+        def holding(rows: np.ndarray) -> np.ndarray:  # parts whose range holds each leaf
+            steps = np.bincount(rows[:, 0], minlength=n + 1) - np.bincount(rows[:, 1], minlength=n + 1)
+            return np.cumsum(steps)[:n]
+
+        return holding(ranges) == holding(ranges[parts])
+
 
 def parts_from_record(rec: dict[str, Any], nleaves: int) -> tuple[bytes, tuple[PartRef, ...]]:
     """The ``layout`` and ``parts`` fields of a manifest record stored in parts, whose tree has
