@@ -279,6 +279,7 @@ def test_a_reader_merges_the_parts_into_the_manifest_one_process_would_write():
         given = [decode_part(p, layout) if k in needed else NOT_READ for k, p in enumerate(parts)]
         some, problems = complete(decoded, given, chosen)
         assert some is not None and not problems, problems
+        assert some.parts == tuple(refs[k].digest for k in sorted(needed))  # those it was given
         rows = np.flatnonzero(chosen).tolist()
         assert _resolved(some.to_manifest(rows)) == [_resolved(manifest)[i] for i in rows], trial
         for i in np.flatnonzero(~chosen & np.array(sharded)).tolist():

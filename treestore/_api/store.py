@@ -191,7 +191,9 @@ class Store:
 
     def open(self, name: str | None = None) -> Checkpoint:
         """A lazy, read-only view of checkpoint ``name`` (default: the newest); its leaves are
-        made as they are asked for."""
+        made as they are asked for. Of a multi-process checkpoint, only the frame of its
+        manifest is read here: the parts holding a sharded leaf are read (and a missing or
+        damaged one reported) when the leaf, the whole tree or the manifest is first asked for."""
         return Checkpoint(self.storage, _read.read_frame(self.storage, self._record(name)))
 
     def load(

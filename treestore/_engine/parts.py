@@ -99,7 +99,8 @@ def complete(
         "chunk_size": frame.chunk_size,
     }
     columns = merge(plan, combined, header, None if leaves is None else ~leaves)
-    return replace(columns, parts=tuple(p.digest for p in parted.parts)), {}
+    read = tuple(p.digest for p, share in zip(parted.parts, shares, strict=True) if share is not NOT_READ)
+    return replace(columns, parts=read), {}
 
 
 def merged(

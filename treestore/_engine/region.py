@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from treestore._engine.read import ChunkReader, allocate
+from treestore._engine.read import IN_PLACE_UP_TO, ChunkReader, allocate
 from treestore._engine.threads import default_threads
 from treestore._format.codecs import scratch
 from treestore._format.dtypes import dtype_from_name
@@ -196,16 +196,22 @@ def _decode_cut(
 ) -> None:
     """Chunk ``c`` (bytes [lo, lo + raw size) of its piece) decoded into this thread's scratch,
     its whole rows within [start, stop) placed, and the parts of split rows kept in ``edges``."""
-    buf = scratch(c.raw_size, "cut")
+    # Scratch up to the size a chunk read in place uses (read.IN_PLACE_UP_TO): what a hostile
+    # manifest declares beyond that is allocated, with its memory check, only for this chunk.
+    if c.raw_size <= IN_PLACE_UP_TO:
+        buf = scratch(c.raw_size, "cut")
+    else:
+        buf = allocate(c.raw_size, address, reader.name)
     reader.read_leaf_chunk(c, buf, address)
     row = cut.row
     a, b = max(lo, start), min(lo + c.raw_size, stop)
     first, end = -(-a // row), b // row  # the rows wholly in this chunk
     if first < end:
         cut.place(buf[first * row - lo : end * row - lo], first)
-    for edge, into in edges.items():  # the parts of split rows this chunk holds
-        x, y = max(a, edge * row), min(b, (edge + 1) * row)
-        if x < y:
+    for edge in {a // row, (b - 1) // row}:  # the parts of split rows this chunk holds
+        into = edges.get(edge)
+        if into is not None:
+            x, y = max(a, edge * row), min(b, (edge + 1) * row)
             into[x - edge * row : y - edge * row] = buf[x - lo : y - lo]
 
 
