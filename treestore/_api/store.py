@@ -238,23 +238,25 @@ class Store:
             raise InvalidInputError("types= applies without like=: a template gives every node its type")
         trusted = trusted_types(types)
         found = _read.read_frame(self.storage, self._record(name))
+        frame = found.frame if isinstance(found, Parted) else found
+        wanted = None if select is None else _chosen(frame, select)  # the addresses select matches
         columns = (
-            found if isinstance(found, Columns) else self._completed(found, like, select, prefix, partial)
+            found if isinstance(found, Columns) else self._completed(found, like, wanted, prefix, partial)
         )
         with paused_gc(len(columns)):  # the per-leaf objects of a big tree (see gc_pause)
-            return self._load_columns(columns, like, select, prefix, cast, partial, threads, trusted)
+            return self._load_columns(columns, like, wanted, prefix, cast, partial, threads, trusted)
 
-    def _completed(self, parted: Parted, like: Any, select: Patterns, prefix: str, partial: bool) -> Columns:
+    def _completed(
+        self, parted: Parted, like: Any, wanted: set[str] | None, prefix: str, partial: bool
+    ) -> Columns:
         """The columns of a checkpoint stored in parts, completed with the parts that hold the
-        pieces of the leaves a load reads: those ``select`` matches; or with a template that
-        roots at ``prefix`` or may leave leaves out (``partial``), its leaves and (unless
-        ``partial``) every leaf under ``prefix``; else every leaf."""
+        pieces of the leaves a load reads: those ``wanted`` names (the leaves select matches);
+        or with a template that roots at ``prefix`` or may leave leaves out (``partial``), its
+        leaves and (unless ``partial``) every leaf under ``prefix``; else every leaf."""
         frame = parted.frame
-        if select is not None:
-            wanted = _chosen(frame, select)
-        elif like is not None and (prefix or partial):
+        if wanted is None and like is not None and (prefix or partial):
             wanted = _template.reads(like, prefix, partial, frame.addresses)
-        else:
+        if wanted is None:
             return _parts.assemble(self.storage, parted)
         mask = np.array([a in wanted for a in frame.addresses], bool)
         return _parts.assemble(self.storage, parted, mask)
@@ -263,7 +265,7 @@ class Store:
         self,
         columns: Columns,
         like: Any,
-        select: Patterns,
+        wanted: set[str] | None,
         prefix: str,
         cast: bool,
         partial: bool,
@@ -271,21 +273,14 @@ class Store:
         trusted: dict[str, type],
     ) -> Any:
         threads = threads or default_threads()
+        rows = None if wanted is None else [i for i, a in enumerate(columns.addresses) if a in wanted]
         if like is not None:
-            rows = None
-            if select is not None:
-                wanted = _chosen(columns, select)
-                rows = [i for i, a in enumerate(columns.addresses) if a in wanted]
-            elif columns.waiting.any():  # completed for the template's leaves (_completed)
+            if rows is None and columns.waiting.any():  # completed for the template's leaves
                 rows = np.flatnonzero(~columns.waiting).tolist()
             manifest = columns.to_manifest(rows)
             return self._load_like(columns, manifest, like, prefix, cast, partial, threads)
-        keep = None
-        which = np.arange(len(columns))
-        if select is not None:
-            wanted = _chosen(columns, select)
-            which = np.array([i for i, a in enumerate(columns.addresses) if a in wanted], np.int64)
-            keep = wanted.__contains__
+        keep = None if wanted is None else wanted.__contains__
+        which = np.arange(len(columns)) if rows is None else np.array(rows, np.int64)
         arrays = _bulk.read_leaves(_read.ChunkReader(self.storage, columns), columns, which, threads=threads)
 
         as_stored = columns.as_stored()

@@ -389,8 +389,7 @@ class Group:
             )
         if len(plan.packs) + sum(s.packs for s in summaries) >= PACK_INDEX_END:
             raise InvalidInputError(f"{where}: over 2**31 packs", checkpoint=self.name)
-        parts = [PartRef(s.part, s.size, s.first, s.end) for s in summaries if s.part is not None]
-        parts = parts if parted else []
+        parts = [PartRef(s.part, s.size, s.first, s.end) for s in summaries if parted and s.part is not None]
         return parts, sum(s.cover for s in summaries) % P
 
     def _merge_parts(self, storage: Storage, frame: Parted, covered: bool) -> None:

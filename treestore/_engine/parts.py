@@ -87,8 +87,7 @@ def complete(
     only their pieces are listed; the other sharded leaves wait."""
     frame = parted.frame
     plan = plan_from_frame(frame)
-    ranges = [(p.first, p.end) for p in parted.parts]
-    combined, problems = combine(plan, shares, ranges, leaves)
+    combined, problems = combine(plan, shares, parted.ranges, leaves)
     if combined is None:
         return None, problems
     header = {

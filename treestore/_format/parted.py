@@ -9,6 +9,7 @@ reader of some leaves needs, or all) and completes it into the checkpoint's
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -44,27 +45,28 @@ class Parted:
     def name(self) -> str:
         return self.frame.name
 
+    @functools.cached_property
+    def ranges(self) -> np.ndarray:
+        """Each part's leaf range ``[first, end)``, one int64 row per part."""
+        return np.array([(p.first, p.end) for p in self.parts], np.int64).reshape(-1, 2)
+
     def needed(self, leaves: np.ndarray | None = None) -> np.ndarray:
         """The indices of the parts a reader of ``leaves`` (a bool mask over the frame's leaves;
         None: every leaf) reads: those whose leaf range meets one of them saved in pieces."""
-        if not self.parts:
-            return np.zeros(0, np.int64)
-        ranges = np.array([(p.first, p.end) for p in self.parts], np.int64)
         wanted = self.frame.waiting if leaves is None else self.frame.waiting & leaves
         held = prefix_sums(wanted.astype(np.int64))
-        return np.flatnonzero(held[ranges[:, 1]] > held[ranges[:, 0]])
+        return np.flatnonzero(held[self.ranges[:, 1]] > held[self.ranges[:, 0]])
 
     def covered(self, parts: np.ndarray) -> np.ndarray:
         """Per leaf of the frame: whether every part whose leaf range holds it is one of
         ``parts`` (indices), so that those parts alone complete it."""
         n = len(self.frame)
-        ranges = np.array([(p.first, p.end) for p in self.parts], np.int64).reshape(-1, 2)
 
         def holding(rows: np.ndarray) -> np.ndarray:  # parts whose range holds each leaf
             steps = np.bincount(rows[:, 0], minlength=n + 1) - np.bincount(rows[:, 1], minlength=n + 1)
             return np.cumsum(steps)[:n]
 
-        return holding(ranges) == holding(ranges[parts])
+        return holding(self.ranges) == holding(self.ranges[parts])
 
 
 def parts_from_record(rec: dict[str, Any], nleaves: int) -> tuple[bytes, tuple[PartRef, ...]]:

@@ -171,12 +171,12 @@ class Combined:
 def combine(
     plan: Plan,
     shares: Sequence[Share],
-    ranges: Sequence[tuple[int, int]],
+    ranges: np.ndarray,
     keep: np.ndarray | None = None,
 ) -> tuple[Combined | None, dict[int, str]]:
     """The shares (share k being process k's part, each decoded; an empty share for a part not
     read) concatenated and checked together: (the combination, {}) or (None, what is wrong with
-    each process's part). Share k's pieces must lie in the leaves ``ranges[k]`` (``[first,
+    each process's part). Share k's pieces must lie in the leaves ``ranges[k]`` (int64 ``[first,
     end)``, as its frame lists it). ``keep`` (a bool mask over the leaves): only their pieces
     are kept, once every piece is checked."""
     n = len(plan.leaves)
@@ -196,7 +196,7 @@ def combine(
             problems.setdefault(int(k), f"its part is malformed: {why}")
 
     refuse(leaf >= n, process, f"a piece names a leaf beyond the tree's {n}")
-    bounds = np.array(ranges, np.int64).reshape(-1, 2)[process]
+    bounds = ranges[process]
     outside = (leaf < bounds[:, 0]) | (leaf >= bounds[:, 1])
     refuse(outside, process, "a piece lies outside the leaves its frame lists")
     known = np.minimum(leaf, max(n - 1, 0))
