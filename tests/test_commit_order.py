@@ -15,6 +15,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any, ClassVar
@@ -112,8 +113,8 @@ def test_the_manifest_is_durable_before_the_record_is_written(failwrite):
 
 
 def test_each_step_is_durable_before_the_next(tmp_path, monkeypatch):
-    """The storage calls of one save, in order: chunks, sync, manifest, sync, commit record
-    (put-if-absent), sync."""
+    """The storage calls of one save, in order: chunks (each staged, then published on a thread
+    of its own), sync, manifest, sync, commit record (put-if-absent), sync."""
     store = treestore.Store(str(tmp_path / "store"))
     storage = store.storage
     calls: list[str] = []
@@ -128,15 +129,41 @@ def test_each_step_is_durable_before_the_next(tmp_path, monkeypatch):
 
         return call
 
+    def stage(path: str, buffers: Any) -> Any:
+        folder = path.split("/", 1)[0]
+        staged = real_stage(path, buffers)
+        publish = staged.publish
+
+        def published() -> None:
+            time.sleep(0.02)  # a slow disk: the commit must still wait for every chunk's name
+            with lock:
+                calls.append(f"publish {folder}")
+            publish()
+
+        with lock:
+            calls.append(f"stage {folder}")
+        monkeypatch.setattr(staged, "publish", published, raising=False)
+        return staged
+
+    real_stage = storage.stage
+    monkeypatch.setattr(storage, "stage", stage)
     monkeypatch.setattr(storage, "write", logged("write", storage.write))
     monkeypatch.setattr(storage, "write_new", logged("write_new", storage.write_new))
     monkeypatch.setattr(storage, "sync", logged("sync", storage.sync))
     store.save(tree(0), "first", options=OPTIONS)
-    steps = [c for c in calls if not c.endswith(_layout.LOCKS)]
-    # collapse runs of chunk writes
+    steps = [
+        c
+        for c in calls
+        if not c.endswith(_layout.LOCKS)
+        and (c.endswith(_layout.CHUNKS) or c.split()[0] not in ("stage", "publish"))
+    ]  # (a write stages and publishes its object too)
+    chunk_steps = steps[: steps.index("sync")]
+    assert chunk_steps.count("stage chunks") == chunk_steps.count("publish chunks") > 1, calls
+    # collapse the chunks' calls
+    steps = ["chunks", *steps[len(chunk_steps) :]]
     order = [c for i, c in enumerate(steps) if i == 0 or c != steps[i - 1]]
     assert order == [
-        f"write {_layout.CHUNKS}",
+        "chunks",
         "sync",
         f"write {_layout.MANIFESTS}",
         "sync",
@@ -195,3 +222,73 @@ def test_a_save_killed_before_its_record_leaves_an_unreferenced_manifest(tmp_pat
     assert objects(store, _layout.LOCKS) == set()
     np.testing.assert_array_equal(store.load("first")["w"], np.arange(50_000, dtype=np.float32))
     assert treestore.verify(url).ok
+
+
+def _local_store_with_one_checkpoint(tmp_path: Path) -> tuple[treestore.Store, set[str]]:
+    store = treestore.Store(str(tmp_path / "store"))
+    store.save(tree(0), "first", options=OPTIONS)
+    return store, objects(store, _layout.CHUNKS)
+
+
+def _nothing_left(store: treestore.Store, chunks: set[str]) -> None:
+    """After a failed save: only the first checkpoint, which loads, and no temporary file;
+    chunk objects the save named are unreferenced (gc removes them)."""
+    assert [c.name for c in store.list()] == ["first"]
+    assert store.storage.temporaries("") == []
+    assert_tree_equal(store.load("first"), tree(0))
+    store.gc(grace=0)
+    assert objects(store, _layout.CHUNKS) == chunks
+
+
+@pytest.mark.parametrize("folder", [_layout.CHUNKS, _layout.MANIFESTS])
+def test_a_local_object_that_cannot_take_its_name_fails_the_save_and_leaves_nothing(
+    tmp_path, monkeypatch, folder
+):
+    """Chunks take their names on threads of their own (publishing): one that fails there fails
+    the save, which removes every temporary file it made and commits nothing; so does a
+    manifest that cannot take its name."""
+    store, chunks = _local_store_with_one_checkpoint(tmp_path)
+    real_replace = os.replace
+
+    def replace(src: Any, dst: Any, **kw: Any) -> None:
+        if f"/{folder}/" in os.fspath(dst):
+            raise PermissionError(13, "injected fault", os.fspath(dst))
+        real_replace(src, dst, **kw)
+
+    monkeypatch.setattr(os, "replace", replace)
+    with pytest.raises(treestore.StorageError, match="injected fault"):
+        store.save(tree(1), "second", options=OPTIONS)
+    monkeypatch.undo()
+    _nothing_left(store, chunks)
+
+
+def test_a_save_that_fails_while_chunks_wait_for_their_names_leaves_nothing(tmp_path, monkeypatch):
+    """The disk is slow to name chunks, and encoding a later chunk fails: the chunks still
+    waiting are never named and their temporary files are removed."""
+    from treestore._engine import write as _write
+    from treestore._storage import local as _local
+
+    store, chunks = _local_store_with_one_checkpoint(tmp_path)
+    real_publish, real_encode = _local._LocalStaged.publish, _write.encode
+    encoded = 0
+
+    def slow_publish(self: Any) -> None:
+        time.sleep(0.05)
+        real_publish(self)
+
+    def encode(*args: Any, **kwargs: Any) -> Any:
+        nonlocal encoded
+        encoded += 1
+        if encoded == 6:
+            raise OSError("injected fault while encoding")
+        return real_encode(*args, **kwargs)
+
+    monkeypatch.setattr(_local._LocalStaged, "publish", slow_publish)
+    monkeypatch.setattr(_write, "encode", encode)
+    with pytest.raises(OSError, match="injected fault"):
+        store.save(
+            tree(1), "second", options=treestore.SaveOptions(chunk_size=16 * 1024, small_leaf=1024, threads=2)
+        )
+    assert encoded >= 6
+    monkeypatch.undo()
+    _nothing_left(store, chunks)

@@ -53,15 +53,20 @@ class ChunkCalls:
         self.counts: collections.Counter[str] = collections.Counter()
         self._lock = threading.Lock()
         storage = store.storage
-        for method in ("object_size", "read_range", "write"):
+        # A save writes a chunk with one stage (which on object stores is the write itself).
+        for method, kind in (
+            ("object_size", "object_size"),
+            ("read_range", "read_range"),
+            ("stage", "write"),
+        ):
             original = getattr(storage, method)
-            monkeypatch.setattr(storage, method, self._counting(method, original))
+            monkeypatch.setattr(storage, method, self._counting(kind, original))
 
-    def _counting(self, method: str, original: Any) -> Any:
+    def _counting(self, kind: str, original: Any) -> Any:
         def call(path: str, *args: Any, **kwargs: Any) -> Any:
             if path.startswith(_layout.CHUNKS + "/"):
                 with self._lock:
-                    self.counts[method] += 1
+                    self.counts[kind] += 1
             return original(path, *args, **kwargs)
 
         return call

@@ -7,10 +7,11 @@ run in the background. Commit order: chunks, then the manifest, then the commit 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import functools
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +23,7 @@ from treestore._engine import locks as _locks
 from treestore._engine.commit import commit
 from treestore._engine.gc_pause import paused_gc
 from treestore._engine.leaf_table import EntryList, LeafTable, PieceRow, Ref, ref_of
-from treestore._engine.threads import default_threads
+from treestore._engine.threads import compute_threads, default_threads
 from treestore._format import layout as _layout
 from treestore._format.codecs import PROBE_BYTES, Codec, encode, plane_width, sound
 from treestore._format.columns_codec import columns_from_fields, encode_columns
@@ -36,7 +37,7 @@ from treestore._format.manifest import (
     check_metadata,
     check_name,
 )
-from treestore._storage.base import Storage
+from treestore._storage.base import PUBLISHED, Staged, Storage
 from treestore._tree.lazy_jax import jax
 from treestore._tree.leaves import Leaf, ValueLeaf, prepare_leaf
 from treestore._tree.structure import flatten
@@ -53,6 +54,8 @@ class SaveOptions:
     chunk_size: int = 4 * MiB  # big leaves are cut into chunks of about this many raw bytes
     small_leaf: int = 64 * 1024  # leaves under this many bytes are packed together
     pack_size: int = 1 * MiB  # raw bytes per pack of small leaves
+    # Threads that write (and on a local disk, publish) chunks; those that hash and compress
+    # are at most one per core where the disk is waited for by the others (compute_threads).
     threads: int = field(default_factory=default_threads)
 
     def __post_init__(self) -> None:
@@ -267,6 +270,53 @@ class _ChunkWriter:
         self._lock = threading.Lock()
         self._claimed: dict[bytes, cf.Future[int]] = {}
         self.written = self.written_bytes = self.reused = self.known_hits = 0
+        self._publisher: cf.ThreadPoolExecutor | None = None
+        self._staged: list[tuple[Staged, cf.Future[None]]] = []
+        self._failed: BaseException | None = None
+
+    @contextlib.contextmanager
+    def publishing(self, threads: int) -> Iterator[None]:
+        """Give the chunks :meth:`put` stages their names on ``threads`` threads of their own, so
+        the threads that hash and compress never wait for the disk (:meth:`Storage.stage`). On
+        an error every chunk not yet published is discarded."""
+        self._publisher = cf.ThreadPoolExecutor(threads, thread_name_prefix="treestore-publish")
+        try:
+            yield
+        except BaseException:
+            self._publisher.shutdown(wait=True, cancel_futures=True)
+            with self._lock:
+                staged, self._staged = self._staged, []
+            for chunk, fut in staged:
+                if fut.cancelled() or fut.exception() is not None:
+                    chunk.discard()
+            raise
+        else:
+            self.published()
+        finally:
+            self._publisher.shutdown(wait=True)
+            self._publisher = None
+
+    def published(self) -> None:
+        """Wait until every chunk staged so far has its name; raises the first failure."""
+        with self._lock:
+            staged, self._staged = self._staged, []
+        for _, fut in staged:
+            fut.result()
+
+    def _publish(self, chunk: Staged) -> None:
+        if chunk is PUBLISHED:
+            return
+        if self._publisher is None:
+            chunk.publish()
+            return
+        fut = self._publisher.submit(chunk.publish)
+        fut.add_done_callback(self._note_failure)
+        with self._lock:
+            self._staged.append((chunk, fut))
+
+    def _note_failure(self, fut: cf.Future[None]) -> None:
+        if not fut.cancelled() and fut.exception() is not None:
+            self._failed = fut.exception()
 
     def result(self, name: str, leaves: int, nbytes: int) -> SaveResult:
         """The :class:`SaveResult` of a save of ``leaves`` leaves (``nbytes`` raw bytes) by this writer."""
@@ -296,6 +346,8 @@ class _ChunkWriter:
     def put(self, raw: np.ndarray[Any, Any], width: int, *, private: bool = False) -> ChunkRef:
         """Store the chunk ``raw`` (1-D uint8); ``private`` says nothing else can change it
         meanwhile (a pack this save assembled), so it needs no copy."""
+        if self._failed is not None:  # a chunk could not be published: the save has failed
+            raise self._failed
         if not private:
             raw = _snapshot(raw)
         d = digest(raw)
@@ -310,7 +362,7 @@ class _ChunkWriter:
             stored = self._stored(d, raw.nbytes)
             if stored is None:
                 buffers = encode(raw, width, self.codec, reuse=True)  # written before the next
-                self.storage.write(_layout.chunk_path(d), buffers)
+                self._publish(self.storage.stage(_layout.chunk_path(d), buffers))
                 stored = sum(len(b) for b in buffers)
                 with self._lock:
                     self.written += 1
@@ -385,7 +437,11 @@ def _write_alone(
     previous: _known.Previous,
 ) -> SaveResult:
     """:func:`write` by this process alone."""
-    with _locks.save_lock(storage) as lock, cf.ThreadPoolExecutor(options.threads) as pool:
+    with (
+        _locks.save_lock(storage) as lock,
+        writer.publishing(options.threads),
+        cf.ThreadPoolExecutor(compute_threads(options.threads, storage.stages)) as pool,
+    ):
         writer.known = _known.learn(storage, previous)  # under the lock, after any gc: safe
         try:
             table = LeafTable()
@@ -422,9 +478,14 @@ def _write_in_group(
     try:
         lock = _locks.save_lock(storage)
         writer.known = _known.learn(storage, previous)  # under this process's lock: safe
-        with cf.ThreadPoolExecutor(options.threads) as pool:
+        threads = compute_threads(options.threads, storage.stages)
+        with writer.publishing(options.threads), cf.ThreadPoolExecutor(threads) as pool:
             sink = EntryList()
-            packs = _write_leaves(prepared, options, pool, writer, lock, sink, primary=group.primary)
+            try:
+                packs = _write_leaves(prepared, options, pool, writer, lock, sink, primary=group.primary)
+            except BaseException:
+                pool.shutdown(wait=True, cancel_futures=True)
+                raise
             written = sink.entries, packs
         storage.sync()
     except BaseException as exc:
@@ -537,7 +598,9 @@ def _write_leaves(
                 refs = [ref_of(f.result()) for f in plan]
             lock.refresh(_locks.STALE_AFTER)  # after waiting for chunks: keep the save's lock fresh
         sink.array(leaf.kind, leaf.dtype, leaf.shape, leaf.prng_impl, leaf.weak_type, refs, pieces, address)
-    return [job.result() for job in pack_jobs]
+    packed = [job.result() for job in pack_jobs]
+    writer.published()  # every chunk has its name before the caller commits
+    return packed
 
 
 def _commit(

@@ -73,6 +73,21 @@ def _mtime(info: dict[str, Any]) -> float | None:
     return None
 
 
+class Staged:
+    """An object :meth:`Storage.stage` wrote under no name yet. :meth:`publish` gives it its name,
+    durably; :meth:`discard` drops it (a save that fails). This base class is an object that
+    already has its name: both do nothing."""
+
+    def publish(self) -> None:
+        """Give the object its name; once this returns, a crash leaves it under that name."""
+
+    def discard(self) -> None:
+        """Drop an object never published (idempotent; never raises)."""
+
+
+PUBLISHED = Staged()
+
+
 class Storage:
     """The objects under one store root on one fsspec filesystem."""
 
@@ -274,6 +289,18 @@ class Storage:
         data = b"".join(buffers)
         full = self._full(path)
         self._call("writing", path, lambda: self._put(full, data))
+
+    stages = False  # whether stage() leaves the waiting (for the disk) to Staged.publish
+
+    def stage(self, path: str, buffers: Buffers) -> Staged:
+        """Write an object's bytes now and give them the name ``path`` later, with
+        :meth:`Staged.publish`: on a local disk the bytes go to a temporary file, and publishing
+        (fsync, rename, fsync of the folder) is what waits for the disk, so a save can leave it to
+        threads that do nothing else. Where a write is visible at once (object stores), this is
+        :meth:`write` and publishing does nothing.
+        """
+        self.write(path, buffers)
+        return PUBLISHED
 
     def _put(self, full: str, data: bytes) -> None:
         """One whole-object write (backends override it to work around client quirks)."""

@@ -1,10 +1,10 @@
 """Stores on this machine: a local folder (written through ``os``) and fsspec's memory filesystem.
 
 A local store is written by temporary file plus ``replace`` (or ``link`` for put-if-absent) in the
-destination folder, the file fsynced before it takes its name and the folder at the next sync (so a
-name never holds a short or empty file after a crash); it is read only through regular files reached
-without symlinks, so a hostile store cannot make a load read, block on or write anything outside
-it.
+destination folder, the file fsynced before it takes its name (so a name never holds a short or
+empty file after a crash) and the folder after that (after a ``link``, at the next sync). It is
+read only through regular files reached without symlinks, so a hostile store cannot make a load
+read, block on or write anything outside it.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 
 import fsspec
 
-from treestore._storage.base import Buffers, ObjectInfo, Storage, T
+from treestore._storage.base import Buffers, ObjectInfo, Staged, Storage, T
 from treestore.errors import StorageError
 
 _TMP = re.compile(r"\.tmp-[0-9a-f]{32}")
@@ -59,6 +59,47 @@ class MemoryStorage(Storage):
                 return self._holds(path, data)
             self.write(path, [data])
             return True
+
+
+def _fsync(path: str) -> None:
+    """fsync the file or folder ``path``."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class _LocalStaged(Staged):
+    """A temporary file waiting for its name. Publishing fsyncs it, renames it and fsyncs its
+    folder: the name is durable with no :meth:`LocalStorage.sync`, which would otherwise leave a
+    save's folders to its commit, one after another."""
+
+    def __init__(self, storage: LocalStorage, path: str, full: str, tmp: str) -> None:
+        self._storage, self._path, self._full, self._tmp = storage, path, full, tmp
+        self._named = False
+
+    def publish(self) -> None:
+        def put() -> None:
+            if not self._named:
+                # Durable before it takes the name: after a crash the name holds the old object,
+                # none, or the complete new one, never a short or empty file (a chunk's name
+                # must only ever hold its bytes).
+                _fsync(self._tmp)
+                os.replace(self._tmp, self._full)
+                self._named = True
+            _fsync(os.path.dirname(self._full))
+
+        try:
+            self._storage._call("writing", self._path, put)
+        except BaseException:
+            self.discard()
+            raise
+
+    def discard(self) -> None:
+        if not self._named:
+            with contextlib.suppress(OSError):
+                os.unlink(self._tmp)
 
 
 class LocalStorage(Storage):
@@ -229,56 +270,46 @@ class LocalStorage(Storage):
         return os.path.join(folder, f".tmp-{uuid.uuid4().hex}")
 
     def _write_tmp(self, full: str, buffers: Buffers) -> str:
+        """The bytes of ``buffers`` in a new temporary file in ``full``'s folder (removed again
+        if writing them fails)."""
         tmp = self._tmp(full)
-        with open(tmp, "wb") as f:
-            for buf in buffers:
-                f.write(buf)
+        try:
+            with open(tmp, "wb") as f:
+                for buf in buffers:
+                    f.write(buf)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
         return tmp
 
     def _durable(self, full: str, tmp: str) -> None:
-        """fsync ``tmp`` now (it is about to be linked or replaced into place); remember the
-        folder for :meth:`sync`."""
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        """fsync ``tmp`` now (it is about to be linked into place); remember the folder for
+        :meth:`sync`."""
+        _fsync(tmp)
         with self._dirty_lock:
             self._dirty_dirs.add(os.path.dirname(full))
 
     def sync(self) -> None:
-        """fsync the folders of every object written since the last sync (each object was
-        fsynced before it took its name), so that their names are durable too."""
+        """fsync the folders of every object linked by :meth:`write_new` since the last sync
+        (each was fsynced before it took its name), so that their names are durable too;
+        :meth:`write` makes its folder durable itself."""
         with self._dirty_lock:
             dirs, self._dirty_dirs = self._dirty_dirs, set()
         for d in sorted(dirs):
-            try:
-                fd = os.open(d, os.O_RDONLY)
-            except FileNotFoundError:  # removed since: nothing to make durable
-                continue
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            with contextlib.suppress(FileNotFoundError):  # removed since: nothing to make durable
+                _fsync(d)
 
     def write(self, path: str, buffers: Buffers) -> None:
+        self.stage(path, buffers).publish()
+
+    stages = True
+
+    def stage(self, path: str, buffers: Buffers) -> Staged:
         self._check_writable(path)
         full = self._full(path)
-
-        def put() -> None:
-            tmp = self._write_tmp(full, buffers)
-            try:
-                # Durable before it takes the name: after a crash the name holds the old object,
-                # none, or the complete new one, never a short or empty file (a chunk's name
-                # must only ever hold its bytes).
-                self._durable(full, tmp)
-                os.replace(tmp, full)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
-                raise
-
-        self._call("writing", path, put)
+        tmp = self._call("writing", path, lambda: self._write_tmp(full, buffers))
+        return _LocalStaged(self, path, full, tmp)
 
     def write_new(self, path: str, data: bytes) -> bool:
         self._check_writable(path)
