@@ -12,7 +12,6 @@ so no gc can remove the base's chunks before the derived checkpoint references t
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import dataclasses
 import difflib
 import time
@@ -27,6 +26,7 @@ from treestore._engine import read as _read
 from treestore._engine import write as _write
 from treestore._engine.commit import commit
 from treestore._engine.leaf_table import EntryList
+from treestore._engine.threads import Batch, compute_threads, shared_pool
 from treestore._format import layout as _layout
 from treestore._format import select as _select
 from treestore._format.address import (
@@ -499,13 +499,14 @@ def _write_derived(
         tuple((addresses.get(i, ""), leaf) for i, leaf in enumerate(new_leaves)),
     )
     writer = _write._ChunkWriter(storage, options.codec, None, known)
-    with cf.ThreadPoolExecutor(options.threads) as pool:
+    with writer.publishing(options.threads):
+        jobs = Batch(shared_pool(compute_threads(options.threads, storage.stages), "save"))
         try:
             sink = EntryList()
-            new_packs = _write._write_leaves(prepared, options, pool, writer, lock, sink)
+            new_packs = _write._write_leaves(prepared, options, jobs, writer, lock, sink)
             written = sink.entries
         except BaseException:
-            pool.shutdown(wait=True, cancel_futures=True)
+            jobs.cancel()
             raise
     shifted = {i: len(kept_packs) + i for i in range(len(new_packs))}
     entries = []

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from treestore._engine.read import IN_PLACE_UP_TO, ChunkReader, allocate
-from treestore._engine.threads import default_threads
+from treestore._engine.threads import default_threads, shared_pool
 from treestore._format.codecs import scratch
 from treestore._format.dtypes import dtype_from_name
 from treestore._format.manifest import ChunkRef, LeafEntry, Piece
@@ -220,8 +220,9 @@ def read_region(
 ) -> np.ndarray[Any, Any]:
     """The elements of ``entry`` in ``region`` (normalized), as a new C-ordered array.
 
-    The chunks it needs are read, decoded and verified concurrently (in ``pool``, else in
-    threads of its own), decoded straight into the result when the region is a whole piece.
+    The chunks it needs are read, decoded and verified concurrently (in ``pool``, else in the
+    process's reading threads), decoded straight into the result when the region is a whole
+    piece.
     """
     return read_regions(reader, entry, [region], pool)[0]
 
@@ -263,12 +264,8 @@ def _fill(
 
 
 def run_in_threads(jobs: list[Callable[[], None]], threads: int) -> None:
-    """Run jobs in up to ``threads`` threads of their own (see :func:`run`)."""
-    if threads > 1 and len(jobs) > 1:
-        with cf.ThreadPoolExecutor(min(threads, len(jobs))) as pool:
-            run(jobs, pool)
-    else:
-        run(jobs, None)
+    """Run jobs in the process's pool of ``threads`` reading threads (see :func:`run`)."""
+    run(jobs, shared_pool(threads, "read") if threads > 1 and len(jobs) > 1 else None)
 
 
 def run(jobs: list[Callable[[], None]], pool: cf.Executor | None) -> None:

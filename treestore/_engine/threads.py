@@ -1,8 +1,21 @@
-"""The one rule for how many threads a save, load, verify or copy uses by default."""
+"""How many threads a save, load, verify or copy uses, and the pools they run in.
+
+The pools are kept between calls, one per role and size: a thread started per call waits for
+the scheduler to run it on cores the threads started before it keep busy, which cost a one-leaf
+read of MiniLM a quarter of its time, and a new thread faulted its scratch buffers in again. A
+process forked from one that has used them starts with none (its copies of the threads do not
+run).
+"""
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import os
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 def default_threads() -> int:
@@ -14,5 +27,54 @@ def compute_threads(threads: int, waits_elsewhere: bool) -> int:
     """How many of ``threads`` hash and compress a save's chunks. Where their writes block (an
     object store's PUT) they need all of them, to overlap; where the waiting for the disk is done
     by threads of its own (:meth:`Storage.stage` on a local disk), one per core keeps every core
-    busy without the switching, page faults and scratch memory of more."""
+    busy without the switching and scratch memory of more."""
     return min(threads, os.cpu_count() or 1) if waits_elsewhere else threads
+
+
+_pools: dict[tuple[str, int], cf.ThreadPoolExecutor] = {}
+_pools_lock = threading.Lock()
+
+
+def shared_pool(threads: int, role: str) -> cf.ThreadPoolExecutor:
+    """The process's pool of ``threads`` threads for ``role`` ("read", "save", "publish"). Jobs
+    in it never wait for jobs of the same role that have not started, so callers sharing it
+    cannot deadlock it; never shut it down."""
+    key = (role, threads)
+    with _pools_lock:
+        pool = _pools.get(key)
+        if pool is None:
+            pool = _pools[key] = cf.ThreadPoolExecutor(threads, thread_name_prefix=f"treestore-{role}")
+        return pool
+
+
+def _forget_pools() -> None:
+    global _pools_lock
+    _pools.clear()  # a forked child has none of the parent's threads
+    _pools_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pools)
+
+
+class Batch:
+    """The jobs one call submits to a shared pool, to be cancelled and waited for together."""
+
+    def __init__(self, pool: cf.Executor) -> None:
+        self._pool = pool
+        self._futures: list[cf.Future[Any]] = []
+        self._lock = threading.Lock()
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> cf.Future[T]:
+        future = self._pool.submit(fn, *args, **kwargs)
+        with self._lock:
+            self._futures.append(future)
+        return future
+
+    def cancel(self) -> None:
+        """Cancel the jobs not started and wait for those running (their outcomes are dropped)."""
+        with self._lock:
+            futures = list(self._futures)
+        for f in futures:
+            f.cancel()
+        cf.wait(futures)

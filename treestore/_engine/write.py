@@ -23,9 +23,9 @@ from treestore._engine import locks as _locks
 from treestore._engine.commit import commit
 from treestore._engine.gc_pause import paused_gc
 from treestore._engine.leaf_table import EntryList, LeafTable, PieceRow, Ref, ref_of
-from treestore._engine.threads import compute_threads, default_threads
+from treestore._engine.threads import Batch, compute_threads, default_threads, shared_pool
 from treestore._format import layout as _layout
-from treestore._format.codecs import PROBE_BYTES, Codec, encode, plane_width, sound
+from treestore._format.codecs import PROBE_BYTES, Codec, encode, plane_width, scratch, sound
 from treestore._format.columns_codec import columns_from_fields, encode_columns
 from treestore._format.columns_tree import Nodes
 from treestore._format.commit_record import CommitRecord
@@ -227,9 +227,6 @@ def reusable_size(
     return stored if head is not None and sound(head, stored, raw_size) else None
 
 
-_tls = threading.local()
-
-
 def _snapshot(raw: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     """A copy of ``raw`` in this thread's reusable buffer (valid until this thread's next call).
 
@@ -237,10 +234,7 @@ def _snapshot(raw: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     make it store any state the array went through, but never an object whose bytes differ from
     its name.
     """
-    buf = getattr(_tls, "snapshot", None)
-    if buf is None or buf.nbytes < raw.nbytes:
-        buf = _tls.snapshot = np.empty(raw.nbytes, np.uint8)
-    out = buf[: raw.nbytes]
+    out = scratch(raw.nbytes, "snapshot")
     np.copyto(out, raw)
     return out
 
@@ -270,20 +264,20 @@ class _ChunkWriter:
         self._lock = threading.Lock()
         self._claimed: dict[bytes, cf.Future[int]] = {}
         self.written = self.written_bytes = self.reused = self.known_hits = 0
-        self._publisher: cf.ThreadPoolExecutor | None = None
+        self._publisher: Batch | None = None
         self._staged: list[tuple[Staged, cf.Future[None]]] = []
         self._failed: BaseException | None = None
 
     @contextlib.contextmanager
     def publishing(self, threads: int) -> Iterator[None]:
-        """Give the chunks :meth:`put` stages their names on ``threads`` threads of their own, so
-        the threads that hash and compress never wait for the disk (:meth:`Storage.stage`). On
-        an error every chunk not yet published is discarded."""
-        self._publisher = cf.ThreadPoolExecutor(threads, thread_name_prefix="treestore-publish")
+        """Give the chunks :meth:`put` stages their names on ``threads`` threads that do nothing
+        else, so the threads that hash and compress never wait for the disk
+        (:meth:`Storage.stage`). On an error every chunk not yet published is discarded."""
+        self._publisher = Batch(shared_pool(threads, "publish"))
         try:
             yield
         except BaseException:
-            self._publisher.shutdown(wait=True, cancel_futures=True)
+            self._publisher.cancel()
             with self._lock:
                 staged, self._staged = self._staged, []
             for chunk, fut in staged:
@@ -293,7 +287,6 @@ class _ChunkWriter:
         else:
             self.published()
         finally:
-            self._publisher.shutdown(wait=True)
             self._publisher = None
 
     def published(self) -> None:
@@ -437,17 +430,14 @@ def _write_alone(
     previous: _known.Previous,
 ) -> SaveResult:
     """:func:`write` by this process alone."""
-    with (
-        _locks.save_lock(storage) as lock,
-        writer.publishing(options.threads),
-        cf.ThreadPoolExecutor(compute_threads(options.threads, storage.stages)) as pool,
-    ):
+    with _locks.save_lock(storage) as lock, writer.publishing(options.threads):
         writer.known = _known.learn(storage, previous)  # under the lock, after any gc: safe
+        jobs = Batch(shared_pool(compute_threads(options.threads, storage.stages), "save"))
         try:
             table = LeafTable()
-            packs = _write_leaves(prepared, options, pool, writer, lock, table)
+            packs = _write_leaves(prepared, options, jobs, writer, lock, table)
         except BaseException:
-            pool.shutdown(wait=True, cancel_futures=True)
+            jobs.cancel()
             raise
         nbytes = _commit(storage, prepared, name, table, packs, metadata, options, overwrite)
     return writer.result(name, len(table), nbytes)
@@ -478,13 +468,13 @@ def _write_in_group(
     try:
         lock = _locks.save_lock(storage)
         writer.known = _known.learn(storage, previous)  # under this process's lock: safe
-        threads = compute_threads(options.threads, storage.stages)
-        with writer.publishing(options.threads), cf.ThreadPoolExecutor(threads) as pool:
+        with writer.publishing(options.threads):
+            jobs = Batch(shared_pool(compute_threads(options.threads, storage.stages), "save"))
             sink = EntryList()
             try:
-                packs = _write_leaves(prepared, options, pool, writer, lock, sink, primary=group.primary)
+                packs = _write_leaves(prepared, options, jobs, writer, lock, sink, primary=group.primary)
             except BaseException:
-                pool.shutdown(wait=True, cancel_futures=True)
+                jobs.cancel()
                 raise
             written = sink.entries, packs
         storage.sync()
@@ -511,7 +501,7 @@ def _write_in_group(
 def _write_leaves(
     prepared: Prepared,
     options: SaveOptions,
-    pool: cf.ThreadPoolExecutor,
+    pool: Batch,
     writer: _ChunkWriter,
     lock: _locks.Lock,
     sink: LeafTable | EntryList,

@@ -124,12 +124,19 @@ def _maybe_compress(data: np.ndarray[Any, Any], level: int) -> bytes | None:
     return packed if len(packed) < PAYS_OFF * data.nbytes else None
 
 
+SCRATCH_KEPT = 16 * 2**20  # the largest scratch buffer a thread keeps between uses
+
+
 def scratch(size: int, name: str = "scratch") -> np.ndarray[Any, Any]:
     """This thread's reusable buffer ``name`` of at least ``size`` bytes: a fresh 4 MiB array per
-    chunk costs more in page faults than the byte-plane transpose itself."""
+    chunk costs more in page faults than the byte-plane transpose itself. treestore's threads
+    live as long as the process (see treestore._engine.threads), so a buffer over
+    :data:`SCRATCH_KEPT` (chunks over 8 MiB) is made for each use and not kept."""
     buf = getattr(_tls, name, None)
     if buf is None or buf.nbytes < size:
         buf = np.empty(size, np.uint8)
+        if size > SCRATCH_KEPT:
+            return buf
         setattr(_tls, name, buf)
     return buf[:size]
 

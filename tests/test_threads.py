@@ -1,0 +1,113 @@
+"""The worker threads saves and loads run in are kept between calls (treestore._engine.threads):
+a second call starts no thread, callers in many threads share them, and a process forked from
+one that used them saves and loads with threads of its own."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+
+import treestore
+
+from .helpers import assert_tree_equal
+
+
+def tree(v: int) -> dict[str, Any]:
+    rng = np.random.default_rng(v)
+    return {
+        "w": rng.standard_normal((300, 1000)).astype(np.float32),  # chunked
+        "e": rng.standard_normal((64, 3000)).astype(np.float32),
+        "b": np.full(7, v, np.int64),  # packed
+        "step": v,
+    }
+
+
+OPTIONS = treestore.SaveOptions(chunk_size=256 * 1024)
+
+
+def _starts(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    started: list[str] = []
+    real = threading.Thread.start
+
+    def start(self: threading.Thread) -> None:
+        started.append(self.name)
+        real(self)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    return started
+
+
+def test_a_second_save_and_load_start_no_thread(tmp_path, monkeypatch):
+    store = treestore.Store(str(tmp_path / "store"))
+    store.save(tree(0), "a", options=OPTIONS)
+    assert_tree_equal(store.load("a"), tree(0))
+    np.asarray(store.open("a")["w"])
+    started = _starts(monkeypatch)
+    store.save(tree(1), "b", options=OPTIONS)
+    assert_tree_equal(store.load("b"), tree(1))
+    assert np.array_equal(np.asarray(store.open("b")["w"]), tree(1)["w"])
+    assert started == []
+
+
+def test_callers_in_many_threads_share_the_workers(tmp_path):
+    store = treestore.Store(str(tmp_path / "store"))
+    errors: list[BaseException] = []
+
+    def work(i: int) -> None:
+        try:
+            for round_ in range(3):
+                name = f"c{i}-{round_}"
+                store.save(tree(10 * i + round_), name, options=OPTIONS)
+                assert_tree_equal(store.load(name), tree(10 * i + round_))
+                assert np.array_equal(np.asarray(store.open(name)["e"]), tree(10 * i + round_)["e"])
+        except BaseException as exc:
+            errors.append(exc)
+
+    callers = [threading.Thread(target=work, args=(i,)) for i in range(6)]
+    for t in callers:
+        t.start()
+    for t in callers:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in callers), "a caller never finished"
+    assert errors == []
+    assert treestore.verify(str(tmp_path / "store")).ok
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # jax warns of fork in a threaded process
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_forked_process_saves_and_loads_with_threads_of_its_own(tmp_path):
+    """The child has copies of the parent's pools but none of their threads: with those pools it
+    would wait forever for its first chunk."""
+    store = treestore.Store(str(tmp_path / "store"))
+    store.save(tree(0), "a", options=OPTIONS)
+    assert_tree_equal(store.load("a"), tree(0))
+    pid = os.fork()
+    if pid == 0:  # the child: exit 0 only if it saved and loaded exactly
+        code = 1
+        try:
+            child = treestore.Store(str(tmp_path / "store"))
+            child.save(tree(1), "b", options=OPTIONS)
+            got = child.load("b")
+            code = (
+                0 if np.array_equal(got["w"], tree(1)["w"]) and np.array_equal(got["e"], tree(1)["e"]) else 3
+            )
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child hung")
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert_tree_equal(store.load("b"), tree(1))
