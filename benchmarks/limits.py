@@ -7,7 +7,9 @@ as a save cuts them (``SaveOptions().chunk_size``), with the functions treestore
   the codec compresses it (planes a sample says do not pay are not compressed), and one file
   write + fsync of the stored bytes;
 * load: one read of that file, zstd decompression of the compressed planes, the inverse
-  transform into a fresh result, and BLAKE3 of the result (the digest check);
+  transform into a fresh result (one array per leaf, all kept until the end, as a load returns
+  them: faulting their pages in is part of the time), and BLAKE3 of the result (the digest
+  check);
 * one leaf: the load side for that leaf's bytes only.
 
 The limit is the sum of a side's component times split over the cores (``os.cpu_count()``):
@@ -22,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from treestore._engine.read import allocate
 from treestore._engine.write import SaveOptions
 from treestore._format import codecs as C
 from treestore._format.encoding import digest
@@ -51,6 +54,7 @@ def components(leaves: list[np.ndarray], tmp_dir: str) -> dict[str, float]:
     t: dict[str, float] = {}
     stored: list[list[Any]] = []  # per chunk: (width, size, [plane bytes or None per plane])
     for leaf in leaves:
+        stored.append([None, leaf.nbytes])  # a new leaf: its result is allocated here on load
         for raw, width in _chunks(leaf, chunk_size):
             _timed(t, "hash", digest, raw)
             if width >= 2 and raw.nbytes % width == 0:
@@ -67,7 +71,7 @@ def components(leaves: list[np.ndarray], tmp_dir: str) -> dict[str, float]:
                 kept = [packed if packed is not None else raw.tobytes()]
                 stored.append([0, raw.nbytes, kept, [packed is not None]])
     path = os.path.join(tmp_dir, "limit-probe")
-    body = [b for s in stored for b in s[2]]
+    body = [b for s in stored if s[0] is not None for b in s[2]]
     t0 = time.perf_counter()
     with open(path, "wb") as f:
         for b in body:
@@ -86,8 +90,15 @@ def components(leaves: list[np.ndarray], tmp_dir: str) -> dict[str, float]:
         os.close(fd)
     t["read"] = time.perf_counter() - t0
     os.unlink(path)
-    for width, size, parts, packed in stored:
-        out = np.empty(size, np.uint8)  # a fresh result, as a load allocates
+    results: list[np.ndarray] = []  # kept, as a load returns every leaf
+    for chunk in stored:
+        if chunk[0] is None:
+            results.append(allocate(chunk[1], "", "limit"))  # a fresh result, as a load allocates it
+            at = 0
+            continue
+        width, size, parts, packed = chunk
+        out = results[-1][at : at + size]
+        at += size
         if width:
             planes = C.scratch(size, "planes").reshape(width, -1)
             for j, part in enumerate(parts):
