@@ -73,6 +73,33 @@ MUTATIONS: list[Mutation] = [
         "the manifest is not made durable before the record that names it",
     ),
     m(
+        "commit before every chunk has its name",
+        "treestore/_engine/write.py",
+        "    writer.published()  # every chunk has its name before the caller commits\n",
+        "",
+        ["tests/test_commit_order.py::test_each_step_is_durable_before_the_next"],
+        "the manifest is written while chunks it references still wait for their names",
+    ),
+    m(
+        "local chunk named before it is fsynced",
+        "treestore/_storage/local.py",
+        "                _fsync(self._tmp)\n",
+        "",
+        ["tests/test_chunk_objects.py::test_a_local_chunk_is_fsynced_before_it_takes_its_name"],
+        "after a power cut a chunk's name can hold a short or empty file",
+    ),
+    m(
+        "a failed save keeps its staged chunks",
+        "treestore/_engine/write.py",
+        "                    chunk.discard()\n",
+        "                    pass\n",
+        [
+            "tests/test_commit_order.py"
+            "::test_a_save_that_fails_while_chunks_wait_for_their_names_leaves_nothing"
+        ],
+        "temporary files of a failed save are left in the store",
+    ),
+    m(
         "memory put-if-absent without its lock",
         "treestore/_storage/local.py",
         "        with self._lock:\n            if self.exists(path):",

@@ -292,3 +292,37 @@ def test_a_save_that_fails_while_chunks_wait_for_their_names_leaves_nothing(tmp_
     assert encoded >= 6
     monkeypatch.undo()
     _nothing_left(store, chunks)
+
+
+def test_chunks_still_waiting_when_one_cannot_take_its_name_are_removed(tmp_path, monkeypatch):
+    """The first chunk's publishing fails once every chunk is staged, while the others wait
+    their turn: the save fails, and the chunks that never got their turn leave no temporary
+    file behind."""
+    from treestore._storage import local as _local
+
+    store, chunks = _local_store_with_one_checkpoint(tmp_path)
+    real_publish = _local._LocalStaged.publish
+    calls = 0
+    lock = threading.Lock()
+
+    def publish(self: Any) -> None:
+        nonlocal calls
+        if f"/{_layout.CHUNKS}/" not in self._full:  # a lock or a manifest
+            real_publish(self)
+            return
+        with lock:
+            calls += 1
+            first = calls == 1
+        if first:
+            time.sleep(0.2)  # the save has staged every chunk and waits for their names
+            self.discard()
+            raise treestore.StorageError("injected fault: the disk refused a name")
+        time.sleep(0.05)
+        real_publish(self)
+
+    monkeypatch.setattr(_local._LocalStaged, "publish", publish)
+    with pytest.raises(treestore.StorageError, match="injected fault"):
+        store.save(tree(1), "second", options=treestore.SaveOptions(chunk_size=8 * 1024, small_leaf=1024))
+    monkeypatch.undo()
+    assert 1 < calls < 25, calls  # some chunks were published, some never got their turn
+    _nothing_left(store, chunks)

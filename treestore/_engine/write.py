@@ -290,11 +290,14 @@ class _ChunkWriter:
             self._publisher = None
 
     def published(self) -> None:
-        """Wait until every chunk staged so far has its name; raises the first failure."""
+        """Wait until every chunk staged so far has its name; raises the first failure (the
+        chunks still waiting stay listed, for :meth:`publishing` to discard)."""
         with self._lock:
-            staged, self._staged = self._staged, []
+            staged = list(self._staged)
         for _, fut in staged:
             fut.result()
+        with self._lock:
+            del self._staged[: len(staged)]  # only appended to meanwhile
 
     def _publish(self, chunk: Staged) -> None:
         if chunk is PUBLISHED:
