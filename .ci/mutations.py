@@ -100,6 +100,17 @@ MUTATIONS: list[Mutation] = [
         "temporary files of a failed save are left in the store",
     ),
     m(
+        "the caller's own array read in place",
+        "treestore/_tree/leaves.py",
+        "    return ArrayLeaf(NUMPY, name, data, private=data is not value)\n",
+        "    return ArrayLeaf(NUMPY, name, data, private=True)\n",
+        [
+            "tests/test_private_leaves.py::test_which_leaves_a_save_may_read_in_place",
+            "tests/test_reliability_store.py::test_an_array_written_to_during_a_save_never_makes_a_corrupt_chunk",
+        ],
+        "an array the caller changes during a save is hashed and encoded from different bytes",
+    ),
+    m(
         "memory put-if-absent without its lock",
         "treestore/_storage/local.py",
         "        with self._lock:\n            if self.exists(path):",

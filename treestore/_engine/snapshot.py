@@ -26,7 +26,7 @@ import numpy as np
 
 from treestore._engine.write import Prepared, prepare
 from treestore._tree.lazy_jax import jax
-from treestore._tree.leaves import ArrayLeaf, Leaf, prepare_leaf
+from treestore._tree.leaves import ArrayLeaf, Leaf, off_cpu, prepare_leaf
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,14 +36,6 @@ class _Kept:
     source: weakref.ref[Any] | None  # the jax array, while it lives; None for other leaves
     leaf: ArrayLeaf
     owned: bool  # the buffer is ours to overwrite (False: jax's own host copy, read-only)
-
-
-def _on_host_already(value: jax.Array) -> bool:
-    """np.asarray of this array is a fresh host copy (not a view of a CPU device buffer)."""
-    try:
-        return all(d.platform != "cpu" for d in value.devices())
-    except Exception:  # an array without devices (deleted, abstract) is never trusted
-        return False
 
 
 def _weak(value: object) -> weakref.ref[Any] | None:
@@ -94,7 +86,7 @@ class HostSnapshot:
                 return old.leaf
             leaf = prepare_leaf(value, address)
             if isinstance(leaf, ArrayLeaf):
-                if isinstance(value, jax.Array) and _on_host_already(value):
+                if isinstance(value, jax.Array) and off_cpu(value):
                     new[address] = _Kept(_weak(value), leaf, owned=False)
                 else:
                     leaf = _private(leaf, old)
@@ -104,7 +96,7 @@ class HostSnapshot:
 
         def start_copies(values: list[Any]) -> None:  # every device-to-host copy at once
             for x in values:
-                if isinstance(x, jax.Array) and id(x) not in same and _on_host_already(x):
+                if isinstance(x, jax.Array) and id(x) not in same and off_cpu(x):
                     with contextlib.suppress(Exception):  # np.asarray below copies anyway
                         x.copy_to_host_async()
 
@@ -122,12 +114,12 @@ def _private(leaf: ArrayLeaf, old: _Kept | None) -> ArrayLeaf:
     else (and for the shards of a sharded array) into new ones."""
     if leaf.data is None:
         pieces = tuple((start, np.array(d, copy=True, order="C")) for start, d in leaf.pieces)
-        return dataclasses.replace(leaf, pieces=pieces)
+        return dataclasses.replace(leaf, pieces=pieces, private=True)
     data, buf = leaf.data, old.leaf.data if old is not None and old.owned else None
     if buf is not None and buf.shape == data.shape and buf.dtype == data.dtype and buf.flags.c_contiguous:
         np.copyto(buf, data)
-        return dataclasses.replace(leaf, data=buf)
-    return dataclasses.replace(leaf, data=np.array(data, copy=True, order="C"))
+        return dataclasses.replace(leaf, data=buf, private=True)
+    return dataclasses.replace(leaf, data=np.array(data, copy=True, order="C"), private=True)
 
 
 class Background:

@@ -341,7 +341,8 @@ class _ChunkWriter:
 
     def put(self, raw: np.ndarray[Any, Any], width: int, *, private: bool = False) -> ChunkRef:
         """Store the chunk ``raw`` (1-D uint8); ``private`` says nothing else can change it
-        meanwhile (a pack this save assembled), so it needs no copy."""
+        meanwhile (a pack this save assembled, a leaf's host copy: ``ArrayLeaf.private``), so
+        it needs no copy."""
         if self._failed is not None:  # a chunk could not be published: the save has failed
             raise self._failed
         if not private:
@@ -380,12 +381,16 @@ def _resolved(chunk: ChunkRef | cf.Future[ChunkRef]) -> ChunkRef:
 
 
 def _plan_chunks(
-    data: np.ndarray[Any, Any], options: SaveOptions, submit: Callable[..., cf.Future[ChunkRef]]
+    data: np.ndarray[Any, Any],
+    options: SaveOptions,
+    submit: Callable[..., cf.Future[ChunkRef]],
+    private: bool,
 ) -> list[cf.Future[ChunkRef]]:
     raw = data.reshape(-1).view(np.uint8)
     itemsize = data.dtype.itemsize
     step = max(itemsize, options.chunk_size // itemsize * itemsize)
-    return [submit(raw[i : i + step], plane_width(data.dtype)) for i in range(0, raw.nbytes, step)]
+    width = plane_width(data.dtype)
+    return [submit(raw[i : i + step], width, private) for i in range(0, raw.nbytes, step)]
 
 
 def write(
@@ -535,7 +540,7 @@ def _write_leaves(
         pack_fill += len(raw)
         return ref
 
-    chunked: list[int] = []  # the leaves with chunks of their own, or pieces
+    chunked: list[tuple[int, bool]] = []  # the leaves with chunks of their own, or pieces; private
     for i, (_, leaf) in enumerate(prepared.leaves):
         if isinstance(leaf, ValueLeaf) or not (primary or leaf.sharded):
             plans.append(None)
@@ -546,26 +551,30 @@ def _write_leaves(
                     for start, piece in leaf.pieces
                 ]
             )
-            chunked.append(i)
+            chunked.append((i, leaf.private))
         elif 0 < leaf.data.nbytes < small:
             plans.append(pack(leaf.data))
         else:
             plans.append(leaf.data)
-            chunked.append(i)
+            chunked.append((i, leaf.private))
     pack_jobs = [
         pool.submit(writer.put, np.frombuffer(b"".join(m), np.uint8), 0, private=True) for m in packs if m
     ]
 
-    def submit(raw: np.ndarray[Any, Any], width: int) -> cf.Future[ChunkRef]:
-        return pool.submit(writer.put, raw, width)
+    def submit(raw: np.ndarray[Any, Any], width: int, private: bool) -> cf.Future[ChunkRef]:
+        return pool.submit(writer.put, raw, width, private=private)
 
-    for i in chunked:
+    for i, private in chunked:
         plan = plans[i]
         if type(plan) is np.ndarray:
-            plans[i] = _plan_chunks(plan, options, submit) if plan.nbytes else plan
+            plans[i] = _plan_chunks(plan, options, submit, private) if plan.nbytes else plan
         else:
             plans[i] = [
-                (start, piece.shape, [ref] if type(ref) is tuple else _plan_chunks(piece, options, submit))
+                (
+                    start,
+                    piece.shape,
+                    [ref] if type(ref) is tuple else _plan_chunks(piece, options, submit, private),
+                )
                 for start, piece, ref in plan
             ]
 

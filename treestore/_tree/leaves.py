@@ -44,6 +44,9 @@ class ArrayLeaf:
     pieces: tuple[tuple[tuple[int, ...], np.ndarray[Any, Any]], ...] = ()
     global_shape: tuple[int, ...] | None = None
     weak_type: bool = False
+    # Nothing but the save can reach the host data (a copy made for it, or a device array's
+    # host copy, which jax never changes): a save reads it without a copy of its own.
+    private: bool = False
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -78,6 +81,15 @@ def _host(array: np.ndarray[Any, Any], copy: bool = False) -> np.ndarray[Any, An
     if array.dtype.byteorder == ">":
         return array.astype(array.dtype.newbyteorder("<"))
     return array.copy(order="C") if copy or not array.flags.c_contiguous else array
+
+
+def off_cpu(x: jax.Array) -> bool:
+    """Whether ``x`` lives on no CPU device, so that its host data is a copy jax made (and
+    never changes), not a view of a device buffer that a donation could reuse."""
+    try:
+        return all(d.platform != "cpu" for d in x.devices())
+    except Exception:  # an array without devices (deleted, abstract) is never trusted
+        return False
 
 
 def prepare_leaf(value: object, address: str, *, copy: bool = False) -> Leaf:
@@ -123,10 +135,14 @@ def prepare_leaf(value: object, address: str, *, copy: bool = False) -> Leaf:
         _checked_shape(tuple(value.shape), np.dtype(value.dtype), address)
         weak = bool(getattr(value, "weak_type", False))
         owned = _owned_shards(value)
+        jax_copy = off_cpu(value)  # the host data is jax's own copy
         if owned is None:
-            return ArrayLeaf(kind, name, _host(_whole(value), copy), impl, weak_type=weak)
+            whole = _whole(value)
+            data = _host(whole, copy)
+            return ArrayLeaf(kind, name, data, impl, weak_type=weak, private=jax_copy or data is not whole)
         shards = tuple((s, _host(d, copy)) for s, d in owned)
-        return ArrayLeaf(kind, name, None, impl, shards, tuple(value.shape), weak)
+        private = jax_copy or all(h is not d for (_, h), (_, d) in zip(shards, owned, strict=True))
+        return ArrayLeaf(kind, name, None, impl, shards, tuple(value.shape), weak, private)
     if isinstance(value, (np.matrix, np.ma.MaskedArray)):
         what = "an np.matrix" if isinstance(value, np.matrix) else "a masked array (its mask)"
         fix = "np.asarray(x)" if isinstance(value, np.matrix) else "x.data and x.mask as two leaves"
@@ -150,7 +166,8 @@ def prepare_leaf(value: object, address: str, *, copy: bool = False) -> Leaf:
 def _numpy_leaf(value: np.ndarray[Any, Any], address: str, copy: bool) -> ArrayLeaf:
     name = _checked_name(value.dtype, address)
     _checked_shape(value.shape, value.dtype, address)
-    return ArrayLeaf(NUMPY, name, _host(value, copy))
+    data = _host(value, copy)
+    return ArrayLeaf(NUMPY, name, data, private=data is not value)
 
 
 def _whole(x: jax.Array) -> np.ndarray[Any, Any]:
