@@ -75,7 +75,7 @@ MUTATIONS: list[Mutation] = [
     m(
         "commit before every chunk has its name",
         "treestore/_engine/write.py",
-        "    writer.published()  # every chunk has its name before the caller commits\n",
+        "            self.published()  # every chunk has its name before the caller commits\n",
         "",
         ["tests/test_commit_order.py::test_each_step_is_durable_before_the_next"],
         "the manifest is written while chunks it references still wait for their names",

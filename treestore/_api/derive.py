@@ -26,7 +26,6 @@ from treestore._engine import read as _read
 from treestore._engine import write as _write
 from treestore._engine.commit import commit
 from treestore._engine.leaf_table import EntryList
-from treestore._engine.threads import Batch, compute_threads, shared_pool
 from treestore._format import layout as _layout
 from treestore._format import select as _select
 from treestore._format.address import (
@@ -499,15 +498,9 @@ def _write_derived(
         tuple((addresses.get(i, ""), leaf) for i, leaf in enumerate(new_leaves)),
     )
     writer = _write._ChunkWriter(storage, options.codec, None, known)
-    with writer.publishing(options.threads):
-        jobs = Batch(shared_pool(compute_threads(options.threads, storage.stages), "save"))
-        try:
-            sink = EntryList()
-            new_packs = _write._write_leaves(prepared, options, jobs, writer, lock, sink)
-            written = sink.entries
-        except BaseException:
-            jobs.cancel()
-            raise
+    sink = EntryList()
+    new_packs = _write._write_leaves(prepared, options, writer, lock, sink)
+    written = sink.entries
     shifted = {i: len(kept_packs) + i for i in range(len(new_packs))}
     entries = []
     for address, n in placed:

@@ -272,10 +272,12 @@ class _ChunkWriter:
     def publishing(self, threads: int) -> Iterator[None]:
         """Give the chunks :meth:`put` stages their names on ``threads`` threads that do nothing
         else, so the threads that hash and compress never wait for the disk
-        (:meth:`Storage.stage`). On an error every chunk not yet published is discarded."""
+        (:meth:`Storage.stage`), and wait for all of them on leaving. On an error, theirs
+        included, every chunk not yet published is discarded."""
         self._publisher = Batch(shared_pool(threads, "publish"))
         try:
             yield
+            self.published()  # every chunk has its name before the caller commits
         except BaseException:
             self._publisher.cancel()
             with self._lock:
@@ -284,8 +286,6 @@ class _ChunkWriter:
                 if fut.cancelled() or fut.exception() is not None:
                     chunk.discard()
             raise
-        else:
-            self.published()
         finally:
             self._publisher = None
 
@@ -438,15 +438,10 @@ def _write_alone(
     previous: _known.Previous,
 ) -> SaveResult:
     """:func:`write` by this process alone."""
-    with _locks.save_lock(storage) as lock, writer.publishing(options.threads):
+    with _locks.save_lock(storage) as lock:
         writer.known = _known.learn(storage, previous)  # under the lock, after any gc: safe
-        jobs = Batch(shared_pool(compute_threads(options.threads, storage.stages), "save"))
-        try:
-            table = LeafTable()
-            packs = _write_leaves(prepared, options, jobs, writer, lock, table)
-        except BaseException:
-            jobs.cancel()
-            raise
+        table = LeafTable()
+        packs = _write_leaves(prepared, options, writer, lock, table)
         nbytes = _commit(storage, prepared, name, table, packs, metadata, options, overwrite)
     return writer.result(name, len(table), nbytes)
 
@@ -476,15 +471,9 @@ def _write_in_group(
     try:
         lock = _locks.save_lock(storage)
         writer.known = _known.learn(storage, previous)  # under this process's lock: safe
-        with writer.publishing(options.threads):
-            jobs = Batch(shared_pool(compute_threads(options.threads, storage.stages), "save"))
-            sink = EntryList()
-            try:
-                packs = _write_leaves(prepared, options, jobs, writer, lock, sink, primary=group.primary)
-            except BaseException:
-                jobs.cancel()
-                raise
-            written = sink.entries, packs
+        sink = EntryList()
+        packs = _write_leaves(prepared, options, writer, lock, sink, primary=group.primary)
+        written = sink.entries, packs
         storage.sync()
     except BaseException as exc:
         failure = exc
@@ -509,7 +498,6 @@ def _write_in_group(
 def _write_leaves(
     prepared: Prepared,
     options: SaveOptions,
-    pool: Batch,
     writer: _ChunkWriter,
     lock: _locks.Lock,
     sink: LeafTable | EntryList,
@@ -519,9 +507,31 @@ def _write_leaves(
     """Write the chunks of every leaf, appending each leaf written to ``sink`` (the manifest's
     columns, or leaf entries); returns the pack chunks.
 
-    Only the primary process of a multi-process save writes leaves that are not sharded;
-    every process writes the pieces it owns.
+    Chunks are hashed and compressed on the process's saving threads and take their names on
+    its publishing threads (:meth:`_ChunkWriter.publishing`): when this returns every chunk has
+    its name, and when it raises none of its jobs still runs. Only the primary process of a
+    multi-process save writes leaves that are not sharded; every process writes the pieces it
+    owns.
     """
+    with writer.publishing(options.threads):
+        jobs = Batch(shared_pool(compute_threads(options.threads, writer.storage.stages), "save"))
+        try:
+            return _submit_leaves(prepared, options, jobs, writer, lock, sink, primary)
+        except BaseException:
+            jobs.cancel()
+            raise
+
+
+def _submit_leaves(
+    prepared: Prepared,
+    options: SaveOptions,
+    pool: Batch,
+    writer: _ChunkWriter,
+    lock: _locks.Lock,
+    sink: LeafTable | EntryList,
+    primary: bool,
+) -> list[ChunkRef]:
+    """:func:`_write_leaves`, its jobs submitted to ``pool``."""
     # Small leaves are hashed here, before any worker runs: thousands of tiny hashes interleaved
     # with workers would spend their time handing the GIL back and forth.
     plans: list[Any] = []
@@ -600,9 +610,7 @@ def _write_leaves(
                 refs = [ref_of(f.result()) for f in plan]
             lock.refresh(_locks.STALE_AFTER)  # after waiting for chunks: keep the save's lock fresh
         sink.array(leaf.kind, leaf.dtype, leaf.shape, leaf.prng_impl, leaf.weak_type, refs, pieces, address)
-    packed = [job.result() for job in pack_jobs]
-    writer.published()  # every chunk has its name before the caller commits
-    return packed
+    return [job.result() for job in pack_jobs]
 
 
 def _commit(
