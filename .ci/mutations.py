@@ -89,6 +89,14 @@ MUTATIONS: list[Mutation] = [
         "after a power cut a chunk's name can hold a short or empty file",
     ),
     m(
+        "a new local folder's name left to chance",
+        "treestore/_storage/local.py",
+        '            self._dirty_dirs.update(os.path.dirname(m) or "." for m in missing)\n',
+        "            pass\n",
+        ["tests/test_commit_order.py::test_a_new_folder_is_durable_in_its_parent_before_the_record"],
+        "after a power cut a new chunk folder, and every chunk in it, can be gone under a commit",
+    ),
+    m(
         "a failed save keeps its staged chunks",
         "treestore/_engine/write.py",
         "                    chunk.discard()\n",

@@ -172,6 +172,40 @@ def test_each_step_is_durable_before_the_next(tmp_path, monkeypatch):
     ], calls
 
 
+def test_a_new_folder_is_durable_in_its_parent_before_the_record(tmp_path, monkeypatch):
+    """A save into a new store makes folders (the store's, its chunk folders, manifests): each
+    one's name in its parent folder is fsynced before the commit record is written, else a crash
+    could lose a folder of chunks the committed manifest names (fsyncing the folder itself makes
+    only its own names durable)."""
+    from treestore._storage import local as _local
+
+    events: list[tuple[str, str]] = []
+    real_fsync, real_write_new = _local._fsync, _local.LocalStorage.write_new
+
+    def fsync(path: str) -> None:
+        events.append(("fsync", os.path.normpath(path)))
+        real_fsync(path)
+
+    def write_new(self: Any, path: str, data: bytes) -> bool:
+        if path.startswith(_layout.CHECKPOINTS + "/"):
+            events.append(("record", path))
+        return real_write_new(self, path, data)
+
+    monkeypatch.setattr(_local, "_fsync", fsync)
+    monkeypatch.setattr(_local.LocalStorage, "write_new", write_new)
+    root = tmp_path / "new" / "store"
+    treestore.save(str(root), tree(0), "first", options=OPTIONS)
+    record = events.index(("record", f"{_layout.CHECKPOINTS}/first"))
+    before = {path for kind, path in events[:record] if kind == "fsync"}
+    made = [root.parent, root] + [p for p in root.rglob("*") if p.is_dir()]
+    needed = [p for p in made if p.name != _layout.CHECKPOINTS]
+    assert len(needed) > 3
+    missing = [str(p.relative_to(tmp_path)) for p in needed if str(p.parent) not in before]
+    assert not missing, f"folders whose names were not durable before the record: {missing}"
+    after = {path for kind, path in events if kind == "fsync"}
+    assert str(root) in after  # the checkpoints folder's name, by the time the save returns
+
+
 KILLED_SAVE = """
 import os, sys
 import numpy as np

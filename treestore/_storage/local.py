@@ -264,10 +264,26 @@ class LocalStorage(Storage):
             self._made.discard(folder)
             self._inside.discard(folder)
         if folder not in self._made:
-            os.makedirs(folder, exist_ok=True)
+            self._make_folder(folder)
             self._check_inside(folder)  # never write through a symlinked folder
             self._made.add(folder)
         return os.path.join(folder, f".tmp-{uuid.uuid4().hex}")
+
+    def _make_folder(self, folder: str) -> None:
+        """Make ``folder`` and any missing folder above it. The parent of each folder made is
+        left for :meth:`sync`: fsyncing a folder makes the names in it durable, not its own
+        name in its parent, and a commit must not name chunks in a folder a crash can lose."""
+        missing = []
+        here = folder
+        while here and not os.path.lexists(here):
+            missing.append(here)
+            parent = os.path.dirname(here)
+            if parent == here:
+                break
+            here = parent
+        os.makedirs(folder, exist_ok=True)
+        with self._dirty_lock:
+            self._dirty_dirs.update(os.path.dirname(m) or "." for m in missing)
 
     def _write_tmp(self, full: str, buffers: Buffers) -> str:
         """The bytes of ``buffers`` in a new temporary file in ``full``'s folder (removed again
@@ -292,8 +308,8 @@ class LocalStorage(Storage):
 
     def sync(self) -> None:
         """fsync the folders of every object linked by :meth:`write_new` since the last sync
-        (each was fsynced before it took its name), so that their names are durable too;
-        :meth:`write` makes its folder durable itself."""
+        (each was fsynced before it took its name), so that their names are durable too, and
+        the parents of the folders made since; :meth:`write` makes its folder durable itself."""
         with self._dirty_lock:
             dirs, self._dirty_dirs = self._dirty_dirs, set()
         for d in sorted(dirs):
