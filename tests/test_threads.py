@@ -111,3 +111,42 @@ def test_a_forked_process_saves_and_loads_with_threads_of_its_own(tmp_path):
         pytest.fail("the forked child hung")
     assert os.waitstatus_to_exitcode(status) == 0
     assert_tree_equal(store.load("b"), tree(1))
+
+
+def test_run_all_runs_each_job_once_on_the_pool_threads():
+    """Jobs are spread over the role's threads, each taken once."""
+    from treestore._engine.threads import run_all
+
+    ran: list[tuple[int, str]] = []
+    lock = threading.Lock()
+
+    def job(i: int) -> None:
+        time.sleep(0.002)  # long enough for every thread to take some
+        with lock:
+            ran.append((i, threading.current_thread().name))
+
+    run_all([lambda i=i: job(i) for i in range(40)], 4, "read")
+    assert sorted(i for i, _ in ran) == list(range(40))
+    names = {name for _, name in ran}
+    assert all(name.startswith("treestore-read") for name in names)
+    assert len(names) > 1
+
+
+def test_run_all_stops_taking_jobs_after_one_fails():
+    """The first failure propagates once the jobs running end; the jobs not yet taken never run."""
+    from treestore._engine.threads import run_all
+
+    ran: list[int] = []
+    lock = threading.Lock()
+
+    def job(i: int) -> None:
+        if i == 3:
+            raise ValueError("job 3 failed")
+        time.sleep(0.005)
+        with lock:
+            ran.append(i)
+
+    with pytest.raises(ValueError, match="job 3 failed"):
+        run_all([lambda i=i: job(i) for i in range(200)], 4, "read")
+    assert 3 not in ran
+    assert len(ran) < 20, ran  # four threads stop after the job each was running

@@ -23,7 +23,7 @@ from treestore._engine import read as _read
 from treestore._engine import region as _region
 from treestore._engine import write as _write
 from treestore._engine.gc_pause import paused_gc
-from treestore._engine.threads import default_threads, shared_pool
+from treestore._engine.threads import default_threads
 from treestore._format import layout as _layout
 from treestore._format import select as _select
 from treestore._format.codecs import Codec
@@ -314,7 +314,6 @@ class Store:
         found = _bulk.read_leaves(reader, columns, which, threads=threads)
         arrays = {columns.addresses[i]: array for i, array in found.items()}
         leaves = []
-        pool = shared_pool(threads, "read")
         for slot, sharding in zip(slots, shardings, strict=True):
             if sharding is None:
                 leaves.append(_template.restore(slot, arrays.get(slot.address)))
@@ -322,7 +321,7 @@ class Store:
 
             def read(regions: list[tuple[slice, ...]], entry: LeafEntry | None = slot.entry) -> Any:
                 assert entry is not None  # a kept leaf is never assembled
-                return _region.read_regions(reader, entry, regions, pool)
+                return _region.read_regions(reader, entry, regions, threads)
 
             leaves.append(_template.assemble(slot, sharding, read))
         return jax.tree_util.tree_unflatten(treedef, leaves)

@@ -6,7 +6,6 @@ one contiguous byte range: only the chunks overlapping that range are read and d
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import functools
 import math
 from collections.abc import Callable, Iterator
@@ -16,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from treestore._engine.read import IN_PLACE_UP_TO, ChunkReader, allocate
-from treestore._engine.threads import default_threads, shared_pool
+from treestore._engine.threads import default_threads, run_all
 from treestore._format.codecs import scratch
 from treestore._format.dtypes import dtype_from_name
 from treestore._format.manifest import ChunkRef, LeafEntry, Piece
@@ -216,19 +215,19 @@ def _decode_cut(
 
 
 def read_region(
-    reader: ChunkReader, entry: LeafEntry, region: Region, pool: cf.Executor | None = None
+    reader: ChunkReader, entry: LeafEntry, region: Region, threads: int = 0
 ) -> np.ndarray[Any, Any]:
     """The elements of ``entry`` in ``region`` (normalized), as a new C-ordered array.
 
-    The chunks it needs are read, decoded and verified concurrently (in ``pool``, else in the
-    process's reading threads), decoded straight into the result when the region is a whole
-    piece.
+    The chunks it needs are read, decoded and verified concurrently on ``threads`` of the
+    process's reading threads (0: :func:`default_threads`), decoded straight into the result
+    when the region is a whole piece.
     """
-    return read_regions(reader, entry, [region], pool)[0]
+    return read_regions(reader, entry, [region], threads)[0]
 
 
 def read_regions(
-    reader: ChunkReader, entry: LeafEntry, regions: list[Region], pool: cf.Executor | None = None
+    reader: ChunkReader, entry: LeafEntry, regions: list[Region], threads: int = 0
 ) -> list[np.ndarray[Any, Any]]:
     """:func:`read_region` of each of ``regions`` (a leaf's device shards), all their chunks read
     and decoded concurrently."""
@@ -245,10 +244,7 @@ def read_regions(
     # The copies write disjoint parts of the results (pieces tile their leaf): they run
     # concurrently too, once every chunk is decoded (numpy releases the GIL while it copies).
     for step in (jobs, fills):
-        if pool is None:
-            run_in_threads(step, default_threads())
-        else:
-            run(step, pool)
+        run_in_threads(step, threads or default_threads())
     return outs
 
 
@@ -264,22 +260,5 @@ def _fill(
 
 
 def run_in_threads(jobs: list[Callable[[], None]], threads: int) -> None:
-    """Run jobs in the process's pool of ``threads`` reading threads (see :func:`run`)."""
-    run(jobs, shared_pool(threads, "read") if threads > 1 and len(jobs) > 1 else None)
-
-
-def run(jobs: list[Callable[[], None]], pool: cf.Executor | None) -> None:
-    """Run jobs, in ``pool`` when given; the first error propagates after the rest stop."""
-    if pool is None or len(jobs) <= 1:
-        for job in jobs:
-            job()
-        return
-    futures = [pool.submit(job) for job in jobs]
-    try:
-        for f in futures:
-            f.result()
-    except BaseException:
-        for f in futures:
-            f.cancel()
-        cf.wait(futures)
-        raise
+    """Run jobs in the process's pool of ``threads`` reading threads."""
+    run_all(jobs, threads, "read")

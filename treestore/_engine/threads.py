@@ -12,7 +12,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -44,6 +44,11 @@ def shared_pool(threads: int, role: str) -> cf.ThreadPoolExecutor:
         pool = _pools.get(key)
         if pool is None:
             pool = _pools[key] = cf.ThreadPoolExecutor(threads, thread_name_prefix=f"treestore-{role}")
+            # Start every thread now: the executor starts one only when a job finds none idle,
+            # which a call that runs its jobs on a few threads of its own may not.
+            started = threading.Barrier(threads)
+            for _ in range(threads):
+                pool.submit(started.wait, 10.0)
         return pool
 
 
@@ -78,3 +83,39 @@ class Batch:
         for f in futures:
             f.cancel()
         cf.wait(futures)
+
+
+def run_all(jobs: Sequence[Callable[[], object]], threads: int, role: str) -> None:
+    """Run ``jobs`` on up to ``threads`` threads of the ``role`` pool, each thread taking the
+    next job not yet taken, so a call costs a handful of hand-offs rather than one per job (a
+    load's 50 chunk futures cost more than the waiting they saved). The first error propagates
+    once the running jobs end; jobs not yet taken are skipped."""
+    if threads <= 1 or len(jobs) <= 1:
+        for job in jobs:
+            job()
+        return
+    todo = iter(jobs)
+    take = threading.Lock()
+    failed = threading.Event()
+
+    def drain() -> None:
+        while not failed.is_set():
+            with take:
+                job = next(todo, None)
+            if job is None:
+                return
+            try:
+                job()
+            except BaseException:
+                failed.set()
+                raise
+
+    futures = [shared_pool(threads, role).submit(drain) for _ in range(min(threads, len(jobs)))]
+    try:
+        cf.wait(futures)
+    except BaseException:  # interrupted: the threads stop after the jobs they are running
+        failed.set()
+        cf.wait(futures)
+        raise
+    for f in futures:
+        f.result()  # a failure, if any: the first thread's to fail in the order they started
