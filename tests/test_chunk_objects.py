@@ -201,3 +201,38 @@ def test_the_fast_and_the_numpy_byte_planes_are_the_same_bytes(monkeypatch, widt
     out = np.empty(raw.nbytes, np.uint8)
     codecs.decode_into(slow, out)  # the fast path decodes what the numpy path wrote
     assert out.tobytes() == raw.tobytes()
+
+
+def test_a_big_chunk_stored_alone_is_hashed_and_compressed_on_every_core(tmp_path: Path, monkeypatch):
+    """A 64 MiB leaf saved as one chunk: nothing else overlaps it, so its BLAKE3 runs on every
+    core and its 16 MiB planes are compressed by zstd's threads into frames every reader
+    decodes; the leaf loads exactly, whole and as one leaf, and verifies. Chunks of the default
+    size (four at a time here) stay on one thread each."""
+    import blake3
+
+    from treestore._format import codecs, encoding
+
+    asked: list[tuple[int, int]] = []
+    real = blake3.blake3
+
+    def spy(data: Any = b"", **kwargs: Any) -> Any:
+        asked.append((memoryview(data).nbytes, kwargs.get("max_threads", 1)))
+        return real(data, **kwargs)
+
+    monkeypatch.setattr(encoding.blake3, "blake3", spy)
+    raw = (np.random.default_rng(3).standard_normal(16 * 2**20) * 0.02).astype(np.float32).view(np.uint8)
+    assert encoding.digest(raw, spread=True) == real(raw.tobytes()).digest() == encoding.digest(raw)
+    plane = raw[3::4].tobytes()
+    if (os.cpu_count() or 1) > 1:  # zstd's threads make other, equally valid, frames
+        assert codecs._compressor(1, spread=True).compress(plane) != codecs._compressor(1).compress(plane)
+    store = treestore.Store(str(tmp_path / "store"))
+    asked.clear()
+    store.save({"w": raw.view(np.float32)}, "a", options=treestore.SaveOptions(chunk_size=64 * 2**20))
+    assert (raw.nbytes, os.cpu_count()) in asked
+    assert len(store.storage.list("chunks")) == 1
+    assert np.array_equal(store.load("a")["w"], raw.view(np.float32))
+    assert np.array_equal(np.asarray(store.open("a")["w"]), raw.view(np.float32))
+    assert treestore.verify(str(tmp_path / "store")).ok
+    asked.clear()
+    store.save({"w": raw.view(np.float32) + 1}, "b")
+    assert {threads for size, threads in asked if size >= 2**20} == {1}

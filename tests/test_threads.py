@@ -83,8 +83,12 @@ def test_callers_in_many_threads_share_the_workers(tmp_path):
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_a_forked_process_saves_and_loads_with_threads_of_its_own(tmp_path):
     """The child has copies of the parent's pools but none of their threads: with those pools it
-    would wait forever for its first chunk."""
+    would wait forever for its first chunk. The parent has also stored a big chunk alone, on
+    every core (threads of BLAKE3's and zstd's own): a compressor kept with its threads hung or
+    crashed the child when it was freed there."""
     store = treestore.Store(str(tmp_path / "store"))
+    big = np.random.default_rng(5).standard_normal(16 * 2**20).astype(np.float32)  # 64 MiB
+    store.save({"big": big}, "big", options=treestore.SaveOptions(chunk_size=64 * 2**20))
     store.save(tree(0), "a", options=OPTIONS)
     assert_tree_equal(store.load("a"), tree(0))
     pid = os.fork()

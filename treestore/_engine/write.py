@@ -29,7 +29,7 @@ from treestore._format.codecs import PROBE_BYTES, Codec, encode, plane_width, sc
 from treestore._format.columns_codec import columns_from_fields, encode_columns
 from treestore._format.columns_tree import Nodes
 from treestore._format.commit_record import CommitRecord
-from treestore._format.encoding import digest
+from treestore._format.encoding import ALL_CORES_FROM, digest
 from treestore._format.limits import MAX_MANIFEST_BYTES
 from treestore._format.manifest import (
     ChunkRef,
@@ -267,6 +267,7 @@ class _ChunkWriter:
         self._publisher: Batch | None = None
         self._staged: list[tuple[Staged, cf.Future[None]]] = []
         self._failed: BaseException | None = None
+        self._running = 0  # chunks being stored now, by any thread
 
     @contextlib.contextmanager
     def publishing(self, threads: int) -> Iterator[None]:
@@ -345,9 +346,23 @@ class _ChunkWriter:
         it needs no copy."""
         if self._failed is not None:  # a chunk could not be published: the save has failed
             raise self._failed
+        with self._lock:
+            self._running += 1
+        try:
+            return self._put(raw, width, private)
+        finally:
+            with self._lock:
+                self._running -= 1
+
+    def _alone(self, raw: np.ndarray[Any, Any]) -> bool:
+        """Whether chunk ``raw`` is big and no other chunk is being stored meanwhile: then its
+        hash and compression use every core (a big leaf in one chunk, the last of a few)."""
+        return raw.nbytes >= ALL_CORES_FROM and self._running == 1
+
+    def _put(self, raw: np.ndarray[Any, Any], width: int, private: bool) -> ChunkRef:
         if not private:
             raw = _snapshot(raw)
-        d = digest(raw)
+        d = digest(raw, spread=self._alone(raw))
         with self._lock:
             fut = self._claimed.get(d)
             owner = fut is None
@@ -358,7 +373,8 @@ class _ChunkWriter:
         try:
             stored = self._stored(d, raw.nbytes)
             if stored is None:
-                buffers = encode(raw, width, self.codec, reuse=True)  # written before the next
+                # (written before this thread encodes the next)
+                buffers = encode(raw, width, self.codec, reuse=True, spread=self._alone(raw))
                 self._publish(self.storage.stage(_layout.chunk_path(d), buffers))
                 stored = sum(len(b) for b in buffers)
                 with self._lock:

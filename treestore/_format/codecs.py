@@ -90,19 +90,29 @@ def stored_codec(chunks: Sequence[tuple[int, int]], dtype: np.dtype[Any], codec:
     return name + ("/raw" if any(raw) else "")
 
 
-def _compressor(level: int) -> zstandard.ZstdCompressor:
+def _compressor(level: int, spread: bool = False) -> zstandard.ZstdCompressor:
+    """This thread's compressor for ``level``; with ``spread``, a new one that compresses on
+    every core (zstd's own threads, in jobs of 4 MiB: smaller ones cost more than they overlap).
+    That one is not kept: freeing it joins its threads, which in a process forked while it was
+    kept would hang or crash (the threads are not there)."""
+    cores = os.cpu_count() or 1
+    if spread and cores > 1:
+        return zstandard.ZstdCompressor(compression_params=_params(level, threads=cores, job_size=4 * 2**20))
     cache = getattr(_tls, "compressors", None)
     if cache is None:
         cache = _tls.compressors = {}
     if level not in cache:
-        # Weights have little to find by LZ matching: a tiny match search keeps the entropy
-        # coding (where the gain is) at about four times the speed of the level's defaults, and
-        # compresses exponent planes slightly better.
-        params = zstandard.ZstdCompressionParameters.from_level(
-            level, min_match=7, search_log=1, hash_log=6, window_log=17, write_content_size=True
-        )
-        cache[level] = zstandard.ZstdCompressor(compression_params=params)
+        cache[level] = zstandard.ZstdCompressor(compression_params=_params(level))
     return cache[level]
+
+
+def _params(level: int, **threads: int) -> zstandard.ZstdCompressionParameters:
+    # Weights have little to find by LZ matching: a tiny match search keeps the entropy coding
+    # (where the gain is) at about four times the speed of the level's defaults, and compresses
+    # exponent planes slightly better.
+    return zstandard.ZstdCompressionParameters.from_level(
+        level, min_match=7, search_log=1, hash_log=6, window_log=17, write_content_size=True, **threads
+    )
 
 
 def _decompressor() -> zstandard.ZstdDecompressor:
@@ -112,15 +122,14 @@ def _decompressor() -> zstandard.ZstdDecompressor:
     return d
 
 
-def _maybe_compress(data: np.ndarray[Any, Any], level: int) -> bytes | None:
-    """zstd of ``data`` if a sample says it pays, else None."""
-    cctx = _compressor(level)
+def _maybe_compress(data: np.ndarray[Any, Any], level: int, spread: bool = False) -> bytes | None:
+    """zstd of ``data`` if a sample says it pays, else None; ``spread``: on every core."""
     if data.nbytes > 2 * SAMPLE_BYTES:
         mid = data.nbytes // 2
         sample = data[mid : mid + SAMPLE_BYTES]
-        if len(cctx.compress(sample.data)) > PAYS_OFF * SAMPLE_BYTES:
+        if len(_compressor(level).compress(sample.data)) > PAYS_OFF * SAMPLE_BYTES:
             return None
-    packed = cctx.compress(data.data)
+    packed = _compressor(level, spread).compress(data.data)
     return packed if len(packed) < PAYS_OFF * data.nbytes else None
 
 
@@ -205,12 +214,13 @@ def _shuffle(raw: np.ndarray[Any, Any], planes: np.ndarray[Any, Any], width: int
 
 
 def encode(
-    raw: np.ndarray[Any, Any], width: int, codec: Codec, *, reuse: bool = False
+    raw: np.ndarray[Any, Any], width: int, codec: Codec, *, reuse: bool = False, spread: bool = False
 ) -> list[bytes | memoryview]:
     """The chunk object for ``raw`` (a 1-D uint8 array), as buffers to write in order.
 
     With ``reuse`` the buffers may point into this thread's scratch memory: write them before
-    this thread encodes again.
+    this thread encodes again. With ``spread`` its planes are compressed on every core (the
+    bytes differ, the chunk they decode to does not).
     """
     size = raw.nbytes
     if codec.name == "zstd" and size:
@@ -222,7 +232,7 @@ def encode(
             lengths = []
             mask = 0
             for j in range(width):
-                packed = _maybe_compress(planes[j], codec.level)
+                packed = _maybe_compress(planes[j], codec.level, spread)
                 if packed is None:
                     parts.append(planes[j].data)
                     lengths.append(planes[j].nbytes)
@@ -234,7 +244,7 @@ def encode(
                 table = struct.pack(f"<{width}Q", *lengths)
                 return [HEADER.pack(MAGIC, PLANES, width, mask, size), table, *parts]
         else:
-            packed = _maybe_compress(raw, codec.level)
+            packed = _maybe_compress(raw, codec.level, spread)
             if packed is not None:
                 return [HEADER.pack(MAGIC, ZSTD, 0, 0, size), packed]
     return [HEADER.pack(MAGIC, RAW, 0, 0, size), raw.data]

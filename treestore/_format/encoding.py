@@ -4,6 +4,7 @@ format version, typed fields with bounds, and BLAKE3 digests."""
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,9 +18,16 @@ NEWEST_VERSION = 2  # the newest version this treestore reads (it reads every ve
 DIGEST_BYTES = 32
 
 
-def digest(data: Any) -> bytes:
-    """BLAKE3 of any buffer (bytes, memoryview, contiguous numpy array)."""
-    return blake3.blake3(data).digest()
+ALL_CORES_FROM = 16 * 2**20  # a chunk this big may be hashed and compressed on every core
+
+
+def digest(data: Any, *, spread: bool = False) -> bytes:
+    """BLAKE3 of any buffer (bytes, memoryview, contiguous numpy array); with ``spread``, on
+    every core (for a big chunk that no other work overlaps). Those threads are the call's own,
+    gone when it returns: a pool kept for the process (BLAKE3's ``AUTO``) would leave a process
+    forked later hanging on threads it does not have."""
+    threads = (os.cpu_count() or 1) if spread else 1
+    return blake3.blake3(data, max_threads=threads).digest()
 
 
 def to_msgpack(obj: object) -> bytes:
