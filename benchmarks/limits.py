@@ -47,31 +47,41 @@ def _timed(acc: dict[str, float], key: str, fn: Any, *args: Any) -> Any:
     return out
 
 
-def components(leaves: list[np.ndarray], tmp_dir: str) -> dict[str, float]:
-    """Seconds each component takes, on one core, for the bytes of ``leaves``."""
+def encode(leaves: list[np.ndarray], t: dict[str, float]) -> list[list[Any]]:
+    """The save side's CPU components, timed into ``t``: what each chunk stores. One entry per
+    leaf (``[None, nbytes]``: its result is allocated there on load), then per chunk
+    ``[width, size, stored parts, which parts are compressed]``."""
     codec = C.Codec()
     chunk_size = SaveOptions().chunk_size
-    t: dict[str, float] = {}
-    stored: list[list[Any]] = []  # per chunk: (width, size, [plane bytes or None per plane])
+    stored: list[list[Any]] = []
     for leaf in leaves:
-        stored.append([None, leaf.nbytes])  # a new leaf: its result is allocated here on load
+        stored.append([None, leaf.nbytes])
         for raw, width in _chunks(leaf, chunk_size):
             _timed(t, "hash", digest, raw)
             if width >= 2 and raw.nbytes % width == 0:
-                planes = C.scratch(raw.nbytes)  # reused, as a save reuses it
+                planes = C.scratch(raw.nbytes).reshape(width, -1)  # reused, as a save reuses it
                 _timed(t, "transform", C._shuffle, raw, planes, width)
-                parts = [
-                    _timed(t, "compress", C._maybe_compress, p, codec.level)
-                    for p in planes.reshape(width, -1)
-                ]
+                parts = [_timed(t, "compress", C._maybe_compress, p, codec.level) for p in planes]
                 kept = [p if p is not None else planes[j].tobytes() for j, p in enumerate(parts)]
                 stored.append([width, raw.nbytes, kept, [p is not None for p in parts]])
             else:
                 packed = _timed(t, "compress", C._maybe_compress, raw, codec.level)
                 kept = [packed if packed is not None else raw.tobytes()]
                 stored.append([0, raw.nbytes, kept, [packed is not None]])
+    return stored
+
+
+def stored_bytes(stored: list[list[Any]]) -> list[bytes]:
+    """The bytes ``encode`` stores, in order: what the write and read components move."""
+    return [b for s in stored if s[0] is not None for b in s[2]]
+
+
+def components(leaves: list[np.ndarray], tmp_dir: str) -> dict[str, float]:
+    """Seconds each component takes, on one core, for the bytes of ``leaves``."""
+    t: dict[str, float] = {}
+    stored = encode(leaves, t)
     path = os.path.join(tmp_dir, "limit-probe")
-    body = [b for s in stored if s[0] is not None for b in s[2]]
+    body = stored_bytes(stored)
     t0 = time.perf_counter()
     with open(path, "wb") as f:
         for b in body:
