@@ -110,6 +110,24 @@ def test_gc_rm_and_cp_load_no_jax(store, tmp_path):
     assert [i.name for i in treestore.Store(store).list()] == ["step-2"]
 
 
+def test_a_numpy_tree_saves_and_loads_without_importing_jax(tmp_path):
+    """Only a process that imported jax can be one of a jax.distributed job: a save of numpy
+    arrays and Python values must not import jax (1-1.5 s) to ask how many processes there are.
+    (A ``like=`` template is a jax pytree: flattening it imports jax.)"""
+    url = str(tmp_path / "plain")
+    code = f"""
+import numpy as np
+import treestore
+treestore.save({url!r}, {{"w": np.ones(3), "n": 7, "s": {{"t": "x"}}}}, "plain")
+treestore.Store({url!r}).save({{"w": np.zeros(3)}}, "second", options=treestore.SaveOptions(threads=4))
+assert treestore.load({url!r} + "#plain")["n"] == 7
+assert treestore.load({url!r} + "#second")["w"].tolist() == [0.0, 0.0, 0.0]
+print("ok")
+"""
+    loaded, out = child(code)
+    assert out == "ok" and loaded == [], loaded[:3]
+
+
 def test_save_and_load_import_jax_when_the_tree_needs_it(store, tmp_path):
     """A fresh interpreter saves a tree with a jax array and a namedtuple, loads it back with and
     without a template, and loads the jax leaf a parent process saved: treestore imports jax

@@ -63,6 +63,7 @@ from treestore._format.shares import (
 )
 from treestore._format.shares_merge import PACK_INDEX_END, Plan, frame_of, plan_from_entries
 from treestore._storage.base import Storage
+from treestore._tree import lazy_jax
 from treestore._tree.lazy_jax import jax
 from treestore._tree.leaves import ArrayLeaf, Leaf
 from treestore.errors import BarrierTimeoutError, InvalidInputError, StorageError
@@ -105,6 +106,8 @@ def group() -> Group | None:
     if found is not None:
         runtime, index, count = found
         return Group(index, count, runtime, barrier_timeout())
+    if not lazy_jax.imported():  # no jax.distributed job without jax: importing it costs ~1 s
+        return None
     count = jax.process_count()
     if count == 1:
         return None

@@ -14,8 +14,15 @@ from __future__ import annotations
 
 import functools
 import importlib
+import sys
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
+
+
+def imported() -> bool:
+    """Whether this process has imported jax (whoever did): a process that has not cannot be one
+    of a ``jax.distributed`` job, nor hold a jax array."""
+    return "jax" in sys.modules
 
 
 @functools.cache
