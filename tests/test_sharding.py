@@ -119,6 +119,37 @@ def test_reshard_8_to_4_to_1(store_url, values):
     assert not treestore.diff(f"{store_url}#eight", f"{store_url}#four")
 
 
+def test_sharded_leaves_are_read_together_within_a_byte_budget(store_url, values, monkeypatch):
+    """Small sharded leaves' chunks are decoded in one batch (one leaf at a time left the reading
+    threads waiting on the caller between leaves), and no batch holds more than the budget of
+    host buffers unless one leaf alone is bigger."""
+    from treestore._engine import region
+    from treestore._tree import template
+
+    store = treestore.Store(store_url)
+    store.save(tree_on(values, mesh((4, 2), ("x", "y")), SPECS_8), "c")
+    like = like_on(
+        values, mesh((2, 2), ("x", "y")), {"w": P("x", "y"), "v": P("y"), "b": P(None, "x"), "s": P()}
+    )
+    batches: list[list[int]] = []
+    real = region.read_many
+
+    def recording(reader, wanted, threads=0):
+        found = real(reader, wanted, threads)
+        batches.append([sum(a.nbytes for a in arrays) for arrays in found])
+        return found
+
+    monkeypatch.setattr(region, "read_many", recording)
+    out = store.load("c", like=like)
+    assert [len(b) for b in batches] == [4]  # one batch: every leaf is on several devices
+    monkeypatch.setattr(template, "BATCH_BYTES", values["w"].nbytes)
+    batches.clear()
+    again = store.load("c", like=like)
+    assert len(batches) >= 2 and all(len(b) == 1 or sum(b) <= values["w"].nbytes for b in batches), batches
+    for k, v in values.items():
+        assert same_bytes(host(out[k]), v) and same_bytes(host(again[k]), v), k
+
+
 def test_lazy_slices_and_select_on_sharded_leaves(store_url, values):
     store = treestore.Store(store_url)
     store.save(tree_on(values, mesh((4, 2), ("x", "y")), SPECS_8), "c")

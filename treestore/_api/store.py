@@ -29,7 +29,7 @@ from treestore._format import select as _select
 from treestore._format.codecs import Codec
 from treestore._format.columns import Columns
 from treestore._format.commit_record import CommitRecord
-from treestore._format.manifest import LeafEntry, Manifest, check_name
+from treestore._format.manifest import Manifest, check_name
 from treestore._format.parted import Parted
 from treestore._storage.base import Storage
 from treestore._storage.registry import open_storage
@@ -313,17 +313,12 @@ class Store:
         which = np.array([index[e.address] for e in whole if e is not None and e.is_array], np.int64)
         found = _bulk.read_leaves(reader, columns, which, threads=threads)
         arrays = {columns.addresses[i]: array for i, array in found.items()}
-        leaves = []
-        for slot, sharding in zip(slots, shardings, strict=True):
-            if sharding is None:
-                leaves.append(_template.restore(slot, arrays.get(slot.address)))
-                continue
-
-            def read(regions: list[tuple[slice, ...]], entry: LeafEntry | None = slot.entry) -> Any:
-                assert entry is not None  # a kept leaf is never assembled
-                return _region.read_regions(reader, entry, regions, threads)
-
-            leaves.append(_template.assemble(slot, sharding, read))
+        sharded = [(slot, s) for slot, s in zip(slots, shardings, strict=True) if s is not None]
+        placed = iter(_template.assemble_all(sharded, lambda w: _region.read_many(reader, w, threads)))
+        leaves = [
+            _template.restore(slot, arrays.get(slot.address)) if sharding is None else next(placed)
+            for slot, sharding in zip(slots, shardings, strict=True)
+        ]
         return jax.tree_util.tree_unflatten(treedef, leaves)
 
     # -- derived checkpoints and timelines ---------------------------------------------------

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -231,21 +231,32 @@ def read_regions(
 ) -> list[np.ndarray[Any, Any]]:
     """:func:`read_region` of each of ``regions`` (a leaf's device shards), all their chunks read
     and decoded concurrently."""
-    assert entry.shape is not None
-    dtype = dtype_from_name(entry.dtype, address=entry.address)
+    return read_many(reader, [(entry, regions)], threads)[0]
+
+
+def read_many(
+    reader: ChunkReader, wanted: Sequence[tuple[LeafEntry, list[Region]]], threads: int = 0
+) -> list[list[np.ndarray[Any, Any]]]:
+    """:func:`read_regions` of several leaves, all their chunks read and decoded concurrently:
+    a leaf's few chunks alone would leave the reading threads waiting on the caller."""
     jobs: list[Callable[[], None]] = []
     fills: list[Callable[[], None]] = []
-    outs = []
-    for region in regions:
-        out = allocate(tuple(r.stop - r.start for r in region), entry.address, reader.name, dtype)
-        if out.size:
-            plan_region(reader, entry, region, out, jobs, fills)
-        outs.append(out)
+    results = []
+    for entry, regions in wanted:
+        assert entry.shape is not None
+        dtype = dtype_from_name(entry.dtype, address=entry.address)
+        outs = []
+        for region in regions:
+            out = allocate(tuple(r.stop - r.start for r in region), entry.address, reader.name, dtype)
+            if out.size:
+                plan_region(reader, entry, region, out, jobs, fills)
+            outs.append(out)
+        results.append(outs)
     # The copies write disjoint parts of the results (pieces tile their leaf): they run
     # concurrently too, once every chunk is decoded (numpy releases the GIL while it copies).
     for step in (jobs, fills):
         run_in_threads(step, threads or default_threads())
-    return outs
+    return results
 
 
 def _fill(

@@ -3,6 +3,8 @@ every mismatch at once; then turn stored data into the template's leaf types."""
 
 from __future__ import annotations
 
+import functools
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -222,24 +224,62 @@ def target_sharding(slot: Slot) -> Any:
     return sharding
 
 
-def assemble(
-    slot: Slot, sharding: Any, read: Callable[[list[tuple[slice, ...]]], list[np.ndarray[Any, Any]]]
-) -> Any:
-    """A jax.Array on ``sharding`` whose addressable shards are read by ``read(regions)`` — all of
-    them at once, so their chunks are decoded concurrently, and each distinct region once,
-    whatever sharding the leaf was saved with."""
-    like, entry = slot.like, slot.entry
-    assert entry is not None  # target_sharding gives no sharding to a kept leaf
-    dtype = np.dtype(like.dtype)
+Region = tuple[slice, ...]
+ReadMany = Callable[[list[tuple[LeafEntry, list[Region]]]], list[list[np.ndarray[Any, Any]]]]
+_Wanted = tuple[LeafEntry, Slot, Any, dict[tuple[tuple[int, int], ...], Region]]
+BATCH_BYTES = 256 * 2**20  # shards read together, at most (a bigger leaf is read alone)
+
+
+def assemble_all(wanted: Sequence[tuple[Slot, Any]], read: ReadMany) -> list[Any]:
+    """A jax.Array for each (slot, sharding), its addressable shards read by ``read`` — for
+    consecutive leaves together up to :data:`BATCH_BYTES` of shards, so that small leaves'
+    chunks are decoded concurrently too, while the host buffers of a restore onto accelerators
+    stay bounded. Each distinct region of a leaf is read once, whatever sharding it was saved
+    with."""
+    out: list[Any] = []
+    batch: list[_Wanted] = []
+    size = 0
+    for slot, sharding in wanted:
+        assert slot.entry is not None  # target_sharding gives no sharding to a kept leaf
+        regions = _regions(slot.entry, sharding)
+        nbytes = np.dtype(slot.like.dtype).itemsize * sum(
+            math.prod(r.stop - r.start for r in region) for region in regions.values()
+        )
+        if batch and size + nbytes > BATCH_BYTES:
+            out += _assemble(batch, read)
+            batch, size = [], 0
+        batch.append((slot.entry, slot, sharding, regions))
+        size += nbytes
+    return out + _assemble(batch, read) if batch else out
+
+
+def _regions(entry: LeafEntry, sharding: Any) -> dict[tuple[tuple[int, int], ...], Region]:
+    """The distinct regions of ``entry``'s leaf that ``sharding`` puts on this process's devices."""
     shape = tuple(entry.shape or ())
+    out = {}
+    for index in _indices(sharding, shape):
+        region = _region_of(index or (), shape)
+        out[_key(region)] = region
+    return out
 
-    def key(index: tuple[slice, ...] | None) -> tuple[tuple[int, int], ...]:
-        return tuple((r.start, r.stop) for r in _region_of(index or (), shape))
 
-    regions = {key(index): _region_of(index or (), shape) for index in _indices(sharding, shape)}
-    found = read(list(regions.values()))
-    cache = {k: d if d.dtype == dtype else d.astype(dtype) for k, d in zip(regions, found, strict=True)}
-    return jax.make_array_from_callback(shape, sharding, lambda index: cache[key(index)])
+def _key(region: Region) -> tuple[tuple[int, int], ...]:
+    return tuple((r.start, r.stop) for r in region)
+
+
+def _assemble(batch: list[_Wanted], read: ReadMany) -> list[Any]:
+    found = read([(entry, list(regions.values())) for entry, _, _, regions in batch])
+    out = []
+    for (entry, slot, sharding, regions), data in zip(batch, found, strict=True):
+        dtype = np.dtype(slot.like.dtype)
+        cache = {k: d if d.dtype == dtype else d.astype(dtype) for k, d in zip(regions, data, strict=True)}
+        shape = tuple(entry.shape or ())
+        out.append(jax.make_array_from_callback(shape, sharding, functools.partial(_shard, cache, shape)))
+    return out
+
+
+def _shard(cache: dict[Any, np.ndarray[Any, Any]], shape: tuple[int, ...], index: Any) -> Any:
+    return cache[_key(_region_of(index or (), shape))]
 
 
 def _indices(sharding: Any, shape: tuple[int, ...]) -> list[tuple[slice, ...] | None]:
