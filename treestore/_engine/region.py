@@ -223,22 +223,15 @@ def read_region(
     process's reading threads (0: :func:`default_threads`), decoded straight into the result
     when the region is a whole piece.
     """
-    return read_regions(reader, entry, [region], threads)[0]
-
-
-def read_regions(
-    reader: ChunkReader, entry: LeafEntry, regions: list[Region], threads: int = 0
-) -> list[np.ndarray[Any, Any]]:
-    """:func:`read_region` of each of ``regions`` (a leaf's device shards), all their chunks read
-    and decoded concurrently."""
-    return read_many(reader, [(entry, regions)], threads)[0]
+    return read_many(reader, [(entry, [region])], threads)[0][0]
 
 
 def read_many(
     reader: ChunkReader, wanted: Sequence[tuple[LeafEntry, list[Region]]], threads: int = 0
 ) -> list[list[np.ndarray[Any, Any]]]:
-    """:func:`read_regions` of several leaves, all their chunks read and decoded concurrently:
-    a leaf's few chunks alone would leave the reading threads waiting on the caller."""
+    """:func:`read_region` of each region of several leaves (their device shards), all their
+    chunks read and decoded concurrently: a leaf's few chunks alone would leave the reading
+    threads waiting on the caller."""
     jobs: list[Callable[[], None]] = []
     fills: list[Callable[[], None]] = []
     results = []
