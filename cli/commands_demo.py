@@ -16,7 +16,7 @@ from .commands_inspect import leaf_record, open_store, show_lines
 
 LAYOUT = {"checkpoints", "chunks", "manifests", "locks"}
 WIDTH = 512  # a 512x512 float32 layer is 1 MiB: four chunks of 256 KiB
-OPTIONS = treestore.SaveOptions(chunk_size=256 * 1024)
+CHUNK_SIZE = 256 * 1024
 
 
 def params(step: int) -> dict[str, Any]:
@@ -82,9 +82,10 @@ def demo(folder: str) -> int:
     store = fresh_store(Path(folder))
     url = store.url
     meta = {"model": "mlp-4x512", "note": "treestore demo"}
-    first = store.save(params(1), "step-1", metadata={**meta, "step": 1}, options=OPTIONS)
+    options = treestore.SaveOptions(chunk_size=CHUNK_SIZE)
+    first = store.save(params(1), "step-1", metadata={**meta, "step": 1}, options=options)
     click.echo(saved_line("step-1", first))
-    second = store.save(params(2), "step-2", metadata={**meta, "step": 2}, options=OPTIONS)
+    second = store.save(params(2), "step-2", metadata={**meta, "step": 2}, options=options)
     click.echo(saved_line("step-2", second) + "  <- only layer 2 changed")
     loaded = store.load("step-2")
     if not same(loaded, params(2)):

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import treestore
-from treestore._format.dtypes import DTYPES
+from treestore._format.columns import DTYPE_NAMES
+from treestore._format.dtypes import DTYPES, ITEMSIZES, ML_ITEMSIZES, NUMPY_NAMES
 
 from .helpers import assert_tree_equal, same_bytes
 from .templates import blank
@@ -30,6 +31,18 @@ def random_array(dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
         return RNG.integers(lo, hi, size=shape).astype(dtype)
     raw = RNG.integers(0, 256, size=(*shape, dtype.itemsize), dtype=np.uint8)
     return raw.view(dtype).reshape(shape)
+
+
+def test_the_static_dtype_table_is_what_numpy_and_ml_dtypes_define():
+    """Manifests are read without importing ml_dtypes, from a table of names and item sizes: each
+    entry must be the dtype the installed ml_dtypes (or numpy) defines, with that item size."""
+    assert set(ITEMSIZES) == set(DTYPES) == NUMPY_NAMES | set(ML_ITEMSIZES)
+    for name in ML_ITEMSIZES:
+        assert DTYPES[name] == np.dtype(getattr(ml_dtypes, name)), name
+        assert DTYPES[name].name == name
+    for name, size in ITEMSIZES.items():
+        assert DTYPES[name].itemsize == size, name
+    assert set(DTYPE_NAMES) == set(DTYPES)  # the format's code table names each of them
 
 
 @pytest.mark.parametrize("name", sorted(DTYPES))

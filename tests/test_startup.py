@@ -1,4 +1,5 @@
-"""Start-up: ``import treestore`` and the commands that only read manifests never import jax.
+"""Start-up: ``import treestore`` and the commands that only read manifests never import jax, nor
+ml_dtypes (whose newest releases take most of a second to import).
 
 Each check runs in a fresh interpreter (this one imported jax long ago) and looks at
 ``sys.modules`` once the work is done; save and load in such an interpreter import jax when a
@@ -23,10 +24,11 @@ import treestore
 ROOT = Path(__file__).resolve().parent.parent
 Pair = namedtuple("Pair", ["left", "right"])
 
-# The modules of jax loaded in the child, printed as its last line of output.
+# The modules of jax and ml_dtypes loaded in the child, printed as its last line of output.
+HEAVY = ("jax", "jaxlib", "ml_dtypes")
 LOADED = (
     "\nimport json, sys\n"
-    "print(json.dumps(sorted(m for m in sys.modules if m.partition('.')[0] in ('jax', 'jaxlib'))))\n"
+    f"print(json.dumps(sorted(m for m in sys.modules if m.partition('.')[0] in {HEAVY!r})))\n"
 )
 
 

@@ -10,19 +10,12 @@ array([[1., 0.],
        [0., 1.]])
 """
 
-from treestore import errors, types
-from treestore._api.checkpoint import Checkpoint, LazyLeaf
-from treestore._api.copy import copy
-from treestore._api.interop import export_file, import_file
-from treestore._api.manager import CheckpointManager
-from treestore._api.store import Store, diff, load, open, save
-from treestore._api.verify import verify
-from treestore._api.watch import watch
-from treestore._engine.write import SaveOptions
-from treestore._format.address import format_address
-from treestore._format.codecs import Codec
-from treestore._format.encoding import FORMAT_VERSION
-from treestore._tree.keys import parse_address
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from treestore import errors
 from treestore.errors import (
     CorruptionError,
     InvalidInputError,
@@ -33,7 +26,46 @@ from treestore.errors import (
     UnsupportedFormatError,
 )
 
+if TYPE_CHECKING:
+    from treestore import types
+    from treestore._api.checkpoint import Checkpoint, LazyLeaf
+    from treestore._api.copy import copy
+    from treestore._api.interop import export_file, import_file
+    from treestore._api.manager import CheckpointManager
+    from treestore._api.store import Store, diff, load, open, save
+    from treestore._api.verify import verify
+    from treestore._api.watch import watch
+    from treestore._engine.write import SaveOptions
+    from treestore._format.address import format_address
+    from treestore._format.codecs import Codec
+    from treestore._format.encoding import FORMAT_VERSION
+    from treestore._tree.keys import parse_address
+
 __version__ = "0.2.0"
+
+# Where each name of the API lives. They are imported on first use (PEP 562), so that
+# ``import treestore`` costs what the errors cost, and a command that reads manifests loads
+# only the modules it calls, never numpy's heavier neighbours it has no use for.
+_LAZY = {
+    "Checkpoint": "treestore._api.checkpoint",
+    "LazyLeaf": "treestore._api.checkpoint",
+    "copy": "treestore._api.copy",
+    "export_file": "treestore._api.interop",
+    "import_file": "treestore._api.interop",
+    "CheckpointManager": "treestore._api.manager",
+    "Store": "treestore._api.store",
+    "diff": "treestore._api.store",
+    "load": "treestore._api.store",
+    "open": "treestore._api.store",
+    "save": "treestore._api.store",
+    "verify": "treestore._api.verify",
+    "watch": "treestore._api.watch",
+    "SaveOptions": "treestore._engine.write",
+    "format_address": "treestore._format.address",
+    "Codec": "treestore._format.codecs",
+    "FORMAT_VERSION": "treestore._format.encoding",
+    "parse_address": "treestore._tree.keys",
+}
 
 __all__ = [
     "FORMAT_VERSION",
@@ -65,24 +97,19 @@ __all__ = [
     "watch",
 ]
 
-for _obj in (
-    Checkpoint,
-    LazyLeaf,
-    CheckpointManager,
-    Store,
-    SaveOptions,
-    Codec,
-    copy,
-    diff,
-    export_file,
-    format_address,
-    import_file,
-    load,
-    open,
-    parse_address,
-    save,
-    verify,
-    watch,
-):
-    _obj.__module__ = __name__  # reprs, tracebacks and help() show treestore.X
-del _obj
+
+def __getattr__(name: str) -> Any:
+    if name == "types":
+        return importlib.import_module("treestore.types")
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'treestore' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    if hasattr(value, "__module__") and not isinstance(value, int):
+        value.__module__ = __name__  # reprs, tracebacks and help() show treestore.X
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from treestore._format.dtypes import DTYPES
+from treestore._format.dtypes import DTYPES, NUMPY_NAMES
 from treestore._format.limits import MAX_METADATA_BYTES
 from treestore._format.manifest import check_metadata
 from treestore._tree.lazy_jax import jax
@@ -30,7 +30,7 @@ from treestore.errors import InvalidInputError, TreestoreError, UnsupportedForma
 FORMATS = ("safetensors", "npz", "msgpack", "orbax")
 SUFFIXES = {".safetensors": "safetensors", ".npz": "npz", ".msgpack": "msgpack"}
 FLAT = ("safetensors", "npz")
-NPY_DTYPES = frozenset(n for n, d in DTYPES.items() if d.type.__module__ == "numpy")  # .npy holds these
+NPY_DTYPES = NUMPY_NAMES  # .npy holds these
 # safetensors dtype codes -> our dtype names (every code safetensors writes that numpy can hold)
 _ST_DTYPES = {
     "BOOL": "bool", "U8": "uint8", "I8": "int8", "U16": "uint16", "I16": "int16", "U32": "uint32",

@@ -27,7 +27,7 @@ from treestore._format.columns_tree import NODE_DTYPE as NODE_DTYPE
 from treestore._format.columns_tree import Nodes
 from treestore._format.commit_record import CommitRecord
 from treestore._format.dtypes import (
-    DTYPES,
+    ITEMSIZES,
     NOT_IN_JAX,
     PRNG_IMPLS,
     dtype_from_name,
@@ -89,7 +89,7 @@ ARRAY_FIELDS = {
     "packs": PACK_DTYPE,
 }
 _CODE = {name: code for code, name in enumerate(DTYPE_NAMES)}
-_ITEMSIZE = np.array([DTYPES[n].itemsize if n in DTYPES else 1 for n in DTYPE_NAMES], np.int64)
+_ITEMSIZE = np.array([ITEMSIZES.get(n, 1) for n in DTYPE_NAMES], np.int64)
 _PRNG_WIDTH = np.array([0] + [PRNG_IMPLS[n] for n in PRNG_NAMES[1:] if n], np.int64)
 
 

@@ -5,9 +5,10 @@ Every dtype is looked up in a table here, never resolved by eval or import."""
 from __future__ import annotations
 
 import re
+import sys
+from collections.abc import Iterator, Mapping
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
 from treestore._format.limits import INT_END, INT_START, MAX_INT_DIGITS
@@ -32,28 +33,63 @@ _NUMPY_NAMES = [
 ]
 
 
-_ML_NAMES = [
-    "bfloat16",
-    "float8_e3m4",
-    "float8_e4m3",
-    "float8_e4m3b11fnuz",
-    "float8_e4m3fn",
-    "float8_e4m3fnuz",
-    "float8_e5m2",
-    "float8_e5m2fnuz",
-    "float8_e8m0fnu",
-    "float4_e2m1fn",
-    "float6_e2m3fn",
-    "float6_e3m2fn",
-    "int2",
-    "int4",
-    "uint2",
-    "uint4",
-]
+# The extended types ml_dtypes defines, with their item sizes (tests check these against ml_dtypes).
+# They are named here so that reading a manifest never imports ml_dtypes: a fresh install of it
+# takes most of a second to import, and only array bytes of these types need the class itself.
+ML_ITEMSIZES = {
+    "bfloat16": 2,
+    "float8_e3m4": 1,
+    "float8_e4m3": 1,
+    "float8_e4m3b11fnuz": 1,
+    "float8_e4m3fn": 1,
+    "float8_e4m3fnuz": 1,
+    "float8_e5m2": 1,
+    "float8_e5m2fnuz": 1,
+    "float8_e8m0fnu": 1,
+    "float4_e2m1fn": 1,
+    "float6_e2m3fn": 1,
+    "float6_e3m2fn": 1,
+    "int2": 1,
+    "int4": 1,
+    "uint2": 1,
+    "uint4": 1,
+}
+NUMPY_NAMES = frozenset(_NUMPY_NAMES)
+ITEMSIZES: dict[str, int] = {n: np.dtype(n).itemsize for n in _NUMPY_NAMES} | ML_ITEMSIZES
 
 
-DTYPES: dict[str, np.dtype[Any]] = {n: np.dtype(n) for n in _NUMPY_NAMES}
-DTYPES.update({n: np.dtype(getattr(ml_dtypes, n)) for n in _ML_NAMES if hasattr(ml_dtypes, n)})
+class _Dtypes(Mapping[str, "np.dtype[Any]"]):
+    """Store dtype name -> numpy dtype. Names are known without importing ml_dtypes; an extended
+    type's class is looked up (and ml_dtypes imported) only when its dtype is asked for."""
+
+    def __init__(self) -> None:
+        self._resolved: dict[str, np.dtype[Any]] = {n: np.dtype(n) for n in _NUMPY_NAMES}
+
+    def __getitem__(self, name: str) -> np.dtype[Any]:
+        found = self._resolved.get(name)
+        if found is not None:
+            return found
+        if name not in ML_ITEMSIZES:
+            raise KeyError(name)
+        import ml_dtypes  # the only import of it: see ML_ITEMSIZES
+
+        kind = getattr(ml_dtypes, name, None)
+        if kind is None:  # an older ml_dtypes than the store's writer had
+            raise KeyError(name)
+        found = self._resolved[name] = np.dtype(kind)
+        return found
+
+    def __contains__(self, name: object) -> bool:
+        return name in ITEMSIZES
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(ITEMSIZES)
+
+    def __len__(self) -> int:
+        return len(ITEMSIZES)
+
+
+DTYPES: Mapping[str, np.dtype[Any]] = _Dtypes()
 
 # Leaf kinds, as written in the manifest.
 NUMPY, JAX, NPSCALAR, PRNG_KEY = "numpy", "jax", "npscalar", "prng_key"
@@ -82,15 +118,30 @@ def dtype_name(dtype: np.dtype[Any]) -> str | None:
     except KeyError:
         pass
     name = dtype.name
-    found = name if name in DTYPES and DTYPES[name] == dtype.newbyteorder("=") else None
+    # An extended dtype's array exists, so ml_dtypes is imported already: no import happens here
+    # for a numpy dtype, whose name is never one of ML_ITEMSIZES.
+    found = name if name in DTYPES and _resolves_to(name, dtype.newbyteorder("=")) else None
     if len(_NAMES) < 1000:
         _NAMES[dtype] = found
     return found
 
 
+def _resolves_to(name: str, dtype: np.dtype[Any]) -> bool:
+    if name in NUMPY_NAMES or "ml_dtypes" in sys.modules:
+        try:
+            return DTYPES[name] == dtype
+        except KeyError:
+            return False
+    return False
+
+
 def dtype_from_name(name: object, *, address: str = "", checkpoint: str | None = None) -> np.dtype[Any]:
-    if isinstance(name, str) and name in DTYPES:
-        return DTYPES[name]
+    """The numpy dtype a store name stands for (importing ml_dtypes for an extended type)."""
+    if isinstance(name, str):
+        try:
+            return DTYPES[name]
+        except KeyError:
+            pass
     raise UnsupportedFormatError(
         f"{address or '(root)'}: unknown dtype {name!r}; this treestore knows {sorted(DTYPES)}",
         address=address,

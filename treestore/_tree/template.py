@@ -173,7 +173,12 @@ def _scalar_fits(kind: str, dtype: str | None) -> bool:
     """Whether a Python scalar of ``kind`` and a 0-d array of ``dtype`` convert into each other:
     bool and bool, int and the integer dtypes, float and the floating ones, complex and complex."""
     group = _SCALAR_DTYPES.get(kind)
-    return group is not None and dtype in DTYPES and jax.dtypes.issubdtype(DTYPES[dtype], group)
+    return (
+        group is not None
+        and dtype is not None
+        and dtype in DTYPES
+        and jax.dtypes.issubdtype(DTYPES[dtype], group)
+    )
 
 
 def _mismatch(leaf: Any, entry: LeafEntry, cast: bool) -> str | None:
