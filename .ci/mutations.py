@@ -369,6 +369,17 @@ MUTATIONS: list[Mutation] = [
         ],
         "an array changed during a save is hashed and encoded from different bytes",
     ),
+    # --- results of a load -------------------------------------------------------------------
+    m(
+        "loaded leaves may alias",
+        "treestore/_engine/bulk.py",
+        "part.copy() if shared[j] else part",
+        "part",
+        [
+            "tests/test_integrity.py::test_leaves_naming_the_same_packed_bytes_load_as_separate_arrays",
+        ],
+        "two leaves naming one pack member load as views of one buffer",
+    ),
 ]
 
 PROBE = """\

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import blake3
 import numpy as np
 import pytest
 
@@ -285,3 +286,34 @@ def test_packed_pieces_whose_digest_lies(store_url, lie):
             read()
         assert info.value.address == "p" and info.value.checkpoint == "ckpt"
     assert treestore.load(store_url, select="q")["q"].tolist() == [1, 1, 1]
+
+
+def _leaf(m, address):
+    return next(leaf for leaf in m["leaves"] if leaf["address"] == address)
+
+
+@pytest.mark.parametrize("how", ["same bytes", "overlapping bytes"])
+def test_leaves_naming_the_same_packed_bytes_load_as_separate_arrays(store_url, how):
+    """A consistent manifest may name one pack member for two leaves (or members that overlap):
+    the load must still give each leaf memory of its own, so writing one never changes another."""
+    a, b = np.arange(8, dtype=np.float32), np.arange(8, 16, dtype=np.float32)
+    treestore.save(store_url, {"a": a, "b": b, "c": np.ones(4, np.int32)}, "ckpt")
+
+    def alias(m):
+        first, second = _leaf(m, "a"), _leaf(m, "b")
+        second["chunks"] = [list(c) for c in first["chunks"]]
+        if how == "overlapping bytes":  # b: the last 6 floats of a and the first 2 of b
+            (ref,) = _leaf(m, "b")["chunks"]
+            ref[4] = first["chunks"][0][4] + 8  # [digest, raw, stored, pack, offset]
+            ref[0] = blake3.blake3(np.concatenate([a[2:], b[:2]]).tobytes()).digest()
+
+    hostile.mutate_manifest(store_url, "ckpt", alias)
+    tree = treestore.load(store_url)
+    expected_b = a if how == "same bytes" else np.concatenate([a[2:], b[:2]])
+    assert tree["a"].tolist() == a.tolist() and tree["b"].tolist() == expected_b.tolist()
+    leaves = [tree["a"], tree["b"], tree["c"]]
+    for i, x in enumerate(leaves):
+        for y in leaves[i + 1 :]:
+            assert not np.shares_memory(x, y)
+    tree["a"][:] = -1
+    assert tree["b"].tolist() == expected_b.tolist()

@@ -2,9 +2,11 @@
 
 Small leaves packed together are served one pack at a time: the pack is read, decoded and
 verified once, and each member becomes a view of the decoded pack, verified against its own
-digest — no per-leaf allocation, copy or leaf entry. A leaf with chunks of its own gets one job
-per chunk, decoding straight into the leaf's array; a leaf saved in pieces is assembled piece by
-piece (from the columns when its pieces are packed, else by :mod:`treestore._engine.region`).
+digest — no per-leaf allocation, copy or leaf entry. Members are disjoint, so no two leaves
+share memory (one that overlaps another, which only a hand-made manifest holds, is copied).
+A leaf with chunks of its own gets one job per chunk, decoding straight into the leaf's array; a
+leaf saved in pieces is assembled piece by piece (from the columns when its pieces are packed,
+else by :mod:`treestore._engine.region`).
 Reading and decoding run in parallel; the Python work on decoded packs runs after, in the
 caller's thread, where it does not fight the decoding threads for the GIL.
 """
@@ -90,6 +92,7 @@ def _read_pack(reader: ChunkReader, columns: Columns, pack: int, leaves: np.ndar
     codes = columns.leaves["dtype"][leaves]
     dtypes = {int(code): dtype_from_name(DTYPE_NAMES[code]) for code in np.unique(codes).tolist()}
     buf = reader.pack(pack, columns.address(int(leaves[0])))
+    shared = _overlapping(refs["offset"], refs["raw"]).tolist()
     for j, (i, code, offset, size) in enumerate(
         zip(leaves.tolist(), codes.tolist(), refs["offset"].tolist(), refs["raw"].tolist(), strict=True)
     ):
@@ -97,7 +100,19 @@ def _read_pack(reader: ChunkReader, columns: Columns, pack: int, leaves: np.ndar
         part = reader.member(buf, offset, size, chunk_digest)
         if part is None:
             raise reader.mismatch(chunk_digest, columns.address(i))
-        out[i] = _typed(part, offset, dtypes[code]).reshape(columns.shape(i))
+        out[i] = _typed(part.copy() if shared[j] else part, offset, dtypes[code]).reshape(columns.shape(i))
+
+
+def _overlapping(offsets: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """Which byte ranges ``[offset, offset + size)`` overlap one that starts before them (or at
+    the same place, earlier in the list). A save never writes such members, but a manifest may
+    name one member for two leaves: those get a copy, so that no two loaded leaves share memory."""
+    starts = offsets.astype(np.int64)
+    order = np.argsort(starts, kind="stable")
+    reach = np.maximum.accumulate(starts[order] + sizes.astype(np.int64)[order])
+    out = np.zeros(len(starts), bool)
+    out[order[1:]] = starts[order[1:]] < reach[:-1]
+    return out
 
 
 def _typed(part: np.ndarray[Any, Any], offset: int, dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
