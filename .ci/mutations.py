@@ -380,6 +380,23 @@ MUTATIONS: list[Mutation] = [
         ],
         "two leaves naming one pack member load as views of one buffer",
     ),
+    # --- two tiers ---------------------------------------------------------------------------
+    m(
+        "tiers compared as strings",
+        "treestore/_api/manager.py",
+        "if self.remote.storage.overlaps(self.store.storage):",
+        "if self.remote.url == self.store.url:",
+        ["tests/test_two_tier.py::test_one_store_as_both_tiers_is_refused_however_it_is_spelt"],
+        "one folder spelt two ways is accepted as both tiers, whose retentions delete each other's steps",
+    ),
+    m(
+        "local location without resolving links",
+        "treestore/_storage/local.py",
+        'os.path.realpath(self.root or ".")',
+        'os.path.normpath(self.root or ".")',
+        ["tests/test_two_tier.py::test_one_store_as_both_tiers_is_refused_however_it_is_spelt"],
+        "a symlinked spelling of the local tier is taken for another store",
+    ),
 ]
 
 PROBE = """\

@@ -202,12 +202,55 @@ def test_constructor_arguments(tmp_path):
     m.close()
 
 
+def _spellings(tmp_path):
+    """Pairs of URLs that name one store, or a store and one inside it."""
+    x = tmp_path / "x"
+    x.mkdir()
+    (tmp_path / "link").symlink_to(x)
+    return [
+        (str(x), f"file://{x}"),
+        (str(x), str(tmp_path / "x" / ".." / "x")),
+        (str(x), str(tmp_path / "link")),
+        (f"file://{tmp_path}/link/", str(x)),
+        (str(x), str(x / "remote")),
+        (str(x / "inner"), str(x)),
+        ("memory://tiers/a", "memory://tiers/a/b"),
+        ("memory://tiers/a", "memory:///tiers/a/./"),
+    ]
+
+
+def test_one_store_as_both_tiers_is_refused_however_it_is_spelt(tmp_path):
+    """Retention of one tier would delete the other's steps: the tiers must be two stores, neither
+    inside the other, compared by where they resolve to (not as strings)."""
+    for local, remote in _spellings(tmp_path):
+        with pytest.raises(treestore.InvalidInputError, match="one store") as info:
+            treestore.CheckpointManager(local=local, remote=remote)
+        assert "remote" in str(info.value), (local, remote)
+    for local, remote in [
+        (str(tmp_path / "x"), str(tmp_path / "xy")),
+        ("memory://tiers/a", "memory://tiers/ab"),
+    ]:
+        treestore.CheckpointManager(local=local, remote=remote).close()  # neighbours, not nested
+
+
 # -- against S3 (moto) --------------------------------------------------------------------------
 @pytest.fixture
 def fail_fast(monkeypatch: pytest.MonkeyPatch) -> None:
     s3fs = pytest.importorskip("s3fs")
     monkeypatch.setattr(s3fs.S3FileSystem, "retries", 1)
     monkeypatch.setenv("TREESTORE_UPLOAD_TIMEOUT", "3")
+
+
+def test_one_bucket_folder_as_both_tiers_is_refused(s3_backend):
+    """On an object store the location is the service (endpoint) and the key prefix."""
+    opts = s3_backend.storage_options
+    url = s3_backend.url("tiers")
+    for remote in (url, url + "/./", url + "/inner"):
+        with pytest.raises(treestore.InvalidInputError, match="one store"):
+            treestore.CheckpointManager(url, storage_options=opts, remote=remote, remote_storage_options=opts)
+    neighbour = s3_backend.url("tiers-2")
+    m = treestore.CheckpointManager(url, storage_options=opts, remote=neighbour, remote_storage_options=opts)
+    m.close()
 
 
 @pytest.mark.timeout(120)

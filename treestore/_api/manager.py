@@ -168,8 +168,11 @@ class CheckpointManager:
         self._replicator: Replicator | None = None
         if remote is not None:
             self.remote = Store(remote, storage_options=remote_storage_options)
-            if self.remote.url == self.store.url:
-                raise InvalidInputError(f"local and remote are one store ({self.store.url})")
+            if self.remote.storage.overlaps(self.store.storage):
+                raise InvalidInputError(
+                    f"local={self.store.url!r} and remote={self.remote.url!r} are one store, or one "
+                    "lies inside the other: each tier's retention would delete the other's steps"
+                )
             self._replicator = Replicator(
                 (local_url, storage_options),
                 (os.fspath(remote), remote_storage_options),

@@ -19,6 +19,7 @@ import concurrent.futures as cf
 import contextlib
 import datetime as _dt
 import errno
+import posixpath
 import random
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -101,6 +102,29 @@ class Storage:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r})"
+
+    def location(self) -> tuple[str, str, str]:
+        """Where this store lies, however its URL was spelt: the filesystem's protocol, the
+        service it talks to (an object store's endpoint or account; "" where there is one per
+        process) and the store's folder without ``.`` and ``..`` segments."""
+        return self.protocol, self._service(), posixpath.normpath("/" + self.root.lstrip("/"))
+
+    def _service(self) -> str:
+        options = getattr(self.fs, "storage_options", None) or {}
+        client = options.get("client_kwargs") or {}
+        for found in (options.get("endpoint_url"), client.get("endpoint_url"), options.get("account_name")):
+            if found:
+                return str(found)
+        return ""
+
+    def overlaps(self, other: Storage) -> bool:
+        """Whether ``other`` is this store, or lies inside it, or holds it (where that can be
+        known: two URLs of one service spelt with different endpoints are not recognised)."""
+        (kind, service, here), (other_kind, other_service, there) = self.location(), other.location()
+        if (kind, service) != (other_kind, other_service):
+            return False
+        here, there = here.rstrip("/") + "/", there.rstrip("/") + "/"
+        return here.startswith(there) or there.startswith(here)
 
     # -- paths ---------------------------------------------------------------------------------
     def _full(self, path: str) -> str:

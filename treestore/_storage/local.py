@@ -112,6 +112,10 @@ class LocalStorage(Storage):
         self._dirty_lock = threading.Lock()
         self._inside: set[str] = set()
 
+    def location(self) -> tuple[str, str, str]:
+        """The folder with every link and ``..`` resolved (as far as it exists)."""
+        return self.protocol, "", os.path.realpath(self.root or ".")
+
     # A store never holds links or special files: reads open only regular files reached without
     # symlinks, so a hostile store cannot make a load read (or block on) anything outside it.
     def _check_inside(self, folder: str) -> None:
