@@ -397,6 +397,18 @@ MUTATIONS: list[Mutation] = [
         ["tests/test_two_tier.py::test_one_store_as_both_tiers_is_refused_however_it_is_spelt"],
         "a symlinked spelling of the local tier is taken for another store",
     ),
+    # --- copy ----------------------------------------------------------------------------------
+    m(
+        "copy trusts pack members",
+        "treestore/_api/copy.py",
+        "                if pack_member(raw, ref.offset, ref.raw_size, ref.digest) is None:",
+        "                if False:",
+        [
+            "tests/test_transfer.py::test_a_packed_leaf_a_load_refuses_is_not_copied",
+            "tests/test_shares.py::test_a_packed_piece_a_load_refuses_is_not_copied",
+        ],
+        "copy commits a packed leaf whose reference into its pack a load refuses",
+    ),
 ]
 
 PROBE = """\

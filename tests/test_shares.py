@@ -28,6 +28,7 @@ from treestore._engine.parts import NOT_READ, complete
 from treestore._engine.read import read_columns, read_commit_record, read_frame, read_manifest_bytes
 from treestore._engine.write import SaveOptions, SaveResult, prepare
 from treestore._format import parted as parted_module
+from treestore._format.columns import CHUNK_DTYPE
 from treestore._format.columns_codec import decode_any, decode_columns, encode_any, encode_columns
 from treestore._format.encoding import digest
 from treestore._format.layout import manifest_path
@@ -39,6 +40,7 @@ from treestore._storage.registry import open_storage
 from treestore._tree.leaves import ArrayLeaf
 from treestore.errors import (
     BarrierTimeoutError,
+    ChunkCorruptError,
     InvalidInputError,
     ManifestCorruptError,
     OutOfMemoryError,
@@ -611,6 +613,35 @@ def test_a_hostile_part_is_refused_by_readers_naming_its_process(store_url, atta
     # Process 3 alone holds "whole": its readers read its part only, never process 1's.
     np.testing.assert_array_equal(store.load("job", select="whole")["whole"], tree_of()["whole"])
     np.testing.assert_array_equal(np.asarray(store.open("job")["whole"]), tree_of()["whole"])
+
+
+def _packed_digest_flipped(data: bytes) -> bytes:
+    """A part whose first packed piece names bytes its pack does not hold."""
+
+    def change(rec: dict[str, Any]) -> None:
+        chunks = np.frombuffer(rec["chunks"], CHUNK_DTYPE).copy()
+        at = int(np.flatnonzero(chunks["pack"] >= 0)[0])
+        flipped = bytearray(chunks["digest"][at].tobytes())
+        flipped[0] ^= 1
+        chunks["digest"][at] = np.void(bytes(flipped))
+        rec["chunks"] = chunks.tobytes()
+
+    return _record(data, change)
+
+
+def test_a_packed_piece_a_load_refuses_is_not_copied(store_url):
+    """A part's packed piece that does not match its pack fails a load; copy refuses it too,
+    naming the leaf, and commits nothing."""
+    saved(store_url)
+    _reparted(store_url, "job", 1, _packed_digest_flipped)
+    with pytest.raises(ChunkCorruptError):
+        treestore.load(store_url, "job")
+    dst = f"memory://treestore-tests/copy-{time.monotonic_ns()}"
+    with pytest.raises(ChunkCorruptError) as caught:
+        treestore.copy(f"{store_url}#job", dst)
+    assert caught.value.checkpoint == "job" and caught.value.address
+    assert "nothing was committed" in str(caught.value)
+    assert treestore.Store(dst).list() == []
 
 
 @pytest.mark.parametrize("damage", ["missing", "changed", "grown"])

@@ -113,3 +113,25 @@ def test_missing_source(tmp_path):
         treestore.copy(tmp_path / "nothing", memory())
     with pytest.raises(treestore.errors.CheckpointNotFoundError):
         treestore.copy(tmp_path / "nothing", memory(), all_checkpoints=True)
+
+
+def test_a_packed_leaf_a_load_refuses_is_not_copied(src):
+    """The pack object is sound, but leaf b's reference into it is damaged: load refuses it, so
+    copy must too (naming the leaf), whether or not the destination already holds the pack."""
+
+    def damage(m):
+        (ref,) = next(leaf for leaf in m["leaves"] if leaf["address"] == "b")["chunks"]
+        assert ref[3] == 0  # [digest, raw, stored, pack, offset]: a member of pack 0
+        ref[0] = bytes([ref[0][0] ^ 1]) + ref[0][1:]
+
+    mem = memory()
+    treestore.copy(f"{src}#step-2", mem)  # the destination holds step-2's pack already
+    hostile.mutate_manifest(src, "step-2", damage)
+    with pytest.raises(treestore.errors.ChunkCorruptError):
+        treestore.load(f"{src}#step-2")
+    for dst in (memory(), f"{mem}#again"):
+        with pytest.raises(treestore.errors.ChunkCorruptError) as info:
+            treestore.copy(f"{src}#step-2", dst)
+        assert info.value.address == "b" and info.value.checkpoint == "step-2"
+        assert "nothing was committed" in str(info.value)
+    assert [i.name for i in treestore.Store(mem).list()] == ["step-2"]

@@ -2,7 +2,9 @@
 
 Only chunks the destination lacks are transferred, as the stored objects they are (chunks are named
 by the digest of their raw bytes, so an object means the same in every store). Each one is decoded
-and checked against its digest before it is written, so a damaged source is never propagated. An
+and checked against its digest before it is written, and every pack is read and each leaf's
+reference into it checked, present at the destination or not: a copy commits only what a load of
+the source accepts, so a damaged source is never propagated. An
 object the destination already holds under a chunk's name is kept only if it passes the check a
 save applies before reusing one (``reusable_size``); a bad one is replaced from the source. The
 destination sees the same commit protocol as a save: lock, chunks, manifest, commit record.
@@ -27,7 +29,7 @@ from treestore._engine import locks as _locks
 from treestore._engine import read as _read
 from treestore._engine.commit import commit
 from treestore._engine.parts import part_bytes
-from treestore._engine.read import fetch_chunk
+from treestore._engine.read import fetch_chunk, pack_member
 from treestore._engine.threads import default_threads
 from treestore._engine.write import reusable_size
 from treestore._format import layout as _layout
@@ -40,6 +42,7 @@ from treestore._storage.registry import open_storage
 from treestore.errors import (
     CheckpointExistsError,
     CheckpointNotFoundError,
+    ChunkCorruptError,
     CorruptionError,
     InvalidInputError,
     ManifestCorruptError,
@@ -62,20 +65,26 @@ class CopyReport:
     chunks_known: int = 0  # of those, chunks a checkpoint there references: no request was sent
 
 
-def _chunk_owners(manifest: Manifest) -> dict[bytes, tuple[ChunkRef, str]]:
-    """Each chunk object of a checkpoint, with the leaf (or leaves of a pack) it holds."""
-    owners: dict[bytes, tuple[ChunkRef, str]] = {}
-    in_pack: dict[int, list[str]] = {}
+Members = list[tuple[ChunkRef, str]]  # the leaf chunks inside a pack, with their addresses
+
+
+def _chunk_owners(manifest: Manifest) -> dict[bytes, tuple[ChunkRef, str, Members]]:
+    """Each chunk object of a checkpoint, with the leaf (or leaves of a pack) it holds and, for a
+    pack, each leaf's reference into it."""
+    owners: dict[bytes, tuple[ChunkRef, str, Members]] = {}
+    in_pack: dict[int, Members] = {}
     for entry in manifest.leaves:
         for c in entry.chunks:
             if c.pack is None:
-                owners.setdefault(c.digest, (c, entry.address or "(root)"))
+                owners.setdefault(c.digest, (c, entry.address or "(root)", []))
             else:
-                in_pack.setdefault(c.pack, []).append(entry.address or "(root)")
+                in_pack.setdefault(c.pack, []).append((c, entry.address or "(root)"))
     for i, p in enumerate(manifest.packs):
-        leaves = in_pack.get(i, [])
+        members = in_pack.get(i, [])
+        leaves = [address for _, address in members]
         more = f" and {len(leaves) - 3} more" if len(leaves) > 3 else ""
-        owners.setdefault(p.digest, (p, f"{', '.join(leaves[:3])}{more} (pack {i})"))
+        found = owners.setdefault(p.digest, (p, f"{', '.join(leaves[:3])}{more} (pack {i})", []))
+        found[2].extend(members)
     return owners
 
 
@@ -89,22 +98,32 @@ class _Copier:
         self.done = self.total = 0
         self._lock = threading.Lock()
 
-    def _chunk(self, c: ChunkRef, owner: str, checkpoint: str) -> None:
+    def _fetch(self, c: ChunkRef, owner: str, checkpoint: str) -> tuple[bytes, Any]:
+        """Chunk ``c`` from the source, checked against its digest (errors name ``owner``)."""
+        try:
+            return fetch_chunk(self.src, c)
+        except CorruptionError as exc:
+            raise _refused(exc, owner, checkpoint, self.src.url) from None
+
+    def _chunk(self, c: ChunkRef, owner: str, members: Members, checkpoint: str) -> None:
         path = _layout.chunk_path(c.digest)
+        data = None
+        if members:  # a pack: each leaf's reference into it is checked, as a load checks it
+            data, raw = self._fetch(c, owner, checkpoint)
+            for ref, address in members:
+                if pack_member(raw, ref.offset, ref.raw_size, ref.digest) is None:
+                    problem = ChunkCorruptError(
+                        f"bytes {ref.offset}..{ref.offset + ref.raw_size} of pack chunk "
+                        f"{c.digest.hex()[:16]} do not match the leaf's digest"
+                    )
+                    raise _refused(problem, address, checkpoint, self.src.url)
         if c.digest in self.known:
             with self._lock:
                 self.present += 1
                 self.known_hits += 1
         elif reusable_size(self.dst, c.digest, c.raw_size) is None:  # none, or a bad one: replace it
-            try:
-                data, _ = fetch_chunk(self.src, c)
-            except CorruptionError as exc:
-                raise type(exc)(
-                    f"{owner}: {exc} in checkpoint {checkpoint!r} of {self.src.url}; "
-                    "nothing was committed at the destination",
-                    checkpoint=checkpoint,
-                    address=owner,
-                ) from None
+            if data is None:
+                data, _ = self._fetch(c, owner, checkpoint)
             self.dst.write(path, [data])
             with self._lock:
                 self.copied += 1
@@ -117,9 +136,14 @@ class _Copier:
             if self.progress is not None:
                 self.progress(self.done, self.total)
 
-    def chunks(self, owners: dict[bytes, tuple[ChunkRef, str]], checkpoint: str, lock: _locks.Lock) -> None:
+    def chunks(
+        self, owners: dict[bytes, tuple[ChunkRef, str, Members]], checkpoint: str, lock: _locks.Lock
+    ) -> None:
         with cf.ThreadPoolExecutor(self.threads) as pool:
-            futures = [pool.submit(self._chunk, c, owner, checkpoint) for c, owner in owners.values()]
+            futures = [
+                pool.submit(self._chunk, c, owner, members, checkpoint)
+                for c, owner, members in owners.values()
+            ]
             try:
                 for f in cf.as_completed(futures):
                     f.result()
@@ -198,7 +222,7 @@ def copy(
         if _already_there(d, new, digest(data), overwrite):
             continue
         owners = _chunk_owners(manifest)
-        copier.total += sum(c.raw_size for c, _ in owners.values())
+        copier.total += sum(c.raw_size for c, _, _ in owners.values())
         plans.append((ref, parts, new, data, owners))
     copied: list[str] = []
     if plans:
@@ -222,6 +246,14 @@ def copy(
         copier.copied_bytes,
         copier.present,
         copier.known_hits,
+    )
+
+
+def _refused(exc: CorruptionError, address: str, checkpoint: str, url: str) -> CorruptionError:
+    return type(exc)(
+        f"{address}: {exc} in checkpoint {checkpoint!r} of {url}; nothing was committed at the destination",
+        checkpoint=checkpoint,
+        address=address,
     )
 
 

@@ -16,9 +16,8 @@ from typing import Any
 
 from treestore._api.spec import parse_spec
 from treestore._engine import read as _read
-from treestore._engine.read import fetch_chunk
+from treestore._engine.read import fetch_chunk, pack_member
 from treestore._engine.threads import default_threads
-from treestore._format.encoding import digest
 from treestore._format.manifest import ChunkRef, Manifest, check_name
 from treestore._storage.base import Storage
 from treestore._storage.registry import open_storage
@@ -167,7 +166,7 @@ class _Verifier:
             self._report(everyone, _kind(exc, CHUNK_CORRUPT), str(exc))
         else:
             for (d, offset, size), users in job.slices.items():
-                if offset + size > raw.size or digest(raw[offset : offset + size]) != d:
+                if pack_member(raw, offset, size, d) is None:
                     self._report(
                         users,
                         CHUNK_CORRUPT,

@@ -337,6 +337,16 @@ def fetch_chunk(storage: Storage, c: ChunkRef) -> tuple[bytes, np.ndarray[Any, A
     return obj, raw
 
 
+def pack_member(
+    pack: np.ndarray[Any, Any], offset: int, size: int, chunk_digest: bytes
+) -> np.ndarray[Any, Any] | None:
+    """The bytes ``[offset, offset + size)`` of decoded pack ``pack`` (a view) if they lie in it
+    and match ``chunk_digest``, the digest of the leaf chunk they hold; else None. Every reader
+    of a pack member (load, open, verify, copy) checks it here."""
+    part = pack[offset : offset + size]
+    return part if part.nbytes == size and digest(part) == chunk_digest else None
+
+
 # Chunks of these raw sizes are read into a thread's scratch and decoded there (local stores).
 IN_PLACE_FROM, IN_PLACE_UP_TO = 256 * 1024, 16 * 2**20
 
@@ -426,8 +436,7 @@ class ChunkReader:
     ) -> np.ndarray[Any, Any] | None:
         """The bytes ``[offset, offset + size)`` of a decoded pack (a view) if they match the
         digest of the chunk they hold, else None (raise :meth:`mismatch`)."""
-        part = pack[offset : offset + size]
-        return part if part.nbytes == size and digest(part) == chunk_digest else None
+        return pack_member(pack, offset, size, chunk_digest)
 
     def mismatch(self, chunk_digest: bytes, address: str) -> TreestoreError:
         return self._located(
