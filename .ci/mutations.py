@@ -409,6 +409,18 @@ MUTATIONS: list[Mutation] = [
         ],
         "copy commits a packed leaf whose reference into its pack a load refuses",
     ),
+    # --- bounded work on hostile manifests --------------------------------------------------
+    m(
+        "tiling counts every cell of every piece",
+        "treestore/_format/manifest.py",
+        "    if int(np.prod(np.subtract(hi, lo), axis=1).sum()) != cells:\n",
+        "    if False:\n",
+        [
+            "tests/attacks/test_sizes.py::"
+            "test_overlapping_pieces_over_a_fine_grid_are_refused_without_counting_every_cell"
+        ],
+        "overlapping pieces over a fine grid cost pieces x cells to refuse (minutes)",
+    ),
 ]
 
 PROBE = """\

@@ -34,6 +34,12 @@ from typing import Any
 import numpy as np
 
 import treestore
+import treestore.types
+
+# The API is imported on first use (PEP 562): load all of it now, so that the guard below, which
+# refuses any import of a module not loaded before, sees only what a store makes a reader do.
+for _name in treestore.__all__:
+    getattr(treestore, _name)
 
 MiB = 2**20
 DEFAULT_MEMORY = 64 * MiB

@@ -9,13 +9,16 @@ from __future__ import annotations
 import os
 import struct
 
+import numpy as np
 import pytest
 import zstandard
 
 import treestore
 from treestore._format import codecs as _codecs
 from treestore._format import layout as _layout
+from treestore._format.encoding import Bad
 from treestore._format.limits import CHUNK_SLACK, MAX_GRID_CELLS, MAX_MANIFEST_BYTES
+from treestore._format.manifest import check_tiling
 
 from .. import hostile
 from ._harness import MiB, errors
@@ -398,3 +401,19 @@ def test_pieces_whose_boundaries_span_too_large_a_grid(store):
     out = store.check(ops=["manifest", "load", "verify"], memory=96 * MiB)
     assert isinstance(out["load"].error, treestore.errors.ManifestCorruptError), errors(out)
     assert "grid" in str(out["load"].error)
+
+
+@pytest.mark.timeout(30)
+def test_overlapping_pieces_over_a_fine_grid_are_refused_without_counting_every_cell():
+    """2,040 one-element pieces on the diagonal cut a leaf into a grid of about 4.2 million
+    cells (just under MAX_GRID_CELLS); 40,000 more pieces each cover the whole grid. Counting
+    the cover of every cell of every piece is 1.7e11 additions (minutes); the pieces cover more
+    cells than the grid has, so they overlap, and that is known from their corners alone."""
+    n = 2040
+    tiny = np.stack([np.arange(n), np.arange(n)], 1)
+    big = np.zeros((40_000, 2), np.int64)
+    start = np.concatenate([tiny, big]).astype(np.int64)
+    extent = np.concatenate([np.ones((n, 2)), np.full((40_000, 2), n)]).astype(np.int64)
+    with pytest.raises(Bad, match="overlap"):
+        check_tiling(start, extent, (n + 1, n + 1))
+    assert (n + 1) ** 2 <= MAX_GRID_CELLS

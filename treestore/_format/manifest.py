@@ -349,7 +349,11 @@ def _check_disjoint(pieces: list[Piece], shape: tuple[int, ...]) -> None:
 def check_tiling(start: np.ndarray, extent: np.ndarray, shape: tuple[int, ...]) -> None:
     """Boxes (``start`` and ``extent``, int64 arrays of one row per piece) inside ``shape`` whose
     volumes sum to its volume tile it exactly unless two overlap: count how often each cell of
-    the grid their boundaries span is covered (at most MAX_GRID_CELLS cells); Bad otherwise."""
+    the grid their boundaries span is covered (at most MAX_GRID_CELLS cells); Bad otherwise.
+
+    A tiling covers each cell once, so the cells the boxes cover, counted from their corners
+    first, must add up to the grid's: then counting the cover touches each cell once (hostile
+    boxes that each cover the whole grid would cost pieces x cells)."""
     if len(start) == 1 or not shape:
         return
     ends = start + extent
@@ -360,6 +364,8 @@ def check_tiling(start: np.ndarray, extent: np.ndarray, shape: tuple[int, ...]) 
     cover = np.zeros([len(b) - 1 for b in bounds], np.int32)
     lo = np.stack([np.searchsorted(b, start[:, d]) for d, b in enumerate(bounds)], 1).tolist()
     hi = np.stack([np.searchsorted(b, ends[:, d]) for d, b in enumerate(bounds)], 1).tolist()
+    if int(np.prod(np.subtract(hi, lo), axis=1).sum()) != cells:
+        raise _Bad("pieces overlap or leave holes")
     for a, z in zip(lo, hi, strict=True):
         cover[tuple(map(slice, a, z))] += 1
     if cover.size and (cover.min() != 1 or cover.max() != 1):
