@@ -10,6 +10,7 @@ import itertools
 import json
 import threading
 import time
+import tracemalloc
 from dataclasses import replace
 from typing import Any
 
@@ -642,6 +643,33 @@ def test_a_packed_piece_a_load_refuses_is_not_copied(store_url):
     assert caught.value.checkpoint == "job" and caught.value.address
     assert "nothing was committed" in str(caught.value)
     assert treestore.Store(dst).list() == []
+
+
+def test_a_part_of_many_small_pieces_beside_a_deep_leaf_is_refused_in_bounded_memory(store_url):
+    """A 3.6 MB part adds 150,000 one-element pieces to a 1-d leaf of a checkpoint that also has
+    a sharded leaf of rank 32. Padding every box to the widest rank to sort them took 170 MiB;
+    a reader refuses the part within memory proportional to its size."""
+    z, o = (0,) * 31, (1,) * 31
+    tree = {"v": np.arange(16, dtype=np.int32), "deep": np.arange(2.0).reshape((2, *o))}
+    boxes = {"v": rows(16, 4), "deep": [[((0, *z), (1, *o))], [((1, *z), (1, *o))], [], []]}
+    run_job(open_storage(store_url), [prepared(tree, boxes, i) for i in range(4)], "job", options=OPTIONS)
+    extra = 150_000
+
+    def grow(rec: dict[str, Any]) -> None:
+        rec["piece_leaves"] += np.full(extra, 1, "<u4").tobytes()  # leaf 1 is "v" ("deep" sorts first)
+        rec["piece_chunks"] += np.zeros(extra, "<u4").tobytes()
+        rec["piece_start"] += np.zeros(extra, "<u8").tobytes()
+        rec["piece_shape"] += np.ones(extra, "<u8").tobytes()
+
+    _reparted(store_url, "job", 1, lambda data: _record(data, grow))
+    tracemalloc.start()
+    try:
+        with pytest.raises(ManifestCorruptError, match=r"leaf v: .*pieces"):
+            treestore.load(store_url, "job")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 * 2**20, f"{peak / 2**20:.0f} MiB"
 
 
 @pytest.mark.parametrize("damage", ["missing", "changed", "grown"])

@@ -244,29 +244,34 @@ def _in_order(leaf: np.ndarray, grid: np.ndarray) -> bool:
 
 def _ordered(plan: Plan, c: Combined) -> tuple[Pieces, np.ndarray, np.ndarray]:
     """The pieces ordered by leaf, then by start in lexicographic order (ties in process order),
-    with each one's number of chunk refs and the chunk refs (u4 rows) in that order."""
+    with each one's number of chunk refs and the chunk refs (u4 rows) in that order.
+
+    Boxes are sorted as rows of their leaf's rank, rank by rank: never padded to the widest
+    rank, which would let a part of many small pieces allocate their count times 64 words."""
     leaf = c.leaf
     ndim = plan.ndim[leaf]
-    width = int(ndim.max()) if len(ndim) else 0
-    uniform = bool(np.all(ndim == width))
-    if uniform:  # the usual case: boxes of one width are rows
-        grid, extent = c.start.reshape(len(leaf), width), c.shape.reshape(len(leaf), width)
-    else:  # padded to one width, for sorting
-        dims = prefix_sums(ndim)
-        at = (np.repeat(np.arange(len(leaf)), ndim), np.arange(len(c.start)) - np.repeat(dims[:-1], ndim))
-        grid, extent = np.zeros((len(leaf), width), np.uint64), np.zeros((len(leaf), width), np.uint64)
-        grid[at], extent[at] = c.start, c.shape
-    order = np.argsort(leaf, kind="stable")  # each process's pieces come leaf by leaf: cheap
-    starts = np.take(grid, order, axis=0)
-    if not _in_order(leaf[order], starts):
-        order = np.lexsort((*(grid[:, d] for d in reversed(range(width))), leaf))
-        starts = np.take(grid, order, axis=0)
-    extents = np.take(extent, order, axis=0)
-    if uniform:
-        boxes = (starts.ravel(), extents.ravel())
-    else:
-        real = np.arange(width)[None, :] < ndim[order][:, None]
-        boxes = (starts[real], extents[real])
+    widths = np.unique(ndim).tolist()
+    if len(widths) <= 1:  # the usual case: boxes of one width are rows
+        width = widths[0] if widths else 0
+        grid = c.start.reshape(len(leaf), width)
+        order = np.argsort(leaf, kind="stable")  # each process's pieces come leaf by leaf: cheap
+        if not _in_order(leaf[order], np.take(grid, order, axis=0)):
+            order = np.lexsort((*(grid[:, d] for d in reversed(range(width))), leaf))
+        boxes = (
+            np.take(grid, order, axis=0).ravel(),
+            np.take(c.shape.reshape(len(leaf), width), order, axis=0).ravel(),
+        )
+    else:  # each leaf has one rank: sort each rank's pieces, then bring the leaves together
+        first = prefix_sums(ndim)[:-1]
+        sorted_rows = []
+        for width in widths:
+            at = np.flatnonzero(ndim == width)
+            grid = c.start[concat_ranges(first[at], ndim[at])].reshape(len(at), width)
+            sorted_rows.append(at[np.lexsort((*(grid[:, d] for d in reversed(range(width))), leaf[at]))])
+        merged = np.concatenate(sorted_rows)
+        order = merged[np.argsort(leaf[merged], kind="stable")]
+        entries = concat_ranges(first[order], ndim[order])
+        boxes = (c.start[entries], c.shape[entries])
     counts = c.counts[order]
     if np.all(counts == 1):
         refs = np.take(c.refs, order, axis=0)
