@@ -421,6 +421,14 @@ MUTATIONS: list[Mutation] = [
         ],
         "overlapping pieces over a fine grid cost pieces x cells to refuse (minutes)",
     ),
+    m(
+        "addresses unbounded",
+        "treestore/_format/columns_tree.py",
+        "    _check_address_lengths(segments, parent, key)\n",
+        "",
+        [ADDRESSES + "::test_a_deep_chain_of_long_keys_is_refused_before_its_addresses_are_built"],
+        "a few KiB of manifest names gigabytes of addresses, built by every reader",
+    ),
 ]
 
 PROBE = """\

@@ -14,6 +14,7 @@ import pytest
 import treestore
 from treestore._format import layout as _layout
 
+from .. import hostile
 from ._harness import check_readers, guarded
 
 SURPRISING = [
@@ -249,3 +250,38 @@ def test_parse_address_of_big_indices(text):
     except treestore.InvalidInputError:
         return
     assert treestore.format_address(path) == text
+
+
+@pytest.mark.timeout(120)
+def test_a_deep_chain_of_long_keys_is_refused_before_its_addresses_are_built(store):
+    """A 480-deep chain of dicts keyed by one 8 KiB segment, with 300 leaves at the bottom: a
+    manifest of a few KiB whose addresses would take 1.2 GB (every node's, each leaf's 4 MB).
+    Every reader refuses it (its addresses are over the bound) within a small memory bound."""
+    tree: object = {"k": list(range(300))}
+    for _ in range(480):
+        tree = {"k": tree}
+    treestore.Store(store.url).save(tree, "deep")
+    ref = hostile.ref_record(store.url, "deep")
+    rec = msgpack.unpackb(store.storage.read(_layout.manifest_path(ref["manifest"])), raw=False)
+    assert rec["version"] == 2 and "k" in rec["segments"]
+    rec["segments"] = ["k" * 8192 if s == "k" else s for s in rec["segments"]]
+    hostile.write_manifest(store.url, "deep", rec, leaves=ref["leaves"])
+    out = store.check(name="deep", ops=["manifest", "load", "open", "verify"], memory=64 * 2**20)
+    for op in ("manifest", "load", "open"):
+        assert isinstance(out[op].error, treestore.errors.ManifestCorruptError), (op, out[op])
+        assert "address" in str(out[op].error) and "'deep'" in str(out[op].error)
+    assert not out["verify"].value.ok
+
+
+def test_a_save_refuses_an_address_over_the_bound(store_url):
+    """What save commits every reader accepts: an address over MAX_ADDRESS_CHARS is refused
+    at save, naming where it starts; one just under it round-trips."""
+    from treestore._format.limits import MAX_ADDRESS_CHARS
+
+    ok = {"a" * (MAX_ADDRESS_CHARS // 2 - 1): {"b" * (MAX_ADDRESS_CHARS // 2 - 1): 1}}
+    treestore.save(store_url, ok, "ok")
+    assert treestore.load(store_url + "#ok") == ok
+    with pytest.raises(treestore.InvalidInputError, match="address") as info:
+        treestore.save(store_url, {"a" * MAX_ADDRESS_CHARS: {"b": 1}}, "long")
+    assert str(MAX_ADDRESS_CHARS) in str(info.value) and info.value.address.startswith("aaaa")
+    assert not treestore.Store(store_url).exists("long")

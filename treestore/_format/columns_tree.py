@@ -28,7 +28,7 @@ from treestore._format.address import (
     key_value,
 )
 from treestore._format.encoding import Bad
-from treestore._format.limits import MAX_DEPTH
+from treestore._format.limits import MAX_ADDRESS_CHARS, MAX_ADDRESSES_CHARS, MAX_DEPTH
 from treestore.errors import TreestoreError, UnsupportedFormatError
 
 # Node kinds, by code (SPEC.md, version-2 manifest).
@@ -250,6 +250,7 @@ def check_nodes(
     if np.any(pairs[1:] == pairs[:-1]):
         raise Bad("two children of one node have the same key (as segments or as dict keys)")
     _check_depth(parent, m)
+    _check_address_lengths(segments, parent, key)
     if len(names) != int(np.count_nonzero(kind >= NAMEDTUPLE)) or any(type(n) is not str for n in names):
         raise Bad("there should be one str name per namedtuple or custom node")
     is_leaf = kind == LEAF
@@ -264,6 +265,33 @@ def check_nodes(
     for array in (out.table, out.leaves, out.leaf_node):
         array.flags.writeable = False
     return out
+
+
+def _check_address_lengths(segments: tuple[str, ...], parent: np.ndarray, key: np.ndarray) -> None:
+    """Every node's address within MAX_ADDRESS_CHARS and all of them together within
+    MAX_ADDRESSES_CHARS, found from the segments' lengths without building an address: a node's
+    length is the sum over its ancestors, summed by pointer jumping (depth is bounded already,
+    so about log2(MAX_DEPTH) numpy passes). Segments are shared, so a small manifest could
+    otherwise name addresses of gigabytes."""
+    width = np.zeros(len(parent), np.int64)  # each node's segment and the "/" before it
+    if len(segments):
+        chars = np.fromiter((len(s) for s in segments), np.int64, len(segments))
+        width[1:] = chars[key[1:]] + 1
+    length, up = width, parent
+    while np.any(up):
+        length, up = length + length[up], up[up]
+    length = np.maximum(length - 1, 0)  # no "/" before the first segment
+    if len(length) and int(length.max()) > MAX_ADDRESS_CHARS:
+        node = int(np.argmax(length))
+        raise Bad(
+            f"the address of node {node} is {int(length[node])} characters long, over the limit "
+            f"of {MAX_ADDRESS_CHARS}"
+        )
+    if int(length.sum()) > MAX_ADDRESSES_CHARS:
+        raise Bad(
+            f"the tree's addresses add up to {int(length.sum())} characters, over the limit of "
+            f"{MAX_ADDRESSES_CHARS}"
+        )
 
 
 def _check_depth(parent: np.ndarray, m: int) -> None:

@@ -18,6 +18,10 @@ MAX_NDIM = 64  # dimensions of an array leaf
 MAX_DIM = 2**48  # one dimension (and a piece's start)
 LEAF_BYTES_END = 2**63  # an array leaf's nonzero dimensions times its element size stay below this
 MAX_DEPTH = 500  # depth of a tree node, the root at 0
+# Characters of one node's address (its keys' segments joined by "/"), and of every node's
+# addresses together: what a reader may build from a manifest of shared segments.
+MAX_ADDRESS_CHARS = 1 << 14
+MAX_ADDRESSES_CHARS = 1 << 28
 MAX_PIECES = 65536  # pieces of one sharded leaf
 MAX_GRID_CELLS = 1 << 22  # cells of the grid the pieces of a leaf span
 # An int leaf or int dict key in [INT_START, INT_END) is stored as a msgpack int; an int leaf

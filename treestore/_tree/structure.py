@@ -43,7 +43,7 @@ from treestore._format.columns_tree import (
     check_nodes,
 )
 from treestore._format.encoding import Bad
-from treestore._format.limits import MAX_DEPTH
+from treestore._format.limits import MAX_ADDRESS_CHARS, MAX_DEPTH
 from treestore._tree.keys import from_jax
 from treestore._tree.lazy_jax import jax
 from treestore.errors import (
@@ -173,6 +173,12 @@ def flatten(tree: Any, visit: Callable[[str, Any], int]) -> Nodes:
         stack.append(_Close(x))
         for j in reversed(visits):
             child_address = join_address(address, segments[j])
+            if len(child_address) > MAX_ADDRESS_CHARS:
+                raise InvalidInputError(
+                    f"{child_address[:80]}...: an address of {len(child_address)} characters, over "
+                    f"the limit of {MAX_ADDRESS_CHARS} readers accept (shorter keys, or less nesting)",
+                    address=child_address[:80],
+                )
             stack.append((children[j], (*path, node_keys[j]), child_address, depth + 1, first + j))
     table = np.zeros(len(kinds), NODE_DTYPE)
     table["kind"], table["parent"], table["key"] = kinds, parents, keys
