@@ -105,3 +105,38 @@ def test_manifest_over_the_limit_is_refused_before_the_manifest_is_written(tmp_p
     assert [c.name for c in treestore.Store(url).list()] == ["base"]
     assert treestore.verify(url).ok
     assert treestore.load(url, "base")["base"].tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+READERS = {
+    "manifest": lambda url: treestore.Store(url).manifest("big"),
+    "load": lambda url: treestore.load(url + "#big"),
+    "open().tree": lambda url: treestore.open(url + "#big").tree,
+    "open().manifest": lambda url: treestore.open(url + "#big").manifest,
+    "verify": lambda url: treestore.verify(url + "#big"),
+    "copy": lambda url: treestore.copy(url + "#big", url + "-copy"),
+    "diff": lambda url: treestore.diff(url + "#big", url + "#big"),
+}
+
+
+@pytest.mark.parametrize("reader", sorted(READERS))
+def test_running_out_of_memory_past_the_decoder_names_the_checkpoint(store_url, monkeypatch, reader):
+    """A big manifest (400k leaves) can fit its decoder's bounds and still not fit in memory
+    when its objects and tree are made: wherever a reader then runs out, the caller gets
+    OutOfMemoryError naming the checkpoint, not a bare MemoryError. Running out is simulated
+    where each reader builds per-leaf objects (a real limit makes Python's own handling of a
+    MemoryError, before treestore sees it, fail at random places)."""
+    treestore.save(store_url, {"w": np.zeros(3), "n": 1}, "big")
+
+    def out_of_memory(*args, **kwargs):
+        raise MemoryError
+
+    from treestore._api import diff as diff_module
+    from treestore._format.columns_tree import Nodes
+
+    monkeypatch.setattr(Nodes, "tree_record", out_of_memory)
+    monkeypatch.setattr(Nodes, "addresses", out_of_memory)
+    monkeypatch.setattr(diff_module, "diff_checkpoints", out_of_memory)
+    with pytest.raises(treestore.errors.OutOfMemoryError) as caught:
+        READERS[reader](store_url)
+    assert caught.value.checkpoint == "big" or "'big'" in str(caught.value), str(caught.value)
+    assert "out of memory" in str(caught.value)

@@ -211,7 +211,8 @@ class Checkpoint:
     @functools.cached_property
     def manifest(self) -> Manifest:
         """The whole manifest, every leaf entry made (on first use)."""
-        return self.columns.to_manifest()
+        with _read.memory_named(f"reading the manifest of checkpoint {self.name!r}", self.name):
+            return self.columns.to_manifest()
 
     def __repr__(self) -> str:
         return f"Checkpoint({self.url!r}, {self.name!r}, leaves={len(self._frame)})"
@@ -250,12 +251,14 @@ class Checkpoint:
     @property
     def leaves(self) -> dict[str, Any]:
         """Address -> LazyLeaf (arrays) or value (Python scalars), in tree order."""
-        return {a: self._leaf(i) for i, a in enumerate(self.columns.addresses)}
+        with _read.memory_named(f"listing the leaves of checkpoint {self.name!r}", self.name):
+            return {a: self._leaf(i) for i, a in enumerate(self.columns.addresses)}
 
     @property
     def tree(self) -> Any:
         """The checkpoint's tree with LazyLeaf handles in place of arrays."""
-        return rebuild(self.columns.tree_record(), self._leaf)
+        with _read.memory_named(f"building the tree of checkpoint {self.name!r}", self.name):
+            return rebuild(self.columns.tree_record(), self._leaf)
 
     def __getitem__(self, address: str) -> Any:
         """The leaf at ``address`` — as the manifest spells it, or with digit keys as bare digits

@@ -212,7 +212,8 @@ def copy(
     for n in names:
         ref = _read.read_commit_record(s, n)
         data = _read.read_manifest_bytes(s, ref)
-        manifest = _read.read_manifest(s, ref, data)
+        with _read.memory_named(f"reading the manifest of checkpoint {n!r}", n):
+            manifest = _read.read_manifest(s, ref, data)
         new = check_name(dst_name or n)
         found = decode_any(data, n)
         parts = found.parts if isinstance(found, Parted) else ()  # copied with it, unless renamed

@@ -181,7 +181,9 @@ class Store:
 
     def manifest(self, name: str | None = None) -> Manifest:
         """The verified manifest of checkpoint ``name`` (default: the newest)."""
-        return _read.read_manifest(self.storage, self._record(name))
+        record = self._record(name)
+        with _read.memory_named(f"reading the manifest of checkpoint {record.name!r}", record.name):
+            return _read.read_manifest(self.storage, record)
 
     def _record(self, name: str | None) -> CommitRecord:
         if name is None:
@@ -193,7 +195,9 @@ class Store:
         made as they are asked for. Of a multi-process checkpoint, only the frame of its
         manifest is read here: the parts holding a sharded leaf are read (and a missing or
         damaged one reported) when the leaf, the whole tree or the manifest is first asked for."""
-        return Checkpoint(self.storage, _read.read_frame(self.storage, self._record(name)))
+        record = self._record(name)
+        with _read.memory_named(f"opening checkpoint {record.name!r}", record.name):
+            return Checkpoint(self.storage, _read.read_frame(self.storage, record))
 
     def load(
         self,
@@ -236,7 +240,22 @@ class Store:
         if types is not None and like is not None:
             raise InvalidInputError("types= applies without like=: a template gives every node its type")
         trusted = trusted_types(types)
-        found = _read.read_frame(self.storage, self._record(name))
+        record = self._record(name)
+        with _read.memory_named(f"loading checkpoint {record.name!r}", record.name):
+            return self._load(record, like, select, prefix, cast, partial, threads, trusted)
+
+    def _load(
+        self,
+        record: CommitRecord,
+        like: Any,
+        select: Patterns,
+        prefix: str,
+        cast: bool,
+        partial: bool,
+        threads: int | None,
+        trusted: dict[str, type],
+    ) -> Any:
+        found = _read.read_frame(self.storage, record)
         frame = found.frame if isinstance(found, Parted) else found
         wanted = None if select is None else _chosen(frame, select)  # the addresses select matches
         columns = (
@@ -527,9 +546,9 @@ def diff(
     >>> treestore.diff(f"{url}#a", f"{url}#a").to_json()["identical"]
     True
     """
-    return _diff.diff_checkpoints(
-        resolve(a, storage_options), resolve(b, storage_options), stats=stats, select=select
-    )
+    left, right = resolve(a, storage_options), resolve(b, storage_options)
+    with _read.memory_named(f"comparing checkpoints {left.name!r} and {right.name!r}", right.name):
+        return _diff.diff_checkpoints(left, right, stats=stats, select=select)
 
 
 # The doctests of the methods: the classes report themselves as treestore.X (or treestore.types.X),

@@ -227,7 +227,9 @@ def verify(
             raise CheckpointNotFoundError(f"no checkpoints in {storage.url}")
     v = _Verifier(storage, threads or default_threads(), progress)
     for n in names:
-        v.checkpoint(n, named=name is not None)
-    v.run_jobs()
+        with _read.memory_named(f"verifying checkpoint {n!r}", n):
+            v.checkpoint(n, named=name is not None)
+    with _read.memory_named(f"verifying the chunks of {storage.url}"):
+        v.run_jobs()
     problems = sorted(v.problems, key=lambda p: (p.checkpoint or "", p.address or "", p.kind, p.message))
     return VerifyReport(storage.url, tuple(names), len(v.jobs), v.total, tuple(problems))

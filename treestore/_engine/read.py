@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import ctypes
 import difflib
 import functools
@@ -168,6 +169,42 @@ def allocate(
             address=address,
             checkpoint=checkpoint,
         ) from None
+
+
+class memory_named:
+    """``with memory_named(doing, checkpoint):`` turns a MemoryError from any allocation while
+    ``doing`` something (a manifest's objects, a tree being rebuilt) into OutOfMemoryError saying
+    what, and naming ``checkpoint``: a reader raises only TreestoreErrors. (Allocations of leaf
+    data name the leaf: :func:`allocate`.)
+
+    The frames that failed still hold what they allocated until their traceback goes, so they
+    are cleared first: otherwise making the new error can itself run out of memory."""
+
+    def __init__(self, doing: str, checkpoint: str | None = None) -> None:
+        self.doing, self.checkpoint = doing, checkpoint
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        if kind is None or not issubclass(kind, MemoryError) or issubclass(kind, OutOfMemoryError):
+            return
+        _release(tb)
+        raise OutOfMemoryError(
+            f"out of memory {self.doing}: this process cannot hold what that needs",
+            checkpoint=self.checkpoint,
+        ) from None
+
+
+def _release(tb: Any) -> None:
+    """Clear the locals of the frames a traceback went through, below the first (the frame of
+    the ``with`` statement, still running: clearing it would raise, and under memory pressure
+    even making that error fails)."""
+    tb = tb.tb_next if tb is not None else None
+    while tb is not None:
+        with contextlib.suppress(RuntimeError):  # a frame still running (a thread's, say)
+            tb.tb_frame.clear()
+        tb = tb.tb_next
 
 
 def committed_records(
