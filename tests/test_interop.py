@@ -299,6 +299,16 @@ def test_safetensors_offsets_past_the_end(tmp_path, monkeypatch):
         treestore.import_file(f, memory() + "#x")
 
 
+def test_msgpack_nested_too_deep_says_so(tmp_path):
+    """msgpack's StackError has no text: the message names it."""
+    f = tmp_path / "deep.msgpack"
+    f.write_bytes(b"\x81\xa1a" * 2000 + b"\xc0")
+    with pytest.raises(
+        treestore.UnsupportedFormatError, match=r"deep\.msgpack is not a flax msgpack file: StackError"
+    ):
+        treestore.import_file(f, memory() + "#x")
+
+
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
 def test_a_fifo_or_device_is_not_opened(tmp_path):
     """A FIFO would block the reader forever, /dev/zero feed it until memory runs out."""

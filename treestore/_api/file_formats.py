@@ -238,7 +238,9 @@ def read_msgpack(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     try:
         tree = serialization.msgpack_restore(path.read_bytes())
     except Exception as exc:
-        raise UnsupportedFormatError(f"{path} is not a flax msgpack file: {exc}") from None
+        raise UnsupportedFormatError(
+            f"{path} is not a flax msgpack file: {type(exc).__name__}: {exc}"
+        ) from None
     if not isinstance(tree, dict):
         raise UnsupportedFormatError(f"{path} holds a {type(tree).__name__}, not a flax state dict")
     return tree, {}
