@@ -249,7 +249,7 @@ def test_npz_declaring_more_than_it_holds(tmp_path):
 def test_npz_arrays_must_fit_in_memory(tmp_path, monkeypatch):
     f = tmp_path / "t.npz"
     np.savez(f, a=np.ones(1000), b=np.ones(1000))
-    monkeypatch.setattr(treestore._api.file_formats, "_physical_memory", lambda: 10_000)
+    monkeypatch.setattr(treestore._api.file_formats, "physical_memory", lambda: 10_000)
     with pytest.raises(treestore.errors.OutOfMemoryError, match=r"t\.npz: its arrays declare 16,000 bytes"):
         treestore.import_file(f, memory() + "#x")
 

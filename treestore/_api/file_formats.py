@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from treestore._engine.read import _physical_memory
+from treestore._engine.read import physical_memory
 from treestore._format.dtypes import DTYPES, NUMPY_NAMES
 from treestore._format.limits import MAX_MANIFEST_BYTES, MAX_METADATA_BYTES, MiB
 from treestore._format.manifest import check_metadata
@@ -95,10 +95,10 @@ def _check_size(path: Path, st: os.stat_result, cap: int) -> None:
 def _check_memory(path: Path, declared: int) -> None:
     """What the arrays of a file declare together fits in this machine's memory; the operating
     system would grant more lazily and kill the process later."""
-    if declared > _physical_memory():
+    if declared > physical_memory():
         raise OutOfMemoryError(
             f"{path}: its arrays declare {declared:,} bytes, more than this machine's "
-            f"{_physical_memory():,} bytes of memory"
+            f"{physical_memory():,} bytes of memory"
         )
 
 

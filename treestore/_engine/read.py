@@ -98,7 +98,7 @@ def checkpoint_names(storage: Storage) -> list[str]:
 
 
 @functools.cache
-def _physical_memory() -> int:
+def physical_memory() -> int:
     try:
         return int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
     except (ValueError, OSError, AttributeError):  # not a POSIX system: no cap
@@ -148,10 +148,10 @@ def allocate(
     """
     dims = (shape,) if isinstance(shape, int) else shape
     nbytes = math.prod(dims) * np.dtype(dtype).itemsize
-    if nbytes > _physical_memory():
+    if nbytes > physical_memory():
         raise OutOfMemoryError(
             f"{address or '(root)'}: {nbytes:,} bytes declared by checkpoint {checkpoint!r} exceed "
-            f"this machine's {_physical_memory():,} bytes of memory",
+            f"this machine's {physical_memory():,} bytes of memory",
             address=address,
             checkpoint=checkpoint,
         )
