@@ -429,6 +429,14 @@ MUTATIONS: list[Mutation] = [
         [ADDRESSES + "::test_a_deep_chain_of_long_keys_is_refused_before_its_addresses_are_built"],
         "a few KiB of manifest names gigabytes of addresses, built by every reader",
     ),
+    m(
+        "repair trusts the source copy unchecked",
+        "treestore/_api/verify.py",
+        "        data, _ = fetch_chunk(source, ref)\n",
+        "        data = source.read(_layout.chunk_path(ref.digest))\n        if data is None:\n            return False\n",
+        ["tests/test_verify.py::test_a_repair_source_without_an_intact_copy_repairs_nothing"],
+        "verify --repair-from writes a source object without checking it against its digest",
+    ),
 ]
 
 PROBE = """\

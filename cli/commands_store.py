@@ -15,13 +15,27 @@ from .context import echo_json, note, parse_option, progress, settings
 
 @click.command("verify", short_help="Check every digest of a store (exit 0 ok, 1 problems).")
 @click.argument("spec", metavar="URL[#NAME]")
+@click.option(
+    "--repair-from",
+    metavar="URL",
+    help="Another store holding the same data (the remote tier, a backup): rewrite each missing or "
+    "damaged chunk from its intact copy there, then verify again.",
+)
 @JSON
-def verify(spec: str, as_json: bool) -> int:
+def verify(spec: str, repair_from: str | None, as_json: bool) -> int:
     """Re-read and check every commit record, manifest and chunk digest of a store (URL: every
     checkpoint) or of one checkpoint (URL#NAME). Every problem is reported with its checkpoint
-    and address. Exit status 0 when all is well, 1 when problems were found, 2 on error."""
+    and address. Exit status 0 when all is well (after repairs, with --repair-from), 1 when
+    problems remain, 2 on error."""
+    options = settings().storage_options
     with progress("verify") as bar:
-        report = treestore.verify(spec, storage_options=settings().storage_options, progress=bar)
+        report = treestore.verify(
+            spec,
+            storage_options=options,
+            progress=bar,
+            repair_from=repair_from,
+            repair_storage_options=options,
+        )
     if as_json:
         echo_json(report.to_json())
     else:
@@ -30,6 +44,8 @@ def verify(spec: str, as_json: bool) -> int:
             f"checked {n} checkpoint{'s' if n != 1 else ''} of {report.url}: {report.chunks_checked} "
             f"chunks, {render.size(report.bytes_checked)}"
         )
+        if report.repaired:
+            click.echo(f"repaired {len(report.repaired)} chunk(s) from {repair_from}")
         if report.ok:
             click.echo("ok: every digest matches")
         else:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import uuid
 
 import msgpack
 import numpy as np
@@ -108,3 +109,61 @@ def test_nothing_to_verify(tmp_path):
         treestore.verify(f"{tmp_path / 's'}#b")
     with pytest.raises(treestore.InvalidInputError):
         treestore.verify("nosuchproto://x")
+
+
+@pytest.mark.parametrize("codec", [treestore.Codec("raw"), treestore.Codec(byte_planes=True)])
+def test_damage_behind_a_sound_header_lives_on_until_a_repair_from_a_copy(store_url, codec):
+    """A flipped bit in a chunk's body passes the reuse check (it reads the size and header
+    only) and a save trusts the newest checkpoint's chunks anyway: the damage is referenced by
+    every later checkpoint. verify finds it; verify with repair_from rewrites the chunk from an
+    intact copy (a backup or the remote tier), after which every checkpoint loads exactly."""
+    backup = f"memory://treestore-tests/backup-{uuid.uuid4().hex}"
+    store = treestore.Store(store_url)
+    store.save({"w": W}, "step-1", codec=codec)
+    treestore.copy(f"{store_url}#step-1", backup)
+    (path,) = hostile.chunk_paths(store_url, "step-1")["w"]
+    hostile.flip_byte(store_url, path, -5)  # inside the body, whatever the codec
+    for trust in (True, False):  # trusted as the newest's, or checked by the reuse check
+        store.save({"w": W, "n": int(trust)}, f"step-{2 + trust}", trust_previous=trust)
+    report = treestore.verify(store_url)
+    assert {(p.checkpoint, p.address) for p in report.problems} == {
+        ("step-1", "w"),
+        ("step-2", "w"),
+        ("step-3", "w"),
+    }
+    assert report.repaired == ()
+    fixed = treestore.verify(store_url, repair_from=backup)
+    assert fixed.ok and len(fixed.repaired) == 1, fixed.problems
+    for name in ("step-1", "step-2", "step-3"):
+        assert treestore.load(f"{store_url}#{name}")["w"].tobytes() == W.tobytes()
+
+
+def test_a_repair_source_without_an_intact_copy_repairs_nothing(two):
+    """A source that lacks the chunk, or holds it damaged too, repairs nothing: what it holds is
+    checked against the chunk's digest before it is written."""
+    lacking = f"memory://treestore-tests/other-{uuid.uuid4().hex}"
+    treestore.save(lacking, {"x": np.ones(3)}, "unrelated")
+    damaged = f"memory://treestore-tests/damaged-{uuid.uuid4().hex}"
+    treestore.copy(f"{two}#step-1", damaged)
+    (path,) = hostile.chunk_paths(two, "step-1")["layer/w"]
+    hostile.flip_byte(two, path, -1)
+    hostile.flip_byte(damaged, path, -2)
+    for source in (lacking, damaged):
+        report = treestore.verify(two, repair_from=source)
+        assert report.repaired == () and len(report.problems) == 2
+
+
+def test_cli_verify_repair_from(two, tmp_path):
+    from click.testing import CliRunner
+
+    from treestore_cli.main import cli
+
+    backup = str(tmp_path / "backup")
+    treestore.copy(f"{two}#step-2", backup)
+    (path,) = hostile.chunk_paths(two, "step-1")["layer/w"]
+    hostile.flip_byte(two, path, -1)
+    broken = CliRunner().invoke(cli, ["verify", two])
+    assert broken.exit_code == 1 and "chunk_corrupt" in broken.output
+    fixed = CliRunner().invoke(cli, ["verify", two, "--repair-from", backup])
+    assert fixed.exit_code == 0, fixed.output
+    assert "repaired 1 chunk(s)" in fixed.output and "ok: every digest matches" in fixed.output

@@ -15,9 +15,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from treestore._api.spec import parse_spec
+from treestore._engine import locks as _locks
 from treestore._engine import read as _read
 from treestore._engine.read import fetch_chunk, pack_member
 from treestore._engine.threads import default_threads
+from treestore._format import layout as _layout
 from treestore._format.manifest import ChunkRef, Manifest, check_name
 from treestore._storage.base import Storage
 from treestore._storage.registry import open_storage
@@ -66,6 +68,7 @@ class VerifyReport:
     chunks_checked: int
     bytes_checked: int  # raw bytes decoded and hashed
     problems: tuple[VerifyProblem, ...] = field(default=())
+    repaired: tuple[str, ...] = field(default=())  # hex digests of chunks rewritten from a copy
 
     @property
     def ok(self) -> bool:
@@ -75,6 +78,7 @@ class VerifyReport:
         out = asdict(self)
         out["checkpoints"] = list(self.checkpoints)
         out["problems"] = [asdict(p) for p in self.problems]
+        out["repaired"] = list(self.repaired)
         out["ok"] = self.ok
         return out
 
@@ -110,6 +114,7 @@ class _Verifier:
         self.progress = progress
         self.problems: list[VerifyProblem] = []
         self.jobs: dict[tuple[bytes, int], _Job] = {}
+        self.bad: list[ChunkRef] = []  # chunk objects missing or damaged as a whole
         self._lock = threading.Lock()
         self.done = self.total = 0
 
@@ -164,6 +169,9 @@ class _Verifier:
             _, raw = fetch_chunk(self.storage, job.ref)
         except TreestoreError as exc:
             self._report(everyone, _kind(exc, CHUNK_CORRUPT), str(exc))
+            if isinstance(exc, (ChunkMissingError, ChunkCorruptError)):
+                with self._lock:
+                    self.bad.append(job.ref)
         else:
             for (d, offset, size), users in job.slices.items():
                 if pack_member(raw, offset, size, d) is None:
@@ -203,6 +211,8 @@ def verify(
     storage_options: dict[str, Any] | None = None,
     threads: int | None = None,
     progress: Progress | None = None,
+    repair_from: str | os.PathLike[str] | None = None,
+    repair_storage_options: dict[str, Any] | None = None,
 ) -> VerifyReport:
     """Re-read and check every commit record, manifest and chunk of a store
     (``spec`` = ``URL``) or of one checkpoint (``URL#NAME``), collecting every problem.
@@ -210,6 +220,14 @@ def verify(
     Raises only when there is nothing to verify (no such checkpoint, no checkpoints at all) or the
     URL is unusable; damage is reported in :attr:`VerifyReport.problems`. ``progress(done, total)``
     is called with raw bytes checked as chunks are read.
+
+    ``repair_from`` (the URL of another store holding the same data: the remote tier, a backup,
+    a copy) scrubs: each chunk object found missing or damaged is fetched from there, checked
+    against its digest, and written back under its name (chunks are named by their raw bytes,
+    so the same name holds the same data in every store), under a save lock so gc cannot run
+    meanwhile. The store is then verified again; :attr:`VerifyReport.repaired` lists the chunks
+    rewritten and ``problems`` what is still wrong. Damage a save cannot see (a body that
+    decodes wrongly behind a sound header) is found only by such a full read.
 
     >>> import numpy as np, treestore
     >>> _ = treestore.save("memory://doc/verify", {"w": np.arange(4.0)}, "a")
@@ -225,11 +243,36 @@ def verify(
         names = _read.checkpoint_names(storage)
         if not names:
             raise CheckpointNotFoundError(f"no checkpoints in {storage.url}")
-    v = _Verifier(storage, threads or default_threads(), progress)
+    v = _checked(storage, names, name is not None, threads or default_threads(), progress)
+    repaired: list[str] = []
+    if repair_from is not None and v.bad:
+        source = open_storage(repair_from, repair_storage_options)
+        with _locks.save_lock(storage):
+            repaired = [ref.digest.hex() for ref in v.bad if _repair(storage, source, ref)]
+        if repaired:
+            v = _checked(storage, names, name is not None, threads or default_threads(), progress)
+    problems = sorted(v.problems, key=lambda p: (p.checkpoint or "", p.address or "", p.kind, p.message))
+    return VerifyReport(storage.url, tuple(names), len(v.jobs), v.total, tuple(problems), tuple(repaired))
+
+
+def _checked(
+    storage: Storage, names: list[str], named: bool, threads: int, progress: Progress | None
+) -> _Verifier:
+    v = _Verifier(storage, threads, progress)
     for n in names:
         with _read.memory_named(f"verifying checkpoint {n!r}", n):
-            v.checkpoint(n, named=name is not None)
+            v.checkpoint(n, named=named)
     with _read.memory_named(f"verifying the chunks of {storage.url}"):
         v.run_jobs()
-    problems = sorted(v.problems, key=lambda p: (p.checkpoint or "", p.address or "", p.kind, p.message))
-    return VerifyReport(storage.url, tuple(names), len(v.jobs), v.total, tuple(problems))
+    return v
+
+
+def _repair(storage: Storage, source: Storage, ref: ChunkRef) -> bool:
+    """Write chunk ``ref``'s object from ``source`` into ``storage`` if the source holds it intact
+    (decoded and checked against its digest first); False if it does not."""
+    try:
+        data, _ = fetch_chunk(source, ref)
+    except (ChunkMissingError, ChunkCorruptError):
+        return False
+    storage.write(_layout.chunk_path(ref.digest), [data])
+    return True
