@@ -433,7 +433,8 @@ MUTATIONS: list[Mutation] = [
         "repair trusts the source copy unchecked",
         "treestore/_api/verify.py",
         "        data, _ = fetch_chunk(source, ref)\n",
-        "        data = source.read(_layout.chunk_path(ref.digest))\n        if data is None:\n            return False\n",
+        "        data = source.read(_layout.chunk_path(ref.digest))\n"
+        "        if data is None:\n            return False\n",
         ["tests/test_verify.py::test_a_repair_source_without_an_intact_copy_repairs_nothing"],
         "verify --repair-from writes a source object without checking it against its digest",
     ),
