@@ -141,6 +141,29 @@ def test_cli_timeline(tmp_path):
     assert missing.exit_code == 2 and "no treestore store" in missing.stderr
 
 
+def test_a_damaged_checkpoint_is_left_out_and_named_not_fatal(tmp_path):
+    """One damaged manifest used to end the whole timeline with an error (exit 2)."""
+    from . import hostile
+
+    url = str(tmp_path / "run")
+    store = make_run(url, steps=4)
+    hostile.damage_manifest(url, "step-1")
+    t = store.timeline()
+    assert t.checkpoints == ("step-0", "step-2", "step-3")
+    ((name, problem),) = t.damaged
+    assert name == "step-1" and "manifest of checkpoint 'step-1'" in problem
+    assert t.to_json()["damaged"] == [{"name": "step-1", "problem": problem}]
+    assert t.grouped(1).damaged == t.damaged
+    result = CliRunner().invoke(cli, ["timeline", url])
+    assert result.exit_code == 1, result.output
+    assert result.stdout.startswith("3 checkpoints, 2 steps: step-0 -> step-3")
+    assert f"damaged, left out: step-1: {problem}" in result.stdout
+    page = tmp_path / "t.html"
+    result = CliRunner().invoke(cli, ["timeline", url, "--json", "--html", str(page)])
+    assert result.exit_code == 1 and json.loads(result.stdout)["damaged"][0]["name"] == "step-1"
+    assert '<li data-checkpoint="step-1">step-1: ' in page.read_text()
+
+
 class _Cells(HTMLParser):
     """The value table of a timeline page: address -> [data-value of each step]."""
 

@@ -9,6 +9,7 @@ whose digests are equal cost nothing, and of the others only the chunks that dif
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -23,7 +24,15 @@ from treestore._engine import read as _read
 from treestore._format import select as _select
 from treestore._format.manifest import LeafEntry, Manifest
 from treestore._storage.base import Storage
-from treestore.errors import CheckpointNotFoundError, InvalidInputError
+from treestore.errors import (
+    CheckpointNotFoundError,
+    CorruptionError,
+    InvalidInputError,
+    TreestoreError,
+    UnsupportedFormatError,
+)
+
+_log = logging.getLogger("treestore")
 
 Progress = Callable[[int, int], None]  # (bytes compared so far, bytes to compare)
 
@@ -44,6 +53,8 @@ class Timeline:
     is a group: the first ``depth`` segments of its leaves' addresses, and its value pools its
     leaves' changes weighted by size, √(Σ nᵢ·vᵢ² / Σ nᵢ) over the leaves present at that step
     (equal to ‖Δ‖/‖w‖ of the group when its leaves have equal root-mean-square values).
+    ``damaged`` names each checkpoint left out because its commit record or manifest cannot be
+    read, with the problem: one damaged checkpoint does not hide the others.
     """
 
     url: str
@@ -52,6 +63,7 @@ class Timeline:
     values: tuple[tuple[float, ...], ...]
     sizes: tuple[int, ...]
     depth: int | None = None
+    damaged: tuple[tuple[str, str], ...] = ()  # (checkpoint, problem) of those left out
 
     @property
     def steps(self) -> tuple[tuple[str, str], ...]:
@@ -93,6 +105,7 @@ class Timeline:
                 {"address": a, "size": n, "values": [clean(v) for v in row]}
                 for a, n, row in zip(self.addresses, self.sizes, self.values, strict=True)
             ],
+            "damaged": [{"name": name, "problem": problem} for name, problem in self.damaged],
         }
 
     def heatmap(self, *, scale: str = "row", ascii: bool = False) -> str:
@@ -121,6 +134,7 @@ class Timeline:
             finite = [v for v in row if not math.isnan(v)]
             peak = _num(max(finite)) if finite else "-"
             lines.append(f"{(address or '(root)').ljust(width)}  {cells}  max {peak}")
+        lines += [f"damaged, left out: {name}: {problem}" for name, problem in self.damaged]
         return "\n".join(lines)
 
     def to_html(self, *, scale: str = "row", title: str | None = None) -> str:
@@ -186,6 +200,30 @@ def _changed_bytes(a: dict[str, LeafEntry], b: dict[str, LeafEntry], chosen: set
     return total
 
 
+def _readable(storage: Storage) -> tuple[list[Checkpoint], tuple[tuple[str, str], ...]]:
+    """The checkpoints of a store whose commit record and manifest can be read, oldest first,
+    and (name, problem) of the others, in name order; one of a format this version cannot read
+    raises UnsupportedFormatError (as listing does: upgrade treestore)."""
+    records, bad = _read.committed_records(storage)
+    if not records and not bad:
+        raise CheckpointNotFoundError(f"no checkpoints in {storage.url}")
+    problems: dict[str, TreestoreError] = dict(bad)
+    views = []
+    for r in sorted(records, key=lambda r: (r.created, r.name)):
+        try:
+            views.append(Checkpoint(storage, _read.read_columns(storage, r)))
+        except CheckpointNotFoundError:
+            continue  # deleted since the listing
+        except (CorruptionError, UnsupportedFormatError) as exc:
+            problems[r.name] = exc
+    newer = [e for e in problems.values() if isinstance(e, UnsupportedFormatError)]
+    if newer:
+        raise newer[0]
+    if problems:
+        _log.warning("%s: timeline leaves out %d damaged checkpoint(s)", storage.url, len(problems))
+    return views, tuple((name, str(problems[name])) for name in sorted(problems))
+
+
 def timeline(
     storage: Storage,
     *,
@@ -197,10 +235,7 @@ def timeline(
     :meth:`treestore.Store.timeline`)."""
     if depth is not None and (type(depth) is not int or depth < 1):
         raise InvalidInputError(f"depth must be an int of at least 1, got {depth!r}")
-    records = sorted(_read.readable_records(storage), key=lambda r: (r.created, r.name))
-    if not records:
-        raise CheckpointNotFoundError(f"no checkpoints in {storage.url}")
-    views = [Checkpoint(storage, _read.read_columns(storage, r)) for r in records]
+    views, damaged = _readable(storage)
     arrays = [_arrays(v.manifest) for v in views]
     every = list(dict.fromkeys(a for leaves in arrays for a in leaves))
     chosen = _select.select(every, select, where=f"the checkpoints of {storage.url}")
@@ -239,10 +274,11 @@ def timeline(
             progress(done, total)
     result = Timeline(
         storage.url,
-        tuple(r.name for r in records),
+        tuple(v.name for v in views),
         tuple(chosen),
         tuple(tuple(float(v) for v in r) for r in values),
         tuple(sizes),
+        damaged=damaged,
     )
     return result if depth is None else result.grouped(depth)
 

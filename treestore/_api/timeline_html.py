@@ -200,6 +200,15 @@ def _table(t: Any) -> str:
     )
 
 
+def _damaged(t: Any) -> str:
+    """One line per checkpoint the timeline left out because it is damaged, with the problem."""
+    e = html.escape
+    items = "".join(
+        f'<li data-checkpoint="{e(name)}">{e(name)}: {e(problem)}</li>' for name, problem in t.damaged
+    )
+    return f'<p class="note">Damaged checkpoints, left out:</p><ul id="damaged">{items}</ul>' if items else ""
+
+
 def page(t: Any, groups: Any, tops: list[float], title: str) -> str:
     """The whole page of timeline ``t``; ``groups`` is its top-level grouping (the lines)."""
     e = html.escape
@@ -213,7 +222,7 @@ def page(t: Any, groups: Any, tops: list[float], title: str) -> str:
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f"<title>{e(title)}</title><style>{_STYLE}</style></head>"
-        f'<body data-url="{e(t.url)}"><h1>{e(title)}</h1><p class="note">{e(note)}</p>'
+        f'<body data-url="{e(t.url)}"><h1>{e(title)}</h1><p class="note">{e(note)}</p>{_damaged(t)}'
         f'{_heatmap(t, tops)}<div id="detail"></div>'
         f"<h2>By group</h2>{_lines(groups)}"
         f"<h2>Values</h2>{_table(t)}"
