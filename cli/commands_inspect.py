@@ -37,15 +37,18 @@ def open_checkpoint(spec: str) -> treestore.Checkpoint:
 def ls(url: str, as_json: bool) -> int:
     """List the checkpoints of the store at URL: name, time, leaf count, logical size, stored
     size (its chunk objects), bytes shared with other checkpoints, and metadata. A checkpoint
-    whose manifest cannot be read is still listed, from its commit record, with the problem
-    (its ``problem`` field with --json); the exit status is then 1."""
+    whose commit record or manifest cannot be read is still listed, with the problem (its
+    ``problem`` field with --json); the exit status is then 1."""
     store = open_store(url)
-    infos = store.list()
+    infos = store.list(damaged=True)
     if not infos:
         require_store(store)
     objects: dict[str, dict[bytes, int]] = {}
     problems: dict[str, str] = {}
     for i in infos:
+        if i.problem is not None:  # its commit record: nothing it would say is known
+            objects[i.name], problems[i.name] = {}, i.problem
+            continue
         try:
             objects[i.name] = store.open(i.name).chunk_objects()
         except treestore.errors.CheckpointNotFoundError:
@@ -61,7 +64,7 @@ def ls(url: str, as_json: bool) -> int:
     total = {
         "checkpoints": len(rows),
         "damaged": len(problems),
-        "logical_bytes": sum(r["logical_bytes"] for r in rows),
+        "logical_bytes": sum(r["logical_bytes"] or 0 for r in rows),
         "stored_bytes": sum(unique.values()),
     }
     status = 1 if problems else 0
@@ -76,13 +79,15 @@ def ls(url: str, as_json: bool) -> int:
 def _ls_row(
     info: treestore.types.CheckpointInfo, objs: dict[bytes, int], users: Counter[bytes], problem: str | None
 ) -> dict[str, Any]:
-    """One checkpoint of ``ls``; a damaged one (``problem`` set) has no stored or shared size,
-    since its manifest, which names its chunks, cannot be read."""
+    """One checkpoint of ``ls``; a damaged one (``problem`` set) has no stored or shared size
+    (None), since its manifest, which names its chunks, cannot be read, and one whose commit
+    record is damaged no time, leaf count or logical size either."""
+    unknown = info.problem is not None  # the commit record itself is damaged
     return {
         "name": info.name,
-        "created": info.created,
-        "leaves": info.leaves,
-        "logical_bytes": info.nbytes,
+        "created": None if unknown else info.created,
+        "leaves": None if unknown else info.leaves,
+        "logical_bytes": None if unknown else info.nbytes,
         "stored_bytes": None if problem else sum(objs.values()),
         "shared_bytes": None if problem else sum(s for d, s in objs.items() if users[d] > 1),
         "metadata": info.metadata,
@@ -96,9 +101,9 @@ def _ls_lines(rows: list[dict[str, Any]], total: dict[str, int]) -> list[str]:
     cells = [
         [
             r["name"],
-            render.when(r["created"]),
-            str(r["leaves"]),
-            render.size(r["logical_bytes"]),
+            "?" if r["created"] is None else render.when(r["created"]),
+            "?" if r["leaves"] is None else str(r["leaves"]),
+            "?" if r["logical_bytes"] is None else render.size(r["logical_bytes"]),
             "damaged" if r["problem"] else render.size(r["stored_bytes"]),
             "?" if r["problem"] else render.size(r["shared_bytes"]),
             "" if r["metadata"] is None else render.compact(r["metadata"]),

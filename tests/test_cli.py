@@ -319,6 +319,12 @@ def test_ls_lists_every_readable_checkpoint_and_marks_a_damaged_one(store):
     assert bad["name"] == "step-1" and "manifest" in bad["problem"] and bad["stored_bytes"] is None
     assert good["name"] == "step-2" and good["problem"] is None and good["stored_bytes"] > 0
     assert data["total"]["damaged"] == 1
+    (Path(store) / "checkpoints" / "step-2").write_bytes(b"\x93garbage")  # a damaged commit record
+    result = run("ls", store)
+    assert result.exit_code == 1 and "2 checkpoint(s), 2 damaged" in result.stdout
+    assert "damaged: step-2: commit record of checkpoint 'step-2'" in result.stdout
+    rows = {r["name"]: r for r in json.loads(run("ls", store, "--json").stdout)["checkpoints"]}
+    assert rows["step-2"]["created"] is None and "commit record" in rows["step-2"]["problem"]
 
 
 EXTREME_CREATED = [1e300, -1e300, float("inf"), float("-inf"), float("nan"), 2**64 - 1, -(2**63), -1e10, 0]
