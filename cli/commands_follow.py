@@ -101,7 +101,8 @@ def timeline(
     """For the checkpoints of the store at URL, oldest first, show the relative L2 change
     ||b - a|| / ||a|| of each array leaf (or group, with --depth) from one checkpoint to the
     next: one row per leaf, one character per step, blank where unchanged, '·' where the leaf is
-    absent. Only the chunks that changed are read."""
+    absent. Only the chunks that changed are read. A damaged checkpoint is left out and named
+    with its problem (``damaged`` with --json); the exit status is then 1."""
     store = open_store(url)
     require_store(store)
     with progress("timeline") as bar:
@@ -113,4 +114,4 @@ def timeline(
         echo_json(result.to_json())
     else:
         click.echo(result.heatmap(scale=scale, ascii=not render.fancy()))
-    return 0
+    return 1 if result.damaged else 0

@@ -31,63 +31,93 @@ def open_checkpoint(spec: str) -> treestore.Checkpoint:
 
 
 # --- ls -------------------------------------------------------------------------------------------
-@click.command("ls", short_help="List the checkpoints of a store.")
+@click.command("ls", short_help="List the checkpoints of a store (exit 1 if one is damaged).")
 @click.argument("url")
 @JSON
 def ls(url: str, as_json: bool) -> int:
     """List the checkpoints of the store at URL: name, time, leaf count, logical size, stored
-    size (its chunk objects), bytes shared with other checkpoints, and metadata."""
+    size (its chunk objects), bytes shared with other checkpoints, and metadata. A checkpoint
+    whose commit record or manifest cannot be read is still listed, with the problem (its
+    ``problem`` field with --json); the exit status is then 1."""
     store = open_store(url)
-    infos = store.list()
+    infos = store.list(damaged=True)
     if not infos:
         require_store(store)
-    objects = {i.name: store.open(i.name).chunk_objects() for i in infos}
-    users = Counter(d for objs in objects.values() for d in objs)
-    rows = []
+    objects: dict[str, dict[bytes, int]] = {}
+    problems: dict[str, str] = {}
     for i in infos:
-        objs = objects[i.name]
-        rows.append(
-            {
-                "name": i.name,
-                "created": i.created,
-                "leaves": i.leaves,
-                "logical_bytes": i.nbytes,
-                "stored_bytes": sum(objs.values()),
-                "shared_bytes": sum(s for d, s in objs.items() if users[d] > 1),
-                "metadata": i.metadata,
-            }
-        )
+        if i.problem is not None:  # its commit record: nothing it would say is known
+            objects[i.name], problems[i.name] = {}, i.problem
+            continue
+        try:
+            objects[i.name] = store.open(i.name).chunk_objects()
+        except treestore.errors.CheckpointNotFoundError:
+            objects[i.name] = {}  # deleted since the listing: it has no chunks of its own
+        except (treestore.CorruptionError, treestore.UnsupportedFormatError) as exc:
+            objects[i.name] = {}
+            problems[i.name] = str(exc)
+    users = Counter(d for objs in objects.values() for d in objs)
+    rows = [_ls_row(i, objects[i.name], users, problems.get(i.name)) for i in infos]
     unique: dict[bytes, int] = {}
     for objs in objects.values():
         unique.update(objs)
     total = {
         "checkpoints": len(rows),
-        "logical_bytes": sum(r["logical_bytes"] for r in rows),
+        "damaged": len(problems),
+        "logical_bytes": sum(r["logical_bytes"] or 0 for r in rows),
         "stored_bytes": sum(unique.values()),
     }
+    status = 1 if problems else 0
     if as_json:
         echo_json({"url": store.url, "checkpoints": rows, "total": total})
-        return 0
+        return status
+    for line in _ls_lines(rows, total):
+        click.echo(line)
+    return status
+
+
+def _ls_row(
+    info: treestore.types.CheckpointInfo, objs: dict[bytes, int], users: Counter[bytes], problem: str | None
+) -> dict[str, Any]:
+    """One checkpoint of ``ls``; a damaged one (``problem`` set) has no stored or shared size
+    (None), since its manifest, which names its chunks, cannot be read, and one whose commit
+    record is damaged no time, leaf count or logical size either."""
+    unknown = info.problem is not None  # the commit record itself is damaged
+    return {
+        "name": info.name,
+        "created": None if unknown else info.created,
+        "leaves": None if unknown else info.leaves,
+        "logical_bytes": None if unknown else info.nbytes,
+        "stored_bytes": None if problem else sum(objs.values()),
+        "shared_bytes": None if problem else sum(s for d, s in objs.items() if users[d] > 1),
+        "metadata": info.metadata,
+        "problem": problem,
+    }
+
+
+def _ls_lines(rows: list[dict[str, Any]], total: dict[str, int]) -> list[str]:
+    """The human view of ``ls``: the table, the totals, then one line per damaged checkpoint."""
     header = ["name", "created", "leaves", "logical", "stored", "shared", "metadata"]
     cells = [
         [
             r["name"],
-            render.when(r["created"]),
-            str(r["leaves"]),
-            render.size(r["logical_bytes"]),
-            render.size(r["stored_bytes"]),
-            render.size(r["shared_bytes"]),
+            "?" if r["created"] is None else render.when(r["created"]),
+            "?" if r["leaves"] is None else str(r["leaves"]),
+            "?" if r["logical_bytes"] is None else render.size(r["logical_bytes"]),
+            "damaged" if r["problem"] else render.size(r["stored_bytes"]),
+            "?" if r["problem"] else render.size(r["shared_bytes"]),
             "" if r["metadata"] is None else render.compact(r["metadata"]),
         ]
         for r in rows
     ]
-    for line in render.table(header, cells, right=[2, 3, 4, 5]):
-        click.echo(line)
-    click.echo(
-        f"{total['checkpoints']} checkpoint(s), {render.size(total['logical_bytes'])} logical, "
+    lines = render.table(header, cells, right=[2, 3, 4, 5])
+    damaged = f", {total['damaged']} damaged" if total["damaged"] else ""
+    lines.append(
+        f"{total['checkpoints']} checkpoint(s){damaged}, {render.size(total['logical_bytes'])} logical, "
         f"{render.size(total['stored_bytes'])} stored in chunks"
     )
-    return 0
+    lines += [f"damaged: {r['name']}: {r['problem']}" for r in rows if r["problem"]]
+    return lines
 
 
 # --- show -----------------------------------------------------------------------------------------

@@ -107,7 +107,8 @@ def cli(ctx: click.Context, quiet: bool, debug: bool, storage_options: dict[str,
     Addresses name leaves by their key path: params/layers/0/w.
 
     \b
-    Exit status: 0 success; 1 differences (diff) or problems (verify); 2 errors.
+    Exit status: 0 success; 1 differences (diff) or problems (verify; a damaged
+    checkpoint in ls or timeline); 2 errors.
     Try `treestore demo` first.
     """
     settings = ctx.ensure_object(Settings)

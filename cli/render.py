@@ -8,6 +8,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from .context import plain
+
 _UNITS = ("KiB", "MiB", "GiB", "TiB", "PiB")
 
 
@@ -28,13 +30,26 @@ def size(n: int | float) -> str:
 
 
 def when(seconds: float) -> str:
-    """A time as local ISO 8601, to the second."""
-    return dt.datetime.fromtimestamp(seconds).astimezone().isoformat(timespec="seconds")
+    """A time as local ISO 8601, to the second; one no date can show (a record may hold any
+    float or integer: NaN, inf, 1e300) as its raw number of seconds, so listing never fails.
+
+    >>> when(float("nan")), when(1e300), when(-2**63)
+    ('nan s', '1e+300 s', '-9.223372036854776e+18 s')
+    """
+    try:
+        return dt.datetime.fromtimestamp(seconds).astimezone().isoformat(timespec="seconds")
+    except (OverflowError, OSError, ValueError):  # out of the platform's range, or NaN
+        return f"{float(seconds)!r} s"
 
 
 def compact(value: Any, width: int = 60) -> str:
-    """Plain data as one line of JSON, cut to ``width`` characters."""
-    text = json.dumps(value, separators=(", ", ": "), default=str, ensure_ascii=False)
+    """Plain data as one line of JSON, cut to ``width`` characters (bytes, also as map keys,
+    and non-finite numbers as text).
+
+    >>> print(compact({"k": [b"\\xff", float("nan")], b"b": 1}))
+    {"k": ["ff", "nan"], "b'b'": 1}
+    """
+    text = json.dumps(plain(value), separators=(", ", ": "), default=str, ensure_ascii=False)
     return text if len(text) <= width else text[: width - 1] + "…"
 
 

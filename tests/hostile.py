@@ -105,6 +105,11 @@ def chunk_paths(url: str, name: str) -> dict[str, list[str]]:
     return out
 
 
+def damage_manifest(url: str, name: str) -> None:
+    """Overwrite the manifest of ``name`` with garbage, its commit record left intact."""
+    storage(url).write(_layout.manifest_path(ref_record(url, name)["manifest"]), [b"damaged"])
+
+
 def flip_byte(url: str, path: str, at: int) -> None:
     s = storage(url)
     data = bytearray(s.read(path))

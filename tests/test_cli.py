@@ -298,3 +298,63 @@ def test_gc_with_a_damaged_checkpoint_keeps_everything_and_says_why(store):
     assert result.exit_code == 0, result.output
     assert "damaged checkpoint(s)" in result.stdout and "step-" in result.stdout
     assert sorted(p for p in pathlib.Path(store).rglob("*") if p.is_file()) == before
+
+
+def test_ls_lists_every_readable_checkpoint_and_marks_a_damaged_one(store):
+    """One damaged manifest used to end ls with an error and list nothing (exit 2)."""
+    hostile.damage_manifest(store, "step-1")
+    result = run("ls", store)
+    assert result.exit_code == 1, result.output
+    lines = result.stdout.splitlines()
+    one = next(line for line in lines if line.startswith("step-1 "))
+    two = next(line for line in lines if line.startswith("step-2 "))
+    assert "damaged" in one and '{"step": 1}' in one
+    assert "damaged" not in two and "1.0 MiB" in two
+    assert "2 checkpoint(s), 1 damaged" in result.stdout
+    assert lines[-1].startswith("damaged: step-1: manifest of checkpoint 'step-1'")
+    listed = run("ls", store, "--json")
+    assert listed.exit_code == 1
+    data = json.loads(listed.stdout)
+    bad, good = data["checkpoints"]
+    assert bad["name"] == "step-1" and "manifest" in bad["problem"] and bad["stored_bytes"] is None
+    assert good["name"] == "step-2" and good["problem"] is None and good["stored_bytes"] > 0
+    assert data["total"]["damaged"] == 1
+    (Path(store) / "checkpoints" / "step-2").write_bytes(b"\x93garbage")  # a damaged commit record
+    result = run("ls", store)
+    assert result.exit_code == 1 and "2 checkpoint(s), 2 damaged" in result.stdout
+    assert "damaged: step-2: commit record of checkpoint 'step-2'" in result.stdout
+    rows = {r["name"]: r for r in json.loads(run("ls", store, "--json").stdout)["checkpoints"]}
+    assert rows["step-2"]["created"] is None and "commit record" in rows["step-2"]["problem"]
+
+
+EXTREME_CREATED = [1e300, -1e300, float("inf"), float("-inf"), float("nan"), 2**64 - 1, -(2**63), -1e10, 0]
+EXTREME_METADATA = {"k": [b"\xff", 2**64 - 1, -(2**63), float("nan")], "m": {b"raw": float("-inf")}}
+
+
+@pytest.mark.parametrize("created", EXTREME_CREATED, ids=repr)
+def test_every_command_renders_the_extreme_values_a_record_may_hold(store, created):
+    """A creation time no date can show (1e300 used to raise OverflowError in ls, show and watch),
+    NaN (which used to make the checkpoint 'damaged'), and metadata with bytes keys (a TypeError)
+    render as their raw values in every command."""
+
+    def extreme(m):
+        m["created"] = created
+        m["metadata"] = EXTREME_METADATA
+
+    hostile.mutate_manifest(store, "step-2", extreme)
+    shown = repr(float(created))
+    for args in (
+        ["ls", store],
+        ["ls", store, "--json"],
+        ["show", f"{store}#step-2"],
+        ["show", f"{store}#step-2", "--json"],
+        ["watch", store, "--timeout", "0"],
+        ["watch", store, "--timeout", "0", "--json"],
+        ["timeline", store],
+        ["timeline", store, "--json"],
+    ):
+        result = run(*args)
+        assert result.exit_code == 0, (args, result.output)
+        assert "step-2" in result.stdout and (args[0] == "show" or "step-1" in result.stdout), args
+        if args[0] in ("ls", "show", "watch") and "--json" not in args and abs(float(created)) >= 1e12:
+            assert f"{shown} s" in result.stdout, (args, result.stdout)

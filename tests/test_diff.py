@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import uuid
 
 import numpy as np
@@ -237,3 +238,30 @@ def test_column_wise_diff_agrees_with_comparing_leaf_entries(tmp_path):
             assert (leaf.a, leaf.b) == (_diff._describe(ea[leaf.address]), _diff._describe(eb[leaf.address]))
     d = treestore.diff(f"{url}#a", f"{url}#b")
     assert d.by_status("changed") and dict((x.address, x.chunks_changed) for x in d)["rows"] == 1 / 16
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "rel", "nonfinite_changed"),
+    [
+        ([np.inf, 1, 2], [np.inf, 5, 2], 4 / math.sqrt(5), 0),  # was 0.0: ||a|| = inf
+        ([np.nan, 1, 2], [np.nan, 5, 2], 4 / math.sqrt(5), 0),  # was NaN
+        ([-np.inf, 3, 4], [np.nan, 3, 4], 0.0, 1),  # only a non-finite element changed
+        ([1, 3, 4], [1, 3, np.inf], 0.0, 1),
+        ([1e200, 0, 0], [2e200, 0, 0], 1.0, 0),  # squares that overflow a float64
+        ([1e-200, 0, 0], [3e-200, 0, 0], 2.0, 0),  # and underflow it
+        ([0.0, np.nan, 0], [1.0, np.nan, 0], math.inf, 0),  # a is zero where finite
+    ],
+)
+def test_rel_l2_is_measured_over_the_elements_finite_in_both(store_url, a, b, rel, nonfinite_changed):
+    """A leaf holding inf used to show every change as 0.0, one holding NaN as NaN (absent in a
+    timeline); the non-finite elements that changed are counted on their own."""
+    store = treestore.Store(store_url)
+    store.save({"x": np.array(a, np.float64)}, "a")
+    store.save({"x": np.array(b, np.float64)}, "b")
+    d = treestore.diff(f"{store_url}#a", f"{store_url}#b", stats=True)
+    (x,) = list(d)
+    assert x.stats.rel_l2 == pytest.approx(rel, rel=1e-12)
+    assert x.stats.nonfinite_changed == nonfinite_changed
+    assert d.to_json()["leaves"][0]["stats"]["nonfinite_changed"] == nonfinite_changed
+    if nonfinite_changed:
+        assert f", {nonfinite_changed} changed" in d.table()

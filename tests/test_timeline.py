@@ -141,6 +141,55 @@ def test_cli_timeline(tmp_path):
     assert missing.exit_code == 2 and "no treestore store" in missing.stderr
 
 
+def test_a_damaged_checkpoint_is_left_out_and_named_not_fatal(tmp_path):
+    """One damaged manifest used to end the whole timeline with an error (exit 2)."""
+    from . import hostile
+
+    url = str(tmp_path / "run")
+    store = make_run(url, steps=4)
+    hostile.damage_manifest(url, "step-1")
+    t = store.timeline()
+    assert t.checkpoints == ("step-0", "step-2", "step-3")
+    ((name, problem),) = t.damaged
+    assert name == "step-1" and "manifest of checkpoint 'step-1'" in problem
+    assert t.to_json()["damaged"] == [{"name": "step-1", "problem": problem}]
+    assert t.grouped(1).damaged == t.damaged
+    result = CliRunner().invoke(cli, ["timeline", url])
+    assert result.exit_code == 1, result.output
+    assert result.stdout.startswith("3 checkpoints, 2 steps: step-0 -> step-3")
+    assert f"damaged, left out: step-1: {problem}" in result.stdout
+    page = tmp_path / "t.html"
+    result = CliRunner().invoke(cli, ["timeline", url, "--json", "--html", str(page)])
+    assert result.exit_code == 1 and json.loads(result.stdout)["damaged"][0]["name"] == "step-1"
+    assert '<li data-checkpoint="step-1">step-1: ' in page.read_text()
+
+
+def test_a_leaf_holding_inf_or_nan_shows_its_change_and_its_nonfinite_changes(tmp_path):
+    """[inf, 1, 2] -> [inf, 5, 2] used to show as unchanged (rel L2 0.0: ‖a‖ = inf), and with NaN
+    as absent; a change among the non-finite elements alone showed as unchanged."""
+    url = str(tmp_path / "run")
+    store = treestore.Store(url)
+    for k, (x, y) in enumerate([([np.inf, 1, 2], [np.nan, 1, 2]), ([np.inf, 5, 2], [np.nan, 5, 2])]):
+        z = np.array([1.0, 2.0, np.inf if k == 0 else -np.inf])
+        store.save({"x": np.array(x), "y": np.array(y), "z": z}, f"s{k}")
+    t = store.timeline()
+    row = dict(zip(t.addresses, t.values, strict=True))
+    assert row["x"] == row["y"] == (pytest.approx(4 / math.sqrt(5)),)
+    odd = dict(zip(t.addresses, t.nonfinite, strict=True))
+    assert odd == {"x": (0,), "y": (0,), "z": (1,)}  # z: only inf -> -inf
+    assert row["z"] == (0.0,)  # its finite elements did not change
+    text = CliRunner().invoke(cli, ["timeline", url, "--scale", "global"])
+    assert text.exit_code == 0, text.output
+    lines = {line.split()[0]: line for line in text.stdout.splitlines()[1:]}
+    assert "█" in lines["x"] and "█" in lines["y"] and "·" not in lines["y"]
+    assert "!" in lines["z"] and "non-finite changes in 1 step(s)" in lines["z"]
+    data = json.loads(CliRunner().invoke(cli, ["timeline", url, "--json"]).stdout)
+    assert {r["address"]: r["nonfinite"] for r in data["rows"]} == {"x": [0], "y": [0], "z": [1]}
+    assert t.grouped(1).nonfinite == t.nonfinite
+    page = t.to_html()
+    assert 'data-nonfinite="1">' in page and "(+1 non-finite)" in page and 'class="cell nonfinite"' in page
+
+
 class _Cells(HTMLParser):
     """The value table of a timeline page: address -> [data-value of each step]."""
 

@@ -15,6 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 import treestore
+from treestore._format import layout as _layout
 from treestore.errors import CheckpointNotFoundError, InvalidInputError
 from treestore_cli.main import cli
 
@@ -140,6 +141,31 @@ def test_a_damaged_commit_record_is_skipped_with_a_warning(tmp_path, caplog):
     ckpt = next(gen)
     assert ckpt.name == "bad" and np.array_equal(np.asarray(ckpt["w"]), np.full(4, 9.0))
     gen.close()
+
+
+def test_a_damaged_manifest_repaired_in_place_is_yielded_once(tmp_path, caplog):
+    """The damaged manifest used to be remembered by its commit record's listed size and mtime,
+    which a repair of the manifest does not change: the checkpoint was never yielded."""
+    from . import hostile
+
+    url = str(tmp_path / "s")
+    save(url, "bad", 1.0)
+    save(url, "good", 2.0)
+    path = treestore.Store(url).storage
+    manifest = _layout.manifest_path(hostile.ref_record(url, "bad")["manifest"])
+    original = path.read(manifest)
+    hostile.damage_manifest(url, "bad")
+    caplog.set_level(logging.WARNING, logger="treestore.watch")
+    gen = treestore.watch(url, timeout=2, min_poll=0.05, max_poll=0.1)
+    assert next(gen).name == "good"
+    save(url, "later", 3.0)
+    assert next(gen).name == "later"
+    assert caplog.text.count("skipping checkpoint 'bad'") == 1  # warned once, not at every poll
+    path.write(manifest, [original])  # repaired: the same bytes back at their content address
+    ckpt = next(gen)
+    assert ckpt.name == "bad" and np.array_equal(np.asarray(ckpt["w"]), np.full(4, 1.0))
+    assert list(gen) == []  # once
+    assert caplog.text.count("skipping checkpoint 'bad'") == 1
 
 
 def test_cli_watch(tmp_path):

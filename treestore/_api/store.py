@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -37,20 +38,22 @@ from treestore._tree import template as _template
 from treestore._tree.lazy_jax import jax
 from treestore._tree.leaves import restore_array
 from treestore._tree.structure import rebuild, trusted_types
-from treestore.errors import InvalidInputError
+from treestore.errors import InvalidInputError, TreestoreError
 
 Patterns = _select.Patterns
 
 
 @dataclass(frozen=True)
 class CheckpointInfo:
-    """A committed checkpoint as listed by :meth:`Store.list`."""
+    """A committed checkpoint as listed by :meth:`Store.list`; with ``damaged=True``, one whose
+    commit record cannot be read has ``problem`` set (and NaN, 0, 0, None for what it would say)."""
 
     name: str
     created: float  # seconds since the epoch
     leaves: int
     nbytes: int  # raw bytes of its array leaves
     metadata: Any
+    problem: str | None = None
 
 
 class Store:
@@ -156,15 +159,26 @@ class Store:
         )
 
     # -- reading -----------------------------------------------------------------------------
-    def list(self) -> list[CheckpointInfo]:
+    def list(self, *, damaged: bool = False) -> list[CheckpointInfo]:
         """Committed checkpoints, oldest first.
 
         A damaged checkpoint (its commit record cannot be read) is left out and named in a
         warning of the logger ``treestore``; :func:`treestore.verify` tells what is wrong. One of
-        a newer format raises UnsupportedFormatError; a listing that fails, StorageError.
+        a newer format raises UnsupportedFormatError; a listing that fails, StorageError. With
+        ``damaged=True`` both are listed instead, after the others in name order, with the
+        problem in ``problem`` (what a listing for people shows: nothing hidden, nothing fatal).
         """
-        refs = sorted(_read.readable_records(self.storage), key=lambda r: (r.created, r.name))
-        return [CheckpointInfo(r.name, r.created, r.leaves, r.nbytes, r.metadata) for r in refs]
+        if not damaged:
+            refs = _read.readable_records(self.storage)
+            bad: dict[str, TreestoreError] = {}
+        else:
+            found, unread = _read.committed_records(self.storage)
+            refs, bad = found, dict(unread)
+        infos = [
+            CheckpointInfo(r.name, r.created, r.leaves, r.nbytes, r.metadata)
+            for r in sorted(refs, key=lambda r: (r.created, r.name))
+        ]
+        return infos + [CheckpointInfo(n, math.nan, 0, 0, None, str(bad[n])) for n in sorted(bad)]
 
     def exists(self, name: str) -> bool:
         """Whether checkpoint ``name`` is committed."""

@@ -9,6 +9,7 @@ whose digests are equal cost nothing, and of the others only the chunks that dif
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -23,13 +24,22 @@ from treestore._engine import read as _read
 from treestore._format import select as _select
 from treestore._format.manifest import LeafEntry, Manifest
 from treestore._storage.base import Storage
-from treestore.errors import CheckpointNotFoundError, InvalidInputError
+from treestore.errors import (
+    CheckpointNotFoundError,
+    CorruptionError,
+    InvalidInputError,
+    TreestoreError,
+    UnsupportedFormatError,
+)
+
+_log = logging.getLogger("treestore")
 
 Progress = Callable[[int, int], None]  # (bytes compared so far, bytes to compare)
 
 BLOCKS = " ▁▂▃▄▅▆▇█"  # no change, then eighths of the row's (or the whole map's) largest change
 ASCII_BLOCKS = " .:-=+*#@"
 ABSENT, ASCII_ABSENT = "·", "x"  # the leaf is missing (or changed shape or dtype) at that step
+NONFINITE = "!"  # elements changed to, from or between NaN and ±inf at that step
 
 
 @dataclass(frozen=True)
@@ -39,11 +49,16 @@ class Timeline:
 
     ``values[i][j]`` is the change of ``addresses[i]`` from ``checkpoints[j]`` to
     ``checkpoints[j + 1]``: 0.0 where the leaf is unchanged, NaN where it is missing from either
-    checkpoint or changed shape or dtype, inf where ‖a‖ is 0 and b differs. ``sizes[i]`` is the
+    checkpoint or changed shape or dtype, inf where ‖a‖ is 0 and b differs. The change is measured
+    over the elements finite in both checkpoints (as ``diff``'s ``rel_l2``): ``nonfinite[i][j]``
+    counts the others that changed (to, from or between NaN and ±inf), so a change the finite
+    measure cannot show is still seen (``nonfinite`` is empty when there are none). ``sizes[i]`` is the
     number of elements of the leaf (of all the group's leaves). With ``depth`` set, each address
     is a group: the first ``depth`` segments of its leaves' addresses, and its value pools its
     leaves' changes weighted by size, √(Σ nᵢ·vᵢ² / Σ nᵢ) over the leaves present at that step
     (equal to ‖Δ‖/‖w‖ of the group when its leaves have equal root-mean-square values).
+    ``damaged`` names each checkpoint left out because its commit record or manifest cannot be
+    read, with the problem: one damaged checkpoint does not hide the others.
     """
 
     url: str
@@ -52,11 +67,18 @@ class Timeline:
     values: tuple[tuple[float, ...], ...]
     sizes: tuple[int, ...]
     depth: int | None = None
+    nonfinite: tuple[tuple[int, ...], ...] = ()  # like values; () when none
+    damaged: tuple[tuple[str, str], ...] = ()  # (checkpoint, problem) of those left out
 
     @property
     def steps(self) -> tuple[tuple[str, str], ...]:
         """The (from, to) checkpoint names of each column."""
         return tuple(itertools.pairwise(self.checkpoints))
+
+    def nonfinite_at(self, i: int, j: int) -> int:
+        """Elements of ``addresses[i]`` that changed to, from or between non-finite values at
+        step ``j`` (0 when ``nonfinite`` is empty)."""
+        return self.nonfinite[i][j] if self.nonfinite else 0
 
     def to_numpy(self) -> np.ndarray[Any, Any]:
         """``values`` as a float64 array of shape (addresses, steps)."""
@@ -77,7 +99,18 @@ class Timeline:
                 )
             )
         sizes = tuple(sum(self.sizes[i] for i in rows) for rows in groups.values())
-        return replace(self, addresses=tuple(groups), values=tuple(values), sizes=sizes, depth=depth)
+        nonfinite = tuple(
+            tuple(sum(self.nonfinite_at(i, j) for i in rows) for j in range(len(self.steps)))
+            for rows in groups.values()
+        )
+        return replace(
+            self,
+            addresses=tuple(groups),
+            values=tuple(values),
+            sizes=sizes,
+            depth=depth,
+            nonfinite=nonfinite if self.nonfinite else (),
+        )
 
     def to_json(self) -> dict[str, Any]:
         """Plain data; non-finite values as the strings "nan" and "inf"."""
@@ -90,16 +123,23 @@ class Timeline:
             "checkpoints": list(self.checkpoints),
             "depth": self.depth,
             "rows": [
-                {"address": a, "size": n, "values": [clean(v) for v in row]}
-                for a, n, row in zip(self.addresses, self.sizes, self.values, strict=True)
+                {
+                    "address": a,
+                    "size": n,
+                    "values": [clean(v) for v in row],
+                    "nonfinite": [self.nonfinite_at(i, j) for j in range(len(row))],
+                }
+                for i, (a, n, row) in enumerate(zip(self.addresses, self.sizes, self.values, strict=True))
             ],
+            "damaged": [{"name": name, "problem": problem} for name, problem in self.damaged],
         }
 
     def heatmap(self, *, scale: str = "row", ascii: bool = False) -> str:
         """One line per address: one character per step, `` ▁▂▃▄▅▆▇█`` for no change up to the
         largest change of the row (``scale="row"``) or of the whole map (``scale="global"``),
-        ``·`` where the leaf is absent; then the row's largest change. With ``ascii=True`` the
-        levels are `` .:-=+*#@`` and absence is ``x``.
+        ``·`` where the leaf is absent, ``!`` where elements changed to, from or between NaN and
+        ±inf; then the row's largest change (of the finite elements) and the steps with such
+        non-finite changes. With ``ascii=True`` the levels are `` .:-=+*#@`` and absence is ``x``.
 
         >>> from treestore.types import Timeline
         >>> t = Timeline("memory://x", ("a", "b", "c"), ("w", "b"), ((0.5, 1.0), (0.0, float("nan"))), (4, 2))
@@ -117,10 +157,16 @@ class Timeline:
         what = f"relative L2 change of {rows}, scaled {scaled}"
         lines = [f"{len(self.checkpoints)} checkpoints, {len(self.steps)} steps: {span}; {what}"]
         for i, (address, row) in enumerate(zip(self.addresses, self.values, strict=True)):
-            cells = "".join(_level(v, top[i], levels, absent) for v in row)
+            marked = [self.nonfinite_at(i, j) > 0 for j in range(len(row))]
+            cells = "".join(
+                NONFINITE if m else _level(v, top[i], levels, absent)
+                for v, m in zip(row, marked, strict=True)
+            )
             finite = [v for v in row if not math.isnan(v)]
             peak = _num(max(finite)) if finite else "-"
-            lines.append(f"{(address or '(root)').ljust(width)}  {cells}  max {peak}")
+            odd = f"  non-finite changes in {sum(marked)} step(s)" if any(marked) else ""
+            lines.append(f"{(address or '(root)').ljust(width)}  {cells}  max {peak}{odd}")
+        lines += [f"damaged, left out: {name}: {problem}" for name, problem in self.damaged]
         return "\n".join(lines)
 
     def to_html(self, *, scale: str = "row", title: str | None = None) -> str:
@@ -186,6 +232,30 @@ def _changed_bytes(a: dict[str, LeafEntry], b: dict[str, LeafEntry], chosen: set
     return total
 
 
+def _readable(storage: Storage) -> tuple[list[Checkpoint], tuple[tuple[str, str], ...]]:
+    """The checkpoints of a store whose commit record and manifest can be read, oldest first,
+    and (name, problem) of the others, in name order; one of a format this version cannot read
+    raises UnsupportedFormatError (as listing does: upgrade treestore)."""
+    records, bad = _read.committed_records(storage)
+    if not records and not bad:
+        raise CheckpointNotFoundError(f"no checkpoints in {storage.url}")
+    problems: dict[str, TreestoreError] = dict(bad)
+    views = []
+    for r in sorted(records, key=lambda r: (r.created, r.name)):
+        try:
+            views.append(Checkpoint(storage, _read.read_columns(storage, r)))
+        except CheckpointNotFoundError:
+            continue  # deleted since the listing
+        except (CorruptionError, UnsupportedFormatError) as exc:
+            problems[r.name] = exc
+    newer = [e for e in problems.values() if isinstance(e, UnsupportedFormatError)]
+    if newer:
+        raise newer[0]
+    if problems:
+        _log.warning("%s: timeline leaves out %d damaged checkpoint(s)", storage.url, len(problems))
+    return views, tuple((name, str(problems[name])) for name in sorted(problems))
+
+
 def timeline(
     storage: Storage,
     *,
@@ -197,10 +267,7 @@ def timeline(
     :meth:`treestore.Store.timeline`)."""
     if depth is not None and (type(depth) is not int or depth < 1):
         raise InvalidInputError(f"depth must be an int of at least 1, got {depth!r}")
-    records = sorted(_read.readable_records(storage), key=lambda r: (r.created, r.name))
-    if not records:
-        raise CheckpointNotFoundError(f"no checkpoints in {storage.url}")
-    views = [Checkpoint(storage, _read.read_columns(storage, r)) for r in records]
+    views, damaged = _readable(storage)
     arrays = [_arrays(v.manifest) for v in views]
     every = list(dict.fromkeys(a for leaves in arrays for a in leaves))
     chosen = _select.select(every, select, where=f"the checkpoints of {storage.url}")
@@ -214,6 +281,7 @@ def timeline(
     wanted = set(chosen)
     steps = len(views) - 1
     values = np.full((len(chosen), max(steps, 0)), np.nan)
+    nonfinite = np.zeros(values.shape, np.int64)
     work = [_changed_bytes(arrays[j], arrays[j + 1], wanted) for j in range(steps)]
     total, done = sum(work), 0
     if progress is not None:
@@ -234,15 +302,18 @@ def timeline(
                 values[i, j] = 0.0
             elif d.status == _diff.CHANGED and d.stats is not None:
                 values[i, j] = d.stats.rel_l2
+                nonfinite[i, j] = d.stats.nonfinite_changed
         done += work[j]
         if progress is not None:
             progress(done, total)
     result = Timeline(
         storage.url,
-        tuple(r.name for r in records),
+        tuple(v.name for v in views),
         tuple(chosen),
         tuple(tuple(float(v) for v in r) for r in values),
         tuple(sizes),
+        nonfinite=tuple(tuple(int(n) for n in r) for r in nonfinite) if nonfinite.any() else (),
+        damaged=damaged,
     )
     return result if depth is None else result.grouped(depth)
 

@@ -42,6 +42,8 @@ h1 { font-size: 1.3em; margin: 0 0 .3em; }
 svg text { font: 11px monospace; fill: #222; }
 rect.cell { stroke: #eee; stroke-width: .5; }
 rect.cell:hover { stroke: #000; stroke-width: 1.5; }
+rect.nonfinite { stroke: #d62728; stroke-width: 2; }
+td.nonfinite { color: #d62728; }
 #detail { font-family: monospace; min-height: 1.4em; margin: .4em 0 1em; }
 table { border-collapse: collapse; font: 12px monospace; }
 td, th { border: 1px solid #ddd; padding: 2px 6px; text-align: right; }
@@ -56,8 +58,10 @@ _SCRIPT = """
   var cells = document.querySelectorAll("rect.cell");
   cells.forEach(function (r) {
     r.addEventListener("mouseenter", function () {
+      var odd = r.getAttribute("data-nonfinite");
       detail.textContent = r.getAttribute("data-address") + ": " + r.getAttribute("data-from") +
-        " \\u2192 " + r.getAttribute("data-to") + ": " + r.getAttribute("data-value");
+        " \\u2192 " + r.getAttribute("data-to") + ": " + r.getAttribute("data-value") +
+        (odd !== "0" ? " (+" + odd + " non-finite)" : "");
     });
   });
   var box = document.getElementById("heatmap").getBoundingClientRect();
@@ -95,6 +99,10 @@ def _text(value: float) -> str:
     return "inf" if math.isinf(value) else f"{value:.3g}"
 
 
+def _nonfinite_text(n: int) -> str:
+    return f" (+{n} non-finite)" if n else ""
+
+
 def _heatmap(t: Any, tops: list[float]) -> str:
     e = html.escape
     steps = t.steps
@@ -114,11 +122,13 @@ def _heatmap(t: Any, tops: list[float]) -> str:
         y = top_margin + i * row_h
         parts.append(f'<text x="{left - 6}" y="{y + row_h - 3}" text-anchor="end">{e(label)}</text>')
         for j, ((a, b), v) in enumerate(zip(steps, row, strict=True)):
+            n = t.nonfinite_at(i, j)
             parts.append(
-                f'<rect class="cell" x="{left + j * cell}" y="{y}" width="{cell}" height="{row_h}" '
+                f'<rect class="cell{" nonfinite" if n else ""}" x="{left + j * cell}" y="{y}" '
+                f'width="{cell}" height="{row_h}" '
                 f'fill="{_fill(v, tops[i])}" data-address="{e(address)}" data-step="{j}" '
-                f'data-from="{e(a)}" data-to="{e(b)}" data-value="{v!r}">'
-                f"<title>{e(label)}: {e(a)} \u2192 {e(b)}: {_text(v)}</title></rect>"
+                f'data-from="{e(a)}" data-to="{e(b)}" data-value="{v!r}" data-nonfinite="{n}">'
+                f"<title>{e(label)}: {e(a)} \u2192 {e(b)}: {_text(v)}{_nonfinite_text(n)}</title></rect>"
             )
     if steps:  # the run's first and last checkpoint under the map's ends
         parts.append(f'<text x="{left}" y="{bottom + 14}">{e(steps[0][0])}</text>')
@@ -185,12 +195,19 @@ def _lines(g: Any) -> str:
     return "".join(parts) + f'<div class="legend">{"".join(legend)}</div>'
 
 
+def _value_cell(v: float, j: int, n: int) -> str:
+    """One value of the table: the finite change and, apart, the non-finite elements changed."""
+    odd = ' class="nonfinite"' if n else ""
+    attrs = f'{odd} data-step="{j}" data-value="{v!r}" data-nonfinite="{n}"'
+    return f"<td{attrs}>{_text(v)}{_nonfinite_text(n)}</td>"
+
+
 def _table(t: Any) -> str:
     e = html.escape
     head = "".join(f"<th>{e(a)} \u2192 {e(b)}</th>" for a, b in t.steps)
     rows = []
-    for address, size, row in zip(t.addresses, t.sizes, t.values, strict=True):
-        cells = "".join(f'<td data-step="{j}" data-value="{v!r}">{_text(v)}</td>' for j, v in enumerate(row))
+    for i, (address, size, row) in enumerate(zip(t.addresses, t.sizes, t.values, strict=True)):
+        cells = "".join(_value_cell(v, j, t.nonfinite_at(i, j)) for j, v in enumerate(row))
         rows.append(
             f'<tr data-address="{e(address)}"><td>{e(address or "(root)")}</td><td>{size}</td>{cells}</tr>'
         )
@@ -198,6 +215,15 @@ def _table(t: Any) -> str:
         f'<table id="values"><thead><tr><th>address</th><th>elements</th>{head}</tr></thead>'
         f"<tbody>{''.join(rows)}</tbody></table>"
     )
+
+
+def _damaged(t: Any) -> str:
+    """One line per checkpoint the timeline left out because it is damaged, with the problem."""
+    e = html.escape
+    items = "".join(
+        f'<li data-checkpoint="{e(name)}">{e(name)}: {e(problem)}</li>' for name, problem in t.damaged
+    )
+    return f'<p class="note">Damaged checkpoints, left out:</p><ul id="damaged">{items}</ul>' if items else ""
 
 
 def page(t: Any, groups: Any, tops: list[float], title: str) -> str:
@@ -208,12 +234,13 @@ def page(t: Any, groups: Any, tops: list[float], title: str) -> str:
         f"{len(t.checkpoints)} checkpoints, {len(t.steps)} steps, {len(t.addresses)} {what}. "
         "Each cell: relative L2 change \u2016b \u2212 a\u2016 / \u2016a\u2016 from one checkpoint "
         "to the next; "
-        "white: unchanged, grey: absent at that step."
+        "white: unchanged, grey: absent at that step; measured over the elements finite in both, "
+        "a red outline where elements changed to, from or between NaN and \u00b1inf."
     )
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f"<title>{e(title)}</title><style>{_STYLE}</style></head>"
-        f'<body data-url="{e(t.url)}"><h1>{e(title)}</h1><p class="note">{e(note)}</p>'
+        f'<body data-url="{e(t.url)}"><h1>{e(title)}</h1><p class="note">{e(note)}</p>{_damaged(t)}'
         f'{_heatmap(t, tops)}<div id="detail"></div>'
         f"<h2>By group</h2>{_lines(groups)}"
         f"<h2>Values</h2>{_table(t)}"

@@ -1,8 +1,9 @@
 """Following a store while it is written: each checkpoint once it is committed, in commit order.
 
 A poll is one listing of ``checkpoints/`` (one LIST request on an object store) and one read of
-each commit record it has not seen; the manifest of a new checkpoint is read, verified, just
-before it is yielded. Polls back off exponentially while nothing new appears.
+each commit record not yet yielded (a damaged one is read again at each poll, so that a repair is
+seen); the manifest of a new checkpoint is read, verified, just before it is yielded. Polls back
+off exponentially while nothing new appears.
 """
 
 from __future__ import annotations
@@ -35,22 +36,29 @@ log = logging.getLogger("treestore.watch")
 
 
 class _Poller:
-    """What a watcher has seen: checkpoints yielded (or older than ``since``), and damaged
-    commit records with the listed size and mtime they were damaged at."""
+    """What a watcher has seen: the names of checkpoints yielded (or older than ``since``), and
+    the damaged ones, each with what identifies its damage: the manifest digest its commit
+    record names (None while the record itself cannot be read) and the problem.
+
+    A damaged checkpoint is read again at each poll (its commit record, then the manifest it
+    names), not only when its record's listed size or time changes: a manifest repaired in place
+    (the same bytes written back to its content address) changes neither, and is reported as
+    soon as it verifies. The warning is logged once per damage (digest and problem)."""
 
     def __init__(self, storage: Storage, after: tuple[float, str] | None) -> None:
         self.storage = storage
         self.after = after
         self.seen: set[str] = set()
-        self.damaged: dict[str, tuple[int, float | None]] = {}
+        self.damaged: dict[str, tuple[bytes | None, str]] = {}
 
-    def _skip(self, name: str, listed: tuple[int, float | None], exc: TreestoreError) -> None:
-        if self.damaged.get(name) != listed:
+    def _skip(self, name: str, manifest: bytes | None, exc: TreestoreError) -> None:
+        damage = (manifest, str(exc))
+        if self.damaged.get(name) != damage:
             log.warning("watch %s: skipping checkpoint %r: %s", self.storage.url, name, exc)
-        self.damaged[name] = listed
+        self.damaged[name] = damage
 
-    def poll(self) -> list[tuple[CommitRecord, tuple[int, float | None]]]:
-        """The commit records committed since the last poll, in commit order."""
+    def poll(self) -> list[CommitRecord]:
+        """The commit records of checkpoints not yet yielded, in commit order."""
         try:
             listing = self.storage.list(_layout.CHECKPOINTS)
         except StorageError as exc:  # a network blip must not end a watch: retry at the next poll
@@ -60,9 +68,8 @@ class _Poller:
         found = []
         for obj in listing:
             name = obj.path[len(prefix) :] if obj.path.startswith(prefix) else ""
-            listed = (obj.size, obj.mtime)
-            if name in self.seen or self.damaged.get(name) == listed:
-                continue  # a damaged record is read again only once it has been rewritten
+            if name in self.seen:
+                continue
             try:
                 check_name(name)
             except TreestoreError:
@@ -72,7 +79,7 @@ class _Poller:
             except CheckpointNotFoundError:
                 continue  # deleted since the listing
             except (CorruptionError, UnsupportedFormatError) as exc:
-                self._skip(name, listed, exc)
+                self._skip(name, None, exc)
                 continue
             except StorageError as exc:
                 log.warning("watch %s: reading %r failed, retrying: %s", self.storage.url, name, exc)
@@ -80,15 +87,15 @@ class _Poller:
             if self.after is not None and (record.created, record.name) <= self.after:
                 self.seen.add(name)
                 continue
-            found.append((record, listed))
-        return sorted(found, key=lambda p: (p[0].created, p[0].name))
+            found.append(record)
+        return sorted(found, key=lambda r: (r.created, r.name))
 
-    def open(self, record: CommitRecord, listed: tuple[int, float | None]) -> Checkpoint | None:
+    def open(self, record: CommitRecord) -> Checkpoint | None:
         """The verified view of a new checkpoint, or None (with a warning) when it is damaged."""
         try:
             columns = _read.read_columns(self.storage, record)
         except (CorruptionError, UnsupportedFormatError) as exc:
-            self._skip(record.name, listed, exc)
+            self._skip(record.name, record.manifest, exc)
             return None
         except StorageError as exc:
             log.warning("watch %s: reading %r failed, retrying: %s", self.storage.url, record.name, exc)
@@ -118,8 +125,9 @@ def watch(
     those committed after checkpoint NAME (which must exist). A store that does not exist yet is
     waited for. Polls start ``min_poll`` seconds apart and back off, doubling, to ``max_poll``
     while nothing new appears; each poll lists the store once. A damaged commit record or
-    manifest is skipped with a warning on the ``treestore.watch`` logger (and looked at again if
-    it is rewritten); a failed listing is retried at the next poll. A checkpoint overwritten under
+    manifest is skipped with a warning on the ``treestore.watch`` logger, once, and read again at
+    each poll: once it is repaired (its record or manifest rewritten) it is yielded, once; a failed
+    listing is retried at the next poll. A checkpoint overwritten under
     a name already yielded is not yielded again.
 
     >>> import numpy as np, treestore
@@ -155,8 +163,8 @@ def _follow(
     quiet_since = time.monotonic()
     while stop is None or not stop.is_set():
         new = False
-        for record, listed in poller.poll():
-            ckpt = poller.open(record, listed)
+        for record in poller.poll():
+            ckpt = poller.open(record)
             if ckpt is None:
                 continue
             new = True

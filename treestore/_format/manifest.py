@@ -207,10 +207,21 @@ def record_mismatches(
         "nbytes": (ref.nbytes, nbytes),
     }
     # Metadata is compared as encoded: NaN != NaN, and 1 == 1.0 == True, as Python values.
-    same = {"metadata": to_msgpack(ref.metadata) == to_msgpack(metadata)}
+    # A time is compared as the float a manifest decodes it to (a record keeps an integer
+    # exactly; 2**64 - 1 != float(2**64 - 1)), NaN equal to NaN.
+    same = {
+        "metadata": to_msgpack(ref.metadata) == to_msgpack(metadata),
+        "created": _same_time(ref.created, created),
+    }
     return [
         f"{k}: record {a!r:.60}, manifest {b!r:.60}" for k, (a, b) in pairs.items() if not same.get(k, a == b)
     ]
+
+
+def _same_time(a: float, b: float) -> bool:
+    """Whether two ``created`` times are the same float (NaN is the same as NaN)."""
+    x, y = float(a), float(b)
+    return x == y or (math.isnan(x) and math.isnan(y))
 
 
 # --- encoding ---------------------------------------------------------------------------------
