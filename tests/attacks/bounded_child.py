@@ -79,7 +79,8 @@ def changes(draw: st.DrawFn) -> list[tuple[str, Any]]:
         if kind == "chain":
             # The worst cases first: Hypothesis starts from the first element of each choice.
             depth = draw(st.sampled_from([499, 250, 60, 1]) | st.integers(1, 499))
-            out.append((kind, (depth, draw(st.sampled_from([8192, 20_000, 100, 1]) | st.integers(1, 20_000)))))
+            width = draw(st.sampled_from([8192, 20_000, 100, 1]) | st.integers(1, 20_000))
+            out.append((kind, (depth, width)))
         elif kind in ("tile", "fill", "flip", "cut"):
             column = draw(st.sampled_from(COLUMNS))
             arg = {
@@ -148,7 +149,8 @@ def main(folder: Path, examples: int) -> int:
         try:
             url = str(root)
             ref = hostile.ref_record(url, "bad")
-            rec = msgpack.unpackb(hostile.storage(url).read(_layout.manifest_path(ref["manifest"])), raw=False)
+            data = hostile.storage(url).read(_layout.manifest_path(ref["manifest"]))
+            rec = msgpack.unpackb(data, raw=False)
             for change in found:
                 apply(rec, change)
             hostile.write_manifest(url, "bad", rec, leaves=ref["leaves"])
