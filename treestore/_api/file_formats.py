@@ -21,6 +21,7 @@ import struct
 import threading
 import zipfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -127,7 +128,20 @@ def _missing(package: str, what: str) -> UnsupportedFormatError:
     )
 
 
-def read_safetensors(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+@dataclass(frozen=True)
+class StTensor:
+    """One tensor a safetensors header declares, checked against the file: its bytes are
+    ``[start, stop)`` of the file (absolute offsets)."""
+
+    dtype: np.dtype[Any]
+    shape: tuple[int, ...]
+    start: int
+    stop: int
+
+
+def safetensors_header(path: Path) -> tuple[dict[str, StTensor], dict[str, str], int]:
+    """The tensors a safetensors file declares, its metadata block and its size, every tensor's
+    dtype, shape and offsets checked against the file before any array is allocated."""
     try:
         from safetensors import safe_open  # validates the header: offsets, overlaps, sizes
     except ImportError:
@@ -145,29 +159,41 @@ def read_safetensors(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
         if n > size - 8:
             raise UnsupportedFormatError(f"{path}: header of {n:,} bytes in a file of {size:,}")
         header = json.loads(f.read(n))
-        base = 8 + n
-        flat: dict[str, Any] = {}
-        for key in keys:
-            info = header[key]
-            name = _ST_DTYPES.get(info["dtype"])
-            if name is None or name not in DTYPES:
-                raise UnsupportedFormatError(
-                    f"{path}: tensor {key!r} has dtype {info['dtype']}, which treestore cannot store"
-                )
-            dtype = DTYPES[name]
-            start, stop = info["data_offsets"]
-            declared = math.prod(info["shape"]) * dtype.itemsize
-            if not 0 <= start <= stop <= size - base or stop - start != declared:
-                raise UnsupportedFormatError(
-                    f"{path}: tensor {key!r} declares {declared:,} bytes at offsets [{start}, {stop}) "
-                    f"of a data section of {size - base:,} bytes"
-                )
-            buf = np.empty(stop - start, np.uint8)
-            f.seek(base + start)
-            if f.readinto(buf.data) != buf.size or buf.size != int(np.prod(info["shape"])) * dtype.itemsize:
+    base = 8 + n
+    found: dict[str, StTensor] = {}
+    for key in keys:
+        info = header[key]
+        name = _ST_DTYPES.get(info["dtype"])
+        if name is None or name not in DTYPES:
+            raise UnsupportedFormatError(
+                f"{path}: tensor {key!r} has dtype {info['dtype']}, which treestore cannot store"
+            )
+        dtype = DTYPES[name]
+        shape = info["shape"]
+        if not all(type(d) is int and d >= 0 for d in shape):
+            raise UnsupportedFormatError(f"{path}: tensor {key!r} has shape {shape}")
+        start, stop = info["data_offsets"]
+        declared = math.prod(shape) * dtype.itemsize
+        if not 0 <= start <= stop <= size - base or stop - start != declared:
+            raise UnsupportedFormatError(
+                f"{path}: tensor {key!r} declares {declared:,} bytes at offsets [{start}, {stop}) "
+                f"of a data section of {size - base:,} bytes"
+            )
+        found[key] = StTensor(dtype, tuple(shape), base + start, base + stop)
+    return found, file_meta or {}, size
+
+
+def read_safetensors(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    found, file_meta, _ = safetensors_header(path)
+    flat: dict[str, Any] = {}
+    with open(path, "rb") as f:
+        for key, t in found.items():
+            buf = np.empty(t.stop - t.start, np.uint8)
+            f.seek(t.start)
+            if f.readinto(buf.data) != buf.size:
                 raise UnsupportedFormatError(f"{path}: tensor {key!r} is truncated")
-            flat[key] = buf.view(dtype).reshape(info["shape"])
-    return flat, {"metadata": file_meta or {}}
+            flat[key] = buf.view(t.dtype).reshape(t.shape)
+    return flat, {"metadata": file_meta}
 
 
 def read_npz(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
