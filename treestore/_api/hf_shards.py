@@ -143,7 +143,7 @@ def _write_shard(
         f.write(head)
         for t in ordered:
             data = np.asarray(ckpt[t.entry.address])
-            data = np.ascontiguousarray(data.astype(data.dtype.newbyteorder("<"), copy=False))
+            data = data.astype(data.dtype.newbyteorder("<"), order="C", copy=False)  # 0-d stays 0-d
             if data.nbytes != t.nbytes or data.shape != t.entry.shape:
                 raise CorruptionError(
                     f"{t.entry.address}: read {data.shape} ({data.nbytes:,} bytes); its manifest "
@@ -291,11 +291,11 @@ def read_shards(index: Path) -> tuple[dict[str, Any], dict[str, Any]]:
                     f"{folder / file}: holds tensor {name!r}, which {index.name} does not name"
                 )
             holder[name] = file
+    _check_unnamed(index, set(files))
     for name, file in weight_map.items():
         if holder.get(name) != file:
             where = f"it is in {holder[name]}" if name in holder else "no shard holds it"
             raise CorruptionError(f"{index}: tensor {name!r} should be in {file}, but {where}")
-    _check_unnamed(index, set(files))
     data = sum(t.stop - t.start for found, _ in headers.values() for t in found.values())
     if total is not None and total != data:
         raise CorruptionError(f"{index}: total_size is {total:,} bytes, but its tensors hold {data:,}")

@@ -316,6 +316,7 @@ def export_file(
     ['dense.bias']
     """
     out = Path(path)
+    limit = None if max_shard_size is None else _shards.parse_size(max_shard_size)
     folder = _shard_folder(path, format, max_shard_size)
     fmt = "safetensors" if folder is not None else _formats.detect_format(out, format)
     if max_shard_size is not None and fmt != "safetensors":
@@ -347,7 +348,7 @@ def export_file(
     st_meta = st_meta if ok and st_meta else None
     nbytes = sum(e.nbytes for _, e in named)
     if sharding:
-        limit = _shards.parse_size(_shards.DEFAULT_SHARD_SIZE if max_shard_size is None else max_shard_size)
+        limit = limit or _shards.parse_size(_shards.DEFAULT_SHARD_SIZE)
         shards = _shards.plan(_shards.tensors([(sep.join(n), e) for n, e in named]), limit)
         if folder is not None:
             folder.mkdir(exist_ok=True)
