@@ -21,7 +21,7 @@ FORMAT = click.option(
 )
 
 
-@click.command("import", short_help="Import a .safetensors/.npz/.msgpack file or orbax folder.")
+@click.command("import", short_help="Import a .safetensors/.npz/.msgpack file, orbax or HF folder.")
 @click.argument("file", type=click.Path(exists=True, dir_okay=True), metavar="FILE")
 @click.argument("dst", metavar="URL#NAME")
 @FORMAT
@@ -39,7 +39,11 @@ def import_(
 
     An orbax CheckpointManager step folder (mgr/5 or mgr/5/default) becomes step-000000005,
     its step and metrics kept in the metadata; the manager's folder (mgr) imports its newest
-    step. To import every step: for d in mgr/*/; do treestore import "$d" URL; done"""
+    step. To import every step: for d in mgr/*/; do treestore import "$d" URL; done
+
+    A Hugging Face sharded safetensors layout is imported from its folder (the one holding
+    model.safetensors.index.json, such as a Hub download) or from the index file; the whole
+    layout is checked before anything is saved."""
     meta = None
     if metadata is not None:
         try:
@@ -78,16 +82,32 @@ def import_(
     type=click.Choice([".", "/"]),
     help="Joins key paths into key names (default: the one found on import, else '.').",
 )
+@click.option(
+    "--max-shard-size",
+    metavar="SIZE",
+    help="Write Hugging Face's sharded safetensors layout: shards of at most SIZE bytes of "
+    "tensors (e.g. 5GB, 500MB; decimal units). A FOLDER/ with --format safetensors gets 5GB.",
+)
 @click.option("--overwrite", is_flag=True, help="Replace FILE if it exists.")
 @JSON
 def export(
-    src: str, file: str, fmt: str | None, separator: str | None, overwrite: bool, as_json: bool
+    src: str,
+    file: str,
+    fmt: str | None,
+    separator: str | None,
+    max_shard_size: str | None,
+    overwrite: bool,
+    as_json: bool,
 ) -> int:
     """Export a checkpoint (the newest when no #NAME) as a .safetensors, .npz or flax .msgpack
     FILE, or as an orbax checkpoint folder (--format orbax, or FILE an existing folder) that
     orbax's StandardCheckpointer restores. Every leaf must be an array (msgpack also holds Python
     scalars, orbax Python int, float and bool) under dict keys or list indices; one error lists
-    every leaf that cannot be written."""
+    every leaf that cannot be written.
+
+    Hugging Face's layout (model-00001-of-0000N.safetensors + model.safetensors.index.json, or
+    one model.safetensors when the tensors fit in one shard): give a FOLDER/ and
+    --max-shard-size, or --format safetensors for 5GB shards."""
     with progress("export") as bar:
         result = treestore.export_file(
             src,
@@ -97,10 +117,17 @@ def export(
             overwrite=overwrite,
             storage_options=settings().storage_options,
             progress=bar,
+            max_shard_size=_size(max_shard_size),
         )
     if as_json:
         echo_json(asdict(result))
         return 0
     size = render.size(result.nbytes)
-    click.echo(f"exported {src} to {result.path} ({result.format}): {result.tensors} tensors, {size}")
+    shards = f" in {result.shards} shards" if result.shards > 1 else ""
+    click.echo(f"exported {src} to {result.path} ({result.format}): {result.tensors} tensors, {size}{shards}")
     return 0
+
+
+def _size(text: str | None) -> int | str | None:
+    """--max-shard-size as export_file takes it: plain digits are bytes."""
+    return int(text) if text is not None and text.isdigit() else text

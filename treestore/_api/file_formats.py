@@ -21,6 +21,7 @@ import struct
 import threading
 import zipfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,7 @@ NPY_MAGIC = b"\x93NUMPY"
 # a manifest does; the others hold a step's record (with the saver's custom metadata) or metrics.
 ORBAX_JSON_BYTES = {"_METADATA": MAX_MANIFEST_BYTES, "_CHECKPOINT_METADATA": 16 * MiB, "metrics": 16 * MiB}
 DEFLATE_RATIO = 1032  # the most deflate can expand its input
+ST_HEADER_BYTES = 100_000_000  # the most of a safetensors header read (the safetensors package's cap)
 
 
 def _kind(mode: int) -> str:
@@ -127,47 +129,108 @@ def _missing(package: str, what: str) -> UnsupportedFormatError:
     )
 
 
-def read_safetensors(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+@dataclass(frozen=True)
+class StTensor:
+    """One tensor a safetensors header declares, checked against the file: its bytes are
+    ``[start, stop)`` of the file (absolute offsets)."""
+
+    dtype: np.dtype[Any]
+    shape: tuple[int, ...]
+    start: int
+    stop: int
+
+
+def safetensors_header(path: Path) -> tuple[dict[str, StTensor], dict[str, str], int]:
+    """The tensors a safetensors file declares, its metadata block and its size, every tensor's
+    dtype, shape and offsets checked against the file before any array is allocated.
+
+    treestore's own checks run first, so an error names the tensor at fault (the safetensors
+    package says only that some tensor is wrong); the package then checks what they leave out
+    (overlapping tensors, gaps)."""
     try:
-        from safetensors import safe_open  # validates the header: offsets, overlaps, sizes
+        from safetensors import safe_open
     except ImportError:
         raise _missing("safetensors", f"reading {path}") from None
 
+    found = _st_tensors(path)
     try:
         with safe_open(str(path), framework="np") as f:
             keys = list(f.keys())
             file_meta = f.metadata()
     except Exception as exc:
         raise UnsupportedFormatError(f"{path} is not a valid safetensors file: {exc}") from None
+    size = os.stat(path).st_size
+    return {key: found[key] for key in keys if key in found}, file_meta or {}, size
+
+
+def _st_tensors(path: Path) -> dict[str, StTensor]:
+    """The tensors of a safetensors header, each dtype, shape and offsets checked against the
+    file's size; the header is read only when the file holds it and it is within the cap the
+    safetensors package keeps to."""
+    invalid = f"{path} is not a valid safetensors file"
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
+        if size < 8:
+            raise UnsupportedFormatError(f"{invalid}: {size} bytes, too short for a header")
         (n,) = struct.unpack("<Q", f.read(8))
-        if n > size - 8:
+        if n > size - 8 or n > ST_HEADER_BYTES:
             raise UnsupportedFormatError(f"{path}: header of {n:,} bytes in a file of {size:,}")
-        header = json.loads(f.read(n))
-        base = 8 + n
-        flat: dict[str, Any] = {}
-        for key in keys:
-            info = header[key]
-            name = _ST_DTYPES.get(info["dtype"])
-            if name is None or name not in DTYPES:
-                raise UnsupportedFormatError(
-                    f"{path}: tensor {key!r} has dtype {info['dtype']}, which treestore cannot store"
-                )
-            dtype = DTYPES[name]
-            start, stop = info["data_offsets"]
-            declared = math.prod(info["shape"]) * dtype.itemsize
-            if not 0 <= start <= stop <= size - base or stop - start != declared:
-                raise UnsupportedFormatError(
-                    f"{path}: tensor {key!r} declares {declared:,} bytes at offsets [{start}, {stop}) "
-                    f"of a data section of {size - base:,} bytes"
-                )
-            buf = np.empty(stop - start, np.uint8)
-            f.seek(base + start)
-            if f.readinto(buf.data) != buf.size or buf.size != int(np.prod(info["shape"])) * dtype.itemsize:
+        try:
+            header = json.loads(f.read(n))
+        except ValueError as exc:
+            raise UnsupportedFormatError(f"{invalid}: its header is not JSON ({exc})") from None
+    if not isinstance(header, dict):
+        raise UnsupportedFormatError(f"{invalid}: its header is not a JSON object")
+    base = 8 + n
+    found: dict[str, StTensor] = {}
+    for key, info in header.items():
+        if key != "__metadata__":
+            found[key] = _st_tensor(path, key, info, base, size)
+    return found
+
+
+def _st_tensor(path: Path, key: str, info: Any, base: int, size: int) -> StTensor:
+    """One tensor's header entry, checked: a known dtype, a shape of non-negative ints, and
+    offsets within the data section that span exactly the bytes the shape declares."""
+    fields = info if isinstance(info, dict) else {}
+    code, shape, offsets = fields.get("dtype"), fields.get("shape"), fields.get("data_offsets")
+    if (
+        not isinstance(code, str)
+        or not isinstance(shape, list)
+        or not all(type(d) is int and d >= 0 for d in shape)
+        or not isinstance(offsets, list)
+        or len(offsets) != 2
+        or not all(type(o) is int for o in offsets)
+    ):
+        raise UnsupportedFormatError(
+            f"{path}: tensor {key!r} has header entry {str(info)[:200]}; expected "
+            "dtype, shape (non-negative ints) and data_offsets (two ints)"
+        )
+    name = _ST_DTYPES.get(code)
+    if name is None or name not in DTYPES:
+        raise UnsupportedFormatError(f"{path}: tensor {key!r} has dtype {code}, which treestore cannot store")
+    dtype = DTYPES[name]
+    start, stop = offsets
+    declared = math.prod(shape) * dtype.itemsize
+    if not 0 <= start <= stop <= size - base or stop - start != declared:
+        raise UnsupportedFormatError(
+            f"{path}: tensor {key!r} declares {declared:,} bytes at offsets [{start}, {stop}) "
+            f"of a data section of {size - base:,} bytes"
+        )
+    return StTensor(dtype, tuple(shape), base + start, base + stop)
+
+
+def read_safetensors(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    found, file_meta, _ = safetensors_header(path)
+    flat: dict[str, Any] = {}
+    with open(path, "rb") as f:
+        for key, t in found.items():
+            buf = np.empty(t.stop - t.start, np.uint8)
+            f.seek(t.start)
+            if f.readinto(buf.data) != buf.size:
                 raise UnsupportedFormatError(f"{path}: tensor {key!r} is truncated")
-            flat[key] = buf.view(dtype).reshape(info["shape"])
-    return flat, {"metadata": file_meta or {}}
+            flat[key] = buf.view(t.dtype).reshape(t.shape)
+    return flat, {"metadata": file_meta}
 
 
 def read_npz(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from treestore._api import file_formats as _formats
+from treestore._api import hf_shards as _shards
 from treestore._api.checkpoint import Checkpoint, LazyLeaf
 from treestore._api.retention import step_name
 from treestore._api.spec import parse_spec
@@ -41,12 +42,14 @@ _SCALARS = {"msgpack": ("bool", "int", "float", "complex", "str", "bytes"), "orb
 
 @dataclass(frozen=True)
 class ExportResult:
-    """What :func:`export_file` wrote: the file, its format, how many tensors and raw bytes."""
+    """What :func:`export_file` wrote: the file (the index of a sharded safetensors export), its
+    format, how many tensors and raw bytes, and in how many safetensors shards."""
 
     path: str
     format: str
     tensors: int
     nbytes: int
+    shards: int = 1
 
 
 # --- flat keys <-> nested dicts --------------------------------------------------------------------
@@ -141,9 +144,15 @@ def read_file(
     p = Path(path)
     if not p.exists():
         raise NotFoundError(f"no file or folder {str(p)!r}")
-    fmt = _formats.detect_format(p, format)
-    _formats.check_kind(p, "a folder" if fmt == "orbax" else "a regular file", InvalidInputError)
-    tree, extra = _formats.READERS[fmt](p)
+    index = _shards.find_index(p) if format in (None, "safetensors") else None
+    if index is not None:  # the Hugging Face sharded layout
+        fmt = "safetensors"
+        tree, extra = _shards.read_shards(index)
+        p = index
+    else:
+        fmt = _formats.detect_format(p, format)
+        _formats.check_kind(p, "a folder" if fmt == "orbax" else "a regular file", InvalidInputError)
+        tree, extra = _formats.READERS[fmt](p)
     source: dict[str, Any] = {"format": fmt, "file": p.name, **extra}
     if fmt in _formats.FLAT and nest_keys:
         tree, source["separator"] = nest(tree, source=str(p))
@@ -151,7 +160,10 @@ def read_file(
 
 
 def _default_name(path: Path) -> str:
-    stem = re.sub(r"[^A-Za-z0-9._=+-]", "-", path.stem if path.is_file() else path.name)
+    stem = path.stem if path.is_file() else path.name
+    if path.name.endswith(_shards.INDEX_SUFFIX):  # model.safetensors.index.json: "model"
+        stem = path.name[: -len(_shards.INDEX_SUFFIX)]
+    stem = re.sub(r"[^A-Za-z0-9._=+-]", "-", stem)
     stem = stem.lstrip("._=+-")[:200]
     if not stem:
         raise InvalidInputError(f"name the checkpoint to import {str(path)!r} into: URL#NAME")
@@ -170,8 +182,15 @@ def import_file(
     options: _write.SaveOptions | None = None,
     progress: Progress | None = None,
 ) -> _write.SaveResult:
-    """Save the tensors of a .safetensors, .npz or flax .msgpack file, or of an orbax checkpoint
-    folder, as checkpoint ``dst`` (``URL#NAME``; without a name, the file's stem).
+    """Save the tensors of a .safetensors, .npz or flax .msgpack file, of an orbax checkpoint
+    folder, or of a Hugging Face sharded safetensors layout (its ``*.safetensors.index.json``, or
+    the folder holding it), as checkpoint ``dst`` (``URL#NAME``; without a name, the file's stem).
+
+    A sharded layout is checked whole before anything is saved (every shard present and a
+    regular file, every tensor in the one shard the index names, no shard of the folder holding
+    tensors the index lacks, ``total_size`` right) and its tensors are saved from read-only
+    memory maps of the shards, one chunk at a time, so the import holds little more than a
+    chunk per saving thread in memory. Local paths only.
 
     Flat keys are split at ``.`` and ``/`` into nested dicts (``nest_keys=False`` keeps them
     flat). The checkpoint's metadata is ``{"source": {...}}`` (format, file name, separator, the
@@ -255,6 +274,7 @@ def export_file(
     overwrite: bool = False,
     storage_options: dict[str, Any] | None = None,
     progress: Progress | None = None,
+    max_shard_size: int | str | None = None,
 ) -> ExportResult:
     """Write checkpoint ``src`` (``URL`` or ``URL#NAME``) as a .safetensors, .npz or flax
     .msgpack file, or as an orbax checkpoint folder (``format="orbax"``).
@@ -272,6 +292,21 @@ def export_file(
     orbax CheckpointManager folder as step 5, export to ``mgr/5/default``. A safetensors file
     gets back the metadata block of the file it was imported from.
 
+    Hugging Face's sharded layout: with ``max_shard_size`` (bytes, or a size such as ``"5GB"``,
+    ``"500MB"``: decimal units, as Hugging Face reads them), or with ``path`` a folder (existing,
+    or ending in ``/``) and ``format="safetensors"`` (5GB shards by default), tensors that exceed
+    one shard go in ``model-00001-of-0000N.safetensors`` ... (``STEM-...`` next to a
+    ``STEM.safetensors`` path) with a ``model.safetensors.index.json``, as transformers'
+    ``save_pretrained`` writes them; tensors that fit in one shard go in one plain
+    ``model.safetensors`` (or ``path``) as without sharding. Shards are filled in address order,
+    a tensor bigger than a shard alone in its own, and each shard's header carries the same
+    metadata block a single file would (the imported file's, if any: a file imported from
+    transformers has ``{"format": "pt"}``, which older transformers versions require; a
+    checkpoint saved by treestore gets none). The export streams one tensor at a time, and a
+    killed one never leaves an index naming a missing or partial shard (see
+    :mod:`treestore._api.hf_shards`); with ``overwrite`` the files of an earlier export there
+    (single file, index, shards of any count) are replaced.
+
     >>> import numpy as np, treestore, tempfile, os
     >>> _ = treestore.save("memory://doc/export", {"dense": {"bias": np.zeros(2)}}, "w")
     >>> f = os.path.join(tempfile.mkdtemp(), "w.npz")
@@ -281,11 +316,22 @@ def export_file(
     ['dense.bias']
     """
     out = Path(path)
-    fmt = _formats.detect_format(out, format)
-    if not out.parent.is_dir():
-        raise NotFoundError(f"no folder {str(out.parent)!r} to write {out.name!r} in")
-    if out.exists() and not overwrite:
-        raise InvalidInputError(f"{str(out)!r} exists; pass overwrite=True (--overwrite) to replace it")
+    limit = None if max_shard_size is None else _shards.parse_size(max_shard_size)
+    folder = _shard_folder(path, format, max_shard_size)
+    fmt = "safetensors" if folder is not None else _formats.detect_format(out, format)
+    if max_shard_size is not None and fmt != "safetensors":
+        raise InvalidInputError(f"max_shard_size shards safetensors exports only, not {fmt}")
+    sharding = fmt == "safetensors" and (folder is not None or max_shard_size is not None)
+    if folder is not None:
+        out = folder / "model.safetensors"
+    stem = out.name[: -len(".safetensors")] if out.name.lower().endswith(".safetensors") else out.name
+    where = folder if folder is not None else out
+    if not where.parent.is_dir():
+        raise NotFoundError(f"no folder {str(where.parent)!r} to write {where.name!r} in")
+    there = _shards.existing(out.parent, stem) if sharding and out.parent.is_dir() else []
+    if (out.exists() or there) and not overwrite:
+        found = str(out) if out.exists() else str(there[0])
+        raise InvalidInputError(f"{found!r} exists; pass overwrite=True (--overwrite) to replace it")
     ckpt = resolve(src, storage_options)
     source = ckpt.metadata.get("source") if isinstance(ckpt.metadata, dict) else None
     source = source if isinstance(source, dict) else {}
@@ -297,6 +343,19 @@ def export_file(
             raise InvalidInputError(
                 f".npz holds numpy dtypes only; {', '.join(bad[:5])} cannot go in one (use .safetensors)"
             )
+    st_meta = source.get("metadata") if source.get("format") == "safetensors" else None
+    ok = isinstance(st_meta, dict) and all(isinstance(v, str) for v in st_meta.values())
+    st_meta = st_meta if ok and st_meta else None
+    nbytes = sum(e.nbytes for _, e in named)
+    if sharding:
+        limit = limit or _shards.parse_size(_shards.DEFAULT_SHARD_SIZE)
+        shards = _shards.plan(_shards.tensors([(sep.join(n), e) for n, e in named]), limit)
+        if folder is not None:
+            folder.mkdir(exist_ok=True)
+        if len(shards) > 1:
+            advance = _counter(progress, nbytes)
+            index = _shards.write_shards(ckpt, shards, out.parent, stem, st_meta, advance)
+            return ExportResult(str(index), fmt, len(named), nbytes, len(shards))
     tmp = str(out.with_name(f".{out.name}.tmp-{os.getpid()}"))
     if fmt == "orbax":
         custom = source.get("custom_metadata") if source.get("format") == "orbax" else None
@@ -305,11 +364,7 @@ def export_file(
     items = _leaves(ckpt, named, progress)
     try:
         if fmt == "safetensors":
-            meta = source.get("metadata") if source.get("format") == "safetensors" else None
-            ok = isinstance(meta, dict) and all(isinstance(v, str) for v in meta.values())
-            _formats.write_safetensors(
-                tmp, ((sep.join(n), v) for n, v in items), meta if ok and meta else None
-            )
+            _formats.write_safetensors(tmp, ((sep.join(n), v) for n, v in items), st_meta)
         elif fmt == "npz":
             _formats.write_npz(tmp, ((sep.join(n), v) for n, v in items))
         else:
@@ -318,7 +373,19 @@ def export_file(
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    return ExportResult(str(out), fmt, len(named), sum(e.nbytes for _, e in named))
+    if sharding:
+        _shards.remove_stale(out.parent, stem, out)
+    return ExportResult(str(out), fmt, len(named), nbytes)
+
+
+def _shard_folder(path: str | os.PathLike[str], format: str | None, max_shard_size: object) -> Path | None:
+    """The folder to write Hugging Face's layout in, when ``path`` names one (an existing folder,
+    or a path ending in ``/``) and the export is a safetensors one (``format``, or a
+    ``max_shard_size`` without a format: a folder alone means orbax)."""
+    text = os.fspath(path)
+    folder = Path(text).is_dir() or text.endswith(("/", os.sep))
+    wanted = format == "safetensors" or (format is None and max_shard_size is not None)
+    return Path(text) if folder and wanted else None
 
 
 def _write_orbax(
