@@ -32,6 +32,22 @@ class LazyLeaf:
 
     Basic numpy indexing (ints, slices, ``...``) reads and decodes only the chunks that hold the
     rows the index touches along the first axis; ``np.asarray(leaf)`` reads it all.
+
+    Attributes:
+        address: The leaf's address.
+        shape: Its shape.
+        dtype: Its numpy dtype.
+
+    Raises:
+        OutOfBoundsError: An index out of bounds.
+        InvalidInputError: Advanced indexing (arrays, masks), which does not read lazily.
+
+    Examples:
+        >>> import numpy as np, treestore
+        >>> _ = treestore.save("memory://doc/lazy", {"emb": np.arange(8.0).reshape(4, 2)}, "c")
+        >>> leaf = treestore.open("memory://doc/lazy")["emb"]
+        >>> leaf.shape, leaf.dtype, leaf[-1]
+        ((4, 2), dtype('float64'), array([6., 7.]))
     """
 
     def __init__(self, reader: _read.ChunkReader, entry: LeafEntry) -> None:
@@ -165,20 +181,31 @@ class _Addresses(Collection[str]):
 
 
 class Checkpoint:
-    """A read-only view of one committed checkpoint; nothing but its manifest is read up front
-    (of one stored in parts, its frame: a sharded leaf's parts are read when it is asked for).
+    """A read-only view of one committed checkpoint, as :func:`treestore.open` returns it.
 
-    >>> import numpy as np, treestore
-    >>> _ = treestore.save("memory://doc/open", {"emb": np.arange(12).reshape(6, 2)}, "c")
-    >>> ckpt = treestore.open("memory://doc/open")
-    >>> ckpt["emb"]
-    LazyLeaf('emb', shape=(6, 2), dtype=int64)
-    >>> ckpt["emb"][4:]
-    array([[ 8,  9],
-           [10, 11]])
-    >>> _ = treestore.save("memory://doc/sel", {"layer": {"0": {"w": 1.0, "b": 2.0}}}, "c")
-    >>> treestore.open("memory://doc/sel").select("layer/0/*")
-    ['layer/"0"/b', 'layer/"0"/w']
+    Nothing but its manifest is read up front (of one stored in parts, its frame: a sharded
+    leaf's parts are read when it is asked for). ``ckpt[address]`` is the leaf at ``address``: a
+    :class:`LazyLeaf` for an array, the value for a Python scalar.
+
+    Attributes:
+        name: The checkpoint's name.
+        url: Its store's URL.
+        metadata: The metadata it was saved with.
+        leaves: Address -> LazyLeaf or value, in tree order.
+        tree: The checkpoint's tree with LazyLeaf handles in place of arrays.
+
+    Examples:
+        >>> import numpy as np, treestore
+        >>> _ = treestore.save("memory://doc/open", {"emb": np.arange(12).reshape(6, 2)}, "c")
+        >>> ckpt = treestore.open("memory://doc/open")
+        >>> ckpt["emb"]
+        LazyLeaf('emb', shape=(6, 2), dtype=int64)
+        >>> ckpt["emb"][4:]
+        array([[ 8,  9],
+               [10, 11]])
+        >>> _ = treestore.save("memory://doc/sel", {"layer": {"0": {"w": 1.0, "b": 2.0}}}, "c")
+        >>> treestore.open("memory://doc/sel").select("layer/0/*")
+        ['layer/"0"/b', 'layer/"0"/w']
     """
 
     def __init__(self, storage: Storage, columns: Columns | Parted) -> None:

@@ -177,25 +177,42 @@ def copy(
     progress: Progress | None = None,
     trust_previous: bool = True,
 ) -> CopyReport:
-    """Copy checkpoint ``src`` (``URL`` for its newest, ``URL#NAME``) into the store ``dst``,
-    transferring only the chunks the destination lacks.
+    """Copy checkpoints into another store, transferring only the chunks the destination lacks.
 
-    The copy keeps its name unless ``dst`` is ``URL#NEWNAME`` or ``name=`` is given, and keeps its
-    creation time and metadata. ``all_checkpoints=True`` copies every checkpoint of the source
-    store, oldest first. A checkpoint already at the destination with the same contents is left as
-    it is; one with other contents raises CheckpointExistsError unless ``overwrite=True``.
-    ``storage_options`` apply to the source and, unless ``dst_storage_options`` are given, to the
-    destination. ``progress(done, total)`` is called with raw bytes as chunks are done. The chunks
-    of the destination's newest checkpoint are taken as present there without a request for each;
-    ``trust_previous=False`` checks every chunk at the destination.
+    The copy keeps its creation time and metadata. A checkpoint already at the destination with
+    the same contents is left as it is. The chunks of the destination's newest checkpoint are
+    taken as present there without a request for each.
 
-    >>> import numpy as np, treestore
-    >>> _ = treestore.save("memory://doc/cp-a", {"w": np.arange(4.0)}, "step-1")
-    >>> r = treestore.copy("memory://doc/cp-a#step-1", "memory://doc/cp-b")
-    >>> r.copied, r.chunks_copied
-    (('step-1',), 1)
-    >>> treestore.copy("memory://doc/cp-a", "memory://doc/cp-b#again").chunks_present
-    1
+    Args:
+        src: The checkpoint: ``URL`` (its newest) or ``URL#NAME``.
+        dst: The destination store, or ``URL#NEWNAME`` to rename the copy.
+        name: The copy's name (default: the source's).
+        all_checkpoints: Copy every checkpoint of the source store, oldest first.
+        overwrite: Replace a checkpoint of that name with other contents at the destination.
+        storage_options: Options for the source's filesystem and, unless
+            ``dst_storage_options`` are given, the destination's.
+        dst_storage_options: Options for the destination's filesystem.
+        threads: Transfer threads.
+        progress: Called as ``progress(done, total)`` with raw bytes as chunks are done.
+        trust_previous: False checks every chunk at the destination.
+
+    Returns:
+        A :class:`treestore.types.CopyReport`.
+
+    Raises:
+        CheckpointNotFoundError: No such source checkpoint.
+        CheckpointExistsError: A checkpoint of that name with other contents is at the
+            destination and ``overwrite`` is False.
+        InvalidInputError: A destination name given twice, or with ``all_checkpoints``.
+
+    Examples:
+        >>> import numpy as np, treestore
+        >>> _ = treestore.save("memory://doc/cp-a", {"w": np.arange(4.0)}, "step-1")
+        >>> r = treestore.copy("memory://doc/cp-a#step-1", "memory://doc/cp-b")
+        >>> r.copied, r.chunks_copied
+        (('step-1',), 1)
+        >>> treestore.copy("memory://doc/cp-a", "memory://doc/cp-b#again").chunks_present
+        1
     """
     src_url, src_name = parse_spec(src)
     dst_url, dst_name = parse_spec(dst)

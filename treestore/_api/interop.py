@@ -192,9 +192,8 @@ def import_file(
     memory maps of the shards, one chunk at a time, so the import holds little more than a
     chunk per saving thread in memory. Local paths only.
 
-    Flat keys are split at ``.`` and ``/`` into nested dicts (``nest_keys=False`` keeps them
-    flat). The checkpoint's metadata is ``{"source": {...}}`` (format, file name, separator, the
-    file's own metadata), merged with ``metadata`` when that is a dict.
+    The checkpoint's metadata is ``{"source": {...}}`` (format, file name, separator, the file's
+    own metadata), merged with ``metadata`` when that is a dict.
 
     An orbax folder may be a checkpoint, a step folder of an orbax CheckpointManager
     (``mgr/5`` or its item ``mgr/5/default``) or the manager's folder itself (``mgr``: its
@@ -203,13 +202,33 @@ def import_file(
     the step's metrics in its metadata, so a treestore CheckpointManager on the store resumes
     from it; the saver's ``custom_metadata`` is kept in the source record.
 
-    >>> import numpy as np, treestore, tempfile, os
-    >>> f = os.path.join(tempfile.mkdtemp(), "w.npz")
-    >>> np.savez(f, **{"dense.kernel": np.ones((2, 2)), "dense.bias": np.zeros(2)})
-    >>> treestore.import_file(f, "memory://doc/import#w").leaves
-    2
-    >>> treestore.load("memory://doc/import", "w")["dense"]["bias"]
-    array([0., 0.])
+    Args:
+        path: The file, orbax folder, or sharded layout (its folder or index).
+        dst: The checkpoint to write: ``URL#NAME``, or ``URL`` to name it after the file's stem.
+        format: ``"safetensors"``, ``"npz"``, ``"msgpack"`` or ``"orbax"`` (default: from the
+            suffix; a folder is an orbax checkpoint).
+        nest_keys: Split flat keys at ``.`` and ``/`` into nested dicts; False keeps them flat.
+        metadata: User metadata stored with the checkpoint.
+        overwrite: Replace a checkpoint of that name.
+        storage_options: Options for the fsspec filesystem of ``dst``.
+        options: Chunk sizes, packing and threads of the save.
+        progress: Called as ``progress(done, total)`` with bytes saved.
+
+    Returns:
+        A :class:`treestore.types.SaveResult`.
+
+    Raises:
+        UnsupportedFormatError: The file is not in a format treestore reads.
+        CheckpointExistsError: The checkpoint exists and ``overwrite`` is False.
+
+    Examples:
+        >>> import numpy as np, treestore, tempfile, os
+        >>> f = os.path.join(tempfile.mkdtemp(), "w.npz")
+        >>> np.savez(f, **{"dense.kernel": np.ones((2, 2)), "dense.bias": np.zeros(2)})
+        >>> treestore.import_file(f, "memory://doc/import#w").leaves
+        2
+        >>> treestore.load("memory://doc/import", "w")["dense"]["bias"]
+        array([0., 0.])
     """
     url, name = parse_spec(dst)
     tree, source = read_file(path, format=format, nest_keys=nest_keys)
@@ -276,13 +295,12 @@ def export_file(
     progress: Progress | None = None,
     max_shard_size: int | str | None = None,
 ) -> ExportResult:
-    """Write checkpoint ``src`` (``URL`` or ``URL#NAME``) as a .safetensors, .npz or flax
-    .msgpack file, or as an orbax checkpoint folder (``format="orbax"``).
+    """Write a checkpoint as a .safetensors, .npz or flax .msgpack file, or as an orbax
+    checkpoint folder.
 
-    Flat formats name each tensor by joining its key path with ``separator`` (default: the one
-    recorded on import, else ``.``); every leaf must be an array whose keys are dict keys or list
-    indices, and no key of a nested leaf may contain the separator. One error lists every leaf that
-    cannot be written. The file is written whole (to a temporary name, then renamed).
+    In flat formats every leaf must be an array whose keys are dict keys or list indices, and no
+    key of a nested leaf may contain the separator; one error lists every leaf that cannot be
+    written. The file is written whole (to a temporary name, then renamed).
 
     An orbax folder is what ``orbax.checkpoint.StandardCheckpointer().save(path, tree)`` writes:
     the checkpoint's tree as :func:`treestore.load` returns it (numpy arrays as numpy arrays, jax
@@ -307,13 +325,35 @@ def export_file(
     :mod:`treestore._api.hf_shards`); with ``overwrite`` the files of an earlier export there
     (single file, index, shards of any count) are replaced.
 
-    >>> import numpy as np, treestore, tempfile, os
-    >>> _ = treestore.save("memory://doc/export", {"dense": {"bias": np.zeros(2)}}, "w")
-    >>> f = os.path.join(tempfile.mkdtemp(), "w.npz")
-    >>> treestore.export_file("memory://doc/export#w", f).tensors
-    1
-    >>> list(np.load(f))
-    ['dense.bias']
+    Args:
+        src: The checkpoint: ``URL`` (its newest) or ``URL#NAME``.
+        path: The file or folder to write; its folder must exist.
+        format: ``"safetensors"``, ``"npz"``, ``"msgpack"`` or ``"orbax"`` (default: from the
+            suffix; an existing folder is an orbax checkpoint).
+        separator: Joins key paths into tensor names (default: the one recorded on import,
+            else ``.``).
+        overwrite: Replace ``path`` if it exists.
+        storage_options: Options for the fsspec filesystem of ``src``.
+        progress: Called as ``progress(done, total)`` with bytes written.
+        max_shard_size: Write Hugging Face's sharded layout with shards of at most this many
+            bytes (an int, or a size such as ``"5GB"``).
+
+    Returns:
+        A :class:`treestore.types.ExportResult`.
+
+    Raises:
+        NotFoundError: The checkpoint, or the folder to write in, does not exist.
+        InvalidInputError: ``path`` exists and ``overwrite`` is False, or leaves cannot be
+            written in the format.
+
+    Examples:
+        >>> import numpy as np, treestore, tempfile, os
+        >>> _ = treestore.save("memory://doc/export", {"dense": {"bias": np.zeros(2)}}, "w")
+        >>> f = os.path.join(tempfile.mkdtemp(), "w.npz")
+        >>> treestore.export_file("memory://doc/export#w", f).tensors
+        1
+        >>> list(np.load(f))
+        ['dense.bias']
     """
     out = Path(path)
     limit = None if max_shard_size is None else _shards.parse_size(max_shard_size)

@@ -44,14 +44,6 @@ class CheckpointManager:
     """Saves a training loop's state every so often, keeps the steps a retention policy names,
     and restores the newest (or a given) step.
 
-    >>> import numpy as np, treestore
-    >>> with treestore.CheckpointManager("memory://doc/mgr", save_every_steps=10, keep_last=2) as m:
-    ...     for step in range(0, 35):
-    ...         saved = m.save(step, {"w": np.full(2, step, np.float32)}, metrics={"loss": 1 / (step + 1)})
-    ...     m.wait()
-    ...     m.steps(), m.latest_step(), m.restore()["w"], m.info(30).metrics["loss"]
-    ([20, 30], 30, array([30., 30.], dtype=float32), 0.03225806451612903)
-
     **Saving.** ``save(step, tree)`` saves when ``force=True``; or after a SIGTERM (with
     ``preemption=True``); or when the interval asks: ``step % save_every_steps == 0``, or at
     least ``save_every_seconds`` passed on ``clock`` since the last save (or since the manager
@@ -86,13 +78,8 @@ class CheckpointManager:
     **Preemption.** ``preemption=True`` installs a SIGTERM handler (main thread only; it calls
     any previous Python handler, and close() puts it back). After a SIGTERM, every ``save`` saves
     its step at once (unless that step is saved already) and waits until it is committed, and
-    ``reached_preemption(step)`` is True once ``step`` is committed, so the loop can stop::
-
-        for step in range(start, total):
-            state = train_step(state)
-            manager.save(step + 1, state)
-            if manager.reached_preemption(step + 1):
-                break
+    ``reached_preemption(step)`` is True once ``step`` is committed, so the loop can stop (see
+    the training guide for a loop).
 
     **Two tiers.** ``CheckpointManager(local="/nvme/run", remote="s3://bucket/run", ...)`` (or
     ``CheckpointManager("/nvme/run", remote=...)``) saves to the fast local store as above and
@@ -115,6 +102,16 @@ class CheckpointManager:
     logged and only the local tier is used. ``remote_storage_options`` apply to the remote store.
 
     A manager is meant for one training loop: call it from one thread.
+
+    Examples:
+        >>> import numpy as np, treestore
+        >>> with treestore.CheckpointManager("memory://doc/mgr", save_every_steps=10, keep_last=2) as m:
+        ...     for step in range(0, 35):
+        ...         w = np.full(2, step, np.float32)
+        ...         saved = m.save(step, {"w": w}, metrics={"loss": 1 / (step + 1)})
+        ...     m.wait()
+        ...     m.steps(), m.latest_step(), m.restore()["w"], m.info(30).metrics["loss"]
+        ([20, 30], 30, array([30., 30.], dtype=float32), 0.03225806451612903)
     """
 
     def __init__(

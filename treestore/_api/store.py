@@ -59,16 +59,28 @@ class CheckpointInfo:
 class Store:
     """A store of checkpoints at a URL (a local path or any fsspec URL).
 
-    >>> import numpy as np, treestore
-    >>> store = treestore.Store("memory://doc/store")
-    >>> _ = store.save({"w": np.ones(3, np.float32), "step": 1}, "step-1")
-    >>> [c.name for c in store.list()]
-    ['step-1']
-    >>> store.load("step-1")
-    {'w': array([1., 1., 1.], dtype=float32), 'step': 1}
-    >>> store, name = treestore.Store.split("memory://doc/store#step-1")
-    >>> store.url, name
-    ('memory://doc/store', 'step-1')
+    Making a Store reads nothing; every method reads or writes the store when called.
+
+    Args:
+        url: The store's folder: a local path or an fsspec URL (``s3://bucket/run``), without
+            ``#NAME``.
+        storage_options: Options for the fsspec filesystem, passed on unchanged.
+
+    Raises:
+        InvalidInputError: ``url`` is not a usable URL, names a checkpoint (``URL#NAME``), or
+            its filesystem is not installed.
+
+    Examples:
+        >>> import numpy as np, treestore
+        >>> store = treestore.Store("memory://doc/store")
+        >>> _ = store.save({"w": np.ones(3, np.float32), "step": 1}, "step-1")
+        >>> [c.name for c in store.list()]
+        ['step-1']
+        >>> store.load("step-1")
+        {'w': array([1., 1., 1.], dtype=float32), 'step': 1}
+        >>> store, name = treestore.Store.split("memory://doc/store#step-1")
+        >>> store.url, name
+        ('memory://doc/store', 'step-1')
     """
 
     def __init__(self, url: str | os.PathLike[str], *, storage_options: dict[str, Any] | None = None) -> None:
@@ -88,8 +100,15 @@ class Store:
 
     @classmethod
     def split(cls, spec: Spec, *, storage_options: dict[str, Any] | None = None) -> tuple[Store, str | None]:
-        """The store and the checkpoint name (None for a bare URL) that ``URL#NAME``,
-        ``(URL, NAME)`` or ``URL`` name, without reading anything."""
+        """Split a checkpoint spec into its store and checkpoint name, reading nothing.
+
+        Args:
+            spec: ``URL#NAME``, ``(URL, NAME)`` or ``URL``.
+            storage_options: Options for the fsspec filesystem.
+
+        Returns:
+            The :class:`Store` and the checkpoint name (None for a bare URL).
+        """
         url, name = parse_spec(spec)
         if name is not None:
             check_name(name)
@@ -107,13 +126,31 @@ class Store:
         options: _write.SaveOptions | None = None,
         trust_previous: bool = True,
     ) -> _write.SaveResult:
-        """Save ``tree`` as checkpoint ``name``; raises before writing anything if a leaf or key
-        is unsupported, and leaves nothing visible if the save fails.
+        """Save ``tree`` as checkpoint ``name``.
 
-        The chunks of the store's newest checkpoint are referenced without a request for each
-        (its manifest is read once the save holds its lock, when no gc can delete them); other
-        chunks cost an existence check, and a reuse read when present. ``trust_previous=False``
-        checks every chunk in the store instead (see :class:`treestore.types.SaveResult`)."""
+        A save writes its chunks, then its manifest, then the commit record that makes it
+        visible, so a failed save leaves nothing visible. The chunks of the store's newest
+        checkpoint are referenced without a request for each (its manifest is read once the save
+        holds its lock, when no gc can delete them); other chunks cost an existence check, and a
+        reuse read when present.
+
+        Args:
+            tree: A pytree of arrays (numpy, jax, PRNG keys) and Python scalars.
+            name: The checkpoint's name.
+            metadata: Any msgpack-able value stored with the checkpoint.
+            overwrite: Replace a checkpoint of that name instead of raising.
+            codec: How chunks are compressed (see :class:`Codec`); overrides ``options.codec``.
+            options: Chunk sizes, packing and threads (see :class:`SaveOptions`).
+            trust_previous: False checks every chunk in the store instead of trusting the newest
+                checkpoint's manifest.
+
+        Returns:
+            A :class:`treestore.types.SaveResult`: leaves, bytes, chunks written and reused.
+
+        Raises:
+            InvalidInputError: A leaf or key is unsupported (before anything is written).
+            CheckpointExistsError: ``name`` exists and ``overwrite`` is False.
+        """
         options = options or _write.SaveOptions()
         if codec is not None:
             options = dataclasses.replace(options, codec=codec)
@@ -131,7 +168,14 @@ class Store:
             )
 
     def delete(self, name: str) -> None:
-        """Remove checkpoint ``name`` (its commit record); :meth:`gc` frees its chunks."""
+        """Remove checkpoint ``name`` (its commit record); :meth:`gc` frees its chunks.
+
+        Args:
+            name: The checkpoint to remove; a damaged one can be removed too.
+
+        Raises:
+            CheckpointNotFoundError: No checkpoint of that name.
+        """
         check_name(name)
         path = _layout.record_path(name)
         if not self.storage.exists(path):  # a damaged record can still be deleted
@@ -148,11 +192,22 @@ class Store:
     ) -> _gc.GcReport:
         """Remove chunks and manifests no committed checkpoint references.
 
-        Unreferenced chunks younger than ``grace`` seconds are kept; gc waits up to ``wait``
-        seconds for saves in flight, then raises StoreBusyError. A listing that fails raises
-        StorageError before anything is deleted. While a checkpoint is damaged (its commit record
-        or manifest cannot be read) no chunk or manifest is removed: the report's ``damaged``
-        names it, and a warning is logged.
+        While a checkpoint is damaged (its commit record or manifest cannot be read) no chunk or
+        manifest is removed: the report's ``damaged`` names it, and a warning is logged.
+
+        Args:
+            grace: Keep unreferenced chunks younger than this many seconds (they may belong to a
+                save still running).
+            dry_run: Report what would be removed, remove nothing.
+            wait: Seconds to wait for saves in flight before giving up.
+            stale_after: Seconds after which a lock left by a crashed process is ignored.
+
+        Returns:
+            A :class:`treestore.types.GcReport` of what was (or would be) removed.
+
+        Raises:
+            StoreBusyError: Saves were still in flight after ``wait`` seconds.
+            StorageError: A listing failed (before anything is deleted).
         """
         return _gc.collect_garbage(
             self.storage, grace=grace, dry_run=dry_run, wait=wait, stale_after=stale_after
@@ -163,10 +218,19 @@ class Store:
         """Committed checkpoints, oldest first.
 
         A damaged checkpoint (its commit record cannot be read) is left out and named in a
-        warning of the logger ``treestore``; :func:`treestore.verify` tells what is wrong. One of
-        a newer format raises UnsupportedFormatError; a listing that fails, StorageError. With
-        ``damaged=True`` both are listed instead, after the others in name order, with the
-        problem in ``problem`` (what a listing for people shows: nothing hidden, nothing fatal).
+        warning of the logger ``treestore``; :func:`treestore.verify` tells what is wrong.
+
+        Args:
+            damaged: Also list damaged checkpoints and those of a newer format, after the others
+                in name order, with the problem in ``problem`` (what a listing for people shows:
+                nothing hidden, nothing fatal).
+
+        Returns:
+            A list of :class:`treestore.types.CheckpointInfo`.
+
+        Raises:
+            UnsupportedFormatError: A checkpoint of a newer format (without ``damaged``).
+            StorageError: The listing failed.
         """
         if not damaged:
             refs = _read.readable_records(self.storage)
@@ -190,7 +254,11 @@ class Store:
         return any(self.storage.exists(folder) for folder in _layout.FOLDERS)
 
     def latest(self) -> str:
-        """The name of the newest committed checkpoint."""
+        """The name of the newest committed checkpoint.
+
+        Raises:
+            CheckpointNotFoundError: The store has no checkpoint.
+        """
         return _read.newest_record(self.storage).name
 
     def manifest(self, name: str | None = None) -> Manifest:
@@ -205,10 +273,21 @@ class Store:
         return _read.read_commit_record(self.storage, name)
 
     def open(self, name: str | None = None) -> Checkpoint:
-        """A lazy, read-only view of checkpoint ``name`` (default: the newest); its leaves are
-        made as they are asked for. Of a multi-process checkpoint, only the frame of its
-        manifest is read here: the parts holding a sharded leaf are read (and a missing or
-        damaged one reported) when the leaf, the whole tree or the manifest is first asked for."""
+        """A lazy, read-only view of a checkpoint; its leaves are made as they are asked for.
+
+        Of a multi-process checkpoint, only the frame of its manifest is read here: the parts
+        holding a sharded leaf are read (and a missing or damaged one reported) when the leaf,
+        the whole tree or the manifest is first asked for.
+
+        Args:
+            name: The checkpoint (default: the newest).
+
+        Returns:
+            A :class:`Checkpoint`.
+
+        Raises:
+            CheckpointNotFoundError: No checkpoint of that name (or none at all).
+        """
         record = self._record(name)
         with _read.memory_named(f"opening checkpoint {record.name!r}", record.name):
             return Checkpoint(self.storage, _read.read_frame(self.storage, record))
@@ -225,29 +304,49 @@ class Store:
         threads: int | None = None,
         types: Iterable[type] | None = None,
     ) -> Any:
-        """Load checkpoint ``name`` (default: the newest).
+        """Load a checkpoint, whole or in part, validated against a template when given.
 
-        Without ``like``, builtin containers come back exactly and other nodes as dicts keyed by
-        their key entries, except the types named in ``types`` (namedtuple classes and
-        dataclasses the caller trusts): a node whose stored type name (``module.qualname``) is
-        one of them comes back as that class when its keys are the class's fields — a
-        namedtuple's ``_fields`` in order; a dataclass's fields, those a pytree keeps static
-        (flax ``pytree_node=False``, such as a ``TrainState``'s ``apply_fn`` and ``tx``) being
-        unstored and set to their default or None. A named class whose fields do not match is a
-        StructureMismatchError naming each such address; a name not in ``types`` stays a dict;
-        nothing is ever imported or constructed that the caller did not pass.
+        Without ``like``, builtin containers (dicts with their key order and int keys, lists,
+        tuples, None, OrderedDict) come back exactly and other nodes as dicts keyed by their key
+        entries. Nothing is ever imported or constructed that the caller did not pass.
 
-        With ``like`` (a tree of arrays, ``jax.ShapeDtypeStruct`` or scalars) the result has
-        ``like``'s structure and types, after checking that addresses, shapes and dtypes match — one
-        StructureMismatchError lists every difference. ``cast=True`` converts to ``like``'s dtypes
-        instead of failing, and a Python scalar to or from a 0-d array of its kind (a flax
-        ``TrainState.create(...).step`` of 0 and a saved ``int32[]`` step). ``partial=True`` lets
-        ``like`` be a subset of the checkpoint (the other stored leaves are not read; a leaf of
-        ``like`` the checkpoint lacks is still an error). Callables in ``like`` (an equinox module's
-        activation functions) and its Python scalars where the checkpoint holds None (what
-        ``eqx.filter(model, eqx.is_array)`` leaves) come back as ``like`` has them. ``select`` (glob
-        patterns over addresses) and ``prefix`` (the address of the subtree ``like`` describes)
-        restore part of a checkpoint; only the chunks of the leaves restored are read.
+        With ``like``, the result has ``like``'s structure and types, after checking that
+        addresses, shapes and dtypes match. Callables in ``like`` (an equinox module's activation
+        functions) and its Python scalars where the checkpoint holds None (what
+        ``eqx.filter(model, eqx.is_array)`` leaves) come back as ``like`` has them.
+
+        Only the chunks of the leaves restored are read.
+
+        Args:
+            name: The checkpoint (default: the newest).
+            like: A tree of arrays, ``jax.ShapeDtypeStruct`` (with shardings to restore onto a
+                mesh) or scalars: the structure and types of the result.
+            select: Glob patterns over addresses (one or a list): restore only the matching
+                leaves; every pattern must match one.
+            prefix: With ``like``, the address of the subtree ``like`` describes.
+            cast: With ``like``, convert to ``like``'s dtypes instead of failing, and a Python
+                scalar to or from a 0-d array of its kind (a flax ``TrainState.create(...).step``
+                of 0 and a saved ``int32[]`` step).
+            partial: With ``like``, let ``like`` be a subset of the checkpoint: the other stored
+                leaves are not read (a leaf of ``like`` the checkpoint lacks is still an error).
+            threads: Reading threads (default: chosen from the cores).
+            types: Without ``like``, the namedtuple classes and dataclasses the caller trusts: a
+                node whose stored type name (``module.qualname``) is one of them comes back as
+                that class when its keys are the class's fields (a namedtuple's ``_fields`` in
+                order; a dataclass's fields, those a pytree keeps static, such as a flax
+                ``TrainState``'s ``apply_fn`` and ``tx``, set to their default or None). Other
+                names stay dicts.
+
+        Returns:
+            The restored tree.
+
+        Raises:
+            CheckpointNotFoundError: No checkpoint of that name (or none at all).
+            StructureMismatchError: The checkpoint does not match ``like`` (one error lists
+                every difference), or a class in ``types`` does not match its stored fields.
+            NoMatchError: A ``select`` pattern matches no leaf.
+            InvalidInputError: ``prefix`` or ``partial`` without ``like``, or ``types`` with it.
+            CorruptionError: A chunk or manifest fails its digest or is missing.
         """
         if (prefix or partial) and like is None:
             raise InvalidInputError(f"{'prefix=' if prefix else 'partial='} only applies with like=")
@@ -369,30 +468,44 @@ class Store:
     ) -> _write.SaveResult:
         """Commit checkpoint ``new``: checkpoint ``base`` edited without rewriting what stays.
 
-        In this order: ``drop`` (patterns over addresses) removes each leaf or subtree whose
-        address matches; ``rename`` ({old: new}) moves every address under ``old`` under
-        ``new``; ``set`` ({address: tree}) puts ``tree``'s leaves at ``address``, replacing what
-        was there or adding it (under a dict; missing dicts on the way are created). Containers
-        left empty are removed. Only the chunks of ``set``'s leaves are written, and a new
-        manifest: every other leaf keeps the base's chunks, which are not read. Untouched nodes
-        keep their types (custom nodes included); removing an item of a list renumbers the items
-        after it. As in patterns, ``h/11`` may stand for the address ``h/"11"``. ``metadata``
-        defaults to the base's. Call it from one process (it is not a multi-process save).
+        The edits apply in this order: ``drop``, ``rename``, ``set``. Containers left empty are
+        removed. Only the chunks of ``set``'s leaves are written, and a new manifest: every other
+        leaf keeps the base's chunks, which are not read. Untouched nodes keep their types
+        (custom nodes included); removing an item of a list renumbers the items after it. As in
+        patterns, ``h/11`` may stand for the address ``h/"11"``. Call it from one process (it is
+        not a multi-process save).
 
-        Raises CheckpointNotFoundError for a missing base, NoMatchError for a drop pattern or
-        rename source that matches nothing, InvalidInputError for a set that overlaps a rename
-        (or sets and renames that overlap each other), CheckpointExistsError when ``new``
-        exists unless ``overwrite=True``.
+        Args:
+            base: The checkpoint to start from.
+            new: The name of the checkpoint to commit.
+            set: ``{address: tree}``: put ``tree``'s leaves at ``address``, replacing what was
+                there or adding it (under a dict; missing dicts on the way are created).
+            drop: Patterns over addresses: remove each leaf or subtree whose address matches.
+            rename: ``{old: new}``: move every address under ``old`` under ``new``.
+            metadata: The new checkpoint's metadata (default: the base's).
+            overwrite: Replace checkpoint ``new`` if it exists.
+            options: Chunk sizes, packing and threads for the leaves of ``set``.
 
-        >>> import numpy as np, treestore
-        >>> store = treestore.Store("memory://doc/derive")
-        >>> tree = {"enc": {"w": np.ones(2)}, "head": np.zeros(3), "opt": {"mu": np.zeros(2)}}
-        >>> _ = store.save(tree, "base")
-        >>> r = store.derive(
-        ...     "base", "new", set={"head": np.ones(4)}, drop="opt/**", rename={"enc": "encoder"}
-        ... )
-        >>> r.chunks_written, sorted(store.load("new"))
-        (1, ['encoder', 'head'])
+        Returns:
+            A :class:`treestore.types.SaveResult`.
+
+        Raises:
+            CheckpointNotFoundError: ``base`` does not exist.
+            NoMatchError: A ``drop`` pattern or ``rename`` source matches nothing.
+            InvalidInputError: A ``set`` overlaps a ``rename`` (or sets and renames overlap each
+                other).
+            CheckpointExistsError: ``new`` exists and ``overwrite`` is False.
+
+        Examples:
+            >>> import numpy as np, treestore
+            >>> store = treestore.Store("memory://doc/derive")
+            >>> tree = {"enc": {"w": np.ones(2)}, "head": np.zeros(3), "opt": {"mu": np.zeros(2)}}
+            >>> _ = store.save(tree, "base")
+            >>> r = store.derive(
+            ...     "base", "new", set={"head": np.ones(4)}, drop="opt/**", rename={"enc": "encoder"}
+            ... )
+            >>> r.chunks_written, sorted(store.load("new"))
+            (1, ['encoder', 'head'])
         """
         return _derive.derive(
             self.storage,
@@ -412,21 +525,28 @@ class Store:
         depth: int | None = None,
         progress: _timeline.Progress | None = None,
     ) -> _timeline.Timeline:
-        """How much each array leaf changed from each checkpoint to the next, oldest first: a
-        :class:`~treestore.types.Timeline` of relative L2 changes (0.0 unchanged, NaN absent).
+        """How much each array leaf changed from each checkpoint to the next, oldest first.
 
-        ``select`` (patterns over addresses) keeps the matching leaves; ``depth`` pools them by
-        the first ``depth`` segments of their addresses. Leaves whose digests are equal cost
-        nothing; of the others only the chunks that differ are compared (as
-        ``diff(stats=True)``). ``progress(done, total)`` is called with raw bytes compared.
+        Leaves whose digests are equal cost nothing; of the others only the chunks that differ
+        are compared (as ``diff(stats=True)``).
 
-        >>> import numpy as np, treestore
-        >>> store = treestore.Store("memory://doc/timeline")
-        >>> for step in range(3):
-        ...     _ = store.save({"w": np.full(4, 2.0**step), "b": np.ones(2)}, f"step-{step}")
-        >>> t = store.timeline()
-        >>> t.addresses, t.values
-        (('b', 'w'), ((0.0, 0.0), (1.0, 1.0)))
+        Args:
+            select: Patterns over addresses: keep the matching leaves.
+            depth: Pool leaves by the first ``depth`` segments of their addresses.
+            progress: Called as ``progress(done, total)`` with raw bytes compared.
+
+        Returns:
+            A :class:`treestore.types.Timeline` of relative L2 changes (0.0 unchanged, NaN
+            absent), with ``heatmap()`` and ``to_html()``.
+
+        Examples:
+            >>> import numpy as np, treestore
+            >>> store = treestore.Store("memory://doc/timeline")
+            >>> for step in range(3):
+            ...     _ = store.save({"w": np.full(4, 2.0**step), "b": np.ones(2)}, f"step-{step}")
+            >>> t = store.timeline()
+            >>> t.addresses, t.values
+            (('b', 'w'), ((0.0, 0.0), (1.0, 1.0)))
         """
         return _timeline.timeline(self.storage, select=select, depth=depth, progress=progress)
 
@@ -449,12 +569,35 @@ def save(
     storage_options: dict[str, Any] | None = None,
     trust_previous: bool = True,
 ) -> _write.SaveResult:
-    """Save ``tree`` as checkpoint ``name`` in the store at ``url``; see :meth:`Store.save`.
+    """Save ``tree`` as checkpoint ``name`` in the store at ``url``.
 
-    >>> import numpy as np, treestore
-    >>> r = treestore.save("memory://doc/save", {"w": np.zeros((2, 2))}, "first")
-    >>> r.leaves, r.nbytes
-    (1, 32)
+    A failed save leaves nothing visible and never touches an earlier checkpoint; see
+    :meth:`Store.save` for what a save reads and writes.
+
+    Args:
+        url: The store: a local path or an fsspec URL.
+        tree: A pytree of arrays (numpy, jax, PRNG keys) and Python scalars.
+        name: The checkpoint's name.
+        metadata: Any msgpack-able value stored with the checkpoint.
+        overwrite: Replace a checkpoint of that name instead of raising.
+        codec: How chunks are compressed (see :class:`Codec`).
+        options: Chunk sizes, packing and threads (see :class:`SaveOptions`).
+        storage_options: Options for the fsspec filesystem.
+        trust_previous: False checks every chunk in the store instead of trusting the newest
+            checkpoint's manifest.
+
+    Returns:
+        A :class:`treestore.types.SaveResult`.
+
+    Raises:
+        InvalidInputError: A leaf or key is unsupported (before anything is written).
+        CheckpointExistsError: ``name`` exists and ``overwrite`` is False.
+
+    Examples:
+        >>> import numpy as np, treestore
+        >>> r = treestore.save("memory://doc/save", {"w": np.zeros((2, 2))}, "first")
+        >>> r.leaves, r.nbytes
+        (1, 32)
     """
     store = Store(url, storage_options=storage_options)
     return store.save(
@@ -481,20 +624,45 @@ def load(
     storage_options: dict[str, Any] | None = None,
     types: Iterable[type] | None = None,
 ) -> Any:
-    """Load a checkpoint — ``URL`` (its newest), ``URL#NAME`` or ``(URL, NAME)`` — see
-    :meth:`Store.load`.
+    """Load a checkpoint, whole or in part, validated against a template when given.
 
-    >>> import numpy as np, treestore
-    >>> _ = treestore.save("memory://doc/load", {"a": [1, 2.5], "b": np.arange(3)}, "one")
-    >>> treestore.load("memory://doc/load#one")
-    {'a': [1, 2.5], 'b': array([0, 1, 2])}
-    >>> from typing import NamedTuple
-    >>> class Point(NamedTuple):
-    ...     x: float
-    ...     y: float
-    >>> _ = treestore.save("memory://doc/load", {"p": Point(1.0, 2.0)}, "typed")
-    >>> treestore.load("memory://doc/load#typed"), treestore.load("memory://doc/load#typed", types=[Point])
-    ({'p': {'x': 1.0, 'y': 2.0}}, {'p': Point(x=1.0, y=2.0)})
+    Every argument but ``spec`` and ``storage_options`` is that of :meth:`Store.load`, which
+    says what each does.
+
+    Args:
+        spec: ``URL`` (its newest checkpoint), ``URL#NAME`` or ``(URL, NAME)``.
+        name: The checkpoint, when ``spec`` is a bare URL.
+        like: A template: the structure and types of the result.
+        select: Glob patterns over addresses: restore only the matching leaves.
+        prefix: With ``like``, the address of the subtree ``like`` describes.
+        cast: With ``like``, convert to its dtypes instead of failing.
+        partial: With ``like``, let it be a subset of the checkpoint.
+        threads: Reading threads.
+        storage_options: Options for the fsspec filesystem.
+        types: Without ``like``, the namedtuple classes and dataclasses to restore as
+            themselves.
+
+    Returns:
+        The restored tree.
+
+    Raises:
+        CheckpointNotFoundError: No such checkpoint.
+        StructureMismatchError: The checkpoint does not match ``like``.
+
+    Examples:
+        >>> import numpy as np, treestore
+        >>> _ = treestore.save("memory://doc/load", {"a": [1, 2.5], "b": np.arange(3)}, "one")
+        >>> treestore.load("memory://doc/load#one")
+        {'a': [1, 2.5], 'b': array([0, 1, 2])}
+        >>> from typing import NamedTuple
+        >>> class Point(NamedTuple):
+        ...     x: float
+        ...     y: float
+        >>> _ = treestore.save("memory://doc/load", {"p": Point(1.0, 2.0)}, "typed")
+        >>> treestore.load("memory://doc/load#typed")
+        {'p': {'x': 1.0, 'y': 2.0}}
+        >>> treestore.load("memory://doc/load#typed", types=[Point])
+        {'p': Point(x=1.0, y=2.0)}
     """
     url, name = parse_spec(spec, name)
     store = Store(url, storage_options=storage_options)
@@ -511,16 +679,27 @@ def load(
 
 
 def open(spec: Spec, name: str | None = None, *, storage_options: dict[str, Any] | None = None) -> Checkpoint:
-    """A lazy, read-only view of a checkpoint (``URL`` for its newest, ``URL#NAME`` or
-    ``(URL, NAME)``).
+    """A lazy, read-only view of a checkpoint; only its manifest is read.
 
     Leaves are :class:`LazyLeaf` handles with ``shape``, ``dtype``, ``address`` and numpy-style
     slicing that reads only the chunks a slice touches.
 
-    >>> import numpy as np, treestore
-    >>> _ = treestore.save("memory://doc/open2", {"w": np.arange(6.0)}, "c")
-    >>> treestore.open("memory://doc/open2#c")["w"][2:4]
-    array([2., 3.])
+    Args:
+        spec: ``URL`` (its newest checkpoint), ``URL#NAME`` or ``(URL, NAME)``.
+        name: The checkpoint, when ``spec`` is a bare URL.
+        storage_options: Options for the fsspec filesystem.
+
+    Returns:
+        A :class:`Checkpoint`.
+
+    Raises:
+        CheckpointNotFoundError: No such checkpoint.
+
+    Examples:
+        >>> import numpy as np, treestore
+        >>> _ = treestore.save("memory://doc/open2", {"w": np.arange(6.0)}, "c")
+        >>> treestore.open("memory://doc/open2#c")["w"][2:4]
+        array([2., 3.])
     """
     url, name = parse_spec(spec, name)
     return Store(url, storage_options=storage_options).open(name)
@@ -541,24 +720,37 @@ def diff(
     select: Patterns = None,
     storage_options: dict[str, Any] | None = None,
 ) -> _diff.Diff:
-    """The exact difference between two checkpoints, each given as ``URL`` (its newest checkpoint),
-    ``URL#NAME``, ``(URL, NAME)`` or a :class:`Checkpoint`; the stores may be on different
-    filesystems.
+    """The exact difference between two checkpoints, possibly in stores on different filesystems.
 
-    Without ``stats`` only manifests are read. With ``stats=True`` each changed array leaf gets
-    max/mean |a-b|, relative L2 change, the fraction of elements changed and NaN/Inf counts.
-    ``select`` (patterns over addresses) limits the comparison to matching leaves; every pattern
-    must match a leaf of either checkpoint.
+    Without ``stats`` only manifests are read: leaves whose digests are equal are unchanged.
 
-    >>> import numpy as np, treestore
-    >>> url = "memory://doc/diff"
-    >>> _ = treestore.save(url, {"w": np.zeros(4), "b": np.ones(2)}, "a")
-    >>> _ = treestore.save(url, {"w": np.zeros(4), "b": np.full(2, 1.5), "c": 0}, "b")
-    >>> d = treestore.diff(f"{url}#a", f"{url}#b")
-    >>> d.changed, d.added, d.unchanged
-    (('b',), ('c',), ('w',))
-    >>> treestore.diff(f"{url}#a", f"{url}#a").to_json()["identical"]
-    True
+    Args:
+        a: The first checkpoint: ``URL`` (its newest), ``URL#NAME``, ``(URL, NAME)`` or a
+            :class:`Checkpoint`.
+        b: The second checkpoint, given the same ways.
+        stats: Give each changed array leaf max and mean absolute change, relative L2 change,
+            the fraction of elements changed and NaN/Inf counts (only changed chunks are read).
+        select: Patterns over addresses: compare only the matching leaves; every pattern must
+            match a leaf of either checkpoint.
+        storage_options: Options for the fsspec filesystem of both.
+
+    Returns:
+        A :class:`treestore.types.Diff`.
+
+    Raises:
+        CheckpointNotFoundError: Either checkpoint does not exist.
+        NoMatchError: A ``select`` pattern matches no leaf.
+
+    Examples:
+        >>> import numpy as np, treestore
+        >>> url = "memory://doc/diff"
+        >>> _ = treestore.save(url, {"w": np.zeros(4), "b": np.ones(2)}, "a")
+        >>> _ = treestore.save(url, {"w": np.zeros(4), "b": np.full(2, 1.5), "c": 0}, "b")
+        >>> d = treestore.diff(f"{url}#a", f"{url}#b")
+        >>> d.changed, d.added, d.unchanged
+        (('b',), ('c',), ('w',))
+        >>> treestore.diff(f"{url}#a", f"{url}#a").to_json()["identical"]
+        True
     """
     left, right = resolve(a, storage_options), resolve(b, storage_options)
     with _read.memory_named(f"comparing checkpoints {left.name!r} and {right.name!r}", right.name):

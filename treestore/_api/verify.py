@@ -214,26 +214,38 @@ def verify(
     repair_from: str | os.PathLike[str] | None = None,
     repair_storage_options: dict[str, Any] | None = None,
 ) -> VerifyReport:
-    """Re-read and check every commit record, manifest and chunk of a store
-    (``spec`` = ``URL``) or of one checkpoint (``URL#NAME``), collecting every problem.
+    """Re-read and check every commit record, manifest and chunk, collecting every problem.
 
-    Raises only when there is nothing to verify (no such checkpoint, no checkpoints at all) or the
-    URL is unusable; damage is reported in :attr:`VerifyReport.problems`. ``progress(done, total)``
-    is called with raw bytes checked as chunks are read.
+    Damage is reported in the report's ``problems``, not raised. Damage a save cannot see (a
+    body that decodes wrongly behind a sound header) is found only by such a full read.
 
-    ``repair_from`` (the URL of another store holding the same data: the remote tier, a backup,
-    a copy) scrubs: each chunk object found missing or damaged is fetched from there, checked
-    against its digest, and written back under its name (chunks are named by their raw bytes,
-    so the same name holds the same data in every store), under a save lock so gc cannot run
-    meanwhile. The store is then verified again; :attr:`VerifyReport.repaired` lists the chunks
-    rewritten and ``problems`` what is still wrong. Damage a save cannot see (a body that
-    decodes wrongly behind a sound header) is found only by such a full read.
+    With ``repair_from`` it also scrubs: each chunk object found missing or damaged is fetched
+    from that store, checked against its digest, and written back under its name (chunks are
+    named by their raw bytes, so the same name holds the same data in every store), under a save
+    lock so gc cannot run meanwhile. The store is then verified again; the report's
+    ``repaired`` lists the chunks rewritten and ``problems`` what is still wrong.
 
-    >>> import numpy as np, treestore
-    >>> _ = treestore.save("memory://doc/verify", {"w": np.arange(4.0)}, "a")
-    >>> report = treestore.verify("memory://doc/verify")
-    >>> report.ok, report.checkpoints, report.chunks_checked
-    (True, ('a',), 1)
+    Args:
+        spec: A store (``URL``: every checkpoint) or one checkpoint (``URL#NAME``).
+        storage_options: Options for the fsspec filesystem.
+        threads: Reading threads.
+        progress: Called as ``progress(done, total)`` with raw bytes checked.
+        repair_from: Another store holding the same data (the remote tier, a backup, a copy).
+        repair_storage_options: Options for the filesystem of ``repair_from``.
+
+    Returns:
+        A :class:`treestore.types.VerifyReport`.
+
+    Raises:
+        CheckpointNotFoundError: No such checkpoint, or no checkpoints at all.
+        InvalidInputError: The URL is unusable.
+
+    Examples:
+        >>> import numpy as np, treestore
+        >>> _ = treestore.save("memory://doc/verify", {"w": np.arange(4.0)}, "a")
+        >>> report = treestore.verify("memory://doc/verify")
+        >>> report.ok, report.checkpoints, report.chunks_checked
+        (True, ('a',), 1)
     """
     url, name = parse_spec(spec)
     storage = open_storage(url, storage_options)

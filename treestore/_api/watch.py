@@ -115,29 +115,42 @@ def watch(
     stop: threading.Event | None = None,
     storage_options: dict[str, Any] | None = None,
 ) -> Iterator[Checkpoint]:
-    """Yield a :class:`Checkpoint` view of each checkpoint of the store at ``url`` once it is
-    committed — never a partial one — each name once, in commit order (commit record ``created``,
-    then name, among the checkpoints one poll finds; one committed after a poll comes after
-    everything that poll found), until ``timeout`` seconds pass without a new one, ``stop`` is
-    set or the generator is closed.
+    """Yield each checkpoint of a store once it is committed, never a partial one.
 
-    Without ``since`` the checkpoints already in the store come first; ``since=NAME`` yields only
-    those committed after checkpoint NAME (which must exist). A store that does not exist yet is
-    waited for. Polls start ``min_poll`` seconds apart and back off, doubling, to ``max_poll``
-    while nothing new appears; each poll lists the store once. A damaged commit record or
-    manifest is skipped with a warning on the ``treestore.watch`` logger, once, and read again at
-    each poll: once it is repaired (its record or manifest rewritten) it is yielded, once; a failed
-    listing is retried at the next poll. A checkpoint overwritten under
-    a name already yielded is not yielded again.
+    Each name is yielded once, in commit order (commit record ``created``, then name, among the
+    checkpoints one poll finds; one committed after a poll comes after everything that poll
+    found), until ``timeout`` seconds pass without a new one, ``stop`` is set or the generator
+    is closed. A store that does not exist yet is waited for; each poll lists the store once. A
+    damaged commit record or manifest is skipped with a warning on the ``treestore.watch``
+    logger, once, and read again at each poll: once it is repaired it is yielded, once; a failed
+    listing is retried at the next poll. A checkpoint overwritten under a name already yielded
+    is not yielded again.
 
-    >>> import numpy as np, treestore
-    >>> url = "memory://doc/watch"
-    >>> _ = treestore.save(url, {"w": np.zeros(2)}, "step-1")
-    >>> _ = treestore.save(url, {"w": np.ones(2)}, "step-2")
-    >>> [c.name for c in treestore.watch(url, timeout=0)]
-    ['step-1', 'step-2']
-    >>> [c.name for c in treestore.watch(url, since="step-1", timeout=0)]
-    ['step-2']
+    Args:
+        url: The store: a local path or an fsspec URL.
+        since: Yield only the checkpoints committed after this one (which must exist); without
+            it the checkpoints already in the store come first.
+        timeout: Stop after this many seconds without a new checkpoint (default: never).
+        min_poll: Seconds between the first polls.
+        max_poll: The longest wait between polls, reached by doubling while nothing new appears.
+        stop: An event that ends the watch when set.
+        storage_options: Options for the fsspec filesystem.
+
+    Yields:
+        A :class:`Checkpoint` view of each new checkpoint.
+
+    Raises:
+        CheckpointNotFoundError: ``since`` names no checkpoint.
+
+    Examples:
+        >>> import numpy as np, treestore
+        >>> url = "memory://doc/watch"
+        >>> _ = treestore.save(url, {"w": np.zeros(2)}, "step-1")
+        >>> _ = treestore.save(url, {"w": np.ones(2)}, "step-2")
+        >>> [c.name for c in treestore.watch(url, timeout=0)]
+        ['step-1', 'step-2']
+        >>> [c.name for c in treestore.watch(url, since="step-1", timeout=0)]
+        ['step-2']
     """
     if not 0 < min_poll <= max_poll:
         raise InvalidInputError(

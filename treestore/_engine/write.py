@@ -48,7 +48,26 @@ MiB = 2**20
 
 @dataclass(frozen=True)
 class SaveOptions:
-    """Tuning for saves; the defaults suit model weights on local disks and object stores."""
+    """Tuning for saves; the defaults suit model weights on local disks and object stores.
+
+    Attributes:
+        codec: How chunks are compressed (see :class:`Codec`).
+        chunk_size: Big leaves are cut into chunks of about this many raw bytes (4 KiB to
+            256 MiB; default 4 MiB).
+        small_leaf: Leaves under this many bytes are packed together (default 64 KiB).
+        pack_size: Raw bytes per pack of small leaves (default 1 MiB).
+        threads: Threads that write chunks (1 to 256; default: chosen from the cores).
+
+    Raises:
+        InvalidInputError: A value is out of its range.
+
+    Examples:
+        >>> import numpy as np, treestore
+        >>> options = treestore.SaveOptions(chunk_size=1 << 20, codec=treestore.Codec(level=3))
+        >>> r = treestore.save("memory://doc/options", {"w": np.arange(2.0**19)}, "a", options=options)
+        >>> r.chunks_written  # 4 MiB of float64 in chunks of 1 MiB
+        4
+    """
 
     codec: Codec = field(default_factory=Codec)
     chunk_size: int = 4 * MiB  # big leaves are cut into chunks of about this many raw bytes

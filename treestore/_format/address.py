@@ -255,13 +255,21 @@ def encodable(text: str) -> bool:
 
 
 def format_address(path: Sequence[object]) -> str:
-    """The address of a key path.
+    """The address of a key path: a stable, unambiguous name for one leaf.
 
-    >>> from jax.tree_util import DictKey, SequenceKey, GetAttrKey
-    >>> format_address((DictKey("params"), SequenceKey(0), GetAttrKey("w")))
-    'params/0/.w'
-    >>> [format_address((k,)) for k in (SequenceKey(0), DictKey(0), DictKey("0"))]
-    ['0', '{0}', '"0"']
+    Args:
+        path: A key path of jax key entries (``DictKey``, ``SequenceKey``, ``GetAttrKey``, ...),
+            as ``jax.tree_util.tree_flatten_with_path`` gives.
+
+    Returns:
+        The address, such as ``params/layers/0/w``; :func:`parse_address` gives the path back.
+
+    Examples:
+        >>> from jax.tree_util import DictKey, SequenceKey, GetAttrKey
+        >>> format_address((DictKey("params"), SequenceKey(0), GetAttrKey("w")))
+        'params/0/.w'
+        >>> [format_address((k,)) for k in (SequenceKey(0), DictKey(0), DictKey("0"))]
+        ['0', '{0}', '"0"']
     """
     return "/".join(format_key(k, path[:i]) for i, k in enumerate(path))
 

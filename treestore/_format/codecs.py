@@ -47,10 +47,22 @@ _tls = threading.local()
 class Codec:
     """How chunks are compressed: ``Codec()`` is zstd level 1 with byte planes for floats.
 
-    >>> Codec(level=30)
-    Traceback (most recent call last):
-    ...
-    treestore.errors.InvalidInputError: zstd level must be between -7 and 22, got 30
+    Each plane is compressed only when a sample says it pays; the rest is stored as it is.
+
+    Attributes:
+        name: ``"zstd"`` or ``"raw"`` (no compression).
+        level: The zstd level, -7 to 22.
+        byte_planes: Split floating-point chunks into byte planes before compressing (the
+            exponent bytes compress well, mantissa bytes hardly at all).
+
+    Raises:
+        InvalidInputError: An unknown name or a level out of range.
+
+    Examples:
+        >>> Codec(level=30)
+        Traceback (most recent call last):
+        ...
+        treestore.errors.InvalidInputError: zstd level must be between -7 and 22, got 30
     """
 
     name: str = "zstd"

@@ -37,9 +37,19 @@ def to_jax(key: Key) -> Any:
 
 
 def parse_address(address: str) -> KeyPath:
-    """The typed key path of an address (jax's key entries); the inverse of :func:`format_address`.
+    """The typed key path of an address; the inverse of :func:`format_address`.
 
-    >>> parse_address('params/0/.w')
-    (DictKey(key='params'), SequenceKey(idx=0), GetAttrKey(name='w'))
+    Args:
+        address: An address, such as ``params/0/.w``.
+
+    Returns:
+        The key path as a tuple of jax key entries.
+
+    Raises:
+        InvalidInputError: ``address`` is not a valid address.
+
+    Examples:
+        >>> parse_address('params/0/.w')
+        (DictKey(key='params'), SequenceKey(idx=0), GetAttrKey(name='w'))
     """
     return tuple(to_jax(key) for key in _address.parse_address(address))
