@@ -1,5 +1,6 @@
 """Run by tests/attacks/test_bounded.py in a child process under RLIMIT_AS and RLIMIT_CPU:
-Hypothesis generates hostile version-2 manifests and every reader runs on each.
+Hypothesis generates hostile version-2 manifests, and parts of a manifest stored in parts, and
+every reader runs on each.
 
 Each example starts from a copy of the attack template (tests/attacks/conftest.py) and changes its
 ``bad`` manifest in one to three ways that aim at what a reader builds from little input: a
@@ -32,13 +33,18 @@ from treestore._format import layout as _layout
 from treestore._format.columns_tree import DICT, LEAF, NODE_DTYPE
 
 from .. import hostile
+from ..test_shares import _reparted as reparted
+from ..test_shares import saved as saved_in_parts
 from ._harness import check_readers
 from .conftest import OPTIONS, make_tree
 
 MiB = 2**20
 AS_HEADROOM = 1536 * MiB  # address space beyond what the child holds once it has started
 CPU_SECONDS = 420
+TILED = 64 * MiB  # the most a tiled column may hold (the manifest size cap is tested elsewhere)
 COLUMNS = ("nodes", "node_leaves", "leaves", "shapes", "chunks", "packs")
+PART_COLUMNS = ("piece_leaves", "piece_chunks", "piece_start", "piece_shape", "chunks", "packs")
+WIDE = ("shapes", "piece_start", "piece_shape")  # columns of u8 words; the others are of u4
 WORDS = {"nodes": 9, "node_leaves": 4, "leaves": 8, "shapes": 8, "chunks": 48, "packs": 40}
 EXTREMES = [0, 1, 2**31 - 1, 2**32 - 1, 2**48, 2**63 - 1]
 
@@ -69,6 +75,23 @@ def _chain(rec: dict[str, Any], depth: int, width: int) -> None:
 def _words(column: bytes, size: int) -> np.ndarray:
     usable = len(column) - len(column) % size
     return np.frombuffer(column[:usable], "<u4" if size == 4 else "<u8").copy()
+
+
+@st.composite
+def part_changes(draw: st.DrawFn) -> tuple[int, list[tuple[str, Any]]]:
+    """Changes to part ``k`` of the multi-process checkpoint "job": its columns tiled, filled,
+    flipped or cut (pieces that multiply, overlap, name leaves or packs that are not there)."""
+    out: list[tuple[str, Any]] = []
+    for _ in range(draw(st.sampled_from([1, 2]))):
+        kind = draw(st.sampled_from(["tile", "fill", "flip", "cut"]))
+        arg = {
+            "tile": st.sampled_from([5000, 2]) | st.integers(2, 5000),
+            "fill": st.sampled_from(EXTREMES[::-1]),
+            "flip": st.integers(0, 2**16),
+            "cut": st.integers(1, 64),
+        }[kind]
+        out.append((kind, (draw(st.sampled_from(PART_COLUMNS)), draw(arg))))
+    return draw(st.integers(0, 3)), out
 
 
 @st.composite
@@ -110,8 +133,8 @@ def apply(rec: dict[str, Any], change: tuple[str, Any]) -> None:
     else:
         column, value = arg
         data = rec[column]
-        if kind == "tile":
-            rec[column] = data * value
+        if kind == "tile":  # at most TILED bytes: what matters is the counts a reader acts on
+            rec[column] = data * max(1, min(value, TILED // max(len(data), 1)))
         elif kind == "cut":
             rec[column] = data[: max(0, len(data) - value)]
         elif kind == "flip" and data:
@@ -119,7 +142,7 @@ def apply(rec: dict[str, Any], change: tuple[str, Any]) -> None:
             flipped[value % len(flipped)] ^= 0xFF
             rec[column] = bytes(flipped)
         elif kind == "fill":
-            size = 8 if column == "shapes" else 4
+            size = 8 if column in WIDE else 4
             words = _words(data, size)
             words[:] = min(value, 2 ** (8 * size) - 1)
             rec[column] = words.tobytes() + data[len(words) * size :]
@@ -130,9 +153,11 @@ def main(folder: Path, examples: int) -> int:
     store = treestore.Store(str(template))
     store.save(make_tree(1), "good", options=OPTIONS)
     store.save(make_tree(0), "bad", options=OPTIONS)
+    saved_in_parts(str(template))  # "job": a four-process checkpoint, its manifest in parts
     check_readers(str(template))  # warm every reader up, and the pristine store passes
+    check_readers(str(template), "job")
     _limit()
-    count = [0]
+    count = [0, 0]
 
     @settings(
         max_examples=examples,
@@ -154,17 +179,48 @@ def main(folder: Path, examples: int) -> int:
             for change in found:
                 apply(rec, change)
             hostile.write_manifest(url, "bad", rec, leaves=ref["leaves"])
-            outcomes = check_readers(url, "bad", root=root, memory=256 * MiB)
-            for op, outcome in outcomes.items():
-                error = outcome.error
-                if isinstance(error, treestore.errors.OutOfMemoryError) and error.address is None:
-                    raise AssertionError(f"{op}: out of memory on a hostile manifest: {error}")
+            check(check_readers(url, "bad", root=root, memory=256 * MiB))
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+
+    @settings(
+        max_examples=examples // 2,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(part_changes())
+    def hostile_parts_are_bounded(found: tuple[int, list[tuple[str, Any]]]) -> None:
+        count[1] += 1
+        root = folder / f"parts-{count[1]}"
+        shutil.copytree(template, root)
+        k, edits = found
+
+        def change(data: bytes) -> bytes:
+            rec = msgpack.unpackb(data, raw=False)
+            for edit in edits:
+                apply(rec, edit)
+            return msgpack.packb(rec, use_bin_type=True)
+
+        try:
+            reparted(str(root), "job", k, change)
+            check(check_readers(str(root), "job", root=root, memory=256 * MiB))
         finally:
             shutil.rmtree(root, ignore_errors=True)
 
     hostile_v2_manifests_are_bounded()
-    print(f"{count[0]} hostile manifests, every reader bounded")
+    hostile_parts_are_bounded()
+    print(f"{count[0]} hostile manifests and {count[1]} hostile parts, every reader bounded")
     return 0
+
+
+def check(outcomes: dict[str, Any]) -> None:
+    """Running out of memory is a failure unless a leaf's declared bytes could not be allocated."""
+    for op, outcome in outcomes.items():
+        error = outcome.error
+        if isinstance(error, treestore.errors.OutOfMemoryError) and error.address is None:
+            raise AssertionError(f"{op}: out of memory on a hostile manifest: {error}")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Every reader, on generated hostile version-2 manifests, returns exact data or a clear
+"""Every reader, on generated hostile version-2 manifests and parts, returns exact data or a clear
 TreestoreError within bounded memory and CPU (the generator and the bounds: bounded_child.py).
 
 Hypothesis runs in a child process whose address space and CPU time are limited, so a reader that
@@ -27,4 +27,5 @@ def test_readers_are_bounded_on_generated_hostile_v2_manifests(tmp_path):
         timeout=840,
     )
     assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
-    assert f"{EXAMPLES} hostile manifests, every reader bounded" in done.stdout
+    expected = f"{EXAMPLES} hostile manifests and {EXAMPLES // 2} hostile parts, every reader bounded"
+    assert expected in done.stdout
