@@ -371,3 +371,40 @@ def test_sharded_layout_to_and_from_a_store_on_s3(s3_backend, tmp_path):
     treestore.import_file(folder, f"{dst}#back", storage_options=opts)
     back = treestore.load(f"{dst}#back", storage_options=opts)
     assert same_bytes(back["emb"], tree["emb"]) and same_bytes(back["bias"], tree["bias"])
+
+
+def test_import_from_an_fsspec_url(minilm, tmp_path, s3_backend):
+    """A sharded layout (its folder or its index) or a single file at an fsspec URL is copied
+    to a temporary folder, streamed, and imported as a local one: from memory:// and from S3."""
+    import fsspec
+
+    folder = tmp_path / "hf"
+    treestore.export_file(f"{minilm}#m", f"{folder}/", max_shard_size="20MB")
+    original = treestore.load(f"{minilm}#m")
+    mem = fsspec.filesystem("memory")
+    hub = f"/hub-{uuid.uuid4().hex}/model"
+    for p in folder.iterdir():
+        mem.pipe_file(f"{hub}/{p.name}", p.read_bytes())
+    dst = memory()
+    assert treestore.import_file(f"memory://{hub}", dst).name == "model"
+    assert treestore.import_file(f"memory://{hub}/{INDEX}", f"{dst}#by-index").leaves == 104
+    for name in ("model", "by-index"):
+        back = treestore.load(f"{dst}#{name}")
+        assert all(same_bytes(a, b) for a, b in zip(jax_leaves(back), jax_leaves(original), strict=True))
+    opts = s3_backend.storage_options
+    s3 = fsspec.filesystem("s3", **opts)
+    bucket = s3_backend.url("hub").split("://", 1)[1]
+    single = tmp_path / "w.safetensors"
+    treestore.export_file(f"{minilm}#m", single)
+    s3.put_file(str(single), f"{bucket}/w.safetensors")
+    r = treestore.import_file(f"s3://{bucket}/w.safetensors", dst, source_storage_options=opts)
+    assert r.name == "w" and r.leaves == 104
+    mem.rm(hub, recursive=True)
+    with pytest.raises(treestore.NotFoundError):
+        treestore.import_file(f"memory://{hub}", memory())
+
+
+def jax_leaves(tree):
+    import jax
+
+    return jax.tree_util.tree_leaves(tree)

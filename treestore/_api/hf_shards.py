@@ -236,7 +236,7 @@ def find_index(path: Path) -> Path | None:
     return found[0] if found else None
 
 
-def _load_index(index: Path) -> tuple[dict[str, str], int | None]:
+def load_index(index: Path) -> tuple[dict[str, str], int | None]:
     """The weight map and total_size (None when absent) of an index file, its size capped and
     its structure checked; every file name a plain name in the index's folder."""
     st = _formats.check_kind(index, "a regular file")
@@ -277,7 +277,7 @@ def read_shards(index: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     """The tensors of the layout ``index`` describes, as read-only memory maps, and the record
     of where they came from (the first shard's metadata block, the index's name, the shard
     count), once the whole layout is checked (see the module's docstring)."""
-    weight_map, total = _load_index(index)
+    weight_map, total = load_index(index)
     folder = index.parent
     files = list(dict.fromkeys(weight_map.values()))
     headers = {file: _shard_header(index, folder / file) for file in files}

@@ -22,6 +22,7 @@ import numpy as np
 
 from treestore._api import file_formats as _formats
 from treestore._api import hf_shards as _shards
+from treestore._api import remote_source as _remote
 from treestore._api.checkpoint import Checkpoint, LazyLeaf
 from treestore._api.retention import step_name
 from treestore._api.spec import parse_spec
@@ -181,6 +182,7 @@ def import_file(
     storage_options: dict[str, Any] | None = None,
     options: _write.SaveOptions | None = None,
     progress: Progress | None = None,
+    source_storage_options: dict[str, Any] | None = None,
 ) -> _write.SaveResult:
     """Save the tensors of a .safetensors, .npz or flax .msgpack file, of an orbax checkpoint
     folder, or of a Hugging Face sharded safetensors layout (its ``*.safetensors.index.json``, or
@@ -190,7 +192,9 @@ def import_file(
     regular file, every tensor in the one shard the index names, no shard of the folder holding
     tensors the index lacks, ``total_size`` right) and its tensors are saved from read-only
     memory maps of the shards, one chunk at a time, so the import holds little more than a
-    chunk per saving thread in memory. Local paths only.
+    chunk per saving thread in memory. ``path`` may be an fsspec URL (``s3://bucket/model``,
+    ``hf://...``, ``https://...``) of a file or of a sharded layout: it is copied, streamed, to a
+    temporary local folder first (an orbax folder is imported from a local path only).
 
     The checkpoint's metadata is ``{"source": {...}}`` (format, file name, separator, the file's
     own metadata), merged with ``metadata`` when that is a dict.
@@ -213,6 +217,7 @@ def import_file(
         storage_options: Options for the fsspec filesystem of ``dst``.
         options: Chunk sizes, packing and threads of the save.
         progress: Called as ``progress(done, total)`` with bytes saved.
+        source_storage_options: Options for the fsspec filesystem of ``path`` when it is a URL.
 
     Returns:
         A :class:`treestore.types.SaveResult`.
@@ -231,6 +236,21 @@ def import_file(
         array([0., 0.])
     """
     url, name = parse_spec(dst)
+    if _remote.is_remote(path):
+        with _remote.fetched(os.fspath(path), source_storage_options) as local:
+            if name is None:  # a file's (or an index's) name, else the folder's at the URL
+                name = _default_name(local if local.is_file() else Path(os.fspath(path).rstrip("/")))
+            return import_file(
+                local,
+                f"{url}#{name}",
+                format=format,
+                nest_keys=nest_keys,
+                metadata=metadata,
+                overwrite=overwrite,
+                storage_options=storage_options,
+                options=options,
+                progress=progress,
+            )
     tree, source = read_file(path, format=format, nest_keys=nest_keys)
     step = {k: source.pop(k) for k in ("step", "metrics") if k in source}  # as CheckpointManager keeps them
     meta: Any = {**step, "source": source}
