@@ -22,7 +22,7 @@ FORMAT = click.option(
 
 
 @click.command("import", short_help="Import a .safetensors/.npz/.msgpack file, orbax or HF folder.")
-@click.argument("file", type=click.Path(exists=True, dir_okay=True), metavar="FILE")
+@click.argument("file", metavar="FILE")
 @click.argument("dst", metavar="URL#NAME")
 @FORMAT
 @click.option("--flat", is_flag=True, help="Keep keys as they are instead of nesting them at '.' and '/'.")
@@ -43,7 +43,10 @@ def import_(
 
     A Hugging Face sharded safetensors layout is imported from its folder (the one holding
     model.safetensors.index.json, such as a Hub download) or from the index file; the whole
-    layout is checked before anything is saved."""
+    layout is checked before anything is saved.
+
+    FILE may be an fsspec URL (s3://bucket/model, https://...) of a file or of a sharded
+    layout: it is copied to a temporary folder first; -o options apply to it and to URL."""
     meta = None
     if metadata is not None:
         try:
@@ -60,6 +63,7 @@ def import_(
             overwrite=overwrite,
             storage_options=settings().storage_options,
             progress=bar,
+            source_storage_options=settings().storage_options,
         )
     url = treestore.Store.split(dst, storage_options=settings().storage_options)[0].url
     if as_json:

@@ -183,7 +183,7 @@ def test_import_export(tmp_path):
     assert data["tensors"] == 2 and out.exists()
     assert "exists" in error_line(run("export", url, str(out)))
     assert run("export", url, str(out), "--overwrite").exit_code == 0
-    assert "does not exist" in error_line(run("import", str(tmp_path / "nope.npz"), f"{url}#x"))
+    assert "no file or folder" in error_line(run("import", str(tmp_path / "nope.npz"), f"{url}#x"))
     assert "not JSON" in error_line(run("import", str(f), f"{url}#y", "--metadata", "{"))
 
 

@@ -399,6 +399,8 @@ def test_import_from_an_fsspec_url(minilm, tmp_path, s3_backend):
     s3.put_file(str(single), f"{bucket}/w.safetensors")
     r = treestore.import_file(f"s3://{bucket}/w.safetensors", dst, source_storage_options=opts)
     assert r.name == "w" and r.leaves == 104
+    via_cli = CliRunner().invoke(cli, ["import", f"memory://{hub}", f"{dst}#cli"])
+    assert via_cli.exit_code == 0 and "104 leaves" in via_cli.output, via_cli.output
     mem.rm(hub, recursive=True)
     with pytest.raises(treestore.NotFoundError):
         treestore.import_file(f"memory://{hub}", memory())
