@@ -7,6 +7,7 @@ import contextlib
 import ctypes
 import difflib
 import functools
+import inspect
 import logging
 import math
 import mmap
@@ -197,14 +198,23 @@ class memory_named:
 
 
 def _release(tb: Any) -> None:
-    """Clear the locals of the frames a traceback went through, below the first (the frame of
-    the ``with`` statement, still running: clearing it would raise, and under memory pressure
-    even making that error fails)."""
-    tb = tb.tb_next if tb is not None else None
+    """Clear the locals of the frames a traceback went through that are no longer running (the
+    frame of the ``with`` statement and its callers still are: clearing one would raise, and
+    under memory pressure even making that error fails)."""
+    running = set()
+    frame: Any = sys._getframe()
+    while frame is not None:
+        running.add(id(frame))
+        frame = frame.f_back
     while tb is not None:
-        with contextlib.suppress(RuntimeError):  # a frame still running (a thread's, say)
-            tb.tb_frame.clear()
+        # A generator's frame is left alone: clearing it closes the generator, running code.
+        if id(tb.tb_frame) not in running and not tb.tb_frame.f_code.co_flags & _GENERATORS:
+            with contextlib.suppress(RuntimeError):
+                tb.tb_frame.clear()
         tb = tb.tb_next
+
+
+_GENERATORS = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
 
 
 def committed_records(

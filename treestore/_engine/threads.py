@@ -15,6 +15,8 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+from treestore.errors import OutOfMemoryError
+
 T = TypeVar("T")
 
 
@@ -47,9 +49,21 @@ def shared_pool(threads: int, role: str) -> cf.ThreadPoolExecutor:
             # Start every thread now: the executor starts one only when a job finds none idle,
             # which a call that runs its jobs on a few threads of its own may not.
             started = threading.Barrier(threads)
-            for _ in range(threads):
-                pool.submit(started.wait, 10.0)
+            try:
+                for _ in range(threads):
+                    pool.submit(started.wait, 10.0)
+            except RuntimeError as exc:  # no thread could be made: out of memory or of threads
+                del _pools[key]
+                started.abort()
+                pool.shutdown(wait=False)
+                raise _no_threads(exc, threads, role) from None
         return pool
+
+
+def _no_threads(exc: RuntimeError, threads: int, role: str) -> OutOfMemoryError:
+    return OutOfMemoryError(
+        f"cannot start {threads} {role} thread(s) ({exc}): this process is out of memory or of threads"
+    )
 
 
 def _forget_pools() -> None:
@@ -110,7 +124,15 @@ def run_all(jobs: Sequence[Callable[[], object]], threads: int, role: str) -> No
                 failed.set()
                 raise
 
-    futures = [shared_pool(threads, role).submit(drain) for _ in range(min(threads, len(jobs)))]
+    pool = shared_pool(threads, role)
+    futures = []
+    try:
+        for _ in range(min(threads, len(jobs))):
+            futures.append(pool.submit(drain))
+    except RuntimeError as exc:  # the executor replaces a thread that ended: that can fail too
+        failed.set()
+        cf.wait(futures)
+        raise _no_threads(exc, threads, role) from None
     try:
         cf.wait(futures)
     except BaseException:  # interrupted: the threads stop after the jobs they are running
