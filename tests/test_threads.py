@@ -154,3 +154,18 @@ def test_run_all_stops_taking_jobs_after_one_fails():
         run_all([lambda i=i: job(i) for i in range(200)], 4, "read")
     assert 3 not in ran
     assert len(ran) < 20, ran  # four threads stop after the job each was running
+
+
+def test_threads_that_cannot_start_are_out_of_memory_and_leave_no_pool(monkeypatch):
+    """Under an address-space limit a new thread cannot be made (RuntimeError from the
+    executor): the caller gets OutOfMemoryError, and no half-started pool is kept for later."""
+    from treestore._engine import threads as threads_module
+    from treestore.errors import OutOfMemoryError
+
+    def refuse(self):
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", refuse)
+    with pytest.raises(OutOfMemoryError, match="cannot start 13 read thread"):
+        threads_module.run_all([lambda: None] * 20, 13, "read")
+    assert ("read", 13) not in threads_module._pools
