@@ -236,42 +236,30 @@ def import_file(
         array([0., 0.])
     """
     url, name = parse_spec(dst)
-    if _remote.is_remote(path):
-        with _remote.fetched(os.fspath(path), source_storage_options) as local:
-            if name is None:  # a file's (or an index's) name, else the folder's at the URL
-                name = _default_name(local if local.is_file() else Path(os.fspath(path).rstrip("/")))
-            return import_file(
-                local,
-                f"{url}#{name}",
-                format=format,
-                nest_keys=nest_keys,
-                metadata=metadata,
-                overwrite=overwrite,
-                storage_options=storage_options,
-                options=options,
-                progress=progress,
-            )
-    tree, source = read_file(path, format=format, nest_keys=nest_keys)
-    step = {k: source.pop(k) for k in ("step", "metrics") if k in source}  # as CheckpointManager keeps them
-    meta: Any = {**step, "source": source}
-    if isinstance(metadata, dict):
-        meta = {**step, **metadata, "source": source}
-    elif metadata is not None:
-        meta = {**step, "source": source, "user": metadata}
-    if name is None:
-        name = step_name(step["step"]) if "step" in step else _default_name(Path(path))
-    storage = open_storage(url, storage_options)
-    prepared = _write.prepare(tree)
-    total = sum(getattr(x, "nbytes", 0) for x in jax.tree_util.tree_leaves(tree))
-    return _write.write(
-        storage,
-        prepared,
-        name,
-        metadata=meta,
-        options=options or _write.SaveOptions(),
-        overwrite=overwrite,
-        on_chunk=_counter(progress, total),
-    )
+    with _remote.local_copy(path, source_storage_options) as local:  # saved from while it exists
+        tree, source = read_file(local, format=format, nest_keys=nest_keys)
+        # the step and metrics at the top of the metadata, as CheckpointManager keeps them
+        step = {k: source.pop(k) for k in ("step", "metrics") if k in source}
+        meta: Any = {**step, "source": source}
+        if isinstance(metadata, dict):
+            meta = {**step, **metadata, "source": source}
+        elif metadata is not None:
+            meta = {**step, "source": source, "user": metadata}
+        if name is None:  # the step, else a file's (or an index's) name, else the folder's
+            named = local if local.is_file() else Path(os.fspath(path).rstrip("/"))
+            name = step_name(step["step"]) if "step" in step else _default_name(named)
+        storage = open_storage(url, storage_options)
+        prepared = _write.prepare(tree)
+        total = sum(getattr(x, "nbytes", 0) for x in jax.tree_util.tree_leaves(tree))
+        return _write.write(
+            storage,
+            prepared,
+            name,
+            metadata=meta,
+            options=options or _write.SaveOptions(),
+            overwrite=overwrite,
+            on_chunk=_counter(progress, total),
+        )
 
 
 def _counter(progress: Progress | None, total: int) -> Callable[[int], None] | None:

@@ -30,6 +30,16 @@ def is_remote(path: str | os.PathLike[str]) -> bool:
 
 
 @contextlib.contextmanager
+def local_copy(path: str | os.PathLike[str], storage_options: dict[str, Any] | None = None) -> Iterator[Path]:
+    """``path`` as a local path: itself, or for an fsspec URL a temporary copy (:func:`fetched`)."""
+    if not is_remote(path):
+        yield Path(path)
+        return
+    with fetched(os.fspath(path), storage_options) as local:
+        yield local
+
+
+@contextlib.contextmanager
 def fetched(url: str, storage_options: dict[str, Any] | None = None) -> Iterator[Path]:
     """A local copy of what ``url`` names, in a temporary folder removed on exit: a single file,
     a sharded layout's index (with every shard it names), or a folder holding one index."""
