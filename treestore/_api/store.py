@@ -355,27 +355,14 @@ class Store:
         trusted = trusted_types(types)
         record = self._record(name)
         with _read.memory_named(f"loading checkpoint {record.name!r}", record.name):
-            return self._load(record, like, select, prefix, cast, partial, threads, trusted)
-
-    def _load(
-        self,
-        record: CommitRecord,
-        like: Any,
-        select: Patterns,
-        prefix: str,
-        cast: bool,
-        partial: bool,
-        threads: int | None,
-        trusted: dict[str, type],
-    ) -> Any:
-        found = _read.read_frame(self.storage, record)
-        frame = found.frame if isinstance(found, Parted) else found
-        wanted = None if select is None else _chosen(frame, select)  # the addresses select matches
-        columns = (
-            found if isinstance(found, Columns) else self._completed(found, like, wanted, prefix, partial)
-        )
-        with paused_gc(len(columns)):  # the per-leaf objects of a big tree (see gc_pause)
-            return self._load_columns(columns, like, wanted, prefix, cast, partial, threads, trusted)
+            found = _read.read_frame(self.storage, record)
+            frame = found.frame if isinstance(found, Parted) else found
+            wanted = None if select is None else _chosen(frame, select)  # the addresses select matches
+            columns = (
+                found if isinstance(found, Columns) else self._completed(found, like, wanted, prefix, partial)
+            )
+            with paused_gc(len(columns)):  # the per-leaf objects of a big tree (see gc_pause)
+                return self._load_columns(columns, like, wanted, prefix, cast, partial, threads, trusted)
 
     def _completed(
         self, parted: Parted, like: Any, wanted: set[str] | None, prefix: str, partial: bool
