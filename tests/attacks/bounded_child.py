@@ -83,15 +83,23 @@ def part_changes(draw: st.DrawFn) -> tuple[int, list[tuple[str, Any]]]:
     flipped or cut (pieces that multiply, overlap, name leaves or packs that are not there)."""
     out: list[tuple[str, Any]] = []
     for _ in range(draw(st.sampled_from([1, 2]))):
-        kind = draw(st.sampled_from(["tile", "fill", "flip", "cut"]))
-        arg = {
-            "tile": st.sampled_from([5000, 2]) | st.integers(2, 5000),
-            "fill": st.sampled_from(EXTREMES[::-1]),
-            "flip": st.integers(0, 2**16),
-            "cut": st.integers(1, 64),
-        }[kind]
-        out.append((kind, (draw(st.sampled_from(PART_COLUMNS)), draw(arg))))
+        out.append(draw(column_change(PART_COLUMNS, draw(st.sampled_from(list(COLUMN_ARGS))))))
     return draw(st.integers(0, 3)), out
+
+
+# The worst cases first: Hypothesis starts from the first element of each choice.
+COLUMN_ARGS = {
+    "tile": st.sampled_from([5000, 2]) | st.integers(2, 5000),
+    "fill": st.sampled_from(EXTREMES[::-1]),
+    "flip": st.integers(0, 2**16),
+    "cut": st.integers(1, 64),
+}
+
+
+@st.composite
+def column_change(draw: st.DrawFn, columns: tuple[str, ...], kind: str) -> tuple[str, Any]:
+    """One ``kind`` of change ("tile", "fill", "flip", "cut") to one of ``columns``."""
+    return kind, (draw(st.sampled_from(columns)), draw(COLUMN_ARGS[kind]))
 
 
 @st.composite
@@ -104,15 +112,8 @@ def changes(draw: st.DrawFn) -> list[tuple[str, Any]]:
             depth = draw(st.sampled_from([499, 250, 60, 1]) | st.integers(1, 499))
             width = draw(st.sampled_from([8192, 20_000, 100, 1]) | st.integers(1, 20_000))
             out.append((kind, (depth, width)))
-        elif kind in ("tile", "fill", "flip", "cut"):
-            column = draw(st.sampled_from(COLUMNS))
-            arg = {
-                "tile": st.sampled_from([5000, 2]) | st.integers(2, 5000),
-                "fill": st.sampled_from(EXTREMES[::-1]),
-                "flip": st.integers(0, 2**16),
-                "cut": st.integers(1, 64),
-            }[kind]
-            out.append((kind, (column, draw(arg))))
+        elif kind in COLUMN_ARGS:
+            out.append(draw(column_change(COLUMNS, kind)))
         elif kind == "field":
             field = draw(st.sampled_from(["chunk_size", "created", "version", "values", "codec"]))
             out.append((kind, (field, draw(st.sampled_from([*EXTREMES, -1, 1e300, "x", [], None])))))
