@@ -29,7 +29,7 @@ from treestore._engine import locks as _locks
 from treestore._engine import read as _read
 from treestore._engine.commit import commit
 from treestore._engine.parts import part_bytes
-from treestore._engine.read import fetch_chunk, pack_member
+from treestore._engine.read import fetch_chunk, member_mismatch, pack_member
 from treestore._engine.threads import default_threads
 from treestore._engine.write import reusable_size
 from treestore._format import layout as _layout
@@ -112,10 +112,7 @@ class _Copier:
             data, raw = self._fetch(c, owner, checkpoint)
             for ref, address in members:
                 if pack_member(raw, ref.offset, ref.raw_size, ref.digest) is None:
-                    problem = ChunkCorruptError(
-                        f"bytes {ref.offset}..{ref.offset + ref.raw_size} of pack chunk "
-                        f"{c.digest.hex()[:16]} do not match the leaf's digest"
-                    )
+                    problem = ChunkCorruptError(member_mismatch(c.digest, ref.offset, ref.raw_size))
                     raise _refused(problem, address, checkpoint, self.src.url)
         if c.digest in self.known:
             with self._lock:

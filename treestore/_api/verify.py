@@ -17,7 +17,7 @@ from typing import Any
 from treestore._api.spec import parse_spec
 from treestore._engine import locks as _locks
 from treestore._engine import read as _read
-from treestore._engine.read import fetch_chunk, pack_member
+from treestore._engine.read import fetch_chunk, member_mismatch, pack_member
 from treestore._engine.threads import default_threads
 from treestore._format import layout as _layout
 from treestore._format.manifest import ChunkRef, Manifest, check_name
@@ -178,8 +178,7 @@ class _Verifier:
                     self._report(
                         users,
                         CHUNK_CORRUPT,
-                        f"bytes {offset}..{offset + size} of pack chunk "
-                        f"{job.ref.digest.hex()[:16]} do not match the leaf's digest",
+                        member_mismatch(job.ref.digest, offset, size),
                     )
         with self._lock:
             self.done += job.ref.raw_size

@@ -394,6 +394,14 @@ def pack_member(
     return part if part.nbytes == size and digest(part) == chunk_digest else None
 
 
+def member_mismatch(pack_digest: bytes, offset: int, size: int) -> str:
+    """What is wrong when :func:`pack_member` finds no member at ``[offset, offset + size)``."""
+    return (
+        f"bytes {offset}..{offset + size} of pack chunk {pack_digest.hex()[:16]} "
+        "do not match the leaf's digest"
+    )
+
+
 # Chunks of these raw sizes are read into a thread's scratch and decoded there (local stores).
 IN_PLACE_FROM, IN_PLACE_UP_TO = 256 * 1024, 16 * 2**20
 
