@@ -9,35 +9,25 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from treestore._api import derive as _derive
 from treestore._api import diff as _diff
 from treestore._api import timeline as _timeline
 from treestore._api.checkpoint import Checkpoint
 from treestore._api.spec import Spec, parse_spec
-from treestore._engine import bulk as _bulk
 from treestore._engine import gc as _gc
+from treestore._engine import load as _load
 from treestore._engine import locks as _locks
-from treestore._engine import parts as _parts
 from treestore._engine import read as _read
-from treestore._engine import region as _region
 from treestore._engine import write as _write
 from treestore._engine.gc_pause import paused_gc
-from treestore._engine.threads import default_threads
 from treestore._format import layout as _layout
 from treestore._format import select as _select
 from treestore._format.codecs import Codec
-from treestore._format.columns import Columns
 from treestore._format.commit_record import CommitRecord
 from treestore._format.manifest import Manifest, check_name
-from treestore._format.parted import Parted
 from treestore._storage.base import Storage
 from treestore._storage.registry import open_storage
-from treestore._tree import template as _template
-from treestore._tree.lazy_jax import jax
-from treestore._tree.leaves import restore_array
-from treestore._tree.structure import rebuild, trusted_types
+from treestore._tree.structure import trusted_types
 from treestore.errors import InvalidInputError, TreestoreError
 
 Patterns = _select.Patterns
@@ -355,90 +345,17 @@ class Store:
         trusted = trusted_types(types)
         record = self._record(name)
         with _read.memory_named(f"loading checkpoint {record.name!r}", record.name):
-            found = _read.read_frame(self.storage, record)
-            frame = found.frame if isinstance(found, Parted) else found
-            wanted = None if select is None else _chosen(frame, select)  # the addresses select matches
-            columns = (
-                found if isinstance(found, Columns) else self._completed(found, like, wanted, prefix, partial)
+            return _load.load(
+                self.storage,
+                record,
+                like=like,
+                select=select,
+                prefix=prefix,
+                cast=cast,
+                partial=partial,
+                threads=threads,
+                trusted=trusted,
             )
-            with paused_gc(len(columns)):  # the per-leaf objects of a big tree (see gc_pause)
-                return self._load_columns(columns, like, wanted, prefix, cast, partial, threads, trusted)
-
-    def _completed(
-        self, parted: Parted, like: Any, wanted: set[str] | None, prefix: str, partial: bool
-    ) -> Columns:
-        """The columns of a checkpoint stored in parts, completed with the parts that hold the
-        pieces of the leaves a load reads: those ``wanted`` names (the leaves select matches);
-        or with a template that roots at ``prefix`` or may leave leaves out (``partial``), its
-        leaves and (unless ``partial``) every leaf under ``prefix``; else every leaf."""
-        frame = parted.frame
-        if wanted is None and like is not None and (prefix or partial):
-            wanted = _template.reads(like, prefix, partial, frame.addresses)
-        if wanted is None:
-            return _parts.assemble(self.storage, parted)
-        mask = np.array([a in wanted for a in frame.addresses], bool)
-        return _parts.assemble(self.storage, parted, mask)
-
-    def _load_columns(
-        self,
-        columns: Columns,
-        like: Any,
-        wanted: set[str] | None,
-        prefix: str,
-        cast: bool,
-        partial: bool,
-        threads: int | None,
-        trusted: dict[str, type],
-    ) -> Any:
-        threads = threads or default_threads()
-        rows = None if wanted is None else [i for i, a in enumerate(columns.addresses) if a in wanted]
-        if like is not None:
-            if rows is None and columns.waiting.any():  # completed for the template's leaves
-                rows = np.flatnonzero(~columns.waiting).tolist()
-            manifest = columns.to_manifest(rows)
-            return self._load_like(columns, manifest, like, prefix, cast, partial, threads)
-        keep = None if wanted is None else wanted.__contains__
-        which = np.arange(len(columns)) if rows is None else np.array(rows, np.int64)
-        arrays = _bulk.read_leaves(_read.ChunkReader(self.storage, columns), columns, which, threads=threads)
-
-        as_stored = columns.as_stored()
-
-        def leaf(i: int) -> Any:
-            array = arrays.get(i)
-            if array is None:
-                return columns.value(i)
-            if as_stored[i]:
-                return array
-            kind, prng_impl, weak_type = columns.restore_kind(i)
-            return restore_array(kind, array, prng_impl, weak_type=weak_type)
-
-        return rebuild(columns.tree_record(), leaf, keep, types=trusted, checkpoint=columns.name)
-
-    def _load_like(
-        self,
-        columns: Columns,
-        manifest: Manifest,
-        like: Any,
-        prefix: str,
-        cast: bool,
-        partial: bool,
-        threads: int,
-    ) -> Any:
-        slots, treedef = _template.match(manifest, like, cast=cast, prefix=prefix, partial=partial)
-        shardings = [_template.target_sharding(s) for s in slots]
-        whole = [s.entry for s, sharding in zip(slots, shardings, strict=True) if sharding is None]
-        reader = _read.ChunkReader(self.storage, columns)  # one reader: packs are read once
-        index = columns.index
-        which = np.array([index[e.address] for e in whole if e is not None and e.is_array], np.int64)
-        found = _bulk.read_leaves(reader, columns, which, threads=threads)
-        arrays = {columns.addresses[i]: array for i, array in found.items()}
-        sharded = [(slot, s) for slot, s in zip(slots, shardings, strict=True) if s is not None]
-        placed = iter(_template.assemble_all(sharded, lambda w: _region.read_many(reader, w, threads)))
-        leaves = [
-            _template.restore(slot, arrays.get(slot.address)) if sharding is None else next(placed)
-            for slot, sharding in zip(slots, shardings, strict=True)
-        ]
-        return jax.tree_util.tree_unflatten(treedef, leaves)
 
     # -- derived checkpoints and timelines ---------------------------------------------------
     def derive(
@@ -536,12 +453,6 @@ class Store:
             (('b', 'w'), ((0.0, 0.0), (1.0, 1.0)))
         """
         return _timeline.timeline(self.storage, select=select, depth=depth, progress=progress)
-
-
-def _chosen(columns: Columns, select: Patterns) -> set[str]:
-    """The addresses of ``columns`` that ``select`` matches (every pattern must match one)."""
-    where = f"checkpoint {columns.name!r}"
-    return set(_select.select(columns.addresses, select, where=where, checkpoint=columns.name))
 
 
 def save(

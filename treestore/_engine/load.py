@@ -1,0 +1,141 @@
+"""Loading a checkpoint: which leaves a load reads, reading them, and the tree they make.
+
+The step beside :mod:`treestore._engine.write`: :func:`load` takes a commit record and the
+caller's choices (a template, patterns, a prefix) and returns the restored tree. A checkpoint
+stored in parts is completed with only the parts holding the leaves it reads; without a
+template the stored tree is rebuilt, with one the template's structure is matched and filled
+(sharded leaves shard by shard).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from treestore._engine import bulk as _bulk
+from treestore._engine import parts as _parts
+from treestore._engine import read as _read
+from treestore._engine import region as _region
+from treestore._engine.gc_pause import paused_gc
+from treestore._engine.threads import default_threads
+from treestore._format import select as _select
+from treestore._format.columns import Columns
+from treestore._format.commit_record import CommitRecord
+from treestore._format.parted import Parted
+from treestore._storage.base import Storage
+from treestore._tree import template as _template
+from treestore._tree.lazy_jax import jax
+from treestore._tree.leaves import restore_array
+from treestore._tree.structure import rebuild
+
+
+def load(
+    storage: Storage,
+    record: CommitRecord,
+    *,
+    like: Any,
+    select: _select.Patterns,
+    prefix: str,
+    cast: bool,
+    partial: bool,
+    threads: int | None,
+    trusted: dict[str, type],
+) -> Any:
+    """The checkpoint ``record`` commits, restored as :meth:`treestore.Store.load` documents
+    (the caller has checked that its arguments go together)."""
+    found = _read.read_frame(storage, record)
+    frame = found.frame if isinstance(found, Parted) else found
+    wanted = None if select is None else chosen(frame, select)
+    columns = (
+        _completed(storage, found, like, wanted, prefix, partial) if isinstance(found, Parted) else found
+    )
+    threads = threads or default_threads()
+    with paused_gc(len(columns)):  # the per-leaf objects of a big tree (see gc_pause)
+        rows = None if wanted is None else [i for i, a in enumerate(columns.addresses) if a in wanted]
+        if like is None:
+            return _rebuilt(storage, columns, wanted, rows, threads, trusted)
+        if rows is None and columns.waiting.any():  # completed for the template's leaves
+            rows = np.flatnonzero(~columns.waiting).tolist()
+        return _like(storage, columns, rows, like, prefix, cast, partial, threads)
+
+
+def chosen(columns: Columns, select: _select.Patterns) -> set[str]:
+    """The addresses of ``columns`` that ``select`` matches (every pattern must match one)."""
+    where = f"checkpoint {columns.name!r}"
+    return set(_select.select(columns.addresses, select, where=where, checkpoint=columns.name))
+
+
+def _completed(
+    storage: Storage, parted: Parted, like: Any, wanted: set[str] | None, prefix: str, partial: bool
+) -> Columns:
+    """The columns of a checkpoint stored in parts, completed with the parts that hold the
+    pieces of the leaves a load reads: those ``wanted`` names (the leaves select matches);
+    or with a template that roots at ``prefix`` or may leave leaves out (``partial``), its
+    leaves and (unless ``partial``) every leaf under ``prefix``; else every leaf."""
+    frame = parted.frame
+    if wanted is None and like is not None and (prefix or partial):
+        wanted = _template.reads(like, prefix, partial, frame.addresses)
+    if wanted is None:
+        return _parts.assemble(storage, parted)
+    mask = np.array([a in wanted for a in frame.addresses], bool)
+    return _parts.assemble(storage, parted, mask)
+
+
+def _rebuilt(
+    storage: Storage,
+    columns: Columns,
+    wanted: set[str] | None,
+    rows: list[int] | None,
+    threads: int,
+    trusted: dict[str, type],
+) -> Any:
+    """The stored tree (of the ``wanted`` leaves), its nodes as :func:`rebuild` makes them."""
+    keep = None if wanted is None else wanted.__contains__
+    which = np.arange(len(columns)) if rows is None else np.array(rows, np.int64)
+    arrays = _bulk.read_leaves(_read.ChunkReader(storage, columns), columns, which, threads=threads)
+    as_stored = columns.as_stored()
+
+    def leaf(i: int) -> Any:
+        array = arrays.get(i)
+        if array is None:
+            return columns.value(i)
+        if as_stored[i]:
+            return array
+        kind, prng_impl, weak_type = columns.restore_kind(i)
+        return restore_array(kind, array, prng_impl, weak_type=weak_type)
+
+    return rebuild(columns.tree_record(), leaf, keep, types=trusted, checkpoint=columns.name)
+
+
+def _like(
+    storage: Storage,
+    columns: Columns,
+    rows: list[int] | None,
+    like: Any,
+    prefix: str,
+    cast: bool,
+    partial: bool,
+    threads: int,
+) -> Any:
+    """The checkpoint as template ``like``: matched (every difference in one error), its leaves
+    read whole or, for a template sharded over several devices, shard by shard."""
+    manifest = columns.to_manifest(rows)
+    slots, treedef = _template.match(manifest, like, cast=cast, prefix=prefix, partial=partial)
+    shardings = [_template.target_sharding(s) for s in slots]
+    whole = [s.entry for s, sharding in zip(slots, shardings, strict=True) if sharding is None]
+    reader = _read.ChunkReader(storage, columns)  # one reader: packs are read once
+    index = columns.index
+    which = np.array([index[e.address] for e in whole if e is not None and e.is_array], np.int64)
+    found = _bulk.read_leaves(reader, columns, which, threads=threads)
+    arrays = {columns.addresses[i]: array for i, array in found.items()}
+    sharded = [(slot, s) for slot, s in zip(slots, shardings, strict=True) if s is not None]
+    placed = iter(_template.assemble_all(sharded, lambda w: _region.read_many(reader, w, threads)))
+    leaves = [
+        _template.restore(slot, arrays.get(slot.address)) if sharding is None else next(placed)
+        for slot, sharding in zip(slots, shardings, strict=True)
+    ]
+    return jax.tree_util.tree_unflatten(treedef, leaves)
+
+
+__all__ = ["chosen", "load"]
