@@ -15,7 +15,7 @@ from treestore._engine import read as _read
 from treestore._engine import region as _region
 from treestore._format import select as _select
 from treestore._format.codecs import stored_codec
-from treestore._format.columns import Columns
+from treestore._format.columns import ARRAY_CODES, DTYPE_NAMES, Columns
 from treestore._format.dtypes import dtype_from_name
 from treestore._format.manifest import LeafEntry, Manifest
 from treestore._format.parted import Parted
@@ -50,14 +50,28 @@ class LazyLeaf:
         ((4, 2), dtype('float64'), array([6., 7.]))
     """
 
-    def __init__(self, reader: _read.ChunkReader, entry: LeafEntry) -> None:
-        assert entry.shape is not None and entry.dtype is not None
+    def __init__(self, reader: _read.ChunkReader, columns: Columns, i: int) -> None:
         self.reader = reader
-        self.entry = entry
-        self.address = entry.address
-        self.shape: tuple[int, ...] = entry.shape
-        self.dtype = dtype_from_name(entry.dtype, address=entry.address)
-        self.kind = entry.kind
+        self._columns = columns
+        self._i = i
+        self.address = columns.address(i)
+        self.shape: tuple[int, ...] = columns.shape(i)
+        self.dtype = dtype_from_name(DTYPE_NAMES[columns.leaves["dtype"][i]], address=self.address)
+        self.kind, self._prng_impl, self._weak_type = columns.restore_kind(i)
+
+    @functools.cached_property
+    def entry(self) -> LeafEntry:
+        """The leaf's manifest entry (made on first use)."""
+        return self._columns.leaf(self._i)
+
+    @functools.cached_property
+    def _pieces(self) -> _region.LeafPieces:
+        return _region.leaf_pieces(self._columns, self._i)
+
+    def _chunk_rows(self) -> np.ndarray[Any, Any]:
+        return self._columns.chunks[
+            self._columns.chunk_start[self._i] : self._columns.chunk_start[self._i + 1]
+        ]
 
     def __repr__(self) -> str:
         return f"LazyLeaf({self.address!r}, shape={self.shape}, dtype={self.dtype.name})"
@@ -72,17 +86,18 @@ class LazyLeaf:
 
     @property
     def nbytes(self) -> int:
-        return self.entry.nbytes
+        return int(self._columns.leaf_nbytes[self._i])
 
     @property
     def stored_bytes(self) -> int:
         """Bytes of this leaf's own chunk objects (0 for leaves packed with others)."""
-        return self.entry.stored_bytes
+        rows = self._chunk_rows()
+        return int(rows["stored"][rows["pack"] < 0].sum())
 
     @property
     def packed(self) -> bool:
         """Whether this leaf is stored inside a pack with other small leaves."""
-        return any(c.pack is not None for c in self.entry.chunks)
+        return bool(np.any(self._chunk_rows()["pack"] >= 0))
 
     @property
     def codec(self) -> str:
@@ -90,7 +105,8 @@ class LazyLeaf:
         not compress), or "-" for a packed or empty leaf."""
         if self.packed:
             return "-"
-        sizes = [(c.raw_size, c.stored_size) for c in self.entry.chunks]
+        rows = self._chunk_rows()
+        sizes = list(zip(rows["raw"].tolist(), rows["stored"].tolist(), strict=True))
         return stored_codec(sizes, self.dtype, self.reader.codec)
 
     def __len__(self) -> int:
@@ -100,13 +116,13 @@ class LazyLeaf:
 
     def read(self) -> Any:
         """The whole leaf, as the type it was saved as (numpy, jax array or PRNG key)."""
-        return restore_array(self.kind, self.region(), self.entry.prng_impl, weak_type=self.entry.weak_type)
+        return restore_array(self.kind, self.region(), self._prng_impl, weak_type=self._weak_type)
 
     def region(self, region: Any = ()) -> np.ndarray[Any, Any]:
         """The elements in a box given as unit-step slices (default: all), reading only the
         chunks that hold them."""
         box = _region.normalize(region, self.shape, self.address)
-        return _region.read_region(self.reader, self.entry, box)
+        return _region.read_region(self.reader, self._pieces, box)
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray[Any, Any]:
         data = self.region()
@@ -250,8 +266,8 @@ class Checkpoint:
             columns, reader = self._source, self.reader
             if columns.waiting[i]:  # a sharded leaf of a frame: only the parts it needs are read
                 columns, reader = self._completing(i)
-            entry = columns.entries[i]
-            found = self._made[i] = LazyLeaf(reader, entry) if entry.is_array else entry.value
+            array = columns.leaves["kind"][i] < ARRAY_CODES
+            found = self._made[i] = LazyLeaf(reader, columns, i) if array else columns.value(i)
         return found
 
     def _completing(self, i: int) -> tuple[Columns, _read.ChunkReader]:

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from treestore._engine.read import ChunkReader, allocate
-from treestore._engine.region import plan_region, run_in_threads
+from treestore._engine.region import leaf_pieces, plan_regions, run_in_threads
 from treestore._format.columns import ARRAY_CODES, DTYPE_NAMES, PIECED, Columns
 from treestore._format.dtypes import dtype_from_name
 
@@ -45,29 +45,18 @@ def read_leaves(reader: ChunkReader, columns: Columns, which: np.ndarray, *, thr
     assemble: list[Callable[[], None]] = []  # Python work on decoded packs: in this thread
     needed: dict[int, int] = {}  # the packs to read, each with a leaf that needs it
     for i in which[~member].tolist():  # leaves with chunks of their own, or in pieces
-        pieces = columns.piece_rows(i) if columns.leaves["flags"][i] & PIECED else None
-        if pieces is not None and _packed(columns, pieces):
+        boxes = columns.piece_rows(i) if columns.leaves["flags"][i] & PIECED else None
+        if boxes is not None and _packed(columns, boxes):
             dtype = dtype_from_name(DTYPE_NAMES[columns.leaves["dtype"][i]])
             address = columns.address(i)
             out[i] = allocate(columns.shape(i), address, reader.name, dtype)
-            for p in np.unique(columns.chunks["pack"][pieces[2]]).tolist():
+            for p in np.unique(columns.chunks["pack"][boxes[2]]).tolist():
                 needed.setdefault(p, i)
-            assemble.append(functools.partial(_read_packed_pieces, reader, columns, pieces, out[i], address))
+            assemble.append(functools.partial(_read_packed_pieces, reader, columns, boxes, out[i], address))
             continue
-        entry = columns.entries[i]
-        assert entry.shape is not None
-        dtype = dtype_from_name(entry.dtype, address=entry.address)
-        array = out[i] = allocate(entry.shape, entry.address, reader.name, dtype)
-        if entry.pieces:
-            plan_region(reader, entry, tuple(slice(0, n) for n in entry.shape), array, jobs, fills)
-            continue
-        flat = array.reshape(-1).view(np.uint8)
-        at = 0
-        for c in entry.chunks:  # no pack member here, but a hostile manifest may mix them
-            jobs.append(
-                functools.partial(reader.read_leaf_chunk, c, flat[at : at + c.raw_size], entry.address)
-            )
-            at += c.raw_size
+        pieces = leaf_pieces(columns, i)
+        out[i] = allocate(pieces.shape, pieces.address, reader.name, pieces.dtype)
+        plan_regions(reader, pieces, [tuple(slice(0, n) for n in pieces.shape)], [out[i]], jobs, fills)
     order = np.argsort(pack[member], kind="stable")
     members, packs = which[member][order], pack[member][order]
     bounds = np.flatnonzero(np.diff(packs, prepend=-1, append=-1)).tolist()

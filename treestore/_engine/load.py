@@ -120,17 +120,20 @@ def _like(
 ) -> Any:
     """The checkpoint as template ``like``: matched (every difference in one error), its leaves
     read whole or, for a template sharded over several devices, shard by shard."""
-    manifest = columns.to_manifest(rows)
-    slots, treedef = _template.match(manifest, like, cast=cast, prefix=prefix, partial=partial)
+    slots, treedef = _template.match(columns, rows, like, cast=cast, prefix=prefix, partial=partial)
     shardings = [_template.target_sharding(s) for s in slots]
     whole = [s.entry for s, sharding in zip(slots, shardings, strict=True) if sharding is None]
     reader = _read.ChunkReader(storage, columns)  # one reader: packs are read once
-    index = columns.index
-    which = np.array([index[e.address] for e in whole if e is not None and e.is_array], np.int64)
+    which = np.array([e.index for e in whole if e is not None and e.is_array], np.int64)
     found = _bulk.read_leaves(reader, columns, which, threads=threads)
     arrays = {columns.addresses[i]: array for i, array in found.items()}
     sharded = [(slot, s) for slot, s in zip(slots, shardings, strict=True) if s is not None]
-    placed = iter(_template.assemble_all(sharded, lambda w: _region.read_many(reader, w, threads)))
+
+    def read(wanted: list[tuple[_template.Stored, list[_region.Region]]]) -> list[list[np.ndarray]]:
+        leaves = [(_region.leaf_pieces(columns, e.index), regions) for e, regions in wanted]
+        return _region.read_many(reader, leaves, threads)
+
+    placed = iter(_template.assemble_all(sharded, read))
     leaves = [
         _template.restore(slot, arrays.get(slot.address)) if sharding is None else next(placed)
         for slot, sharding in zip(slots, shardings, strict=True)

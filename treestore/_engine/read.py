@@ -172,6 +172,23 @@ def allocate(
         ) from None
 
 
+def allocate_many(
+    shapes: list[tuple[int, ...]], address: str, checkpoint: str, dtype: Any
+) -> list[np.ndarray[Any, Any]]:
+    """:func:`allocate` of several arrays (a leaf's device shards) as views of one allocation,
+    each aligned to :data:`ALIGN` bytes: one memory check and one buffer, not one per shard."""
+    itemsize = np.dtype(dtype).itemsize
+    sizes = [math.prod(shape) * itemsize for shape in shapes]
+    starts = [0]
+    for size in sizes:
+        starts.append(starts[-1] + size + (-size % ALIGN))
+    buf = allocate(starts[-1], address, checkpoint)
+    return [
+        buf[at : at + size].view(dtype).reshape(shape)
+        for at, size, shape in zip(starts, sizes, shapes, strict=False)
+    ]
+
+
 class memory_named:
     """``with memory_named(doing, checkpoint):`` turns a MemoryError from any allocation while
     ``doing`` something (a manifest's objects, a tree being rebuilt) into OutOfMemoryError saying

@@ -8,17 +8,18 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from treestore._engine.read import IN_PLACE_UP_TO, ChunkReader, allocate
+from treestore._engine.read import IN_PLACE_UP_TO, ChunkReader, allocate, allocate_many
 from treestore._engine.threads import default_threads, run_all
 from treestore._format.codecs import scratch
+from treestore._format.columns import DTYPE_NAMES, PIECED, Columns
 from treestore._format.dtypes import dtype_from_name
-from treestore._format.manifest import ChunkRef, LeafEntry, Piece
+from treestore._format.manifest import ChunkRef, Piece
 from treestore.errors import OutOfBoundsError
 
 Region = tuple[slice, ...]
@@ -37,23 +38,76 @@ def normalize(region: Any, shape: tuple[int, ...], address: str) -> Region:
     return tuple(out)
 
 
-def piece_bytes(
+@dataclass(frozen=True)
+class LeafPieces:
+    """The pieces of one array leaf, column-wise from its manifest's columns: each piece's box
+    (``starts`` and ``ends``, one row of ndim ints each) and its chunk refs (rows ``first`` to
+    ``first + count`` of ``columns.chunks``). A leaf saved whole is one piece covering it. No
+    object is made per piece: a read makes a :class:`ChunkRef` only for the chunks it reads."""
+
+    columns: Columns
+    address: str
+    shape: tuple[int, ...]
+    dtype: np.dtype[Any]
+    starts: np.ndarray  # int64 [P, ndim]
+    ends: np.ndarray  # int64 [P, ndim]
+    first: np.ndarray  # int64 [P]
+    count: np.ndarray  # int64 [P]
+
+    def chunks(self, p: int, start: int, stop: int) -> Iterator[tuple[ChunkRef, int, int]]:
+        """The chunks of piece ``p`` that overlap its raw bytes [start, stop), each with the
+        bytes [lo, hi) of the piece it holds."""
+        first = int(self.first[p])
+        raw = self.columns.chunks["raw"][first : first + int(self.count[p])]
+        ends = np.cumsum(raw, dtype=np.int64)
+        lo = int(np.searchsorted(ends, start, side="right"))  # the first chunk ending after start
+        for j in range(lo, len(ends)):
+            hi = int(ends[j])
+            at = hi - int(raw[j])
+            if at >= stop:
+                break
+            yield self.columns.chunk_ref(first + j), at, hi
+
+
+def leaf_pieces(columns: Columns, i: int) -> LeafPieces:
+    """The pieces of array leaf ``i`` of ``columns``."""
+    address = columns.address(i)
+    shape = columns.shape(i)
+    dtype = dtype_from_name(DTYPE_NAMES[columns.leaves["dtype"][i]], address=address)
+    if columns.leaves["flags"][i] & PIECED:
+        starts, shapes, first, count = columns.piece_rows(i)
+        starts = starts.astype(np.int64)
+        ends = starts + shapes.astype(np.int64)
+    else:
+        starts = np.zeros((1, len(shape)), np.int64)
+        ends = np.array([shape], np.int64).reshape(1, len(shape))
+        a, b = int(columns.chunk_start[i]), int(columns.chunk_start[i + 1])
+        first, count = np.array([a], np.int64), np.array([b - a], np.int64)
+    return LeafPieces(
+        columns, address, shape, dtype, starts, ends, first.astype(np.int64), count.astype(np.int64)
+    )
+
+
+Chunks = Iterable[tuple[ChunkRef, int, int]]  # chunks of a piece, each with the bytes [lo, hi) it holds
+
+
+def chunk_bytes(
     reader: ChunkReader,
-    piece: Piece,
+    chunks: Chunks,
     start: int,
     stop: int,
     address: str,
     jobs: list[Callable[[], None]] | None = None,
     into: np.ndarray[Any, Any] | None = None,
 ) -> np.ndarray[Any, Any]:
-    """Raw bytes [start, stop) of one piece, reading only the chunks that overlap them.
+    """Raw bytes [start, stop) of a piece, reading only ``chunks``, its chunks that overlap them.
 
     With ``jobs``, the chunk reads are appended as callables instead of run (the caller runs
     them, possibly in parallel, before using the result).
     ``into`` (uint8, stop - start bytes) receives the bytes instead of a new buffer.
     """
     out = allocate(max(stop - start, 0), address, reader.name) if into is None else into
-    for c, lo, hi in _overlapping(piece, start, stop):
+    for c, lo, hi in chunks:
         if start <= lo and hi <= stop:
             target = out[lo - start : hi - start]
             if jobs is None:
@@ -68,6 +122,13 @@ def piece_bytes(
             else:
                 jobs.append(job)
     return out
+
+
+def piece_bytes(
+    reader: ChunkReader, piece: Piece, start: int, stop: int, address: str
+) -> np.ndarray[Any, Any]:
+    """Raw bytes [start, stop) of one :class:`Piece` of a leaf entry."""
+    return chunk_bytes(reader, _overlapping(piece, start, stop), start, stop, address)
 
 
 def _overlapping(piece: Piece, start: int, stop: int) -> Iterator[tuple[ChunkRef, int, int]]:
@@ -91,46 +152,129 @@ def _read_part(
     target[:] = tmp[offset : offset + target.nbytes]
 
 
-def plan_region(
+Meeting = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+
+def _meeting(pieces: LeafPieces, regions: Sequence[Region]) -> Meeting:
+    """Where each region meets each piece: the (region, piece) pairs that overlap, the box
+    [lo, hi) of each pair, and which pairs are exactly a piece. Array operations over every
+    pair at once, not a Python step per pair."""
+    ndim = len(pieces.shape)
+    n = len(regions)
+    lo_r = np.array([[r.start for r in region] for region in regions], np.int64).reshape(n, ndim)
+    hi_r = np.array([[r.stop for r in region] for region in regions], np.int64).reshape(n, ndim)
+    lo = np.maximum(lo_r[:, None, :], pieces.starts[None, :, :])
+    hi = np.minimum(hi_r[:, None, :], pieces.ends[None, :, :])
+    meets = np.all(lo < hi, axis=2)  # [regions, pieces]
+    same = meets & np.all(lo_r[:, None, :] == pieces.starts[None], axis=2)
+    same &= np.all(hi_r[:, None, :] == pieces.ends[None], axis=2)
+    r, p = np.nonzero(meets)
+    return r, p, lo[r, p], hi[r, p], same[r, p]
+
+
+def plan_regions(
     reader: ChunkReader,
-    entry: LeafEntry,
+    pieces: LeafPieces,
+    regions: Sequence[Region],
+    outs: Sequence[np.ndarray[Any, Any]],
+    jobs: list[Callable[[], None]],
+    fills: list[Callable[[], None]],
+    known: dict[Any, Meeting] | None = None,
+) -> None:
+    """Queue the reads (``jobs``, independent) and copies (``fills``, after all jobs) that put the
+    elements of the leaf in each of ``regions`` into the matching ``outs`` (non-empty arrays).
+    ``known`` keeps where regions meet pieces for leaves saved and restored alike (the usual
+    case), worked out once."""
+    if not regions:
+        return
+    key = (pieces.starts.shape, pieces.starts.tobytes(), pieces.ends.tobytes(), tuple(map(_bounds, regions)))
+    found = None if known is None else known.get(key)
+    if found is None:
+        found = _meeting(pieces, regions)
+        if known is not None:
+            known[key] = found
+    r, p, lo, hi, same = found
+    # A region that is exactly a piece held in one pack member (small shards restored onto the
+    # sharding they were saved with): copied out of the decoded pack, all of a leaf's at once.
+    rows = pieces.first[p]
+    exact = same & (pieces.count[p] == 1) & (pieces.columns.chunks["pack"][rows] >= 0)
+    if exact.any():
+        rows = rows[exact]
+        for pack in np.unique(pieces.columns.chunks["pack"][rows]).tolist():
+            jobs.append(functools.partial(_decode_pack, reader, pack, pieces.address))
+        fills.append(
+            functools.partial(_copy_members, reader, pieces, rows, [outs[k] for k in r[exact].tolist()])
+        )
+    rest = np.flatnonzero(~exact)
+    for k, rk, pk in zip(rest.tolist(), r[rest].tolist(), p[rest].tolist(), strict=True):
+        _plan_piece(reader, pieces, pk, regions[rk], lo[k].tolist(), hi[k].tolist(), outs[rk], jobs, fills)
+
+
+def _bounds(region: Region) -> tuple[tuple[int, int], ...]:
+    return tuple((r.start, r.stop) for r in region)
+
+
+def _decode_pack(reader: ChunkReader, pack: int, address: str) -> None:
+    reader.pack(pack, address)  # read, decoded and verified once; kept by the reader
+
+
+def _copy_members(
+    reader: ChunkReader, pieces: LeafPieces, rows: np.ndarray, outs: list[np.ndarray[Any, Any]]
+) -> None:
+    """Chunk ref ``rows[k]`` (each a pack member) verified and copied into ``outs[k]``, whose
+    size it is; the packs are decoded already (by the jobs that run first)."""
+    refs = pieces.columns.chunks[rows]
+    digests = refs["digest"].tobytes()
+    packs: dict[int, np.ndarray[Any, Any]] = {}
+    for k, (pack, offset, size, out) in enumerate(
+        zip(refs["pack"].tolist(), refs["offset"].tolist(), refs["raw"].tolist(), outs, strict=True)
+    ):
+        digest = digests[32 * k : 32 * k + 32]
+        buf = packs.get(pack)
+        if buf is None:
+            buf = packs[pack] = reader.pack(pack, pieces.address)
+        part = reader.member(buf, offset, size, digest)
+        if part is None or out.nbytes != size:
+            raise reader.mismatch(digest, pieces.address)
+        out.reshape(-1).view(np.uint8)[:] = part
+
+
+def _plan_piece(
+    reader: ChunkReader,
+    pieces: LeafPieces,
+    p: int,
     region: Region,
+    lo: list[int],
+    hi: list[int],
     out: np.ndarray[Any, Any],
     jobs: list[Callable[[], None]],
     fills: list[Callable[[], None]],
 ) -> None:
-    """Queue the reads (``jobs``, independent) and copies (``fills``, after all jobs) that put the
-    elements of ``entry`` in ``region`` into ``out``."""
-    dtype = out.dtype
-    for piece in entry.layout:
-        inter = [
-            slice(max(r.start, a), min(r.stop, a + n))
-            for r, a, n in zip(region, piece.start, piece.shape, strict=True)
-        ]
-        if any(s.start >= s.stop for s in inter):
-            continue
-        if not piece.shape:  # a 0-d leaf
-            data = piece_bytes(reader, piece, 0, dtype.itemsize, entry.address, jobs)
-            fills.append(functools.partial(_fill, out, (), data, dtype, ()))
-            continue
-        row = math.prod(piece.shape[1:]) * dtype.itemsize
-        r0, r1 = inter[0].start - piece.start[0], inter[0].stop - piece.start[0]
-        whole_rows = all(
-            r.start == a and r.stop == a + n
-            for r, a, n in zip(region[1:], piece.start[1:], piece.shape[1:], strict=True)
-        )
-        if whole_rows and out.flags.c_contiguous:
-            # The region's rows are whole rows of this piece (a device shard cut along the first
-            # axis, or the whole piece): those rows are one byte range of the result, so the
-            # chunks decode straight into it.
-            at = (inter[0].start - region[0].start) * row
-            into = out.reshape(-1).view(np.uint8)[at : at + (r1 - r0) * row]
-            piece_bytes(reader, piece, r0 * row, r1 * row, entry.address, jobs, into=into)
-            continue
-        inner = tuple(slice(s.start - a, s.stop - a) for s, a in zip(inter[1:], piece.start[1:], strict=True))
-        dst = tuple(slice(s.start - r.start, s.stop - r.start) for s, r in zip(inter, region, strict=True))
-        cut = _Cut(out, dst, inner, dtype, piece.shape[1:], r0)
-        _plan_cut(reader, piece, r0 * row, r1 * row, entry.address, cut, jobs, fills)
+    """Queue what puts the box [lo, hi) where piece ``p`` meets ``region`` into ``out``."""
+    dtype, address = out.dtype, pieces.address
+    if not lo:  # a 0-d leaf
+        data = chunk_bytes(reader, pieces.chunks(p, 0, dtype.itemsize), 0, dtype.itemsize, address, jobs)
+        fills.append(functools.partial(_fill, out, (), data, dtype, ()))
+        return
+    start, end = pieces.starts[p].tolist(), pieces.ends[p].tolist()
+    row_shape = tuple(e - a for a, e in zip(start[1:], end[1:], strict=True))
+    row = math.prod(row_shape) * dtype.itemsize
+    r0, r1 = lo[0] - start[0], hi[0] - start[0]
+    whole_rows = all(
+        r.start == a and r.stop == e for r, a, e in zip(region[1:], start[1:], end[1:], strict=True)
+    )
+    if whole_rows and out.flags.c_contiguous:
+        # The region's rows are whole rows of this piece (a device shard cut along the first
+        # axis, or the whole piece): those rows are one byte range of the result, so the
+        # chunks decode straight into it.
+        at = (lo[0] - region[0].start) * row
+        into = out.reshape(-1).view(np.uint8)[at : at + (r1 - r0) * row]
+        chunk_bytes(reader, pieces.chunks(p, r0 * row, r1 * row), r0 * row, r1 * row, address, jobs, into)
+        return
+    inner = tuple(slice(x - a, y - a) for x, y, a in zip(lo[1:], hi[1:], start[1:], strict=True))
+    dst = tuple(slice(x - r.start, y - r.start) for x, y, r in zip(lo, hi, region, strict=True))
+    cut = _Cut(out, dst, inner, dtype, row_shape, r0)
+    _plan_cut(reader, pieces.chunks(p, r0 * row, r1 * row), r0 * row, r1 * row, address, cut, jobs, fills)
 
 
 @dataclass(frozen=True)
@@ -160,7 +304,7 @@ class _Cut:
 
 def _plan_cut(
     reader: ChunkReader,
-    piece: Piece,
+    chunks: Chunks,
     start: int,
     stop: int,
     address: str,
@@ -168,13 +312,14 @@ def _plan_cut(
     jobs: list[Callable[[], None]],
     fills: list[Callable[[], None]],
 ) -> None:
-    """Queue the reads that put bytes [start, stop) of ``piece`` (whole rows) where ``cut``
+    """Queue the reads that put bytes [start, stop) of a piece (whole rows; ``chunks``, those of
+    its chunks that overlap them) where ``cut``
     says: each chunk is decoded and verified in its thread's scratch and its whole rows copied
     into the result at once; a row split between two chunks is gathered in a row buffer and
     copied by ``fills``. No buffer of the piece's size is made."""
     row = cut.row
     edges: dict[int, np.ndarray[Any, Any]] = {}  # piece row -> its bytes, gathered from chunks
-    for c, lo, hi in _overlapping(piece, start, stop):
+    for c, lo, hi in chunks:
         for edge in {max(lo, start) // row, (min(hi, stop) - 1) // row}:
             if not (lo <= edge * row and (edge + 1) * row <= hi) and edge not in edges:
                 edges[edge] = allocate(row, address, reader.name)
@@ -215,19 +360,19 @@ def _decode_cut(
 
 
 def read_region(
-    reader: ChunkReader, entry: LeafEntry, region: Region, threads: int = 0
+    reader: ChunkReader, pieces: LeafPieces, region: Region, threads: int = 0
 ) -> np.ndarray[Any, Any]:
-    """The elements of ``entry`` in ``region`` (normalized), as a new C-ordered array.
+    """The elements of the leaf in ``region`` (normalized), as a new C-ordered array.
 
     The chunks it needs are read, decoded and verified concurrently on ``threads`` of the
     process's reading threads (0: :func:`default_threads`), decoded straight into the result
     when the region is a whole piece.
     """
-    return read_many(reader, [(entry, [region])], threads)[0][0]
+    return read_many(reader, [(pieces, [region])], threads)[0][0]
 
 
 def read_many(
-    reader: ChunkReader, wanted: Sequence[tuple[LeafEntry, list[Region]]], threads: int = 0
+    reader: ChunkReader, wanted: Sequence[tuple[LeafPieces, list[Region]]], threads: int = 0
 ) -> list[list[np.ndarray[Any, Any]]]:
     """:func:`read_region` of each region of several leaves (their device shards), all their
     chunks read and decoded concurrently: a leaf's few chunks alone would leave the reading
@@ -235,15 +380,14 @@ def read_many(
     jobs: list[Callable[[], None]] = []
     fills: list[Callable[[], None]] = []
     results = []
-    for entry, regions in wanted:
-        assert entry.shape is not None
-        dtype = dtype_from_name(entry.dtype, address=entry.address)
-        outs = []
-        for region in regions:
-            out = allocate(tuple(r.stop - r.start for r in region), entry.address, reader.name, dtype)
-            if out.size:
-                plan_region(reader, entry, region, out, jobs, fills)
-            outs.append(out)
+    known: dict[Any, Meeting] = {}
+    for pieces, regions in wanted:
+        shapes = [tuple(r.stop - r.start for r in region) for region in regions]
+        outs = allocate_many(shapes, pieces.address, reader.name, pieces.dtype)
+        filled = [k for k, out in enumerate(outs) if out.size]
+        plan_regions(
+            reader, pieces, [regions[k] for k in filled], [outs[k] for k in filled], jobs, fills, known
+        )
         results.append(outs)
     # The copies write disjoint parts of the results (pieces tile their leaf): they run
     # concurrently too, once every chunk is decoded (numpy releases the GIL while it copies).

@@ -231,6 +231,17 @@ class Columns:
     def shape(self, i: int) -> tuple[int, ...]:
         return tuple(self.shapes[self.shape_start[i] : self.shape_start[i + 1]].tolist())
 
+    def chunk_ref(self, j: int) -> ChunkRef:
+        """Chunk ref row ``j`` (of ``chunks``) as a :class:`ChunkRef`."""
+        row = self.chunks[j]
+        pack = int(row["pack"])
+        digest, raw, stored = row["digest"].tobytes(), int(row["raw"]), int(row["stored"])
+        return (
+            ChunkRef(digest, raw, stored)
+            if pack < 0
+            else ChunkRef(digest, raw, stored, pack, int(row["offset"]))
+        )
+
     def _refs(self, start: int, end: int) -> tuple[ChunkRef, ...]:
         rows = self.chunks[start:end]
         digests = rows["digest"].tobytes()

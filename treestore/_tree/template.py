@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 
 from treestore._format.address import format_key, join_address, key_from_record
+from treestore._format.columns import ARRAY_CODES, DTYPE_NAMES, Columns
 from treestore._format.dtypes import DTYPES, JAX, NPSCALAR, NUMPY, PRNG_KEY, PY_KINDS, dtype_name
-from treestore._format.manifest import LeafEntry, Manifest
 from treestore._tree.lazy_jax import jax
 from treestore._tree.leaves import restore_array
 from treestore._tree.structure import leaves_with_addresses
@@ -21,13 +21,42 @@ from treestore.errors import StructureMismatchError
 
 
 @dataclass(frozen=True)
+class Stored:
+    """What a template leaf is matched against: stored leaf ``index`` of a manifest's columns
+    (its kind, dtype name and shape, or its value), made only for the leaves a load matches."""
+
+    address: str
+    index: int
+    kind: str
+    dtype: str | None
+    shape: tuple[int, ...] | None
+    value: Any
+    prng_impl: str | None
+    weak_type: bool
+
+    @property
+    def is_array(self) -> bool:
+        return self.shape is not None
+
+
+def stored(columns: Columns, i: int) -> Stored:
+    """Leaf ``i`` of ``columns`` as :class:`Stored`."""
+    kind, prng_impl, weak_type = columns.restore_kind(i)
+    address = columns.address(i)
+    if columns.leaves["kind"][i] >= ARRAY_CODES:
+        return Stored(address, i, kind, None, None, columns.value(i), None, False)
+    dtype = DTYPE_NAMES[columns.leaves["dtype"][i]]
+    return Stored(address, i, kind, dtype, columns.shape(i), None, prng_impl, weak_type)
+
+
+@dataclass(frozen=True)
 class Slot:
-    """One leaf of the template, the stored entry that fills it (None: the template's own value
+    """One leaf of the template, the stored leaf that fills it (None: the template's own value
     is kept, see :func:`_kept`), and how to restore it."""
 
     address: str
     like: Any
-    entry: LeafEntry | None
+    entry: Stored | None
 
 
 def _is_key_like(x: Any) -> bool:
@@ -46,7 +75,7 @@ def _expected(like: Any) -> tuple[str, tuple[int, ...] | None, str | None]:
     return type(like).__name__, None, None
 
 
-def describe(entry: LeafEntry) -> str:
+def describe(entry: Stored) -> str:
     if entry.is_array:
         what = "PRNG key data" if entry.kind == PRNG_KEY else "array"
         return f"{what} {entry.dtype}{list(entry.shape or ())}"
@@ -61,15 +90,17 @@ def _describe_like(like: Any) -> str:
 
 
 def match(
-    manifest: Manifest,
+    columns: Columns,
+    rows: Sequence[int] | None,
     like: Any,
     *,
     cast: bool,
     prefix: str = "",
     partial: bool = False,
 ) -> tuple[list[Slot], Any]:
-    """Pair the template's leaves with stored leaves; raise one StructureMismatchError listing
-    every missing, unexpected, kind-, shape- and dtype-mismatched address.
+    """Pair the template's leaves with the stored leaves ``rows`` of ``columns`` (None: every
+    leaf); raise one StructureMismatchError listing every missing, unexpected, kind-, shape- and
+    dtype-mismatched address.
 
     ``prefix`` roots the template at a subtree of the checkpoint (its addresses are relative).
     With ``partial`` the template may leave stored leaves out. A template leaf the checkpoint has
@@ -77,7 +108,8 @@ def match(
     Python scalar where the checkpoint holds None (see :func:`_kept`); otherwise it is missing.
     """
     pairs, treedef = leaves_with_addresses(like)
-    stored = {e.address: e for e in manifest.leaves}
+    addresses = columns.addresses
+    leaf_at = {addresses[i]: i for i in (range(len(columns)) if rows is None else rows)}
     nones: set[str] | None = None  # found on the first leaf the checkpoint lacks
     joined = rooted(prefix)
     problems: list[str] = []
@@ -86,9 +118,9 @@ def match(
     for rel, leaf in pairs:
         address = joined(rel)
         wanted.add(address)
-        entry = stored.get(address)
-        if entry is None:
-            nones = _none_addresses(manifest.tree) if nones is None else nones
+        i = leaf_at.get(address)
+        if i is None:
+            nones = _none_addresses(columns.tree_record()) if nones is None else nones
             if _kept(leaf, address in nones):
                 slots.append(Slot(address, leaf, None))
                 continue
@@ -98,18 +130,20 @@ def match(
                 f"checkpoint{held}"
             )
             continue
+        entry = stored(columns, i)
         problem = _mismatch(leaf, entry, cast)
         if problem is not None:
             problems.append(f"{address or '(root)'}: {problem}")
         slots.append(Slot(address, leaf, entry))
-    for address, entry in stored.items():
+    for address, i in leaf_at.items():
         if address not in wanted and under(address, prefix) and not partial:
+            found = describe(stored(columns, i))
             problems.append(
-                f"{address or '(root)'}: unexpected: found {describe(entry)}, not in the template "
+                f"{address or '(root)'}: unexpected: found {found}, not in the template "
                 "(pass partial=True to load only the template's leaves)"
             )
     if problems:
-        raise StructureMismatchError(problems, checkpoint=manifest.name)
+        raise StructureMismatchError(problems, checkpoint=columns.name)
     return slots, treedef
 
 
@@ -181,7 +215,7 @@ def _scalar_fits(kind: str, dtype: str | None) -> bool:
     )
 
 
-def _mismatch(leaf: Any, entry: LeafEntry, cast: bool) -> str | None:
+def _mismatch(leaf: Any, entry: Stored, cast: bool) -> str | None:
     """What is wrong with filling template leaf ``leaf`` from ``entry``, or None."""
     kind, shape, dtype = _expected(leaf)
     fix = " (pass cast=True to convert)"
@@ -204,7 +238,7 @@ def _mismatch(leaf: Any, entry: LeafEntry, cast: bool) -> str | None:
                 return f"expected {_describe_like(leaf)}, found {describe(entry)}{fix}"
             if entry.kind == "int" and dtype is not None:
                 info = np.iinfo(DTYPES[dtype])
-                if not info.min <= entry.value <= info.max:  # type: ignore[operator]
+                if not info.min <= entry.value <= info.max:
                     return f"expected {_describe_like(leaf)}, found Python int {entry.value}, outside {dtype}"
             return None
         return f"expected {_describe_like(leaf)}, found {describe(entry)}"
@@ -230,8 +264,8 @@ def target_sharding(slot: Slot) -> Any:
 
 
 Region = tuple[slice, ...]
-ReadMany = Callable[[list[tuple[LeafEntry, list[Region]]]], list[list[np.ndarray[Any, Any]]]]
-_Wanted = tuple[LeafEntry, Slot, Any, dict[tuple[tuple[int, int], ...], Region]]
+ReadMany = Callable[[list[tuple[Stored, list[Region]]]], list[list[np.ndarray[Any, Any]]]]
+_Wanted = tuple[Stored, Slot, Any, dict[tuple[tuple[int, int], ...], Region]]
 BATCH_BYTES = 256 * 2**20  # shards read together, at most (a bigger leaf is read alone)
 
 
@@ -244,12 +278,17 @@ def assemble_all(wanted: Sequence[tuple[Slot, Any]], read: ReadMany) -> list[Any
     out: list[Any] = []
     batch: list[_Wanted] = []
     size = 0
+    seen: dict[tuple[Any, tuple[int, ...]], tuple[dict[tuple[tuple[int, int], ...], Region], int]] = {}
     for slot, sharding in wanted:
         assert slot.entry is not None  # target_sharding gives no sharding to a kept leaf
-        regions = _regions(slot.entry, sharding)
-        nbytes = np.dtype(slot.like.dtype).itemsize * sum(
-            math.prod(r.stop - r.start for r in region) for region in regions.values()
-        )
+        shape = tuple(slot.entry.shape or ())
+        known = seen.get((sharding, shape))  # leaves sharded alike (the usual case): planned once
+        if known is None:
+            regions = _regions(shape, sharding)
+            elements = sum(math.prod(r.stop - r.start for r in region) for region in regions.values())
+            known = seen[sharding, shape] = regions, elements
+        regions, elements = known
+        nbytes = np.dtype(slot.like.dtype).itemsize * elements
         if batch and size + nbytes > BATCH_BYTES:
             out += _assemble(batch, read)
             batch, size = [], 0
@@ -258,9 +297,9 @@ def assemble_all(wanted: Sequence[tuple[Slot, Any]], read: ReadMany) -> list[Any
     return out + _assemble(batch, read) if batch else out
 
 
-def _regions(entry: LeafEntry, sharding: Any) -> dict[tuple[tuple[int, int], ...], Region]:
-    """The distinct regions of ``entry``'s leaf that ``sharding`` puts on this process's devices."""
-    shape = tuple(entry.shape or ())
+def _regions(shape: tuple[int, ...], sharding: Any) -> dict[tuple[tuple[int, int], ...], Region]:
+    """The distinct regions of a leaf of ``shape`` that ``sharding`` puts on this process's
+    devices."""
     out = {}
     for index in _indices(sharding, shape):
         region = _region_of(index or (), shape)
@@ -272,19 +311,41 @@ def _key(region: Region) -> tuple[tuple[int, int], ...]:
     return tuple((r.start, r.stop) for r in region)
 
 
+def _raw(index: Any) -> tuple[tuple[Any, Any, Any], ...]:
+    """A hashable key of a shard index as jax gives it (slices are not hashable)."""
+    return tuple((s.start, s.stop, s.step) for s in index or ())
+
+
 def _assemble(batch: list[_Wanted], read: ReadMany) -> list[Any]:
     found = read([(entry, list(regions.values())) for entry, _, _, regions in batch])
     out = []
+    shards: dict[tuple[Any, tuple[int, ...]], dict[Any, Any]] = {}  # raw index -> region key
     for (entry, slot, sharding, regions), data in zip(batch, found, strict=True):
         dtype = np.dtype(slot.like.dtype)
-        cache = {k: d if d.dtype == dtype else d.astype(dtype) for k, d in zip(regions, data, strict=True)}
         shape = tuple(entry.shape or ())
+        keys = shards.get((sharding, shape))
+        if keys is None:
+            keys = shards[sharding, shape] = {
+                _raw(i): _key(_region_of(i or (), shape)) for i in _indices(sharding, shape)
+            }
+        by_region = {
+            k: d if d.dtype == dtype else d.astype(dtype) for k, d in zip(regions, data, strict=True)
+        }
+        cache = {raw: by_region[key] for raw, key in keys.items()}
         out.append(jax.make_array_from_callback(shape, sharding, functools.partial(_shard, cache, shape)))
     return out
 
 
 def _shard(cache: dict[Any, np.ndarray[Any, Any]], shape: tuple[int, ...], index: Any) -> Any:
-    return cache[_key(_region_of(index or (), shape))]
+    found = cache.get(_raw(index))
+    if found is None:  # an index spelled otherwise than addressable_devices_indices_map spells it
+        key = _key(_region_of(index or (), shape))
+        found = next(d for raw, d in cache.items() if _key(_region_of(_slices(raw), shape)) == key)
+    return found
+
+
+def _slices(raw: tuple[tuple[Any, Any, Any], ...]) -> tuple[slice, ...]:
+    return tuple(slice(*r) for r in raw)
 
 
 def _indices(sharding: Any, shape: tuple[int, ...]) -> list[tuple[slice, ...] | None]:
