@@ -88,9 +88,9 @@ def test_object_dtypes_are_refused_not_unpickled(store, dtype):
 )
 def test_the_guards_catch_what_they_guard(store, monkeypatch, breach, reported):
     """The harness itself: a reader that misbehaves in each guarded way is reported."""
-    from treestore._api import store as _store
+    from treestore._engine import load as _load
 
-    real = _store.restore_array
+    real = _load.restore_array
 
     def misbehave(*args, **kwargs):
         if breach == "import":
@@ -107,7 +107,7 @@ def test_the_guards_catch_what_they_guard(store, monkeypatch, breach, reported):
             raise ValueError("not a TreestoreError")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(_store, "restore_array", misbehave)
+    monkeypatch.setattr(_load, "restore_array", misbehave)
     sys.modules.pop("tabnanny", None)
     with pytest.raises(AssertionError, match=reported):
         store.check(ops=["load"])

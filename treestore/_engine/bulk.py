@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from treestore._engine.read import ChunkReader, allocate
-from treestore._engine.region import leaf_pieces, plan_regions, run_in_threads
+from treestore._engine.region import copy_members, leaf_pieces, plan_regions, run_in_threads
 from treestore._format.columns import ARRAY_CODES, DTYPE_NAMES, PIECED, Columns
 from treestore._format.dtypes import dtype_from_name
 
@@ -124,25 +124,8 @@ def _read_packed_pieces(
 ) -> None:
     """A leaf saved in pieces that are each one chunk inside a pack, assembled into ``out``."""
     starts, shapes, first, _ = pieces
-    refs = columns.chunks[first]
-    digests = refs["digest"].tobytes()
-    packs: dict[int, np.ndarray[Any, Any]] = {}
-    for j, (start, shape, pack, offset, size) in enumerate(
-        zip(
-            starts.tolist(),
-            shapes.tolist(),
-            refs["pack"].tolist(),
-            refs["offset"].tolist(),
-            refs["raw"].tolist(),
-            strict=True,
-        )
-    ):
-        chunk_digest = digests[32 * j : 32 * j + 32]
-        buf = packs.get(pack)
-        if buf is None:
-            buf = packs[pack] = reader.pack(pack, address)
-        part = reader.member(buf, offset, size, chunk_digest)
-        if part is None:
-            raise reader.mismatch(chunk_digest, address)
-        box = tuple(slice(a, a + n) for a, n in zip(start, shape, strict=True))
-        out[box] = _typed(part, offset, out.dtype).reshape(shape)
+    boxes = [
+        out[tuple(slice(a, a + n) for a, n in zip(start, shape, strict=True))]
+        for start, shape in zip(starts.tolist(), shapes.tolist(), strict=True)
+    ]
+    copy_members(reader, columns, address, first, boxes)

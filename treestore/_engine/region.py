@@ -194,36 +194,80 @@ def plan_regions(
         if known is not None:
             known[key] = found
     r, p, lo, hi, same = found
+    rows = pieces.first[p]
+    member = (pieces.count[p] == 1) & (pieces.columns.chunks["pack"][rows] >= 0)
+    if _whole_first(pieces, p, member, same):
+        # Small pieces in packs, cut across by the regions (restored onto another mesh): the
+        # leaf is assembled once from its members and each region copied out of it.
+        _queue_packs(reader, pieces, pieces.first, jobs)
+        fills.append(functools.partial(_cut_from_whole, reader, pieces, regions, outs))
+        return
     # A region that is exactly a piece held in one pack member (small shards restored onto the
     # sharding they were saved with): copied out of the decoded pack, all of a leaf's at once.
-    rows = pieces.first[p]
-    exact = same & (pieces.count[p] == 1) & (pieces.columns.chunks["pack"][rows] >= 0)
+    exact = same & member
     if exact.any():
-        rows = rows[exact]
-        for pack in np.unique(pieces.columns.chunks["pack"][rows]).tolist():
-            jobs.append(functools.partial(_decode_pack, reader, pack, pieces.address))
+        _queue_packs(reader, pieces, rows[exact], jobs)
+        into = [outs[k] for k in r[exact].tolist()]
         fills.append(
-            functools.partial(_copy_members, reader, pieces, rows, [outs[k] for k in r[exact].tolist()])
+            functools.partial(copy_members, reader, pieces.columns, pieces.address, rows[exact], into)
         )
     rest = np.flatnonzero(~exact)
     for k, rk, pk in zip(rest.tolist(), r[rest].tolist(), p[rest].tolist(), strict=True):
         _plan_piece(reader, pieces, pk, regions[rk], lo[k].tolist(), hi[k].tolist(), outs[rk], jobs, fills)
 
 
+def _whole_first(pieces: LeafPieces, p: np.ndarray, member: np.ndarray, same: np.ndarray) -> bool:
+    """Whether to assemble the leaf before cutting the regions from it: every piece is met by
+    some region and is one pack member, some region is not a piece, and the leaf is small."""
+    if same.all() or not member.all() or len(np.unique(p)) != len(pieces.first):
+        return False
+    return math.prod(pieces.shape) * pieces.dtype.itemsize <= WHOLE_UP_TO
+
+
 def _bounds(region: Region) -> tuple[tuple[int, int], ...]:
     return tuple((r.start, r.stop) for r in region)
+
+
+WHOLE_UP_TO = 64 * 2**20  # bytes of a leaf in packed pieces assembled whole to be cut up
+
+
+def _queue_packs(
+    reader: ChunkReader, pieces: LeafPieces, rows: np.ndarray, jobs: list[Callable[[], None]]
+) -> None:
+    """Queue the decoding of the packs holding chunk ref ``rows`` (each read once per reader)."""
+    for pack in np.unique(pieces.columns.chunks["pack"][rows]).tolist():
+        jobs.append(functools.partial(_decode_pack, reader, pack, pieces.address))
 
 
 def _decode_pack(reader: ChunkReader, pack: int, address: str) -> None:
     reader.pack(pack, address)  # read, decoded and verified once; kept by the reader
 
 
-def _copy_members(
-    reader: ChunkReader, pieces: LeafPieces, rows: np.ndarray, outs: list[np.ndarray[Any, Any]]
+def _cut_from_whole(
+    reader: ChunkReader, pieces: LeafPieces, regions: Sequence[Region], outs: Sequence[np.ndarray[Any, Any]]
 ) -> None:
-    """Chunk ref ``rows[k]`` (each a pack member) verified and copied into ``outs[k]``, whose
-    size it is; the packs are decoded already (by the jobs that run first)."""
-    refs = pieces.columns.chunks[rows]
+    """The leaf (every piece one pack member) assembled, then each region copied out of it."""
+    whole = allocate(pieces.shape, pieces.address, reader.name, pieces.dtype)
+    boxes = [
+        whole[tuple(slice(a, e) for a, e in zip(start, end, strict=True))]
+        for start, end in zip(pieces.starts.tolist(), pieces.ends.tolist(), strict=True)
+    ]
+    copy_members(reader, pieces.columns, pieces.address, pieces.first, boxes)
+    for region, out in zip(regions, outs, strict=True):
+        out[...] = whole[region]
+
+
+def copy_members(
+    reader: ChunkReader,
+    columns: Columns,
+    address: str,
+    rows: np.ndarray,
+    outs: Sequence[np.ndarray[Any, Any]],
+) -> None:
+    """Chunk ref ``rows[k]`` of ``columns`` (each a pack member) verified and copied into
+    ``outs[k]`` (an array, or a view of one, of that many bytes); the packs are decoded by the
+    reader already or now."""
+    refs = columns.chunks[rows]
     digests = refs["digest"].tobytes()
     packs: dict[int, np.ndarray[Any, Any]] = {}
     for k, (pack, offset, size, out) in enumerate(
@@ -232,11 +276,13 @@ def _copy_members(
         digest = digests[32 * k : 32 * k + 32]
         buf = packs.get(pack)
         if buf is None:
-            buf = packs[pack] = reader.pack(pack, pieces.address)
+            buf = packs[pack] = reader.pack(pack, address)
         part = reader.member(buf, offset, size, digest)
         if part is None or out.nbytes != size:
-            raise reader.mismatch(digest, pieces.address)
-        out.reshape(-1).view(np.uint8)[:] = part
+            raise reader.mismatch(digest, address)
+        if offset % out.dtype.itemsize:  # not aligned for its dtype
+            part = part.copy()
+        out[...] = part.view(out.dtype).reshape(out.shape)
 
 
 def _plan_piece(

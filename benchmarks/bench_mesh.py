@@ -1,0 +1,157 @@
+"""Restoring onto many devices: what a mesh costs beside the same bytes onto one device.
+
+    python -m benchmarks.bench_mesh [--runs 3] [--tmp-root DIR] [--cases NAME,...]
+
+Each case is a tree of equal float32 leaves sharded along their first axis over a mesh of CPU
+devices (one process; XLA_FLAGS gives it 64). Measured (medians), treestore beside orbax
+StandardCheckpointer in the same run: save sharded, and the same bytes saved from one device;
+restore onto the saving sharding, onto a different mesh (the other half of the devices, as a
+2-D mesh over both axes, so every shard is cut from several saved pieces), and onto one device.
+Targets: restore onto the saving mesh and onto a different mesh ≤ 1.3× the same tree onto one
+device; the 128k-shard case ≤ 3 s; sharded save ≤ 1.2× the unsharded save.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=64")
+
+import argparse
+import logging
+import shutil
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import treestore
+
+from . import harness as H
+
+CASES = {  # name: (leaves, shape, devices)
+    "1000x256x256/8": (1000, (256, 256), 8),
+    "200x1024x256/64": (200, (1024, 256), 64),
+    "2000x64x4/64": (2000, (64, 4), 64),
+}
+
+
+def _like(shape: tuple[int, ...], n: int, sharding: Any) -> dict[str, Any]:
+    return {f"l{i:04d}": jax.ShapeDtypeStruct(shape, np.float32, sharding=sharding) for i in range(n)}
+
+
+def _ready(tree: Any) -> Any:
+    return jax.block_until_ready(tree)
+
+
+def run_case(name: str, root: str, runs: int, ckptr: Any) -> list[tuple[str, float, float]]:
+    n, shape, devices = CASES[name]
+    mesh = Mesh(np.array(jax.devices()[:devices]), ("d",))
+    saved = NamedSharding(mesh, P("d"))
+    half = np.array(jax.devices()[devices // 2 : devices]).reshape(devices // 4, 2)
+    other = NamedSharding(Mesh(half, ("a", "b")), P("a", "b"))
+    one = NamedSharding(Mesh(np.array(jax.devices()[:1]), ("d",)), P())
+    rng = np.random.default_rng(0)
+    host = {f"l{i:04d}": rng.standard_normal(shape, dtype=np.float32) for i in range(n)}
+    sharded = {k: jax.device_put(v, saved) for k, v in host.items()}
+    single = {k: jax.device_put(v, one) for k, v in host.items()}
+    jax.block_until_ready((sharded, single))
+    counter = iter(range(10**6))
+
+    def ts_save(tree: Any) -> Callable[[], None]:
+        return lambda: (treestore.save(os.path.join(root, f"ts{next(counter)}"), tree, "c"), os.sync())
+
+    def ob_save(tree: Any) -> Callable[[], None]:
+        def go() -> None:
+            ckptr.save(os.path.join(root, f"ob{next(counter)}"), tree)
+            ckptr.wait_until_finished()
+            os.sync()
+
+        return go
+
+    rows = [
+        ("save sharded", H.median_time(ts_save(sharded), runs), H.median_time(ob_save(sharded), runs)),
+        ("save from one device", H.median_time(ts_save(single), runs), H.median_time(ob_save(single), runs)),
+    ]
+    ts_path, ob_path = os.path.join(root, f"ts-{devices}"), os.path.join(root, f"ob-{devices}")
+    shutil.rmtree(ts_path, ignore_errors=True)
+    shutil.rmtree(ob_path, ignore_errors=True)
+    treestore.save(ts_path, sharded, "c")
+    ckptr.save(ob_path, sharded)
+    ckptr.wait_until_finished()
+    check = treestore.load(ts_path, "c", like=_like(shape, n, other))
+    assert all(np.asarray(check[k]).tobytes() == host[k].tobytes() for k in host)
+    for what, sharding in (("restore onto the saving mesh", saved), ("restore onto another mesh", other)):
+        like = _like(shape, n, sharding)
+        ts = H.median_time(
+            lambda like=like: jax.block_until_ready(treestore.load(ts_path, "c", like=like)), runs
+        )
+        ob = H.median_time(lambda like=like: jax.block_until_ready(ckptr.restore(ob_path, like)), runs)
+        rows.append((what, ts, ob))
+    like = _like(shape, n, one)
+    rows.append(
+        (
+            "restore onto one device",
+            H.median_time(lambda: _ready(treestore.load(ts_path, "c", like=like)), runs),
+            H.median_time(lambda: _ready(ckptr.restore(ob_path, like)), runs),
+        )
+    )
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_mesh")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--tmp-root", default=None)
+    ap.add_argument("--cases", default=",".join(CASES))
+    args = ap.parse_args(argv)
+    if len(jax.devices()) < 64:
+        print("needs 64 devices: run as its own process (XLA_FLAGS is set on import)", file=sys.stderr)
+        return 2
+    logging.getLogger("absl").setLevel(logging.ERROR)
+    import orbax.checkpoint as ocp
+
+    root = H.make_tmp_root(args.tmp_root)
+    ckptr = ocp.StandardCheckpointer()
+    print("## Restoring onto many devices (CPU devices, one process)\n")
+    print(f"- median of {args.runs} runs; save includes os.sync(); warm page cache; local disk\n")
+    print("| case | operation | treestore | orbax | vs orbax | vs one device | target |")
+    print("|---|---|---:|---:|---:|---:|---|")
+    try:
+        for name in args.cases.split(","):
+            rows = run_case(name, root, args.runs, ckptr)
+            times = {what: ts for what, ts, _ in rows}
+            for what, ts, ob in rows:
+                if what.startswith("restore onto") and what != "restore onto one device":
+                    base = times["restore onto one device"]
+                    limit = 3.0 if name.startswith("2000x") else None
+                    ok = ts <= 1.3 * base or (limit is not None and ts <= limit)
+                    target = "≤ 1.3× one device" + (" or ≤ 3 s" if limit else "")
+                elif what == "save sharded":
+                    base = times["save from one device"]
+                    ok, target = ts <= 1.2 * base, "≤ 1.2× one device"
+                else:
+                    base, ok, target = ts, True, ""
+                status = (f"{target}: {'met' if ok else '**not met**'}") if target else ""
+                cells = [
+                    name,
+                    what,
+                    f"{ts:.3f} s",
+                    f"{ob:.3f} s",
+                    f"{ts / ob:.2f}×",
+                    f"{ts / base:.2f}×",
+                    status,
+                ]
+                print("| " + " | ".join(cells) + " |")
+            sys.stdout.flush()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
