@@ -250,3 +250,62 @@ def test_statistics_cost_no_pass_over_a_leaf_the_save_does_not_measure():
 
     write(store.storage, p, "k")
     assert store.open("k").stats() == {} and store.open("k").healthy is True
+
+
+# --- readers: manifests only ----------------------------------------------------------------------
+def run_cli(*args: str):
+    from click.testing import CliRunner
+
+    from treestore_cli.main import cli
+
+    return CliRunner().invoke(cli, list(args))
+
+
+def diverging_run(url: str) -> None:
+    """Five checkpoints; ``opt/mu`` turns NaN at step-3, ``w`` inf at step-4, step-5 has none."""
+    store = treestore.Store(url)
+    for step in range(1, 6):
+        mu = np.full(3000, float(step), np.float32)  # chunks of their own: reads would show
+        w = np.ones(4000)
+        if step >= 3:
+            mu[7] = np.nan
+        if step >= 4:
+            w[0] = np.inf
+        options = SaveOptions(stats=step != 5)
+        store.save({"opt": {"mu": mu}, "w": w, "loss": float(step)}, f"step-{step}", options=options)
+
+
+def test_stats_show_ls_and_health_read_no_chunk():
+    import json
+    import uuid
+
+    from .counting import CountingFileSystem
+
+    url = f"counting://stats/{uuid.uuid4().hex}"
+    diverging_run(url)
+    CountingFileSystem.reset()
+    assert treestore.open(f"{url}#step-4").nonfinite() == ["opt/mu", "w"]
+    assert treestore.open(f"{url}#step-3").stats("opt/*")["opt/mu"].nan == 1
+    shown = run_cli("show", "--stats", f"{url}#step-3")
+    assert shown.exit_code == 0 and "from the manifest alone (NaN/inf in opt/mu)" in shown.output
+    assert (
+        json.loads(run_cli("show", "--stats", "--json", f"{url}#step-3", "w").output)["leaves"][0]["nan"] == 0
+    )
+    health = run_cli("health", url)
+    assert health.exit_code == 1, health.output
+    data = json.loads(run_cli("health", "--json", url).output)
+    assert data["first_nonfinite"] == {"opt/mu": "step-3", "w": "step-4"}
+    assert [c["healthy"] for c in data["checkpoints"]] == [True, True, False, False, None]
+    assert json.loads(run_cli("health", "--json", url, "w").output)["first_nonfinite"] == {"w": "step-4"}
+    assert CountingFileSystem.bytes_read("chunks") == 0  # ls reads no chunk either, but lists them
+    listed = run_cli("ls", url)
+    assert "step-3 !" in listed.output and "NaN/inf: step-4: opt/mu, w" in listed.output
+    rows = json.loads(run_cli("ls", "--json", url).output)["checkpoints"]
+    assert [r["nonfinite"] for r in rows][2:] == [["opt/mu"], ["opt/mu", "w"], []]
+    assert CountingFileSystem.bytes_read("chunks") == 0
+
+
+def test_health_of_a_store_without_statistics_is_unknown(tmp_path):
+    treestore.save(str(tmp_path), {"w": np.array([np.nan])}, "a", options=SaveOptions(stats=False))
+    out = run_cli("health", str(tmp_path))
+    assert out.exit_code == 0 and "unknown" in out.output and "show NaN/inf" in out.output
