@@ -45,19 +45,22 @@ def ls(url: str, as_json: bool) -> int:
         require_store(store)
     objects: dict[str, dict[bytes, int]] = {}
     problems: dict[str, str] = {}
+    nonfinite: dict[str, list[str]] = {}  # the leaves whose recorded statistics say NaN/inf
     for i in infos:
         if i.problem is not None:  # its commit record: nothing it would say is known
             objects[i.name], problems[i.name] = {}, i.problem
             continue
         try:
-            objects[i.name] = store.open(i.name).chunk_objects()
+            ckpt = store.open(i.name)
+            nonfinite[i.name] = ckpt.nonfinite()
+            objects[i.name] = ckpt.chunk_objects()
         except treestore.errors.CheckpointNotFoundError:
             objects[i.name] = {}  # deleted since the listing: it has no chunks of its own
         except (treestore.CorruptionError, treestore.UnsupportedFormatError) as exc:
             objects[i.name] = {}
             problems[i.name] = str(exc)
     users = Counter(d for objs in objects.values() for d in objs)
-    rows = [_ls_row(i, objects[i.name], users, problems.get(i.name)) for i in infos]
+    rows = [_ls_row(i, objects[i.name], users, problems.get(i.name), nonfinite.get(i.name)) for i in infos]
     unique: dict[bytes, int] = {}
     for objs in objects.values():
         unique.update(objs)
@@ -77,11 +80,16 @@ def ls(url: str, as_json: bool) -> int:
 
 
 def _ls_row(
-    info: treestore.types.CheckpointInfo, objs: dict[bytes, int], users: Counter[bytes], problem: str | None
+    info: treestore.types.CheckpointInfo,
+    objs: dict[bytes, int],
+    users: Counter[bytes],
+    problem: str | None,
+    nonfinite: list[str] | None = None,
 ) -> dict[str, Any]:
     """One checkpoint of ``ls``; a damaged one (``problem`` set) has no stored or shared size
     (None), since its manifest, which names its chunks, cannot be read, and one whose commit
-    record is damaged no time, leaf count or logical size either."""
+    record is damaged no time, leaf count or logical size either. ``nonfinite``: the leaves its
+    manifest's statistics say hold NaN or inf."""
     unknown = info.problem is not None  # the commit record itself is damaged
     return {
         "name": info.name,
@@ -92,6 +100,7 @@ def _ls_row(
         "shared_bytes": None if problem else sum(s for d, s in objs.items() if users[d] > 1),
         "metadata": info.metadata,
         "problem": problem,
+        "nonfinite": None if problem else nonfinite,
     }
 
 
@@ -100,7 +109,7 @@ def _ls_lines(rows: list[dict[str, Any]], total: dict[str, int]) -> list[str]:
     header = ["name", "created", "leaves", "logical", "stored", "shared", "metadata"]
     cells = [
         [
-            r["name"],
+            r["name"] + (" !" if r["nonfinite"] else ""),
             "?" if r["created"] is None else render.when(r["created"]),
             "?" if r["leaves"] is None else str(r["leaves"]),
             "?" if r["logical_bytes"] is None else render.size(r["logical_bytes"]),
@@ -117,7 +126,14 @@ def _ls_lines(rows: list[dict[str, Any]], total: dict[str, int]) -> list[str]:
         f"{render.size(total['stored_bytes'])} stored in chunks"
     )
     lines += [f"damaged: {r['name']}: {r['problem']}" for r in rows if r["problem"]]
+    lines += [f"NaN/inf: {r['name']}: {_first(r['nonfinite'])}" for r in rows if r["nonfinite"]]
     return lines
+
+
+def _first(addresses: list[str], shown: int = 5) -> str:
+    """Some addresses, and how many more."""
+    more = f" (and {len(addresses) - shown} more)" if len(addresses) > shown else ""
+    return ", ".join(a or "(root)" for a in addresses[:shown]) + more
 
 
 # --- show -----------------------------------------------------------------------------------------
@@ -159,13 +175,22 @@ def header_lines(ckpt: treestore.Checkpoint, shown: int) -> list[str]:
 @click.argument("spec", metavar="URL[#NAME]")
 @click.argument("patterns", nargs=-1)
 @click.option("--flat", is_flag=True, help="One line per leaf with its full address, no tree view.")
+@click.option(
+    "--stats",
+    is_flag=True,
+    help="Each leaf's statistics recorded at save (NaN, inf, min, max, L2), from the manifest alone.",
+)
 @JSON
-def show(spec: str, patterns: tuple[str, ...], flat: bool, as_json: bool) -> int:
+def show(spec: str, patterns: tuple[str, ...], flat: bool, stats: bool, as_json: bool) -> int:
     """Show the tree of a checkpoint (the newest when no #NAME): each leaf's address, dtype,
     shape, logical and stored size and codec, as a compact tree. PATTERNS (globs over addresses,
-    like 'encoder/*/bias') keep only the leaves that match."""
+    like 'encoder/*/bias') keep only the leaves that match. --stats shows instead the
+    statistics each leaf's values had when saved, read from the manifest alone ("?": none
+    recorded)."""
     ckpt = open_checkpoint(spec)
     addresses = ckpt.select(patterns) if patterns else list(ckpt.leaves)
+    if stats:
+        return _show_stats(ckpt, addresses, flat, as_json)
     records = [leaf_record(ckpt, a) for a in addresses]
     if as_json:
         m = ckpt.manifest
@@ -208,6 +233,104 @@ def show_lines(ckpt: treestore.Checkpoint, records: list[dict[str, Any]], flat: 
             rows.append([label, r["kind"], "", "", "", f"= {render.compact(r['value'], 40)}"])
     header = ["address" if flat else "tree", "dtype", "shape", "logical", "stored", "codec"]
     return [*header_lines(ckpt, len(records)), "", *render.table(header, rows, right=[3, 4])]
+
+
+def _show_stats(ckpt: treestore.Checkpoint, addresses: list[str], flat: bool, as_json: bool) -> int:
+    """``show --stats``: each leaf's recorded statistics; nothing but the manifest is read."""
+    found = ckpt.stats(addresses) if addresses else {}
+    if as_json:
+        echo_json(
+            {
+                "url": ckpt.url,
+                "name": ckpt.name,
+                "healthy": ckpt.healthy,
+                "leaves": [
+                    found[a].to_json() if a in found else {"address": a, "stats": None} for a in addresses
+                ],
+            }
+        )
+        return 0
+    labels = [(a or "(root)", i) for i, a in enumerate(addresses)] if flat else render.tree_labels(addresses)
+    rows = []
+    for label, i in labels:
+        s = None if i is None else found.get(addresses[i])
+        if s is None:
+            rows.append([label] + ([""] * 6 if i is None else ["?", "", "", "", "", ""]))
+            continue
+        rows.append(
+            [label, s.dtype, str(s.nan), str(s.posinf + s.neginf), _num(s.min), _num(s.max), _num(s.l2)]
+        )
+    state = ckpt.healthy
+    said = "none recorded" if state is None else "every recorded leaf finite" if state else "NaN/inf in "
+    header = ["address" if flat else "tree", "dtype", "nan", "inf", "min", "max", "l2"]
+    lines = [
+        f"{ckpt.url}#{ckpt.name}: statistics recorded at save, from the manifest alone "
+        f"({said}{_first(ckpt.nonfinite()) if state is False else ''})",
+        "",
+        *render.table(header, rows, [2, 3, 4, 5, 6]),
+    ]
+    for line in lines:
+        click.echo(line)
+    return 0
+
+
+def _num(x: float | int | None) -> str:
+    return "-" if x is None else f"{x:.6g}" if isinstance(x, float) else str(x)
+
+
+# --- health ---------------------------------------------------------------------------------------
+@click.command("health", short_help="Which checkpoints and leaves hold NaN/inf (exit 1 if any).")
+@click.argument("url")
+@click.argument("patterns", nargs=-1)
+@JSON
+def health(url: str, patterns: tuple[str, ...], as_json: bool) -> int:
+    """Which checkpoints of the store at URL hold NaN or inf values, and in which leaves, from
+    the statistics their manifests recorded at save: no chunk is read. For each leaf, the first
+    checkpoint (oldest first) that held a non-finite value; each checkpoint is healthy, holds
+    NaN/inf, or is unknown (saved without statistics). PATTERNS (globs over addresses) keep only
+    the leaves that match. Exit status 1 when any checkpoint holds NaN/inf."""
+    store = open_store(url)
+    infos = store.list()
+    if not infos:
+        require_store(store)
+    rows: list[dict[str, Any]] = []
+    first: dict[str, str] = {}
+    for info in infos:
+        ckpt = store.open(info.name)
+        bad = ckpt.nonfinite()
+        if patterns and bad:
+            bad = [a for a in bad if a in set(_matching(ckpt, patterns))]
+        healthy = False if bad else (None if ckpt.healthy is None else True)
+        for a in bad:
+            first.setdefault(a, info.name)
+        rows.append({"name": info.name, "created": info.created, "healthy": healthy, "nonfinite": bad})
+    status = 1 if first else 0
+    if as_json:
+        echo_json({"url": store.url, "checkpoints": rows, "first_nonfinite": first})
+        return status
+    state = {True: "ok", False: "NaN/inf", None: "unknown"}
+    cells = [[r["name"], state[r["healthy"]], _first(r["nonfinite"]) if r["nonfinite"] else ""] for r in rows]
+    for line in render.table(["name", "values", "leaves with NaN/inf"], cells):
+        click.echo(line)
+    if first:
+        click.echo("")
+        click.echo("first held NaN/inf:")
+        for line in render.table(["leaf", "checkpoint"], [[a or "(root)", n] for a, n in first.items()]):
+            click.echo("  " + line)
+    else:
+        click.echo("no checkpoint's recorded statistics show NaN/inf")
+    return status
+
+
+def _matching(ckpt: treestore.Checkpoint, patterns: tuple[str, ...]) -> list[str]:
+    """The addresses matching any pattern; none when no pattern matches in this checkpoint."""
+    found: list[str] = []
+    for p in patterns:
+        try:
+            found += ckpt.select([p])
+        except treestore.errors.NoMatchError:
+            continue
+    return found
 
 
 # --- diff -----------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ import treestore
 from .commands_demo import demo
 from .commands_derive import derive
 from .commands_follow import timeline, watch
-from .commands_inspect import diff, ls, show
+from .commands_inspect import diff, health, ls, show
 from .commands_interop import export, import_
 from .commands_store import cp, gc, rm, verify
 from .context import Settings, parse_option
@@ -117,7 +117,7 @@ def cli(ctx: click.Context, quiet: bool, debug: bool, storage_options: dict[str,
     settings.storage_options = storage_options
 
 
-for command in (ls, show, diff, verify, gc, rm, cp, import_, export, demo, watch, timeline, derive):
+for command in (ls, show, diff, health, verify, gc, rm, cp, import_, export, demo, watch, timeline, derive):
     cli.add_command(command)
 
 

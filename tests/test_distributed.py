@@ -20,6 +20,7 @@ from treestore._format.columns_codec import decode_any
 from treestore._format.parted import Parted
 
 from .scripts.distributed_worker import expected
+from .test_stats import check as check_stats
 
 WORKER = Path(__file__).parent / "scripts" / "distributed_worker.py"
 ROOT = Path(__file__).parent.parent
@@ -73,6 +74,11 @@ def test_two_processes_save_then_restore_elsewhere(tmp_path):
     storage = treestore.Store(store).storage
     frame = decode_any(_read.read_manifest_bytes(storage, _read.read_commit_record(storage, "dist")), "dist")
     assert isinstance(frame, Parted) and len(frame.parts) == 2  # each process's pieces in its part
+    # Each process measured its shards (replica 0 only); the primary combined them at commit,
+    # into the frame: read without any part or chunk.
+    stats = treestore.open(f"{store}#dist").stats()
+    for k, v in expected().items():
+        check_stats(stats[k], v)
 
     # One process, four devices, another layout.
     values = expected()

@@ -9,6 +9,7 @@ listing reports, and the manifest a checkpoint's view exposes (``Checkpoint.mani
 
 from treestore._api.copy import CopyReport
 from treestore._api.diff import Diff, LeafDiff, LeafStats
+from treestore._api.health import ValueStats
 from treestore._api.interop import ExportResult
 from treestore._api.retention import StepInfo
 from treestore._api.store import CheckpointInfo
@@ -33,6 +34,7 @@ __all__ = [
     "SaveResult",
     "StepInfo",
     "Timeline",
+    "ValueStats",
     "VerifyProblem",
     "VerifyReport",
 ]
@@ -52,6 +54,7 @@ for _cls in (
     SaveResult,
     StepInfo,
     Timeline,
+    ValueStats,
     VerifyProblem,
     VerifyReport,
 ):

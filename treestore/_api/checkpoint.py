@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from treestore._api.health import ValueStats, health, leaf_stats, nonfinite_leaves
 from treestore._engine import parts as _parts
 from treestore._engine import read as _read
 from treestore._engine import region as _region
@@ -323,6 +324,37 @@ class Checkpoint:
         return _select.select(
             self._frame.addresses, patterns, where=f"checkpoint {self.name!r}", checkpoint=self.name
         )
+
+    def stats(self, select: _select.Patterns = None) -> dict[str, ValueStats]:
+        """The statistics of each leaf's values recorded when it was saved — NaN and ±inf counts,
+        min and max of the finite elements, L2 norm — by address, in tree order, for the leaves
+        that match ``select`` (globs over addresses; default: every leaf). Read from the
+        manifest alone (of one stored in parts, its frame): no chunk is read. Leaves without
+        statistics (saved with ``SaveOptions(stats=False)``, by an older treestore, complex or
+        PRNG key data) are left out: unknown, not healthy.
+
+        >>> import numpy as np, treestore
+        >>> _ = treestore.save("memory://doc/ckstats", {"b": np.arange(4), "w": np.ones(4)}, "a")
+        >>> {a: (s.min, s.max, s.l2) for a, s in treestore.open("memory://doc/ckstats").stats().items()}
+        {'b': (0, 3, 3.7416573867739413), 'w': (1.0, 1.0, 2.0)}
+        """
+        frame = self._frame
+        if select is None:
+            return leaf_stats(frame)
+        chosen = self.select(select)
+        return leaf_stats(frame, [i for a in chosen if (i := frame.find(a)) is not None])
+
+    @property
+    def healthy(self) -> bool | None:
+        """False when the recorded statistics say a leaf holds NaN or ±inf, True when the
+        checkpoint has statistics and none does, None when it has none (unknown); from the
+        manifest alone."""
+        return health(self._frame)
+
+    def nonfinite(self) -> list[str]:
+        """The addresses of the leaves whose recorded statistics (or, for a Python float, value)
+        say they hold NaN or ±inf, in tree order; from the manifest alone."""
+        return [self._frame.address(int(i)) for i in nonfinite_leaves(self._frame)]
 
     def chunk_objects(self) -> dict[bytes, int]:
         """The stored size of each chunk object this checkpoint references, by digest."""

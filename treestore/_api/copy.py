@@ -232,7 +232,8 @@ def copy(
         found = decode_any(data, n)
         parts = found.parts if isinstance(found, Parted) else ()  # copied with it, unless renamed
         if new != n:
-            data = encode_any(replace(manifest, name=new), manifest.version)  # the source's version
+            stats = (found.frame if isinstance(found, Parted) else found).stats  # kept, as the rest
+            data = encode_any(replace(manifest, name=new), manifest.version, stats)  # the source's version
             parts = ()  # merged into the renamed copy's manifest
         if _already_there(d, new, digest(data), overwrite):
             continue

@@ -16,11 +16,14 @@ from typing import Any
 from treestore._api.copy import CopyReport
 from treestore._api.replication import Replicator
 from treestore._api.retention import (
+    HealthCheck,
     Policy,
     StepInfo,
     check_count,
     check_metrics,
     check_step,
+    kept_healthy,
+    newest_healthy,
     step_infos,
     step_name,
 )
@@ -137,9 +140,19 @@ class CheckpointManager:
         clock: Callable[[], float] = time.monotonic,
         storage_options: dict[str, Any] | None = None,
         trust_previous: bool = True,
+        keep_healthy: bool = True,
+        healthy: HealthCheck | None = None,
     ) -> None:
         self._policy = Policy(
-            save_every_steps, save_every_seconds, keep_last, keep_every, keep_best, best_metric, best_mode
+            save_every_steps,
+            save_every_seconds,
+            keep_last,
+            keep_every,
+            keep_best,
+            best_metric,
+            best_mode,
+            keep_healthy,
+            healthy,
         )
         if preemption and threading.current_thread() is not threading.main_thread():
             raise InvalidInputError(
@@ -149,7 +162,12 @@ class CheckpointManager:
             raise InvalidInputError("give the store's URL, or local= (with remote= for two tiers), once")
         local_url = os.fspath(url if url is not None else local)  # type: ignore[arg-type]
         self._replicate_every = check_count("replicate_every_steps", replicate_every_steps)
-        self._remote_policy = Policy(keep_last=remote_keep_last, keep_every=remote_keep_every)
+        self._remote_policy = Policy(
+            keep_last=remote_keep_last,
+            keep_every=remote_keep_every,
+            keep_healthy=keep_healthy,
+            healthy=healthy,
+        )
         if remote is None and (
             replicate_every_steps is not None
             or remote_keep_last is not None
@@ -306,6 +324,8 @@ class CheckpointManager:
             # The steps being replicated stay until they are copied.
             busy = set() if self._replicator is None else self._replicator.busy()
             keep = self._policy.retained(infos) | busy
+            if set(infos) - keep:  # the newest step not known unhealthy stays (keep_healthy)
+                keep |= kept_healthy(self.store, self._policy, infos)
             for step, info in infos.items():
                 if step not in keep:
                     with contextlib.suppress(CheckpointNotFoundError):  # deleted by someone else
@@ -418,9 +438,19 @@ class CheckpointManager:
         """The committed steps (of either tier), oldest first."""
         return sorted(self._tiers())
 
-    def latest_step(self) -> int | None:
-        """The newest committed step (of either tier), or None when there is none."""
-        return max(self._tiers(), default=None)
+    def latest_step(self, *, healthy: bool = False) -> int | None:
+        """The newest committed step (of either tier), or None when there is none. With
+        ``healthy=True``, the newest whose recorded statistics show no NaN/inf and that the
+        manager's ``healthy`` check accepts (a step saved without statistics counts: unknown is
+        never taken for unhealthy); read from manifests alone, newest first."""
+        tiers = self._tiers()
+        if not healthy:
+            return max(tiers, default=None)
+        for step in sorted(tiers, reverse=True):
+            info, store = tiers[step]
+            if newest_healthy(store, {step: info}, self._policy.healthy) is not None:
+                return step
+        return None
 
     def info(self, step: int | None = None) -> StepInfo:
         """What was stored with ``step`` (default: the newest step)."""
@@ -435,8 +465,10 @@ class CheckpointManager:
         cast: bool = False,
         partial: bool = False,
         types: Iterable[type] | None = None,
+        healthy: bool = False,
     ) -> Any:
-        """The tree of ``step`` (default: the newest, of either tier), after waiting for the save
+        """The tree of ``step`` (default: the newest, of either tier; with ``healthy=True`` the
+        newest healthy one, as ``latest_step(healthy=True)`` finds it), after waiting for the save
         in flight.
 
         With ``like`` (a tree of arrays, ``jax.ShapeDtypeStruct`` or scalars, e.g. a freshly
@@ -446,6 +478,12 @@ class CheckpointManager:
         back). A step whose local copy is damaged is loaded from the remote tier when it has it.
         """
         self.wait()
+        if step is None and healthy:
+            step = self.latest_step(healthy=True)
+            if step is None:
+                raise CheckpointNotFoundError(
+                    f"no healthy step in {self.store.url}: every step holds NaN/inf"
+                )
         info, store = self._find(step)
         kwargs: dict[str, Any] = {"like": like, "select": select, "cast": cast, "partial": partial}
         if types is not None:

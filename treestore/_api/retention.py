@@ -4,14 +4,20 @@ interval and retention policy, and applying it (deleting the steps it does not k
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from treestore._api.health import ValueStats
 from treestore._api.store import Store
-from treestore.errors import CheckpointNotFoundError, InvalidInputError
+from treestore.errors import CheckpointNotFoundError, InvalidInputError, TreestoreError
+
+_log = logging.getLogger("treestore")
+# A caller's test of a step's health, given what was stored with it and its leaves' statistics.
+HealthCheck = Callable[["StepInfo", Mapping[str, ValueStats]], bool]
 
 _STEP_NAME = re.compile(r"step-(\d{9,})\Z")
 
@@ -82,8 +88,16 @@ class Policy:
     keep_best: int | None = None
     best_metric: str | None = None
     best_mode: str | None = None
+    keep_healthy: bool = True  # never delete the newest step not known unhealthy (see kept_healthy)
+    healthy: HealthCheck | None = None  # the caller's test, beside "no NaN/inf"
 
     def __post_init__(self) -> None:
+        if type(self.keep_healthy) is not bool:
+            raise InvalidInputError(f"keep_healthy must be True or False, got {self.keep_healthy!r}")
+        if self.healthy is not None and not callable(self.healthy):
+            raise InvalidInputError(
+                f"healthy must be a function (StepInfo, stats) -> bool, got {self.healthy!r}"
+            )
         check_count("save_every_steps", self.save_every_steps)
         check_count("keep_last", self.keep_last)
         check_count("keep_every", self.keep_every)
@@ -148,11 +162,52 @@ def step_infos(store: Store) -> dict[int, StepInfo]:
     return out
 
 
+def step_health(store: Store, info: StepInfo, check: HealthCheck | None = None) -> bool | None:
+    """Whether step ``info`` of ``store`` is healthy, from its manifest alone: False when its
+    recorded statistics show NaN/inf or ``check`` says so, True when they show none (and
+    ``check`` agrees), None when unknown (no statistics, or a check or read that failed: a
+    step is never deleted for being unknown)."""
+    try:
+        ckpt = store.open(info.name)
+        state = ckpt.healthy
+        if state is False or check is None:
+            return state
+        return bool(check(info, ckpt.stats()))
+    except TreestoreError as exc:
+        _log.warning("%s: the health of %s is unknown (%s)", store.url, info.name, exc)
+        return None
+    except Exception as exc:  # the caller's check failed: unknown, so kept
+        _log.warning("%s: health check of %s raised %s: %s", store.url, info.name, type(exc).__name__, exc)
+        return None
+
+
+def newest_healthy(
+    store: Store, infos: Mapping[int, StepInfo], check: HealthCheck | None = None
+) -> int | None:
+    """The newest step not known to be unhealthy (healthy or unknown), reading manifests from
+    the newest down until it finds one (usually one manifest); None when every step is unhealthy."""
+    for step in sorted(infos, reverse=True):
+        if step_health(store, infos[step], check) is not False:
+            return step
+    return None
+
+
+def kept_healthy(store: Store, policy: Policy, infos: Mapping[int, StepInfo]) -> set[int]:
+    """With ``policy.keep_healthy``, the newest step not known unhealthy: kept whatever the other
+    rules say, so that a run whose newest steps hold NaN/inf never loses its last good one."""
+    if not policy.keep_healthy or not infos:
+        return set()
+    found = newest_healthy(store, infos, policy.healthy)
+    return set() if found is None else {found}
+
+
 def apply_retention(store: Store, policy: Policy, protected: Iterable[int] = ()) -> bool:
     """Delete the steps of ``store`` that ``policy`` (or ``protected``) does not keep; True when
     any was deleted."""
     infos = step_infos(store)
     keep = policy.retained(infos) | set(protected)
+    if set(infos) - keep:
+        keep |= kept_healthy(store, policy, infos)
     deleted = False
     for step, info in infos.items():
         if step not in keep:

@@ -29,15 +29,17 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
+import numpy as np
 
 from treestore._engine import locks as _locks
 from treestore._engine.commit import commit
 from treestore._engine.group_runtime import JaxRuntime, Runtime
 from treestore._engine.parts import merged, named
 from treestore._format import layout as _layout
+from treestore._format import stats as _stats
 from treestore._format.columns_codec import encode_columns
 from treestore._format.commit_record import CommitRecord
 from treestore._format.coverage import Coverage, P
@@ -155,6 +157,64 @@ def _layout_of(tree: object, leaves: Sequence[tuple[str, Leaf]]) -> bytes:
     )
 
 
+class Written(NamedTuple):
+    """What a process of a multi-process save wrote: its leaf entries (every leaf for the
+    primary, the sharded ones for the others) and packs, and each entry's statistics (None when
+    the save records none; a record None for a leaf not measured)."""
+
+    entries: list[LeafEntry]
+    packs: list[ChunkRef]
+    stats: list[_stats.Record | None] | None = None
+
+
+def _partial_stats(
+    leaves: Sequence[tuple[str, Leaf]], sharded: Sequence[bool], written: Written
+) -> bytes | None:
+    """This process's statistics of its pieces: one record per sharded leaf of the tree, in leaf
+    order (the record of no elements for a leaf it holds no piece of); None without statistics."""
+    if written.stats is None:
+        return None
+    where = {address: i for i, (address, _) in enumerate(leaves)}
+    rank = {i: r for r, i in enumerate(i for i, split in enumerate(sharded) if split)}
+    records = [_stats.empty(_leaf_kind(leaves[i][1])) for i in rank]
+    for entry, record in zip(written.entries, written.stats, strict=True):
+        r = rank.get(where[entry.address])
+        if r is not None:
+            records[r] = _stats.UNKNOWN_RECORD if record is None else record
+    return _stats.column(records).tobytes()
+
+
+def _leaf_kind(leaf: Leaf) -> int:
+    """The statistics kind of a sharded leaf (UNKNOWN for PRNG key data and complex numbers)."""
+    if not isinstance(leaf, ArrayLeaf) or leaf.kind == "prng_key":
+        return _stats.UNKNOWN
+    return _stats.kind_of(leaf.dtype)
+
+
+def _committed_stats(
+    leaves: Sequence[tuple[str, Leaf]], sharded: Sequence[bool], written: Written, partial: list[bytes | None]
+) -> np.ndarray | None:
+    """The manifest's statistics: the primary's records of the leaves that are not sharded, and
+    for each sharded leaf every process's records of its pieces combined exactly (counts and
+    sums of squares add, minima and maxima combine; each element lies in one process's pieces,
+    replicas being stored once). A sharded leaf is UNKNOWN when a process sent no statistics."""
+    if written.stats is None:
+        return None
+    records = [_stats.UNKNOWN_RECORD if r is None else r for r in written.stats]
+    out = _stats.column(records)
+    split = np.flatnonzero(np.array(sharded, bool))
+    if not len(split):
+        return out
+    kinds = np.array([_leaf_kind(leaves[i][1]) for i in split.tolist()], np.uint8)
+    size = len(split) * _stats.STATS_DTYPE.itemsize
+    if any(p is None or len(p) != size for p in partial):
+        out[split] = np.zeros(1, _stats.STATS_DTYPE)
+        return out
+    tables = [np.frombuffer(p, _stats.STATS_DTYPE) for p in partial if p is not None]
+    out[split] = _stats.combine_columns(tables, kinds)
+    return out
+
+
 @dataclass(frozen=True)
 class Group:
     """This process's place in a multi-process save; ``save_id`` and ``name`` are set by
@@ -227,7 +287,7 @@ class Group:
         lock: _locks.Lock | None,
         tree: object,
         leaves: Sequence[tuple[str, Leaf]],
-        written: tuple[list[LeafEntry], list[ChunkRef]] | None,
+        written: Written | None,
         failure: BaseException | None,
         header: dict[str, Any],
         *,
@@ -250,7 +310,7 @@ class Group:
             if shapes:
                 coverage = Coverage(bytes.fromhex(self.save_id), max(len(shape) for _, shape in shapes))
             try:
-                self._publish(storage, layout, leaves, written, failure, coverage)
+                self._publish(storage, layout, leaves, sharded, written, failure, coverage)
             except Exception as exc:
                 failure = failure or exc
             expected = 0
@@ -274,7 +334,10 @@ class Group:
                     raise failure
                 assert written is not None
                 plan = plan_from_entries(tree, written[0], sharded, written[1])
-                parts, cover = self._gather(plan, layout, coverage is not None)
+                parts, cover, partial = self._gather(plan, layout, coverage is not None)
+                stats = _committed_stats(leaves, sharded, written, partial)
+                if stats is not None:
+                    header = {**header, "stats": stats}
                 frame = frame_of(plan, {**header, "created": time.time()}, layout, parts)
                 if cover != expected or empty:  # a zero-size leaf's pieces weigh nothing
                     self._merge_parts(storage, frame, cover == expected)
@@ -307,7 +370,8 @@ class Group:
         storage: Storage,
         layout: bytes,
         leaves: Sequence[tuple[str, Leaf]],
-        written: tuple[list[LeafEntry], list[ChunkRef]] | None,
+        sharded: Sequence[bool],
+        written: Written | None,
         failure: BaseException | None,
         coverage: Coverage | None,
     ) -> None:
@@ -318,7 +382,7 @@ class Group:
         if failure is not None or written is None:
             summary = f"{type(failure).__name__}: {failure}"
         elif coverage is None:  # every leaf is the primary's: no part
-            summary = Summary(layout, None, 0, 0, 0, 0, 0)
+            summary = Summary(layout, None, 0, 0, 0, 0, 0, stats=_partial_stats(leaves, sharded, written))
         else:
             where = {address: i for i, (address, _) in enumerate(leaves)}
             share, cover = share_from_entries(where, written[0], written[1], coverage)
@@ -335,7 +399,8 @@ class Group:
                 found = digest(data)
                 pieces, packs = len(share.piece_leaves), len(share.packs)
                 most, (first, end) = most_pieces(share), leaf_range(share)
-                summary = Summary(layout, found, len(data), pieces, packs, most, cover, first, end)
+                stats = _partial_stats(leaves, sharded, written)
+                summary = Summary(layout, found, len(data), pieces, packs, most, cover, first, end, stats)
                 try:
                     storage.write(_layout.manifest_path(found), [data])
                     storage.sync()
@@ -348,9 +413,12 @@ class Group:
     def _share_key(self, index: int) -> str:
         return f"treestore/{self.save_id}/share/{index}"
 
-    def _gather(self, plan: Plan, layout: bytes, parted: bool) -> tuple[list[PartRef], int]:
+    def _gather(
+        self, plan: Plan, layout: bytes, parted: bool
+    ) -> tuple[list[PartRef], int, list[bytes | None]]:
         """Every process's summary, with one request to the runtime: each process's part (none
-        when the tree has no sharded leaf), and the sum of their coverage fingerprints.
+        when the tree has no sharded leaf), the sum of their coverage fingerprints, and each
+        process's statistics of its pieces.
         StorageError naming every process that failed or whose summary is missing or malformed;
         InvalidInputError when the parts together are beyond what readers accept."""
         found = self.runtime.items(f"treestore/{self.save_id}/share/")
@@ -393,7 +461,7 @@ class Group:
         if len(plan.packs) + sum(s.packs for s in summaries) >= PACK_INDEX_END:
             raise InvalidInputError(f"{where}: over 2**31 packs", checkpoint=self.name)
         parts = [PartRef(s.part, s.size, s.first, s.end) for s in summaries if parted and s.part is not None]
-        return parts, sum(s.cover for s in summaries) % P
+        return parts, sum(s.cover for s in summaries) % P, [s.stats for s in summaries]
 
     def _merge_parts(self, storage: Storage, frame: Parted, covered: bool) -> None:
         """Read the parts and merge them as readers do: when the coverage fingerprints say the

@@ -26,6 +26,7 @@ from treestore._format.columns import (
 from treestore._format.dtypes import value_to_record
 from treestore._format.manifest import ChunkRef, LeafEntry, Piece
 from treestore._format.shares import pack_table
+from treestore._format.stats import UNKNOWN_RECORD, Record, column
 from treestore.errors import InvalidInputError
 
 Ref = tuple[bytes, int, int, int, int]  # digest, raw size, stored size, pack index (-1: none), offset
@@ -55,6 +56,8 @@ class LeafTable:
         self.piece_chunks: list[int] = []
         self.piece_start: list[int] = []
         self.piece_shape: list[int] = []
+        self.stats: list[Record] = []  # each leaf's statistics (UNKNOWN for Python scalars)
+        self.measured = False  # whether the save records statistics (the manifest's stats column)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -67,6 +70,7 @@ class LeafTable:
             raise InvalidInputError(f"{address or '(root)'}: {exc}", address=address) from None
         self.rows.append((_KIND[kind], 0, 0, 0, 0))
         self.values.append(record)
+        self.stats.append(UNKNOWN_RECORD)
 
     def array(
         self,
@@ -78,10 +82,14 @@ class LeafTable:
         refs: list[Ref],
         pieces: list[PieceRow] | None,
         address: str,
+        stats: Record | None = None,
     ) -> None:
         """An array leaf: its chunk refs, and for a leaf saved in pieces each piece's start,
         shape and number of chunk refs (the refs are the pieces', piece after piece). A leaf in
-        one piece covering all of it is recorded as a plain leaf."""
+        one piece covering all of it is recorded as a plain leaf. ``stats``: the statistics of
+        its values (None: the save records none)."""
+        self.stats.append(UNKNOWN_RECORD if stats is None else stats)
+        self.measured |= stats is not None
         if pieces is not None and len(pieces) == 1 and pieces[0][1] == shape:
             pieces = None
         flags = _PRNG[prng_impl] | (WEAK_TYPE if weak_type else 0) | (PIECED if pieces is not None else 0)
@@ -114,6 +122,7 @@ class LeafTable:
             "piece_shape": np.array(self.piece_shape, "<u8"),
             "chunks": chunks,
             "packs": pack_table(packs),
+            **({"stats": column(self.stats)} if self.measured else {}),
         }
 
 
@@ -124,9 +133,11 @@ class EntryList:
 
     def __init__(self) -> None:
         self.entries: list[LeafEntry] = []
+        self.stats: list[Record | None] = []  # each entry's statistics (None: not measured)
 
     def value(self, kind: str, value: object, address: str) -> None:
         self.entries.append(LeafEntry(address, kind, value=value))
+        self.stats.append(None)
 
     def array(
         self,
@@ -138,7 +149,9 @@ class EntryList:
         refs: list[Ref],
         pieces: list[PieceRow] | None,
         address: str,
+        stats: Record | None = None,
     ) -> None:
+        self.stats.append(stats)
         chunks = tuple(_chunk_ref(r) for r in refs)
         made: list[Piece] = []
         at = 0

@@ -99,7 +99,7 @@ def complete(
     }
     columns = merge(plan, combined, header, None if leaves is None else ~leaves)
     read = tuple(p.digest for p, share in zip(parted.parts, shares, strict=True) if share is not NOT_READ)
-    return replace(columns, parts=read), {}
+    return replace(columns, parts=read, stats=frame.stats, stats_note=frame.stats_note), {}
 
 
 def merged(

@@ -25,21 +25,22 @@ from treestore._engine.gc_pause import paused_gc
 from treestore._engine.leaf_table import EntryList, LeafTable, PieceRow, Ref, ref_of
 from treestore._engine.threads import Batch, compute_threads, default_threads, shared_pool
 from treestore._format import layout as _layout
+from treestore._format import stats as _stats
 from treestore._format.codecs import PROBE_BYTES, Codec, encode, plane_width, scratch, sound
 from treestore._format.columns_codec import columns_from_fields, encode_columns
 from treestore._format.columns_tree import Nodes
 from treestore._format.commit_record import CommitRecord
+from treestore._format.dtypes import PRNG_KEY
 from treestore._format.encoding import ALL_CORES_FROM, digest
 from treestore._format.limits import MAX_MANIFEST_BYTES
 from treestore._format.manifest import (
     ChunkRef,
-    LeafEntry,
     check_metadata,
     check_name,
 )
 from treestore._storage.base import PUBLISHED, Staged, Storage
 from treestore._tree.lazy_jax import jax
-from treestore._tree.leaves import Leaf, ValueLeaf, prepare_leaf
+from treestore._tree.leaves import ArrayLeaf, Leaf, ValueLeaf, prepare_leaf
 from treestore._tree.structure import flatten
 from treestore.errors import CheckpointExistsError, InvalidInputError, UnsupportedLeafError
 
@@ -57,6 +58,10 @@ class SaveOptions:
         small_leaf: Leaves under this many bytes are packed together (default 64 KiB).
         pack_size: Raw bytes per pack of small leaves (default 1 MiB).
         threads: Threads that write chunks (1 to 256; default: chosen from the cores).
+        stats: Record each array leaf's statistics in the manifest — NaN, +inf and -inf counts,
+            min and max of the finite elements, L2 norm (float64) — measured while its chunks are
+            hashed, so that health checks, ``treestore show --stats`` and retention read
+            manifests only (default True; see :meth:`Checkpoint.stats`).
 
     Raises:
         InvalidInputError: A value is out of its range.
@@ -76,6 +81,7 @@ class SaveOptions:
     # Threads that write (and on a local disk, publish) chunks; those that hash and compress
     # are at most one per core where the disk is waited for by the others (compute_threads).
     threads: int = field(default_factory=default_threads)
+    stats: bool = True  # per-leaf statistics in the manifest (a few % of the hashing's time)
 
     def __post_init__(self) -> None:
         if not 4096 <= self.chunk_size <= 256 * MiB:
@@ -86,6 +92,8 @@ class SaveOptions:
             raise InvalidInputError("pack_size must be between small_leaf and 256 MiB")
         if not 1 <= self.threads <= 256:
             raise InvalidInputError(f"threads must be between 1 and 256, got {self.threads}")
+        if type(self.stats) is not bool:
+            raise InvalidInputError(f"stats must be True or False, got {self.stats!r}")
 
 
 @dataclass(frozen=True)
@@ -363,12 +371,20 @@ class _ChunkWriter:
         """Store the chunk ``raw`` (1-D uint8); ``private`` says nothing else can change it
         meanwhile (a pack this save assembled, a leaf's host copy: ``ArrayLeaf.private``), so
         it needs no copy."""
+        return self.put_measured(raw, width, None, private=private)[0]
+
+    def put_measured(
+        self, raw: np.ndarray[Any, Any], width: int, dtype: np.dtype[Any] | None, *, private: bool = False
+    ) -> tuple[ChunkRef, _stats.Record | None]:
+        """:meth:`put`, and with ``dtype`` the statistics of the chunk's elements of that dtype,
+        measured from the copy that is hashed (so they describe exactly the bytes stored) while
+        it is in this core's cache."""
         if self._failed is not None:  # a chunk could not be published: the save has failed
             raise self._failed
         with self._lock:
             self._running += 1
         try:
-            return self._put(raw, width, private)
+            return self._put(raw, width, private, dtype)
         finally:
             with self._lock:
                 self._running -= 1
@@ -378,9 +394,12 @@ class _ChunkWriter:
         hash and compression use every core (a big leaf in one chunk, the last of a few)."""
         return raw.nbytes >= ALL_CORES_FROM and self._running == 1
 
-    def _put(self, raw: np.ndarray[Any, Any], width: int, private: bool) -> ChunkRef:
+    def _put(
+        self, raw: np.ndarray[Any, Any], width: int, private: bool, dtype: np.dtype[Any] | None
+    ) -> tuple[ChunkRef, _stats.Record | None]:
         if not private:
             raw = _snapshot(raw)
+        record = None if dtype is None else _stats.measure(raw.view(dtype))
         d = digest(raw, spread=self._alone(raw))
         with self._lock:
             fut = self._claimed.get(d)
@@ -388,7 +407,7 @@ class _ChunkWriter:
             if fut is None:
                 fut = self._claimed[d] = cf.Future()
         if not owner:
-            return ChunkRef(d, raw.nbytes, fut.result())
+            return ChunkRef(d, raw.nbytes, fut.result()), record
         try:
             stored = self._stored(d, raw.nbytes)
             if stored is None:
@@ -408,24 +427,30 @@ class _ChunkWriter:
             raise
         if self.on_chunk is not None:
             self.on_chunk(raw.nbytes)
-        return ChunkRef(d, raw.nbytes, stored)
+        return ChunkRef(d, raw.nbytes, stored), record
 
 
-def _resolved(chunk: ChunkRef | cf.Future[ChunkRef]) -> ChunkRef:
-    return chunk if isinstance(chunk, ChunkRef) else chunk.result()
+Measured = tuple[ChunkRef, "_stats.Record | None"]
 
 
 def _plan_chunks(
     data: np.ndarray[Any, Any],
     options: SaveOptions,
-    submit: Callable[..., cf.Future[ChunkRef]],
+    submit: Callable[..., cf.Future[Measured]],
     private: bool,
-) -> list[cf.Future[ChunkRef]]:
+    measure: bool,
+) -> list[cf.Future[Measured]]:
     raw = data.reshape(-1).view(np.uint8)
     itemsize = data.dtype.itemsize
     step = max(itemsize, options.chunk_size // itemsize * itemsize)
     width = plane_width(data.dtype)
-    return [submit(raw[i : i + step], width, private) for i in range(0, raw.nbytes, step)]
+    dtype = data.dtype if measure else None
+    return [submit(raw[i : i + step], width, private, dtype) for i in range(0, raw.nbytes, step)]
+
+
+def _measured(leaf: ArrayLeaf, options: SaveOptions) -> bool:
+    """Whether a save records statistics of ``leaf``: of real numbers, not PRNG key data."""
+    return options.stats and leaf.kind != PRNG_KEY and _stats.kind_of(leaf.dtype) != _stats.UNKNOWN
 
 
 def write(
@@ -501,14 +526,14 @@ def _write_in_group(
     """
     group = group.begin(name)
     failure: BaseException | None = None
-    written: tuple[list[LeafEntry], list[ChunkRef]] | None = None
+    written: _distributed.Written | None = None
     lock: _locks.Lock | None = None
     try:
         lock = _locks.save_lock(storage)
         writer.known = _known.learn(storage, previous)  # under this process's lock: safe
         sink = EntryList()
         packs = _write_leaves(prepared, options, writer, lock, sink, primary=group.primary)
-        written = sink.entries, packs
+        written = _distributed.Written(sink.entries, packs, sink.stats if options.stats else None)
         storage.sync()
     except BaseException as exc:
         failure = exc
@@ -573,32 +598,39 @@ def _submit_leaves(
     packs: list[list[bytes]] = [[]]
     pack_fill = 0
     small = options.small_leaf
+    # The statistics of what each leaf's packed bytes hold (measured here, with the hash).
+    small_records: dict[int, list[_stats.Record]] = {}
 
-    def pack(data: np.ndarray[Any, Any]) -> Ref:
+    def pack(data: np.ndarray[Any, Any], i: int, measure: bool) -> Ref:
         nonlocal pack_fill
         if pack_fill + data.nbytes > options.pack_size:
             packs.append([])
             pack_fill = 0
         raw = data.tobytes()  # hashed and packed from one copy, as chunks are (see _snapshot)
+        if measure:
+            small_records.setdefault(i, []).append(_stats.measure(np.frombuffer(raw, data.dtype)))
         ref = (digest(raw), len(raw), 0, len(packs) - 1, pack_fill)
         packs[-1].append(raw)
         pack_fill += len(raw)
         return ref
 
     chunked: list[tuple[int, bool]] = []  # the leaves with chunks of their own, or pieces; private
+    measured: list[bool] = []
     for i, (_, leaf) in enumerate(prepared.leaves):
+        measure = isinstance(leaf, ArrayLeaf) and _measured(leaf, options)
+        measured.append(measure)
         if isinstance(leaf, ValueLeaf) or not (primary or leaf.sharded):
             plans.append(None)
         elif leaf.data is None:  # sharded: small pieces packed now, big ones chunked below
             plans.append(
                 [
-                    (start, piece, pack(piece) if 0 < piece.nbytes < small else piece)
+                    (start, piece, pack(piece, i, measure) if 0 < piece.nbytes < small else piece)
                     for start, piece in leaf.pieces
                 ]
             )
             chunked.append((i, leaf.private))
         elif 0 < leaf.data.nbytes < small:
-            plans.append(pack(leaf.data))
+            plans.append(pack(leaf.data, i, measure))
         else:
             plans.append(leaf.data)
             chunked.append((i, leaf.private))
@@ -606,28 +638,33 @@ def _submit_leaves(
         pool.submit(writer.put, np.frombuffer(b"".join(m), np.uint8), 0, private=True) for m in packs if m
     ]
 
-    def submit(raw: np.ndarray[Any, Any], width: int, private: bool) -> cf.Future[ChunkRef]:
-        return pool.submit(writer.put, raw, width, private=private)
+    def submit(
+        raw: np.ndarray[Any, Any], width: int, private: bool, dtype: np.dtype[Any] | None
+    ) -> cf.Future[Measured]:
+        return pool.submit(writer.put_measured, raw, width, dtype, private=private)
 
     for i, private in chunked:
         plan = plans[i]
         if type(plan) is np.ndarray:
-            plans[i] = _plan_chunks(plan, options, submit, private) if plan.nbytes else plan
+            plans[i] = _plan_chunks(plan, options, submit, private, measured[i]) if plan.nbytes else plan
         else:
             plans[i] = [
                 (
                     start,
                     piece.shape,
-                    [ref] if type(ref) is tuple else _plan_chunks(piece, options, submit, private),
+                    [ref]
+                    if type(ref) is tuple
+                    else _plan_chunks(piece, options, submit, private, measured[i]),
                 )
                 for start, piece, ref in plan
             ]
 
-    for (address, leaf), plan in zip(prepared.leaves, plans, strict=True):
+    for i, ((address, leaf), plan) in enumerate(zip(prepared.leaves, plans, strict=True)):
         if isinstance(leaf, ValueLeaf):
             sink.value(leaf.kind, leaf.value, address)
             continue
         pieces: list[PieceRow] | None = None
+        records = small_records.get(i, [])
         if type(plan) is tuple:  # packed: nothing to wait for
             refs = [plan]
         elif plan is None:  # another process writes it
@@ -638,13 +675,30 @@ def _submit_leaves(
             if leaf.sharded:
                 refs, pieces = [], []
                 for start, shape, fs in plan:
-                    got = [f if type(f) is tuple else ref_of(f.result()) for f in fs]
+                    got = []
+                    for f in fs:
+                        if type(f) is tuple:
+                            got.append(f)
+                        else:
+                            ref, record = f.result()
+                            got.append(ref_of(ref))
+                            records.append(record)
                     refs += got
                     pieces.append((start, shape, len(got)))
             else:
-                refs = [ref_of(f.result()) for f in plan]
+                refs = []
+                for f in plan:
+                    ref, record = f.result()
+                    refs.append(ref_of(ref))
+                    records.append(record)
             lock.refresh(_locks.STALE_AFTER)  # after waiting for chunks: keep the save's lock fresh
-        sink.array(leaf.kind, leaf.dtype, leaf.shape, leaf.prng_impl, leaf.weak_type, refs, pieces, address)
+        stats = None
+        if options.stats:
+            kind = _stats.kind_of(leaf.dtype) if measured[i] else _stats.UNKNOWN
+            stats = _stats.combine(records, kind)
+        sink.array(
+            leaf.kind, leaf.dtype, leaf.shape, leaf.prng_impl, leaf.weak_type, refs, pieces, address, stats
+        )
     return [job.result() for job in pack_jobs]
 
 

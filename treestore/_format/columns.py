@@ -50,6 +50,7 @@ from treestore._format.manifest import (
     check_tiling,
     record_mismatches,
 )
+from treestore._format.stats import check_column
 from treestore.errors import (
     UnsupportedFormatError,
 )
@@ -150,6 +151,10 @@ class Columns:
     waiting: np.ndarray = field(repr=False)
     version: int = VERSION  # the version of the bytes it was decoded from
     parts: tuple[bytes, ...] = ()  # the digests of the parts its pieces were read from (SPEC 5.8)
+    # The optional statistics of each leaf's values (STATS_DTYPE, one record per leaf; None when
+    # the manifest has none), checked as hostile input: records that make no sense are UNKNOWN.
+    stats: np.ndarray | None = field(default=None, repr=False)
+    stats_note: str | None = None  # why statistics were ignored (all, or some leaves'), if they were
 
     def __len__(self) -> int:
         return len(self.leaves)
@@ -561,11 +566,14 @@ def _validate(fields: dict[str, Any], nodes: Nodes, *, waiting: bool | np.ndarra
             decoded.append(value_from_record(KINDS[kind[i]], rec))
         except ValueError as exc:
             raise Bad(f"leaf {at(i)}: {exc}") from None
+    measured = array & (kind != PRNG_KEY)
+    elements = nbytes // _ITEMSIZE[dtype]
+    stats, note = check_column(fields.get("stats"), DTYPE_NAMES, dtype, measured, elements)
     columns = Columns(
         fields["name"], fields["created"], fields["metadata"], fields["codec"], fields["chunk_size"],
         nodes, leaves, shapes, tuple(decoded), fields["piece_counts"], fields["piece_chunks"],
         fields["piece_start"], fields["piece_shape"], chunks, packs, chunk_start, shape_start, nbytes,
-        waiting,
+        waiting, stats=stats, stats_note=note,
     )  # fmt: skip
     _check_pieces(columns, at)
     return columns

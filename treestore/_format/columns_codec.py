@@ -142,6 +142,7 @@ def _decode_record(rec: dict[str, Any], checkpoint: str) -> Columns | Parted:
                 codec=_get(rec, "codec", dict),
                 chunk_size=_count(rec.get("chunk_size"), "chunk_size", MAX_CHUNK_BYTES),
                 values=_get(rec, "values", list),
+                stats=rec.get("stats"),  # optional: checked, and ignored when it makes no sense
             )
             segments, names = _str_list(rec, "segments"), _str_list(rec, "node_names")
             nodes = check_nodes(
@@ -189,6 +190,7 @@ def encode_columns(manifest: Columns | Parted) -> bytes:
             "chunks": c.chunks.tobytes(),
             "packs": c.packs.tobytes(),
             **parts_fields(parted),
+            **({} if c.stats is None else {"stats": c.stats.tobytes()}),
         }
     )
     if len(data) > MAX_MANIFEST_BYTES:
@@ -207,16 +209,36 @@ def stored_values(c: Columns) -> list[object]:
     return [value_to_record(KINDS[kinds[i]], v) for i, v in zip(scalars, c.values, strict=True)]
 
 
-def encode_any(m: Manifest, version: int = FORMAT_VERSION) -> bytes:
+def encode_any(m: Manifest, version: int = FORMAT_VERSION, stats: np.ndarray | None = None) -> bytes:
     """The bytes of manifest ``m`` in format ``version`` (1 or 2), checked as readers check them
     first: the one encoder every writer (save, derive, copy) uses. InvalidInputError naming the
-    checkpoint when a reader would refuse them."""
+    checkpoint when a reader would refuse them. ``stats``: the statistics column of ``m``'s
+    leaves (a version-2 manifest keeps it; version 1 has none)."""
     columns = columns_from_manifest(m)  # the reader's checks, pieces tiling their leaf included
     if version == VERSION:
+        if stats is not None:
+            columns = _validate(_fields_of(columns, stats), columns.nodes)
         return encode_columns(columns)
     if version == 1:
         return encode_manifest(m)
     raise InvalidInputError(f"checkpoint {m.name!r}: cannot write format version {version!r}")
+
+
+def _fields_of(c: Columns, stats: np.ndarray) -> dict[str, Any]:
+    """The fields :func:`_validate` takes of columns ``c``, with the statistics column ``stats``."""
+    fields: dict[str, Any] = {
+        key: getattr(c, key) for key in ARRAY_FIELDS if key not in ("nodes", "node_leaves")
+    }
+    fields.update(
+        name=c.name,
+        created=c.created,
+        metadata=c.metadata,
+        codec=c.codec,
+        chunk_size=c.chunk_size,
+        values=stored_values(c),
+        stats=stats,
+    )
+    return fields
 
 
 def _column(values: list[Any], dtype: Any, what: str) -> np.ndarray:

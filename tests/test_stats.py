@@ -1,0 +1,311 @@
+"""Per-leaf statistics recorded at save (the optional ``stats`` column of a version-2 manifest):
+equal to an independent numpy reference, exact across chunks, packs and processes, optional, and
+read as hostile input."""
+
+from __future__ import annotations
+
+import math
+
+import ml_dtypes
+import msgpack
+import numpy as np
+import pytest
+
+import treestore
+from treestore._api.checkpoint import Checkpoint
+from treestore._engine import read as _read
+from treestore._engine.write import SaveOptions, prepare
+from treestore._format.columns_codec import decode_any, decode_columns, encode_columns
+from treestore._format.stats import STATS_DTYPE
+
+from .jobs import prepared, rows, run_job
+
+SMALL = SaveOptions(chunk_size=4096, small_leaf=1024, pack_size=4096, threads=2)
+
+
+def reference(x: np.ndarray) -> tuple[int, int, int, object, object, float]:
+    """NaN, +inf, -inf counts, finite min and max, L2 norm: computed the plain way, in float64."""
+    x = np.asarray(x)
+    if x.dtype.kind in "iub":
+        ints = x.astype(np.int64 if x.dtype.kind != "u" else np.uint64).ravel()
+        lo = int(ints.min()) if ints.size else None
+        hi = int(ints.max()) if ints.size else None
+        if x.dtype == np.bool_:
+            lo, hi = (None, None) if lo is None else (bool(lo), bool(hi))
+        return 0, 0, 0, lo, hi, math.sqrt(float(np.sum(ints.astype(np.float64) ** 2)))
+    f = x.astype(np.float64).ravel()
+    fin = f[np.isfinite(f)]
+    lo = float(fin.min()) if fin.size else None
+    hi = float(fin.max()) if fin.size else None
+    counts = int(np.isnan(f).sum()), int((f == np.inf).sum()), int((f == -np.inf).sum())
+    with np.errstate(over="ignore"):
+        return *counts, lo, hi, math.sqrt(float(np.sum(fin**2)))
+
+
+def as_tuple(s: treestore.types.ValueStats) -> tuple[int, int, int, object, object, float]:
+    return s.nan, s.posinf, s.neginf, s.min, s.max, s.l2
+
+
+def check(got: treestore.types.ValueStats, x: np.ndarray) -> None:
+    want = reference(x)
+    assert as_tuple(got)[:5] == want[:5], (got, want)
+    assert got.l2 == pytest.approx(want[5], rel=1e-12, abs=1e-300)
+    assert got.size == np.asarray(x).size
+
+
+def values() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(7)
+    w = rng.standard_normal((300, 40)).astype(np.float32)  # 48 KB: 12 chunks of 4 KiB
+    w[17, 3] = np.nan
+    w[250, 0] = np.inf
+    w[299, 39] = -np.inf
+    w[100] = np.nan  # a whole row, across a chunk boundary
+    return {
+        "f32": w,
+        "f64": rng.standard_normal(5000) * 1e160,  # squares overflow float64: the norm is inf
+        "f16": rng.standard_normal(3000).astype(np.float16),
+        "bf16": np.concatenate([rng.standard_normal(4000), [np.nan, -np.inf]]).astype(ml_dtypes.bfloat16),
+        "f8": rng.standard_normal(5000).astype(ml_dtypes.float8_e4m3fn),
+        "i8": rng.integers(-128, 128, 9000).astype(np.int8),
+        "i64": np.array([-(2**63), 2**63 - 1, 0, 5] * 600, np.int64),
+        "u64": np.array([0, 2**64 - 1, 7] * 700, np.uint64),
+        "int4": rng.integers(-8, 8, 5000).astype(ml_dtypes.int4),
+        "bool": rng.integers(0, 2, 7000).astype(bool),
+        "small": np.array([1.5, -2.0, np.nan], np.float32),  # packed
+        "small_int": np.arange(-3, 9, dtype=np.int16),  # packed
+        "empty": np.zeros((0, 4), np.float32),
+        "all_nan": np.full(2000, np.nan, np.float32),
+        "inf_only": np.array([np.inf, -np.inf, np.inf]),
+        "f32_big": rng.standard_normal(20000).astype(np.float32) * 3e18,  # float32 squares overflow
+    }
+
+
+@pytest.mark.parametrize("options", [SMALL, SaveOptions()], ids=["many-chunks", "defaults"])
+def test_stats_equal_an_independent_numpy_reference(options):
+    tree = {
+        **values(),
+        "scalar": 2.5,
+        "scalar_nan": float("nan"),
+        "n": 3,
+        "flag": True,
+        "c": np.ones(3, complex),
+    }
+    store = treestore.Store(f"memory://stats/ref-{options.chunk_size}")
+    store.save(tree, "a", options=options)
+    got = store.open("a").stats()
+    for address, x in values().items():
+        check(got[address], x)
+    assert got["f64"].l2 == math.inf and got["f64"].healthy
+    assert got["empty"].min is None and got["empty"].size == 0 and got["empty"].healthy
+    assert (got["all_nan"].nan, got["all_nan"].min, got["all_nan"].l2) == (2000, None, 0.0)
+    assert (got["scalar"].min, got["scalar"].l2) == (2.5, 2.5)
+    assert got["scalar_nan"].nan == 1 and not got["scalar_nan"].healthy
+    assert (got["n"].max, got["flag"].max) == (3, True)
+    assert "c" not in got  # complex: unknown
+    assert got["bool"].dtype == "bool" and got["bool"].max is True
+
+
+def test_stats_select_healthy_and_nonfinite():
+    store = treestore.Store("memory://stats/select")
+    store.save({"a": {"w": np.ones(3), "b": np.array([np.nan])}, "c": np.zeros(2)}, "x")
+    store.save({"a": {"w": np.ones(3)}}, "y")
+    ckpt = store.open("x")
+    assert list(ckpt.stats("a/*")) == ["a/b", "a/w"]
+    assert ckpt.healthy is False and ckpt.nonfinite() == ["a/b"]
+    assert store.open("y").healthy is True and store.open("y").nonfinite() == []
+    store.save({"w": np.ones(3)}, "off", options=SaveOptions(stats=False))
+    off = store.open("off")
+    assert off.stats() == {} and off.healthy is None
+    assert b"stats" not in manifest_record(store, "off")
+
+
+def manifest_record(store: treestore.Store, name: str) -> dict:
+    data = _read.read_manifest_bytes(store.storage, _read.read_commit_record(store.storage, name))
+    return msgpack.unpackb(data, raw=False)
+
+
+def test_a_manifest_with_stats_reencodes_byte_exact():
+    store = treestore.Store("memory://stats/exact")
+    store.save(values(), "a", options=SMALL)
+    data = _read.read_manifest_bytes(store.storage, _read.read_commit_record(store.storage, "a"))
+    columns = decode_any(data, "a")
+    assert columns.stats is not None and encode_columns(columns) == data
+
+
+def test_a_copy_keeps_the_statistics_renamed_or_not():
+    store = treestore.Store("memory://stats/copy-src")
+    store.save({"w": np.array([np.nan, 2.0])}, "a")
+    treestore.copy("memory://stats/copy-src#a", "memory://stats/copy-dst")
+    treestore.copy("memory://stats/copy-src#a", "memory://stats/copy-dst#renamed")
+    for name in ("a", "renamed"):
+        assert treestore.open(f"memory://stats/copy-dst#{name}").nonfinite() == ["w"]
+
+
+def test_pieces_of_a_multi_process_save_combine_exactly():
+    """Each process measures the pieces it owns; the primary combines them with its own records
+    of the leaves that are not sharded, and readers see the whole leaf's statistics."""
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((64, 32)).astype(np.float32)
+    w[5, 5] = np.nan  # process 0's rows
+    w[40, 1] = -np.inf  # process 1's
+    w[63, 31] = 1e6  # the largest, in process 1's last piece
+    v = rng.integers(-1000, 1000, 128).astype(np.int32)
+    tree = {"w": w, "v": v, "r": rng.standard_normal(10), "s": np.array([np.inf, 1.0], np.float32)}
+    boxes = {"w": rows(64, 2, 32), "v": rows(128, 2)}
+    storage = treestore.Store("memory://stats/job").storage
+    results = run_job(storage, [prepared(tree, boxes, i) for i in range(2)], "job", options=SMALL)
+    assert not any(isinstance(r, BaseException) for r in results), results
+    got = treestore.open("memory://stats/job#job").stats()
+    for address, x in tree.items():
+        check(got[address], x)
+    assert treestore.open("memory://stats/job#job").nonfinite() == ["s", "w"]
+
+
+def test_a_process_without_statistics_leaves_the_sharded_leaves_unknown():
+    w = np.arange(64.0).reshape(16, 4)
+    storage = treestore.Store("memory://stats/job-off").storage
+    trees = [prepared({"w": w, "r": np.ones(3)}, {"w": rows(16, 2, 4)}, i) for i in range(2)]
+    run_job(storage, trees, "job", options=SMALL)
+    assert set(treestore.open("memory://stats/job-off#job").stats()) == {"w", "r"}
+
+
+# --- hostile records ------------------------------------------------------------------------------
+def tampered(change) -> tuple[Checkpoint, object]:
+    """A manifest saved with statistics, its ``stats`` field changed by ``change`` (given the
+    decoded record and the column), decoded as a reader decodes it."""
+    store = treestore.Store("memory://stats/hostile")
+    tree = {
+        "w": np.array([1.0, -2.0, np.nan]),
+        "i": np.arange(10, dtype=np.int8),
+        "x": np.ones(4, np.float32),
+    }
+    store.save(tree, "a", overwrite=True)
+    rec = manifest_record(store, "a")
+    table = np.frombuffer(rec["stats"], STATS_DTYPE).copy()
+    rec["stats"] = change(rec, table)
+    columns = decode_columns(msgpack.packb(rec, use_bin_type=True), "a")
+    return Checkpoint(store.storage, columns), columns
+
+
+@pytest.mark.parametrize(
+    "stats",
+    [b"", b"\x00" * 48, "text", 7, [1, 2], None],
+    ids=["empty", "short", "str", "int", "list", "nil"],
+)
+def test_a_stats_field_of_the_wrong_size_or_type_is_ignored_and_the_rest_read(stats):
+    ckpt, columns = tampered(lambda rec, table: stats)
+    assert columns.stats is None and ckpt.stats().keys() == set()
+    assert ckpt.healthy is None  # unknown, never healthy nor unhealthy because of it
+    assert (columns.stats_note is None) == (stats is None)
+    assert np.array_equal(np.asarray(ckpt["x"]), np.ones(4, np.float32))  # the rest is read
+
+
+def _set(address: str, **fields):
+    def change(rec, table):
+        index = sorted(["w", "i", "x"]).index(address)  # leaves in jax's order: sorted keys
+        for key, value in fields.items():
+            table[key][index] = value
+        return table.tobytes()
+
+    return change
+
+
+@pytest.mark.parametrize(
+    "address, fields",
+    [
+        ("w", {"sumsq": -1.0}),  # a negative norm
+        ("w", {"sumsq": float("nan")}),
+        ("w", {"nan": 4}),  # more NaNs than elements
+        ("w", {"nan": 2**64 - 1, "posinf": 2}),  # counts that overflow when added
+        ("w", {"min": np.float64(3.0).view(np.int64)}),  # min above max
+        ("w", {"max": np.float64(np.inf).view(np.int64)}),  # an infinite "finite" maximum
+        ("w", {"sumsq": 1e9}),  # more than every element at the maximum
+        ("i", {"nan": 1}),  # an int8 leaf with NaNs
+        ("i", {"max": 1000}),  # outside int8
+        ("i", {"kind": 1}),  # a float record for an int8 leaf
+        ("x", {"kind": 9}),  # no such kind
+    ],
+)
+def test_a_record_that_makes_no_sense_is_ignored_alone(address, fields):
+    ckpt, columns = tampered(_set(address, **fields))
+    stats = ckpt.stats()
+    assert address not in stats and len(stats) == 2, stats
+    assert "statistics of 1 leaves ignored" in columns.stats_note
+
+
+def test_a_sound_record_still_reads_after_the_check():
+    ckpt, columns = tampered(lambda rec, table: table.tobytes())
+    assert columns.stats_note is None
+    assert ckpt.nonfinite() == ["w"] and as_tuple(ckpt.stats()["w"])[:5] == (1, 0, 0, -2.0, 1.0)
+
+
+def test_statistics_cost_no_pass_over_a_leaf_the_save_does_not_measure():
+    """PRNG key data and complex numbers have no statistics; their records are unknown."""
+    import jax
+
+    tree = {"key": jax.random.key(0), "c": np.ones(4, np.complex64)}
+    p = prepare(tree)
+    store = treestore.Store("memory://stats/keys")
+    from treestore._engine.write import write
+
+    write(store.storage, p, "k")
+    assert store.open("k").stats() == {} and store.open("k").healthy is True
+
+
+# --- readers: manifests only ----------------------------------------------------------------------
+def run_cli(*args: str):
+    from click.testing import CliRunner
+
+    from treestore_cli.main import cli
+
+    return CliRunner().invoke(cli, list(args))
+
+
+def diverging_run(url: str) -> None:
+    """Five checkpoints; ``opt/mu`` turns NaN at step-3, ``w`` inf at step-4, step-5 has none."""
+    store = treestore.Store(url)
+    for step in range(1, 6):
+        mu = np.full(3000, float(step), np.float32)  # chunks of their own: reads would show
+        w = np.ones(4000)
+        if step >= 3:
+            mu[7] = np.nan
+        if step >= 4:
+            w[0] = np.inf
+        options = SaveOptions(stats=step != 5)
+        store.save({"opt": {"mu": mu}, "w": w, "loss": float(step)}, f"step-{step}", options=options)
+
+
+def test_stats_show_ls_and_health_read_no_chunk():
+    import json
+    import uuid
+
+    from .counting import CountingFileSystem
+
+    url = f"counting://stats/{uuid.uuid4().hex}"
+    diverging_run(url)
+    CountingFileSystem.reset()
+    assert treestore.open(f"{url}#step-4").nonfinite() == ["opt/mu", "w"]
+    assert treestore.open(f"{url}#step-3").stats("opt/*")["opt/mu"].nan == 1
+    shown = run_cli("show", "--stats", f"{url}#step-3")
+    assert shown.exit_code == 0 and "from the manifest alone (NaN/inf in opt/mu)" in shown.output
+    assert (
+        json.loads(run_cli("show", "--stats", "--json", f"{url}#step-3", "w").output)["leaves"][0]["nan"] == 0
+    )
+    health = run_cli("health", url)
+    assert health.exit_code == 1, health.output
+    data = json.loads(run_cli("health", "--json", url).output)
+    assert data["first_nonfinite"] == {"opt/mu": "step-3", "w": "step-4"}
+    assert [c["healthy"] for c in data["checkpoints"]] == [True, True, False, False, None]
+    assert json.loads(run_cli("health", "--json", url, "w").output)["first_nonfinite"] == {"w": "step-4"}
+    assert CountingFileSystem.bytes_read("chunks") == 0  # ls reads no chunk either, but lists them
+    listed = run_cli("ls", url)
+    assert "step-3 !" in listed.output and "NaN/inf: step-4: opt/mu, w" in listed.output
+    rows = json.loads(run_cli("ls", "--json", url).output)["checkpoints"]
+    assert [r["nonfinite"] for r in rows][2:] == [["opt/mu"], ["opt/mu", "w"], []]
+    assert CountingFileSystem.bytes_read("chunks") == 0
+
+
+def test_health_of_a_store_without_statistics_is_unknown(tmp_path):
+    treestore.save(str(tmp_path), {"w": np.array([np.nan])}, "a", options=SaveOptions(stats=False))
+    out = run_cli("health", str(tmp_path))
+    assert out.exit_code == 0 and "unknown" in out.output and "show NaN/inf" in out.output

@@ -1,0 +1,167 @@
+"""What a checkpoint's manifest says of its values: the statistics a save recorded of each leaf
+(:class:`ValueStats`) and whether any leaf holds NaN or ±inf, read without reading any chunk.
+
+Statistics come from the manifest's optional ``stats`` column (checked as hostile input when
+decoded: see :mod:`treestore._format.stats`); a Python scalar leaf's come from its value, which
+the manifest holds. A leaf without them (a checkpoint saved without statistics, of format 1, a
+complex or PRNG key leaf, a record that made no sense) is *unknown*, never taken for healthy or
+unhealthy.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from treestore._format import stats as _stats
+from treestore._format.columns import ARRAY_CODES, DTYPE_NAMES, KINDS, Columns
+from treestore._format.dtypes import ITEMSIZES
+
+
+@dataclass(frozen=True)
+class ValueStats:
+    """Statistics of one leaf's values, recorded when it was saved (see ``SaveOptions.stats``).
+
+    ``min`` and ``max`` are over the finite elements (None when there is none); ``l2`` is the
+    L2 norm of the finite elements, accumulated in float64. Integer and bool leaves have no
+    non-finite elements. They are read from the manifest alone and are advisory: shown, and used
+    to decide retention, never to check data.
+
+    Examples:
+        >>> import numpy as np, treestore
+        >>> w = np.array([3.0, np.nan, 4.0, -np.inf], np.float32)
+        >>> _ = treestore.save("memory://doc/stats", {"w": w}, "a")
+        >>> s = treestore.open("memory://doc/stats#a").stats()["w"]
+        >>> s.nan, s.neginf, s.min, s.max, s.l2, s.healthy
+        (1, 1, 3.0, 4.0, 5.0, False)
+    """
+
+    address: str
+    dtype: str  # numpy dtype name; "float", "int" or "bool" for a Python scalar
+    size: int  # elements
+    nan: int
+    posinf: int
+    neginf: int
+    min: float | int | None
+    max: float | int | None
+    l2: float
+
+    @property
+    def nonfinite(self) -> int:
+        """Elements that are NaN, +inf or -inf."""
+        return self.nan + self.posinf + self.neginf
+
+    @property
+    def finite(self) -> int:
+        return self.size - self.nonfinite
+
+    @property
+    def healthy(self) -> bool:
+        """Whether every element is finite."""
+        return self.nonfinite == 0
+
+    @property
+    def rms(self) -> float | None:
+        """Root mean square of the finite elements (None when there is none)."""
+        return self.l2 / math.sqrt(self.finite) if self.finite else None
+
+    def to_json(self) -> dict[str, object]:
+        """A JSON-ready dict (non-finite floats never occur: min and max are finite or None)."""
+        return {
+            "address": self.address,
+            "dtype": self.dtype,
+            "size": self.size,
+            "nan": self.nan,
+            "posinf": self.posinf,
+            "neginf": self.neginf,
+            "min": self.min,
+            "max": self.max,
+            "l2": self.l2 if math.isfinite(self.l2) else None,
+        }
+
+
+def _of_value(address: str, kind: str, value: object) -> ValueStats | None:
+    """The statistics of a Python scalar leaf (bool, int, float), from its value."""
+    if kind == "float" and isinstance(value, float):
+        nan, pos, neg = int(math.isnan(value)), int(value == math.inf), int(value == -math.inf)
+        ok = math.isfinite(value)
+        return ValueStats(
+            address,
+            "float",
+            1,
+            nan,
+            pos,
+            neg,
+            value if ok else None,
+            value if ok else None,
+            abs(value) if ok else 0.0,
+        )
+    if kind in ("int", "bool") and isinstance(value, int):
+        try:
+            l2 = float(abs(value))
+        except OverflowError:
+            l2 = math.inf
+        return ValueStats(address, kind, 1, 0, 0, 0, value, value, l2)
+    return None
+
+
+def _of_record(address: str, dtype: str, size: int, r: _stats.Record) -> ValueStats:
+    kind, nan, pos, neg, lo, hi, sumsq = r
+    finite = size - nan - pos - neg
+    if kind == _stats.UINT and dtype == "bool":
+        lo, hi = bool(lo), bool(hi)
+    return ValueStats(
+        address, dtype, size, nan, pos, neg, lo if finite else None, hi if finite else None, math.sqrt(sumsq)
+    )
+
+
+def leaf_stats(columns: Columns, which: Sequence[int] | None = None) -> dict[str, ValueStats]:
+    """The statistics of leaves ``which`` (default: every leaf) that have them, by address, in
+    leaf order; the others are left out (unknown)."""
+    which = range(len(columns)) if which is None else which
+    table = columns.stats
+    kinds = columns.leaves["kind"]
+    out: dict[str, ValueStats] = {}
+    for i in which:
+        address = columns.address(i)
+        if kinds[i] >= ARRAY_CODES:
+            found = _of_value(address, KINDS[kinds[i]], columns.value(i))
+            if found is not None:
+                out[address] = found
+            continue
+        if table is None or table["kind"][i] == _stats.UNKNOWN:
+            continue
+        (record,) = _stats.records(table[i : i + 1])
+        dtype = DTYPE_NAMES[columns.leaves["dtype"][i]]
+        size = int(columns.leaf_nbytes[i]) // ITEMSIZES[dtype]
+        out[address] = _of_record(address, dtype, size, record)
+    return out
+
+
+def nonfinite_leaves(columns: Columns) -> np.ndarray:
+    """The indices of the leaves whose recorded values hold NaN or ±inf (Python scalars by their
+    value), vectorised over the stats column: what a scan of hundreds of manifests asks."""
+    found = np.zeros(len(columns), bool)
+    table = columns.stats
+    if table is not None:
+        found |= (table["kind"] == _stats.FLOAT) & ((table["nan"] | table["posinf"] | table["neginf"]) > 0)
+    kinds = columns.leaves["kind"]
+    for i in np.flatnonzero(kinds == KINDS.index("float")).tolist():
+        value = columns.value(i)
+        found[i] = isinstance(value, float) and not math.isfinite(value)
+    return np.flatnonzero(found)
+
+
+def health(columns: Columns) -> bool | None:
+    """Whether a checkpoint is healthy: False when a leaf holds NaN or ±inf, True when its
+    manifest has statistics and none does, None (unknown) when it has none and no Python scalar
+    says otherwise."""
+    if len(nonfinite_leaves(columns)):
+        return False
+    return None if columns.stats is None else True
+
+
+__all__ = ["ValueStats", "health", "leaf_stats", "nonfinite_leaves"]

@@ -1,0 +1,313 @@
+"""Per-leaf statistics of the values a save stored (the optional ``stats`` column of a version-2
+manifest): how many elements are NaN, +inf and -inf, the smallest and largest finite element,
+and the sum of the squares of the finite elements (the L2 norm squared), accumulated in float64.
+
+A save measures each chunk on the thread that hashes and compresses it (the bytes are in cache
+then) and combines the chunks' records into the leaf's exactly: counts add, minima and maxima
+combine, sums of squares add. A multi-process save combines each process's records of its
+pieces the same way (:func:`combine`), and since a process stores only the shards of replica 0,
+every element is counted once.
+
+Readers treat the column as hostile input (:func:`check_column`): a column of the wrong size is
+ignored whole, a record that makes no sense for its leaf (a count beyond its elements, a negative
+or NaN sum of squares, a minimum above the maximum, a kind that is not its dtype's) is ignored
+alone, and the rest of the manifest is read as always. Statistics are shown and may steer
+retention; nothing else trusts them.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from typing import Any
+
+import numpy as np
+
+# Record kinds: how ``min`` and ``max`` are read (the 8 bytes as float64, int64 or uint64).
+UNKNOWN, FLOAT, INT, UINT = 0, 1, 2, 3
+STATS_DTYPE = np.dtype(
+    [
+        ("kind", "u1"),
+        ("nan", "<u8"),
+        ("posinf", "<u8"),
+        ("neginf", "<u8"),
+        ("min", "<i8"),  # the bits of a float64 (FLOAT), an int64 (INT) or a uint64 (UINT)
+        ("max", "<i8"),
+        ("sumsq", "<f8"),  # sum of the squares of the finite elements, in float64
+    ]
+)
+assert STATS_DTYPE.itemsize == 49
+
+_FLOATS = [
+    "float16",
+    "float32",
+    "float64",
+    "bfloat16",
+    "float8_e3m4",
+    "float8_e4m3",
+    "float8_e4m3b11fnuz",
+    "float8_e4m3fn",
+    "float8_e4m3fnuz",
+    "float8_e5m2",
+    "float8_e5m2fnuz",
+    "float8_e8m0fnu",
+    "float4_e2m1fn",
+    "float6_e2m3fn",
+    "float6_e3m2fn",
+]
+_INTS = {"int8": 8, "int16": 16, "int32": 32, "int64": 64, "int2": 2, "int4": 4}
+_UINTS = {"bool": 1, "uint8": 8, "uint16": 16, "uint32": 32, "uint64": 64, "uint2": 2, "uint4": 4}
+_SUB_BYTE = {"int2": np.int8, "int4": np.int8, "uint2": np.uint8, "uint4": np.uint8}
+KIND_OF: dict[str, int] = (
+    {n: FLOAT for n in _FLOATS} | dict.fromkeys(_INTS, INT) | dict.fromkeys(_UINTS, UINT)
+)
+
+# A record is (kind, nan, posinf, neginf, min, max, sumsq) with min and max as Python numbers.
+Record = tuple[int, int, int, int, Any, Any, float]
+_EMPTY: dict[int, Record] = {
+    FLOAT: (FLOAT, 0, 0, 0, math.inf, -math.inf, 0.0),
+    INT: (INT, 0, 0, 0, 2**63 - 1, -(2**63), 0.0),
+    UINT: (UINT, 0, 0, 0, 2**64 - 1, 0, 0.0),
+}
+UNKNOWN_RECORD: Record = (UNKNOWN, 0, 0, 0, 0, 0, 0.0)
+BLOCK = 8192  # elements squared per step in float64 (64 KiB: stays in the core's cache)
+_scratch = threading.local()
+
+
+def kind_of(dtype_name: str) -> int:
+    """The record kind of a leaf of dtype ``dtype_name`` (UNKNOWN for complex dtypes)."""
+    return KIND_OF.get(dtype_name, UNKNOWN)
+
+
+def empty(kind: int) -> Record:
+    """The record of no elements: what :func:`combine` starts from."""
+    return _EMPTY.get(kind, UNKNOWN_RECORD)
+
+
+def _sumsq(x: np.ndarray) -> float:
+    """Sum of squares of the (finite, real) elements of ``x`` in float64: blocks of BLOCK
+    elements are converted into a per-thread buffer and multiplied there (a float64 copy of a
+    whole chunk would cost more than the rest of the statistics together). Squares beyond
+    float64 make it inf (float64 leaves of elements over 1e154)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return _sumsq_blocks(x)
+
+
+def _sumsq_blocks(x: np.ndarray) -> float:
+    if x.dtype == np.float64:
+        return float(sum(np.dot(x[i : i + BLOCK], x[i : i + BLOCK]) for i in range(0, x.size, BLOCK)))
+    buf = getattr(_scratch, "buf", None)
+    if buf is None:
+        buf = _scratch.buf = np.empty(BLOCK, np.float64)
+    total = 0.0
+    for i in range(0, x.size, BLOCK):
+        part = x[i : i + BLOCK]
+        b = buf[: part.size]
+        np.copyto(b, part, casting="unsafe")
+        total += float(np.dot(b, b))
+    return total
+
+
+def _as_float(x: np.ndarray) -> np.ndarray:
+    """``x`` as float32 or float64, every value exact (bfloat16 by moving its bits: numpy's
+    conversion of extended types is far slower)."""
+    if x.dtype in (np.float32, np.float64):
+        return x
+    if x.dtype.name == "bfloat16":
+        return (x.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    return x.astype(np.float32)
+
+
+def measure(values: np.ndarray) -> Record:
+    """The record of the elements of ``values`` (any shape; UNKNOWN for a dtype without one)."""
+    kind = kind_of(values.dtype.name)
+    if kind == UNKNOWN or values.size == 0:
+        return empty(kind)
+    flat = values.reshape(-1)
+    if kind != FLOAT:
+        if flat.dtype == np.bool_:
+            flat = flat.view(np.uint8)
+        elif flat.dtype.name in _SUB_BYTE:
+            flat = flat.astype(_SUB_BYTE[flat.dtype.name])
+        return (kind, 0, 0, 0, int(flat.min()), int(flat.max()), _sumsq(flat))
+    x = _as_float(flat)
+    lo, hi = x.min(), x.max()  # NaN when any element is NaN, ±inf when any is infinite
+    if math.isfinite(lo) and math.isfinite(hi):
+        return (FLOAT, 0, 0, 0, float(lo), float(hi), _sumsq(x))
+    finite = np.isfinite(x)
+    nan = int(np.count_nonzero(np.isnan(x)))
+    posinf = int(np.count_nonzero(x == np.inf))
+    kept = x[finite]
+    if not kept.size:
+        return (FLOAT, nan, posinf, x.size - nan - posinf, math.inf, -math.inf, 0.0)
+    neginf = x.size - kept.size - nan - posinf
+    return (FLOAT, nan, posinf, neginf, float(kept.min()), float(kept.max()), _sumsq(kept))
+
+
+def combine(records: Any, kind: int) -> Record:
+    """The record of the union of the elements ``records`` describe (records of one leaf, of
+    kind ``kind``): exact, whatever their order; UNKNOWN when any record is."""
+    out = empty(kind)
+    if kind == UNKNOWN:
+        return out
+    for r in records:
+        if r is None or r[0] != kind:
+            return UNKNOWN_RECORD
+        out = (
+            kind,
+            out[1] + r[1],
+            out[2] + r[2],
+            out[3] + r[3],
+            min(out[4], r[4]),
+            max(out[5], r[5]),
+            out[6] + r[6],
+        )
+    return out
+
+
+def column(records: list[Record]) -> np.ndarray:
+    """Records as the ``stats`` column (STATS_DTYPE, one per leaf)."""
+    out = np.zeros(len(records), STATS_DTYPE)
+    if not records:
+        return out
+    kinds = np.array([r[0] for r in records], np.uint8)
+    out["kind"] = kinds
+    for j, name in ((1, "nan"), (2, "posinf"), (3, "neginf")):
+        out[name] = [r[j] for r in records]
+    out["sumsq"] = [r[6] for r in records]
+    for j, name in ((4, "min"), (5, "max")):
+        for kind, dtype in ((FLOAT, "<f8"), (INT, "<i8"), (UINT, "<u8")):
+            rows = np.flatnonzero(kinds == kind)
+            if len(rows):
+                out[name][rows] = np.array([records[i][j] for i in rows.tolist()], dtype).view("<i8")
+    return out
+
+
+def records(table: np.ndarray) -> list[Record]:
+    """The ``stats`` column as records (the inverse of :func:`column`)."""
+    out: list[Record] = []
+    f_lo, f_hi = table["min"].view("<f8"), table["max"].view("<f8")
+    u_lo, u_hi = table["min"].view("<u8"), table["max"].view("<u8")
+    for i, kind in enumerate(table["kind"].tolist()):
+        if kind == FLOAT:
+            lo, hi = float(f_lo[i]), float(f_hi[i])
+        elif kind == UINT:
+            lo, hi = int(u_lo[i]), int(u_hi[i])
+        else:
+            lo, hi = int(table["min"][i]), int(table["max"][i])
+        row = table[i]
+        out.append(
+            (kind, int(row["nan"]), int(row["posinf"]), int(row["neginf"]), lo, hi, float(row["sumsq"]))
+        )
+    return out
+
+
+def combine_columns(tables: list[np.ndarray], kinds: np.ndarray) -> np.ndarray:
+    """Row by row, the records of the union of the elements the rows of ``tables`` describe
+    (each table a column of one process's records of the same leaves, of kinds ``kinds``):
+    :func:`combine` over whole columns at once, UNKNOWN where any process's record is not of
+    its leaf's kind."""
+    out = column([empty(int(k)) for k in kinds.tolist()])
+    if not tables:
+        return out
+    stack = np.stack(tables)  # processes × leaves
+    known = np.all(stack["kind"] == kinds, axis=0) & (kinds != UNKNOWN)
+    for name in ("nan", "posinf", "neginf"):
+        out[name] = stack[name].sum(axis=0, dtype=np.uint64)
+    out["sumsq"] = stack["sumsq"].sum(axis=0)
+    for name, pick in (("min", np.min), ("max", np.max)):
+        for kind, dtype in ((FLOAT, "<f8"), (INT, "<i8"), (UINT, "<u8")):
+            rows = np.flatnonzero(kinds == kind)
+            if len(rows):
+                out[name][rows] = pick(stack[name][:, rows].view(dtype), axis=0).view("<i8")
+    out[~known] = np.zeros(1, STATS_DTYPE)
+    return out
+
+
+def _int_bounds(name: str) -> tuple[int, int]:
+    if name in _INTS:
+        bits = _INTS[name]
+        return -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
+    return 0, 2 ** _UINTS[name] - 1
+
+
+def check_column(
+    found: object, names: tuple[str, ...], codes: np.ndarray, measured: np.ndarray, elements: np.ndarray
+) -> tuple[np.ndarray | None, str | None]:
+    """The ``stats`` field of a manifest, checked as hostile input: (the column, with every record
+    that makes no sense for its leaf made UNKNOWN; a note saying how many were, or None) or
+    (None, why the whole field is ignored; None when there is none). Leaf i has dtype
+    ``names[codes[i]]``, is measured at all when ``measured[i]`` (an array leaf that is not a PRNG
+    key) and has ``elements[i]`` elements."""
+    n = len(elements)
+    if found is None:
+        return None, None
+    if isinstance(found, np.ndarray):
+        found = found.tobytes()
+    if type(found) is not bytes or len(found) != n * STATS_DTYPE.itemsize:
+        held = f"{len(found)} bytes" if type(found) is bytes else f"a {type(found).__name__}"
+        return (
+            None,
+            f"statistics ignored: the field holds {held}, not {n} records of {STATS_DTYPE.itemsize} bytes",
+        )
+    table = np.frombuffer(found, STATS_DTYPE).copy()
+    by_code = np.array([kind_of(name) for name in names], np.uint8)
+    expect = np.where(measured, by_code[np.minimum(codes, len(names) - 1)], UNKNOWN)
+    kind = table["kind"]
+    ok = (kind == expect) | (kind == UNKNOWN)
+    size = elements.astype(np.uint64)
+    nan, pos, neg = table["nan"], table["posinf"], table["neginf"]
+    with np.errstate(over="ignore"):
+        ok &= (nan <= size) & (pos <= size - np.minimum(nan, size))
+        used = np.minimum(nan + pos, size)
+        ok &= neg <= size - used
+        finite = size - np.minimum(nan + pos + neg, size)
+    sumsq = table["sumsq"]
+    ok &= ~np.isnan(sumsq) & (sumsq >= 0)
+    ok &= (kind == FLOAT) | ((nan == 0) & (pos == 0) & (neg == 0))
+    has = finite > 0
+    ok &= has | (sumsq == 0)
+    lo_f, hi_f = table["min"].view("<f8"), table["max"].view("<f8")
+    with np.errstate(invalid="ignore", over="ignore"):
+        floats = kind == FLOAT
+        ok &= ~(floats & has) | (np.isfinite(lo_f) & np.isfinite(hi_f) & (lo_f <= hi_f))
+        top = np.maximum(np.abs(lo_f), np.abs(hi_f))
+        big = top * top
+        # Every finite square lies between the largest one and that times the count.
+        slack = 1e-6 * big + 1e-300
+        low = np.where(np.isinf(big), np.inf, big - slack)
+        high = np.where(np.isinf(big), np.inf, big * finite.astype(np.float64) + slack)
+        ok &= ~(floats & has) | ((sumsq >= low) & (sumsq <= high))
+    for code in (INT, UINT):
+        rows = np.flatnonzero((kind == code) & has & ok)
+        for i in rows.tolist():
+            lo, hi = (int(table["min"][i]), int(table["max"][i]))
+            if code == UINT:
+                lo, hi = lo % 2**64, hi % 2**64
+            bounds = _int_bounds(names[int(codes[i])])
+            if not bounds[0] <= lo <= hi <= bounds[1]:
+                ok[i] = False
+    bad = int(np.count_nonzero(~ok & (kind != UNKNOWN)))
+    table[~ok] = np.zeros(1, STATS_DTYPE)
+    note = f"statistics of {bad} leaves ignored: they make no sense for their leaves" if bad else None
+    table.flags.writeable = False
+    return table, note
+
+
+__all__ = [
+    "FLOAT",
+    "INT",
+    "STATS_DTYPE",
+    "UINT",
+    "UNKNOWN",
+    "UNKNOWN_RECORD",
+    "Record",
+    "check_column",
+    "column",
+    "combine",
+    "combine_columns",
+    "empty",
+    "kind_of",
+    "measure",
+    "records",
+]
