@@ -41,16 +41,10 @@ def test_readme_api_table_is_treestore_all() -> None:
         getattr(treestore, name)  # every name listed resolves
 
 
-# Commands whose README row is proposed but not yet merged (README.md is edited by the session
-# that merges this branch): remove a name here when its row is added.
-PENDING_ROWS = {"health"}
-
-
 def test_readme_cli_table_is_the_commands() -> None:
     listed = _table_after("## The command line at a glance")
     assert all(cell.startswith("treestore ") for cell in listed), listed
     commands = [cell.removeprefix("treestore ") for cell in listed]
-    commands += sorted(PENDING_ROWS - set(commands))
     assert len(commands) == len(set(commands))
     assert set(commands) == set(cli.commands), (
         f"missing: {sorted(set(cli.commands) - set(commands))}, "
