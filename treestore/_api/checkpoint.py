@@ -307,12 +307,14 @@ class Checkpoint:
     def __getitem__(self, address: str) -> Any:
         """The leaf at ``address`` — as the manifest spells it, or with digit keys as bare digits
         when that names one leaf (``h/3/w`` for ``h/"3"/w``)."""
-        found = _select.lookup(address, _Addresses(self._frame)) if isinstance(address, str) else None
-        if found is None:
+        i = None
+        if isinstance(address, str):  # by a walk down the tree: no address is built
+            i = self._frame.find(address)
+            if i is None:
+                i = self._frame.nodes.find_loose(address)
+        if i is None:
             self.select(glob_escape(address) if isinstance(address, str) else address)
             raise KeyError(address)  # select raised for anything it did not find
-        i = self._frame.find(found)
-        assert i is not None  # lookup found it
         return self._leaf(i)
 
     def __contains__(self, address: object) -> bool:

@@ -29,6 +29,7 @@ from treestore._format.address import (
 )
 from treestore._format.encoding import Bad
 from treestore._format.limits import MAX_ADDRESS_CHARS, MAX_ADDRESSES_CHARS, MAX_DEPTH
+from treestore._format.select import loose_segment
 from treestore.errors import TreestoreError, UnsupportedFormatError
 
 # Node kinds, by code (SPEC.md, version-2 manifest).
@@ -94,6 +95,31 @@ class Nodes:
                 if not len(hits):
                     return None
                 node = int(hits[0])
+        hit = np.flatnonzero(self.leaf_node == node)
+        return int(hit[0]) if len(hit) else None
+
+    def find_loose(self, address: str) -> int | None:
+        """The leaf index at ``address`` with digit keys read loosely (``h/3/w`` for
+        ``h/"3"/w``, see :func:`treestore._format.select.loose_segment`), or None when no leaf
+        or more than one is there. The index of children by loose segment is built once per
+        tree: lookups after the first cost a dictionary probe per segment."""
+        spell = loose_segment
+        children = self.__dict__.get("_loose_children")
+        if children is None:
+            spelled = [spell(s) for s in self.segments]
+            children = {}
+            for node, (parent, key) in enumerate(
+                zip(self.table["parent"].tolist(), self.table["key"].tolist(), strict=True)
+            ):
+                if node:  # the root is its own parent
+                    children.setdefault((parent, spelled[key]), []).append(node)
+            self.__dict__["_loose_children"] = children
+        node = 0
+        for segment in address.split("/") if address else ():
+            hits = children.get((node, spell(segment)), ())
+            if len(hits) != 1:
+                return None
+            node = hits[0]
         hit = np.flatnonzero(self.leaf_node == node)
         return int(hit[0]) if len(hit) else None
 

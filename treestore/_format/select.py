@@ -75,6 +75,11 @@ def _loose(address: str) -> str:
     return _SPELLED.sub(lambda m: next(g for g in m.groups() if g is not None), "/" + address)
 
 
+def loose_segment(segment: str) -> str:
+    """One address segment with a digit key spelled as bare digits (``"3"``, ``{3}``, ``#3`` -> 3)."""
+    return _loose(segment)[1:]
+
+
 def _exact(pattern: str, addresses: Sequence[str]) -> list[str]:
     rx = _compile(pattern)
     return [a for a in addresses if rx.match("/" + a)]
