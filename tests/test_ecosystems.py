@@ -207,6 +207,14 @@ def test_equinox_saving_the_whole_model_names_every_function():
     assert isinstance(info.value, TypeError) and info.value.address == "mlp/.activation"
 
 
+def test_equinox_hint_for_a_model_in_a_dict_whose_keys_do_not_sort():
+    """The hint finds an equinox module under a dict whose keys do not sort (1 and "a"), which
+    jax's own walk of the tree cannot order."""
+    model = {"mlp": equinox.nn.MLP(2, 3, 8, 2, key=jax.random.key(0)), 0: np.float32(0.1)}
+    with pytest.raises(treestore.errors.UnsupportedLeafError, match=r"eqx.filter\(model, eqx.is_array\)"):
+        treestore.save(memory(), model, "mlp")
+
+
 def test_equinox_arrays_are_never_taken_from_like():
     """A stored None where like has an array is a missing leaf, not a value to keep: the
     template's array would come back as if it had been saved."""

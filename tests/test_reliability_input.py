@@ -358,6 +358,16 @@ def test_unstorable_array_leaf_is_refused_with_unsupported_leaf_error(tmp_path, 
     assert isinstance(exc, treestore.errors.UnsupportedLeafError), type(exc)
 
 
+def test_unstorable_leaf_in_a_dict_whose_keys_do_not_sort_is_refused_with_unsupported_leaf_error(tmp_path):
+    """A dict may hold keys that do not sort (1 and "a"); a leaf refused inside it is an
+    UnsupportedLeafError naming its address (looking for equinox modules to name in the message
+    used to let jax's ValueError from sorting the keys escape instead)."""
+    url = with_base(tmp_path)
+    for tree in ({"a": None, 0: lambda x: x}, {"": None, 0: np.empty((0, 2**48 + 1), np.float32)}):
+        exc = assert_refused(url, tree, address="0")
+        assert isinstance(exc, treestore.errors.UnsupportedLeafError), type(exc)
+
+
 def test_other_ndarray_subclasses_save_as_plain_arrays(tmp_path):
     """Only subclasses that would not load back as what they were are refused: an np.memmap is
     stored (and restored) as the plain ndarray it views."""
