@@ -30,7 +30,7 @@ from jax.tree_util import DictKey, FlattenedIndexKey, GetAttrKey, SequenceKey
 
 import treestore
 
-from . import hostile
+from . import hostile, strategies
 from .helpers import assert_tree_equal
 
 # The errors a save may refuse its input with (SPEC: a writer refuses what a reader would refuse).
@@ -464,39 +464,21 @@ def hostile_int(i: int) -> int:
 DTYPE_NAMES = ["bool", "int8", "uint16", "int32", "int64", "float16", "float32", "float64", "complex64"]
 
 arrays = st.one_of(
-    st.tuples(st.sampled_from(DTYPE_NAMES), st.lists(st.integers(0, 4), max_size=3).map(tuple)).map(
-        lambda t: np.zeros(t[1], np.dtype(t[0]))
-    ),
+    strategies.arrays(DTYPE_NAMES, max_side=4),
     st.tuples(
         st.sampled_from(["float32", "uint8"]),
         st.sampled_from([(0, 2**48), (0, 2**48 + 1), (2**49, 0), (0, 3, 2**58)]),
     ).map(lambda t: np.empty(t[1], np.dtype(t[0]))),
 )
 ints = st.one_of(
-    st.integers(),
+    strategies.INTS,
     st.integers(0, len(HOSTILE_INTS) - 1).map(hostile_int),
     st.integers(0, 5000).map(lambda n: 10**n),
     st.integers(0, 5000).map(lambda n: -(10**n)),
 )
-scalars = st.one_of(
-    ints,
-    st.floats(),
-    st.booleans(),
-    st.none(),
-    st.text(max_size=5),
-    st.sampled_from(["\ud800", "a\udfffb"]),
-    st.binary(max_size=5),
-)
-keys = st.one_of(st.text(max_size=4), st.integers(-5, 5), st.sampled_from([2**64, -(2**63) - 1, True]))
-trees = st.recursive(
-    st.one_of(arrays, scalars),
-    lambda children: st.one_of(
-        st.lists(children, max_size=3),
-        st.lists(children, max_size=3).map(tuple),
-        st.dictionaries(keys, children, max_size=3),
-    ),
-    max_leaves=8,
-)
+scalars = strategies.scalars(ints=ints, max_size=5) | st.sampled_from(["\ud800", "a\udfffb"])
+keys = strategies.KEYS | st.sampled_from([2**64, -(2**63) - 1, True])
+trees = strategies.trees(arrays | scalars, keys=keys)
 
 
 @settings(
