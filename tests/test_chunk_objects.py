@@ -19,7 +19,7 @@ import pytest
 
 import treestore
 
-from .helpers import assert_tree_equal
+from .support.helpers import assert_tree_equal
 
 MiB = 2**20
 HEADER = struct.Struct("<4sBBHQ")  # SPEC.md section 4: magic, codec, plane width, mask, raw size

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 import treestore
 
 from . import strategies
-from .counting import CountingFileSystem
+from .support.counting import CountingFileSystem
 
 RNG = np.random.default_rng(11)
 OPTIONS = treestore.SaveOptions(chunk_size=64 * 1024)

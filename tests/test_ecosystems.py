@@ -1,7 +1,7 @@
 """What flax, equinox, optax, orbax and Hugging Face users do on day one, each in their own idiom.
 
 Every test saves values that are not the template's (templates come from a fresh init with another
-seed, from ``eval_shape``, or from tests/templates.py), so a load that handed back the template
+seed, from ``eval_shape``, or from tests/support/templates.py), so a load that handed back the template
 instead of reading the store fails.
 """
 
@@ -20,8 +20,8 @@ from click.testing import CliRunner
 import treestore
 from treestore_cli.main import cli
 
-from .counting import CountingFileSystem
-from .helpers import assert_tree_equal, same_bytes
+from .support.counting import CountingFileSystem
+from .support.helpers import assert_tree_equal, same_bytes
 
 equinox = pytest.importorskip("equinox")
 nnx = pytest.importorskip("flax.nnx")

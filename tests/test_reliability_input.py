@@ -6,7 +6,7 @@ UnsupportedKeyError) raised before a single object is written: the store's files
 before and after, an earlier checkpoint must still load, and the whole store must still list,
 verify, gc and open in a CheckpointManager. Whatever a save does commit, every reader must accept.
 
-Only the public API is used, plus tests/hostile.py to write a hostile but self-consistent manifest.
+Only the public API is used, plus tests/support/hostile.py to write a hostile but self-consistent manifest.
 """
 
 from __future__ import annotations
@@ -30,8 +30,9 @@ from jax.tree_util import DictKey, FlattenedIndexKey, GetAttrKey, SequenceKey
 
 import treestore
 
-from . import hostile, strategies
-from .helpers import assert_tree_equal
+from . import strategies
+from .support import hostile
+from .support.helpers import assert_tree_equal
 
 # The errors a save may refuse its input with (SPEC: a writer refuses what a reader would refuse).
 INPUT_ERRORS = (

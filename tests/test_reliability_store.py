@@ -36,7 +36,7 @@ from fsspec.implementations.memory import MemoryFileSystem
 
 import treestore
 
-from .helpers import assert_tree_equal
+from .support.helpers import assert_tree_equal
 
 MiB = 2**20
 

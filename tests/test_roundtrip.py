@@ -17,8 +17,8 @@ from treestore._format.columns import DTYPE_NAMES
 from treestore._format.dtypes import DTYPES, ITEMSIZES, ML_ITEMSIZES, NUMPY_NAMES
 
 from . import strategies
-from .helpers import assert_tree_equal, same_bytes
-from .templates import blank
+from .support.helpers import assert_tree_equal, same_bytes
+from .support.templates import blank
 
 RNG = np.random.default_rng(0)
 

@@ -27,8 +27,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import treestore
-from tests.helpers import assert_tree_equal
-from tests.templates import blank
+from tests.support.helpers import assert_tree_equal
+from tests.support.templates import blank
 
 # --------------------------------------------------------------------------------------------------
 # helpers

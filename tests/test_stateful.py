@@ -27,7 +27,7 @@ from jax.tree_util import DictKey, SequenceKey
 import treestore
 
 from . import strategies
-from .helpers import assert_tree_equal
+from .support.helpers import assert_tree_equal
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -29,8 +29,8 @@ from treestore._engine.write import prepare
 from treestore._format.columns_tree import nodes_from_tree
 
 from . import strategies
-from .helpers import assert_leaf_equal, assert_tree_equal, is_key
-from .templates import blank
+from .support.helpers import assert_leaf_equal, assert_tree_equal, is_key
+from .support.templates import blank
 
 # --------------------------------------------------------------------------------------------------
 # helpers

@@ -40,7 +40,8 @@ from treestore._format.encoding import FORMAT_VERSION, check_version, from_msgpa
 from treestore._format.manifest import MANIFEST_MAGIC, ChunkRef
 from treestore._format.manifest import VERSION as V1
 
-from .. import hostile, strategies
+from .. import strategies
+from ..support import hostile
 
 pytestmark = pytest.mark.timeout(120)
 
