@@ -21,7 +21,7 @@ import uuid
 import pytest
 from hypothesis import Phase, settings
 
-from tests.support import servers
+from tests.support import faults, servers
 
 # The mutation check (.ci/mutations.py) needs only to see a test fail, not its smallest example:
 # it runs with this profile, which skips shrinking (slow on a loaded machine).
@@ -35,6 +35,7 @@ s3_backend = servers.s3_backend
 gcs_backend = servers.gcs_backend
 azure_backend = servers.azure_backend
 http_backend = servers.http_backend
+faultmem = faults.faultmem  # a faultmem:// store URL (tests/support/faults.py)
 
 
 @pytest.fixture(params=["local", "memory"])
