@@ -1,12 +1,13 @@
-"""A save refuses, before writing anything, every input a reader would refuse,
-and whatever a save commits every reader accepts (issues 12.4 and 12.10 of the attack report).
+"""A save refuses, before writing anything, every input a reader would refuse, and whatever a
+save commits every reader accepts (issues 12.4 and 12.10 of the attack report).
 
 Every refusal must be a TreestoreError (InvalidInputError, UnsupportedLeafError or
 UnsupportedKeyError) raised before a single object is written: the store's files are compared
 before and after, an earlier checkpoint must still load, and the whole store must still list,
 verify, gc and open in a CheckpointManager. Whatever a save does commit, every reader must accept.
 
-Only the public API is used, plus tests/support/hostile.py to write a hostile but self-consistent manifest."""
+Only the public API is used.
+"""
 
 from __future__ import annotations
 
