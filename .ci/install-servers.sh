@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install what the local protocol servers in tests/servers.py need.
+# Install what the local protocol servers in tests/support/servers.py need.
 #
 #   bash .ci/install-servers.sh VENV_DIR
 #

@@ -114,7 +114,7 @@ MUTATIONS: list[Mutation] = [
         "    return ArrayLeaf(NUMPY, name, data, private=True)\n",
         [
             "tests/test_private_leaves.py::test_which_leaves_a_save_may_read_in_place",
-            "tests/test_reliability_store.py::test_an_array_written_to_during_a_save_never_makes_a_corrupt_chunk",
+            "tests/test_chunk_objects.py::test_an_array_written_to_during_a_save_never_makes_a_corrupt_chunk",
         ],
         "an array the caller changes during a save is hashed and encoded from different bytes",
     ),
@@ -355,7 +355,7 @@ MUTATIONS: list[Mutation] = [
         "    return True\n",
         [
             "tests/test_chunk_objects.py",
-            "tests/test_reliability_store.py::test_a_save_does_not_reuse_a_bad_chunk_object",
+            "tests/test_chunk_objects.py::test_a_save_does_not_reuse_a_bad_chunk_object",
         ],
         "a save references a damaged or empty object left under a chunk's name",
     ),
@@ -364,9 +364,7 @@ MUTATIONS: list[Mutation] = [
         "treestore/_engine/write.py",
         "    np.copyto(out, raw)\n    return out\n",
         "    return raw\n",
-        [
-            "tests/test_reliability_store.py::test_an_array_written_to_during_a_save_never_makes_a_corrupt_chunk"
-        ],
+        ["tests/test_chunk_objects.py::test_an_array_written_to_during_a_save_never_makes_a_corrupt_chunk"],
         "an array changed during a save is hashed and encoded from different bytes",
     ),
     # --- results of a load -------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
     python -m benchmarks.bench_s3 [--tree gpt2|gpt2-half|gpt2-quarter] [--runs 3] [--no-orbax]
 
-Starts its own moto server on a free 127.0.0.1 port (tests/servers.py), builds the GPT-2-small-shaped
+Starts its own moto server on a free 127.0.0.1 port (tests/support/servers.py), builds the GPT-2-small-shaped
 fp32 tree (``benchmarks.trees.gpt2_small``, about 498 MB) and measures, median of ``--runs``:
 
 * raw s3fs: ``pipe_file`` of all leaves' bytes concatenated as one object, and ``cat_file`` of it
@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-orbax", action="store_true", help="skip the orbax attempt")
     args = ap.parse_args(argv)
 
-    from tests import servers  # the moto server context manager the tests use
+    from tests.support import servers  # the moto server context manager the tests use
 
     log(f"building the {args.tree} tree ...")
     tree = build_tree(args.tree)

@@ -45,7 +45,7 @@ def remote_root(s3: bool, tmp: str) -> Iterator[tuple[str, dict[str, Any] | None
     if not s3:
         yield f"{tmp}/remote", None
         return
-    from tests.servers import moto_s3_server
+    from tests.support.servers import moto_s3_server
 
     with moto_s3_server() as backend:
         yield backend.url("run"), backend.storage_options

@@ -1,6 +1,6 @@
 """Shared fixtures: fresh stores on each local backend, and the real object-store servers.
 
-The servers (moto S3, the GCS emulator, azurite, a static HTTP server; tests/servers.py) are
+The servers (moto S3, the GCS emulator, azurite, a static HTTP server; tests/support/servers.py) are
 session-scoped: each starts once, on a free 127.0.0.1 port, the first time a test asks for it,
 and stops at the end of the session. ``*_backend`` fixtures empty the server before each test.
 """
@@ -21,7 +21,7 @@ import uuid
 import pytest
 from hypothesis import Phase, settings
 
-from tests import servers
+from tests.support import faults, servers
 
 # The mutation check (.ci/mutations.py) needs only to see a test fail, not its smallest example:
 # it runs with this profile, which skips shrinking (slow on a loaded machine).
@@ -35,6 +35,7 @@ s3_backend = servers.s3_backend
 gcs_backend = servers.gcs_backend
 azure_backend = servers.azure_backend
 http_backend = servers.http_backend
+faultmem = faults.faultmem  # a faultmem:// store URL (tests/support/faults.py)
 
 
 @pytest.fixture(params=["local", "memory"])

@@ -19,7 +19,13 @@ import pytest
 
 import treestore
 
-from .helpers import assert_tree_equal
+from .support.faults import (
+    chunk_objects,
+    chunked_tree,
+    get_object,
+    put_object,
+)
+from .support.helpers import assert_tree_equal
 
 MiB = 2**20
 HEADER = struct.Struct("<4sBBHQ")  # SPEC.md section 4: magic, codec, plane width, mask, raw size
@@ -236,3 +242,69 @@ def test_a_big_chunk_stored_alone_is_hashed_and_compressed_on_every_core(tmp_pat
     asked.clear()
     store.save({"w": raw.view(np.float32) + 1}, "b")
     assert {threads for size, threads in asked if size >= 2**20} == {1}
+
+
+# --- 12.2: a bad object under a chunk's name ------------------------------------------------------
+def _damage(url: str, path: str, how: str, size: int) -> None:
+    """Put a bad object at ``path``: empty, or ``size`` bytes of garbage (the good one's size)."""
+    bad = b"" if how == "empty" else np.random.default_rng(size).bytes(size)
+    put_object(url, path, bad)
+
+
+@pytest.mark.parametrize("how", ["empty", "garbage"])
+def test_a_save_does_not_reuse_a_bad_chunk_object(store_url: str, how: str):
+    data = chunked_tree(7, n=1_500_000)  # 6 MB: two chunks of the default 4 MiB, and a pack
+    treestore.save(store_url, data, "first")
+    chunks = chunk_objects(store_url)
+    assert len(chunks) >= 3
+    for path in chunks:
+        _damage(store_url, path, how, len(get_object(store_url, path)))
+    treestore.Store(store_url).delete("first")
+    treestore.save(store_url, data, "again")
+    assert_tree_equal(treestore.load(store_url, "again"), data)
+    report = treestore.verify(store_url)
+    assert report.ok, report.problems
+
+
+@pytest.mark.parametrize("how", ["empty", "garbage"])
+def test_copy_repairs_a_bad_chunk_object_at_the_destination(store_url: str, how: str):
+    src = f"memory://treestore-tests/{uuid.uuid4().hex}"
+    data = chunked_tree(8, n=1_500_000)
+    treestore.save(src, data, "a")
+    for path in chunk_objects(src):  # the destination holds bad objects under the same names
+        _damage(store_url, path, how, len(get_object(src, path)))
+    treestore.copy(f"{src}#a", store_url)
+    assert_tree_equal(treestore.load(store_url, "a"), data)
+    report = treestore.verify(store_url)
+    assert report.ok, report.problems
+
+
+@pytest.mark.timeout(60)
+def test_an_array_written_to_during_a_save_never_makes_a_corrupt_chunk(tmp_path: Path):
+    """The loaded values may be any mix of the states the array went through; every chunk
+    object must still hold the bytes its name promises."""
+    url = str(tmp_path / "store")
+    arr = np.zeros(2 * MiB + 123, np.float32)  # 8 MiB: three chunks
+    stop = threading.Event()
+
+    def scribble() -> None:
+        k = 0.0
+        while not stop.is_set():
+            arr[:] = k
+            k += 1.0
+
+    writer = threading.Thread(target=scribble, daemon=True)
+    writer.start()
+    try:
+        names = [f"s{i}" for i in range(6)]
+        for name in names:
+            treestore.save(url, {"w": arr}, name)
+    finally:
+        stop.set()
+        writer.join()
+    report = treestore.verify(url)
+    corrupt = [p for p in report.problems if p.kind == "chunk_corrupt"]
+    assert corrupt == [], "\n".join(p.message for p in corrupt)
+    for name in names:
+        loaded = treestore.load(url, name)["w"]
+        assert loaded.dtype == arr.dtype and loaded.shape == arr.shape

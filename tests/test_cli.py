@@ -17,7 +17,7 @@ import treestore
 from treestore_cli import context, render
 from treestore_cli.main import cli, main
 
-from . import hostile
+from .support import hostile
 
 ROOT = Path(__file__).resolve().parent.parent
 W = (np.random.default_rng(11).standard_normal((256, 512)) * 0.02).astype(np.float32)  # 512 KiB

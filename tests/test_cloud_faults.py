@@ -37,8 +37,8 @@ from treestore._engine import locks as _locks
 from treestore._format import layout as _layout
 from treestore._storage.cloud import ObjectStorage
 
-from . import servers
-from .helpers import assert_tree_equal
+from .support import servers
+from .support.helpers import assert_tree_equal
 
 FAIL_FAST = {
     "config_kwargs": {"connect_timeout": 1, "read_timeout": 2, "retries": {"total_max_attempts": 1}},

@@ -28,7 +28,7 @@ from fsspec.implementations.memory import MemoryFileSystem
 import treestore
 from treestore._format import layout as _layout
 
-from .helpers import assert_tree_equal
+from .support.helpers import assert_tree_equal
 
 OPTIONS = treestore.SaveOptions(chunk_size=64 * 1024, small_leaf=16 * 1024)
 

@@ -18,8 +18,8 @@ from treestore._format.manifest import decode_manifest, encode_manifest
 from treestore._format.parted import Parted
 
 from .data.make_store_v1 import tree
-from .helpers import assert_leaf_equal
-from .templates import blank
+from .support.helpers import assert_leaf_equal
+from .support.templates import blank
 
 DATA = Path(__file__).parent / "data"
 VERSIONS = (1, 2)

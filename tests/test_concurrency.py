@@ -26,8 +26,8 @@ import treestore
 from treestore._engine import read as _read
 from treestore._format import layout as _layout
 
-from .helpers import assert_tree_equal, read_events
 from .scripts import concurrent_writer as writer
+from .support.helpers import assert_tree_equal, read_events
 
 pytestmark = [pytest.mark.slow]
 

@@ -3,7 +3,7 @@ emulator), Azure Blob (azurite) and HTTP (read-only).
 
 :class:`StoreConformance` holds the tests; each ``Test<Backend>`` subclass runs them on one backend
 through the ``target`` fixture. The servers are real, started once per session on free 127.0.0.1
-ports (tests/servers.py, registered in tests/conftest.py), and emptied before each test. Without a
+ports (tests/support/servers.py, registered in tests/conftest.py), and emptied before each test. Without a
 server's package or binary its class is skipped locally and fails under ``CI=true``.
 
 The HTTP variant writes its store into the served folder with a local path and then reads it only
@@ -32,7 +32,7 @@ import treestore
 from treestore._format import layout as _layout
 from treestore._storage.base import Storage
 
-from .helpers import assert_tree_equal
+from .support.helpers import assert_tree_equal
 
 OPTIONS = treestore.SaveOptions(chunk_size=64 * 1024)
 CHUNK = 64 * 1024

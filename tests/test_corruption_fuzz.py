@@ -32,7 +32,7 @@ import treestore
 from treestore._engine import read as _read
 from treestore._format import layout as _layout
 
-from .helpers import assert_tree_equal
+from .support.helpers import assert_tree_equal
 
 pytestmark = [pytest.mark.slow]
 

@@ -37,8 +37,8 @@ from treestore._engine import locks as _locks
 from treestore._engine import read as _read
 from treestore._format import layout as _layout
 
-from .helpers import assert_tree_equal, read_events
 from .scripts import crash_saver as worker
+from .support.helpers import assert_tree_equal, read_events
 
 pytestmark = [pytest.mark.slow]
 

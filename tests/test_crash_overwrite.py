@@ -21,8 +21,8 @@ import pytest
 import treestore
 
 from . import test_crash as crash
-from .helpers import assert_tree_equal, read_events
 from .scripts import crash_saver as worker
+from .support.helpers import assert_tree_equal, read_events
 
 pytestmark = [pytest.mark.slow]
 

@@ -19,8 +19,8 @@ from treestore._engine import locks
 from treestore.errors import CheckpointExistsError, CheckpointNotFoundError, InvalidInputError, NoMatchError
 from treestore_cli.main import cli
 
-from .counting import CountingFileSystem
-from .helpers import assert_tree_equal
+from .support.counting import CountingFileSystem
+from .support.helpers import assert_tree_equal
 
 RNG = np.random.default_rng(5)
 

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 import treestore
 
-from .counting import CountingFileSystem
+from . import strategies
+from .support.counting import CountingFileSystem
 
 RNG = np.random.default_rng(11)
 OPTIONS = treestore.SaveOptions(chunk_size=64 * 1024)
@@ -149,14 +150,10 @@ def test_missing_chunk_during_stats_names_the_address(store_url):
         treestore.diff(f"{store_url}#a", f"{store_url}#b", stats=True)
 
 
-leaves = st.one_of(
-    st.integers(),
-    st.floats(allow_nan=False),
-    st.text(max_size=4),
-    st.lists(st.floats(width=32, allow_nan=False), max_size=20).map(lambda v: np.array(v, np.float32)),
-)
-trees = st.recursive(
-    leaves, lambda c: st.dictionaries(st.text("abc", min_size=1, max_size=3), c, max_size=3), max_leaves=8
+trees = strategies.trees(
+    strategies.scalars() | strategies.arrays() | strategies.arrays([np.float32], max_dims=1, max_side=20),
+    keys=strategies.KEYS | st.text("abc", min_size=1, max_size=3),
+    containers=("dict", "list", "tuple"),
 )
 
 

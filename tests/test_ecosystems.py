@@ -1,7 +1,7 @@
 """What flax, equinox, optax, orbax and Hugging Face users do on day one, each in their own idiom.
 
 Every test saves values that are not the template's (templates come from a fresh init with another
-seed, from ``eval_shape``, or from tests/templates.py), so a load that handed back the template
+seed, from ``eval_shape``, or from tests/support/templates.py), so a load that handed back the template
 instead of reading the store fails.
 """
 
@@ -20,8 +20,8 @@ from click.testing import CliRunner
 import treestore
 from treestore_cli.main import cli
 
-from .counting import CountingFileSystem
-from .helpers import assert_tree_equal, same_bytes
+from .support.counting import CountingFileSystem
+from .support.helpers import assert_tree_equal, same_bytes
 
 equinox = pytest.importorskip("equinox")
 nnx = pytest.importorskip("flax.nnx")
@@ -205,6 +205,14 @@ def test_equinox_saving_the_whole_model_names_every_function():
     assert "mlp/.activation" in text and "mlp/.final_activation" in text
     assert "eqx.filter(model, eqx.is_array)" in text
     assert isinstance(info.value, TypeError) and info.value.address == "mlp/.activation"
+
+
+def test_equinox_hint_for_a_model_in_a_dict_whose_keys_do_not_sort():
+    """The hint finds an equinox module under a dict whose keys do not sort (1 and "a"), which
+    jax's own walk of the tree cannot order."""
+    model = {"mlp": equinox.nn.MLP(2, 3, 8, 2, key=jax.random.key(0)), 0: np.float32(0.1)}
+    with pytest.raises(treestore.errors.UnsupportedLeafError, match=r"eqx.filter\(model, eqx.is_array\)"):
+        treestore.save(memory(), model, "mlp")
 
 
 def test_equinox_arrays_are_never_taken_from_like():

@@ -22,7 +22,7 @@ from treestore._api import hf_shards
 from treestore._api.interop import read_file
 from treestore_cli.main import cli
 
-from .helpers import same_bytes
+from .support.helpers import same_bytes
 from .test_interop import MINILM
 
 INDEX = "model.safetensors.index.json"

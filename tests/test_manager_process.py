@@ -62,7 +62,7 @@ def train(url: str, total: int, delay: float, preemption: bool) -> None:
     import optax
 
     import treestore
-    from tests.templates import blank
+    from tests.support.templates import blank
 
     xs = jnp.asarray(np.random.default_rng(0).normal(size=(256, 1)), jnp.float32)
     ys = xs**2
@@ -159,7 +159,7 @@ def uninterrupted(tmp_path_factory):
 
 
 def test_sigkill_mid_run_then_resume_is_bit_identical(tmp_path, uninterrupted):
-    from .helpers import assert_tree_equal
+    from .support.helpers import assert_tree_equal
 
     url = str(tmp_path / "store")
     # Kill as soon as a checkpoint past step 0 is visible; the run is far from its end.
@@ -177,7 +177,7 @@ def test_sigkill_mid_run_then_resume_is_bit_identical(tmp_path, uninterrupted):
 def test_sigterm_saves_at_the_next_step_exits_cleanly_and_resumes(tmp_path, uninterrupted):
     import treestore
 
-    from .helpers import assert_tree_equal
+    from .support.helpers import assert_tree_equal
 
     url = str(tmp_path / "store")
     code, out = run_until(url, r"step 150", signal.SIGTERM, "--delay", "0.005", "--preemption")

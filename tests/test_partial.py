@@ -11,9 +11,9 @@ import pytest
 
 import treestore
 
-from .counting import CountingFileSystem
-from .helpers import assert_tree_equal, same_bytes
-from .templates import blank
+from .support.counting import CountingFileSystem
+from .support.helpers import assert_tree_equal, same_bytes
+from .support.templates import blank
 
 RNG = np.random.default_rng(7)
 Block = collections.namedtuple("Block", "attn mlp")

@@ -17,7 +17,7 @@ from treestore._engine import write as _write
 from treestore._engine.snapshot import HostSnapshot
 from treestore._tree.leaves import ArrayLeaf, prepare_leaf
 
-from .helpers import assert_tree_equal
+from .support.helpers import assert_tree_equal
 
 
 def _private(value: Any, copy: bool = False) -> bool:

@@ -21,7 +21,7 @@ from treestore._engine.read import read_columns, read_commit_record
 from treestore._engine.write import SaveOptions, write
 from treestore._storage.registry import open_storage
 
-from .jobs import prepared
+from .support.jobs import prepared
 
 SHAPES = st.sampled_from([(12, 40), (7, 9, 33), (5, 300), (64, 3, 2), (1, 2000)])
 

@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from hypothesis.extra import numpy as hnp
 
 import treestore
 from treestore._format.columns import DTYPE_NAMES
 from treestore._format.dtypes import DTYPES, ITEMSIZES, ML_ITEMSIZES, NUMPY_NAMES
 
-from .helpers import assert_tree_equal, same_bytes
-from .templates import blank
+from . import strategies
+from .support.helpers import assert_tree_equal, same_bytes
+from .support.templates import blank
 
 RNG = np.random.default_rng(0)
 
@@ -250,22 +250,14 @@ def test_codec_choices_all_round_trip(store_url):
         assert same_bytes(store.load(f"c{i}")["w"], weights)
 
 
-array_leaves = st.one_of(
-    st.sampled_from(["float32", "int8", "uint16", "float64", "bool"]).flatmap(
-        lambda n: hnp.arrays(DTYPES[n], hnp.array_shapes(min_dims=0, max_dims=3, max_side=5))
+trees = strategies.trees(
+    st.one_of(
+        strategies.arrays(
+            (np.float32, np.int8, np.uint16, np.float64, np.bool_, ml_dtypes.bfloat16), max_side=6
+        ),
+        strategies.scalars(max_size=5),
     ),
-    hnp.arrays(np.uint16, hnp.array_shapes(max_dims=2)).map(lambda a: a.view(ml_dtypes.bfloat16)),
-)
-scalars = st.one_of(
-    st.integers(), st.floats(allow_nan=False), st.booleans(), st.text(max_size=5), st.binary(max_size=5)
-)
-trees = st.recursive(
-    st.one_of(array_leaves, scalars, st.none()),
-    lambda children: st.one_of(
-        st.lists(children, max_size=4),
-        st.lists(children, max_size=4).map(tuple),
-        st.dictionaries(st.one_of(st.text(max_size=4), st.integers(-5, 5)), children, max_size=4),
-    ),
+    max_size=4,
     max_leaves=12,
 )
 

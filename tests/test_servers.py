@@ -1,4 +1,4 @@
-"""Smoke tests for the local protocol servers in tests/servers.py.
+"""Smoke tests for the local protocol servers in tests/support/servers.py.
 
 Each server starts once per session; the whole file takes a few seconds.
 """
@@ -11,11 +11,7 @@ import urllib.request
 import fsspec
 import pytest
 
-try:  # tests is a package (tests/__init__.py) ...
-    from tests import servers
-except ImportError:  # ... or tests/ itself is on sys.path
-    import servers  # type: ignore[no-redef]
-
+from .support import servers
 
 # The server fixtures come from conftest.py, so each server starts once per session.
 

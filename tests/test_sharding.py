@@ -11,7 +11,7 @@ from jax.sharding import PartitionSpec as P
 
 import treestore
 
-from .helpers import same_bytes
+from .support.helpers import same_bytes
 
 pytestmark = pytest.mark.skipif(len(jax.devices()) < 8, reason="needs 8 devices (XLA_FLAGS in conftest)")
 
@@ -172,7 +172,7 @@ def test_sharded_prng_keys_and_bf16(store_url):
 
 
 def test_hostile_pieces_are_rejected(store_url, values):
-    from . import hostile
+    from .support import hostile
 
     treestore.save(store_url, tree_on(values, mesh((4, 2), ("x", "y")), SPECS_8), "c")
 

@@ -1,6 +1,6 @@
 """Multi-process saves, their columnar shares and the primary's vectorised merge.
 
-Jobs of threads stand in for the processes of a jax.distributed job (tests/jobs.py); the real
+Jobs of threads stand in for the processes of a jax.distributed job (tests/support/jobs.py); the real
 two-process job is tests/test_distributed.py.
 """
 
@@ -49,7 +49,7 @@ from treestore.errors import (
     StructureMismatchError,
 )
 
-from .jobs import prepared, rows, run_job
+from .support.jobs import prepared, rows, run_job
 
 
 def tree_of() -> dict[str, Any]:

@@ -21,46 +21,28 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from hypothesis.extra import numpy as hnp
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from jax.tree_util import DictKey, SequenceKey
 
 import treestore
 
-from .helpers import assert_tree_equal
+from . import strategies
+from .support.helpers import assert_tree_equal
 
 pytestmark = pytest.mark.timeout(180)
 
 NAMES = st.sampled_from(["a", "b", "c", "step-000000001", "x.y=z+1"])
 OPTIONS = treestore.SaveOptions(chunk_size=4096, small_leaf=512, pack_size=2048, threads=2)
 
-shapes = hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=6)
-arrays = (
-    hnp.arrays(dtype=st.sampled_from([np.float32, np.int32, np.uint8, np.bool_, np.float64]), shape=shapes)
-    | hnp.arrays(np.float32, shapes, elements=st.floats(-4, 4, width=32)).map(
-        lambda a: a.astype(ml_dtypes.bfloat16)
-    )
-) | st.builds(
+chunked = st.builds(
     lambda n, v: np.full(n, v, np.float32),  # big enough to be cut into chunks (4 KiB)
     st.integers(1000, 5000),
     st.floats(-1, 1, width=32),
 )
-scalars = (
-    st.integers(-(2**70), 2**70)
-    | st.floats(allow_nan=True)
-    | st.text(max_size=8)
-    | st.binary(max_size=8)
-    | st.booleans()
-    | st.complex_numbers(allow_nan=False, allow_infinity=False)
-    | st.none()
-)
-keys = st.text(max_size=6) | st.integers(-3, 3)
-trees = st.recursive(
-    arrays | scalars,
-    lambda inner: (
-        st.dictionaries(keys, inner, max_size=3) | st.lists(inner, max_size=3) | st.tuples(inner, inner)
-    ),
-    max_leaves=8,
+trees = strategies.trees(
+    strategies.arrays((np.float32, np.int32, np.uint8, np.bool_, np.float64, ml_dtypes.bfloat16), max_side=6)
+    | chunked
+    | strategies.scalars()
 )
 metadata = st.none() | st.dictionaries(
     st.text(max_size=5), st.integers(-(2**63), 2**64 - 1) | st.text(max_size=5), max_size=3
@@ -224,17 +206,10 @@ TestLocalStore.settings = settings(
 )
 
 
-plain = st.recursive(
-    st.none()
-    | st.booleans()
-    | st.integers(-(2**63), 2**64 - 1)
-    | st.floats(allow_nan=False)
-    | st.text(max_size=5)
-    | st.binary(max_size=5),
-    lambda inner: (
-        st.lists(inner, max_size=3)
-        | st.dictionaries(st.text(max_size=4) | st.integers(-3, 3) | st.binary(max_size=3), inner, max_size=3)
-    ),
+plain = strategies.trees(
+    strategies.scalars(ints=st.integers(-(2**63), 2**64 - 1), nan=False, complex_numbers=False, max_size=5),
+    keys=strategies.KEYS | st.binary(max_size=3),
+    containers=("list", "dict"),
     max_leaves=6,
 )
 

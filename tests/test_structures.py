@@ -28,8 +28,9 @@ import treestore
 from treestore._engine.write import prepare
 from treestore._format.columns_tree import nodes_from_tree
 
-from .helpers import assert_leaf_equal, assert_tree_equal, is_key
-from .templates import blank
+from . import strategies
+from .support.helpers import assert_leaf_equal, assert_tree_equal, is_key
+from .support.templates import blank
 
 # --------------------------------------------------------------------------------------------------
 # helpers
@@ -397,39 +398,18 @@ def test_keys_that_look_like_other_keys_stay_distinct(tmp_path):
 # property: load(save(t)) == t for random builtin trees
 
 _ARRAY_DTYPES = [np.float32, np.int8, np.uint16, np.bool_, np.complex64, ml_dtypes.bfloat16]
-
-
-@st.composite
-def small_arrays(draw: st.DrawFn) -> np.ndarray:
-    dtype = np.dtype(draw(st.sampled_from(_ARRAY_DTYPES)))
-    shape = tuple(draw(st.lists(st.integers(0, 3), max_size=3)))
-    size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    raw = np.frombuffer(draw(st.binary(min_size=size, max_size=size)), np.uint8)
-    if dtype == np.bool_:
-        raw = raw & 1
-    return raw.view(dtype).reshape(shape).copy()
-
-
-_scalars = st.one_of(
-    st.none(),
-    st.booleans(),
-    st.integers(min_value=-(2**70), max_value=2**70),
-    st.floats(allow_nan=True, allow_infinity=True),
-    st.complex_numbers(allow_nan=True),
-    st.text(max_size=8),
-    st.binary(max_size=8),
-    st.builds(np.float32, st.floats(width=32)),
-    st.builds(np.int64, st.integers(-(2**63), 2**63 - 1)),
-)
-_keys = st.one_of(st.text(max_size=6), st.integers(-1000, 1000), st.booleans())
-_trees = st.recursive(
-    st.one_of(_scalars, small_arrays(), small_arrays().map(jnp.asarray)),
-    lambda children: st.one_of(
-        st.lists(children, max_size=4),
-        st.lists(children, max_size=4).map(tuple),
-        st.dictionaries(_keys, children, max_size=4),
-        st.dictionaries(_keys, children, max_size=4).map(lambda d: collections.OrderedDict(d.items())),
+_arrays = strategies.arrays(_ARRAY_DTYPES, max_side=3)
+_trees = strategies.trees(
+    st.one_of(
+        strategies.scalars(),
+        st.builds(np.float32, st.floats(width=32)),
+        st.builds(np.int64, st.integers(-(2**63), 2**63 - 1)),
+        _arrays,
+        _arrays.map(jnp.asarray),
     ),
+    keys=strategies.KEYS | st.integers(-1000, 1000) | st.booleans(),
+    containers=("list", "tuple", "dict", "OrderedDict"),
+    max_size=4,
     max_leaves=12,
 )
 

@@ -1,6 +1,6 @@
 """like=: exact types back, and one error listing every mismatch; no silent casts.
 
-Templates hold none of the saved data (tests/templates.py): a load that handed back the
+Templates hold none of the saved data (tests/support/templates.py): a load that handed back the
 template's leaves instead of reading the store would fail every test here."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import pytest
 
 import treestore
 
-from .counting import CountingFileSystem
-from .helpers import assert_tree_equal, same_bytes
-from .templates import blank
+from .support.counting import CountingFileSystem
+from .support.helpers import assert_tree_equal, same_bytes
+from .support.templates import blank
 
 
 @pytest.fixture

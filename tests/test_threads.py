@@ -14,7 +14,7 @@ import pytest
 
 import treestore
 
-from .helpers import assert_tree_equal
+from .support.helpers import assert_tree_equal
 
 
 def tree(v: int) -> dict[str, Any]:

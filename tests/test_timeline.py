@@ -17,7 +17,7 @@ from treestore._api import timeline as _timeline_module
 from treestore.errors import CheckpointNotFoundError, NoMatchError
 from treestore_cli.main import cli
 
-from .counting import CountingFileSystem
+from .support.counting import CountingFileSystem
 
 FROZEN = np.random.default_rng(0).standard_normal(256 * 1024).astype(np.float32)  # 1 MiB, never changes
 
@@ -143,7 +143,7 @@ def test_cli_timeline(tmp_path):
 
 def test_a_damaged_checkpoint_is_left_out_and_named_not_fatal(tmp_path):
     """One damaged manifest used to end the whole timeline with an error (exit 2)."""
-    from . import hostile
+    from .support import hostile
 
     url = str(tmp_path / "run")
     store = make_run(url, steps=4)

@@ -10,8 +10,8 @@ import pytest
 import treestore
 from treestore._format import layout as _layout
 
-from . import hostile
-from .helpers import assert_tree_equal
+from .support import hostile
+from .support.helpers import assert_tree_equal
 
 W = (np.random.default_rng(7).standard_normal((512, 512)) * 0.02).astype(np.float32)  # 1 MiB
 

@@ -29,7 +29,7 @@ import treestore
 from treestore._api import replication as _replication
 from treestore._api.retention import step_name
 
-from .helpers import assert_tree_equal
+from .support.helpers import assert_tree_equal
 from .test_cloud_faults import FAIL_FAST, Proxy
 from .test_manager_process import ENV, ROOT
 
@@ -291,7 +291,7 @@ def train(local: str, remote: str, options: dict[str, Any], total: int, delay: f
     import jax.numpy as jnp
     import optax
 
-    from tests.templates import blank
+    from tests.support.templates import blank
     from tests.test_manager_process import forward, init_mlp_params
 
     xs = jnp.asarray(np.random.default_rng(0).normal(size=(256, 1)), jnp.float32)

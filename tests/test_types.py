@@ -24,8 +24,8 @@ from flax.training import train_state
 import treestore
 from treestore.errors import StructureMismatchError
 
-from . import hostile
-from .helpers import assert_tree_equal
+from .support import hostile
+from .support.helpers import assert_tree_equal
 
 
 class Pair(NamedTuple):

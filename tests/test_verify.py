@@ -12,7 +12,7 @@ import pytest
 import treestore
 from treestore._format import layout as _layout
 
-from . import hostile
+from .support import hostile
 
 W = (np.random.default_rng(5).standard_normal((256, 1024)) * 0.02).astype(np.float32)  # 1 MiB
 

@@ -146,7 +146,7 @@ def test_a_damaged_commit_record_is_skipped_with_a_warning(tmp_path, caplog):
 def test_a_damaged_manifest_repaired_in_place_is_yielded_once(tmp_path, caplog):
     """The damaged manifest used to be remembered by its commit record's listed size and mtime,
     which a repair of the manifest does not change: the checkpoint was never yielded."""
-    from . import hostile
+    from .support import hostile
 
     url = str(tmp_path / "s")
     save(url, "bad", 1.0)

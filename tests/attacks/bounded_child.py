@@ -32,7 +32,7 @@ import treestore
 from treestore._format import layout as _layout
 from treestore._format.columns_tree import DICT, LEAF, NODE_DTYPE
 
-from .. import hostile
+from ..support import hostile
 from ..test_shares import _reparted as reparted
 from ..test_shares import saved as saved_in_parts
 from ._harness import check_readers

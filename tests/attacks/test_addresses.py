@@ -14,7 +14,7 @@ import pytest
 import treestore
 from treestore._format import layout as _layout
 
-from .. import hostile
+from ..support import hostile
 from ._harness import check_readers, guarded
 
 SURPRISING = [

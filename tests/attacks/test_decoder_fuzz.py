@@ -40,26 +40,21 @@ from treestore._format.encoding import FORMAT_VERSION, check_version, from_msgpa
 from treestore._format.manifest import MANIFEST_MAGIC, ChunkRef
 from treestore._format.manifest import VERSION as V1
 
-from .. import hostile
+from .. import strategies
+from ..support import hostile
 
 pytestmark = pytest.mark.timeout(120)
 
 FAST = settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
 SLOW = settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))
 
-scalars = (
-    st.none()
-    | st.booleans()
-    | st.integers(-(2**63), 2**64 - 1)
-    | st.floats()
-    | st.text(max_size=12)
-    | st.binary(max_size=40)
+values = strategies.trees(
+    strategies.scalars(ints=st.integers(-(2**63), 2**64 - 1), complex_numbers=False, max_size=40)
     | st.sampled_from([2**48, 2**62, 256 * 2**20, 0, 1, -1])
-    | st.sampled_from(["leaf", "dict", "list", "seq", "float32", "uint8", "numpy", "jax", "prng_key"])
-)
-values = st.recursive(
-    scalars,
-    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    | st.sampled_from(["leaf", "dict", "list", "seq", "float32", "uint8", "numpy", "jax", "prng_key"]),
+    keys=st.text(max_size=8),
+    containers=("list", "dict"),
+    max_size=5,
     max_leaves=12,
 )
 ALLOWED = (treestore.errors.ManifestCorruptError, treestore.UnsupportedFormatError)

@@ -25,7 +25,7 @@ from fsspec.implementations.memory import MemoryFileSystem
 import treestore
 from treestore._format import layout as _layout
 
-from .. import hostile
+from ..support import hostile
 from ._harness import check_readers
 
 HOUR = 3600.0

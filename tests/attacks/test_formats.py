@@ -14,7 +14,7 @@ import pytest
 import treestore
 from treestore._format import codecs as _codecs
 
-from .. import hostile
+from ..support import hostile
 from ._harness import errors
 
 READ_CHUNKS = ["load", "open", "verify", "diff"]

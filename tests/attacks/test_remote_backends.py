@@ -2,7 +2,7 @@
 
 Each case damages the local hostile copy (the ``store`` fixture) exactly as the local attack
 tests do, uploads every object of the damaged store to a real local server (moto, the GCS
-emulator, azurite; tests/servers.py) and runs every reader operation against the cloud URL with
+emulator, azurite; tests/support/servers.py) and runs every reader operation against the cloud URL with
 its storage options. The local guards of _harness.check_readers (an audit hook on files, which
 would also block the sockets a cloud client needs) do not apply to a remote store, so the
 checks here are the remote counterparts:
@@ -36,7 +36,7 @@ import pytest
 
 import treestore
 
-from .. import hostile
+from ..support import hostile
 from ._harness import MiB, _clear, _read_lazily, memory_peak
 
 BACKENDS = ["s3", "gcs", "azure"]

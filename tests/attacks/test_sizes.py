@@ -20,7 +20,7 @@ from treestore._format.encoding import Bad
 from treestore._format.limits import CHUNK_SLACK, MAX_GRID_CELLS, MAX_MANIFEST_BYTES
 from treestore._format.manifest import check_tiling
 
-from .. import hostile
+from ..support import hostile
 from ._harness import MiB, errors
 
 KiB = 1024

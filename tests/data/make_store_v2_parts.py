@@ -14,7 +14,7 @@ import numpy as np
 from treestore._engine.write import SaveOptions
 from treestore._storage.registry import open_storage
 
-from ..jobs import prepared, rows, run_job
+from ..support.jobs import prepared, rows, run_job
 
 PROCESSES = 4
 

@@ -39,9 +39,8 @@ from treestore._format.manifest import (
     check_name,
 )
 from treestore._storage.base import PUBLISHED, Staged, Storage
-from treestore._tree.lazy_jax import jax
 from treestore._tree.leaves import ArrayLeaf, Leaf, ValueLeaf, prepare_leaf
-from treestore._tree.structure import flatten
+from treestore._tree.structure import any_node, flatten
 from treestore.errors import CheckpointExistsError, InvalidInputError, UnsupportedLeafError
 
 MiB = 2**20
@@ -207,7 +206,7 @@ def _converted(
         else f"{len(lines)} leaves cannot be stored:\n  "
         + "\n  ".join(lines[:20] + ([f"(and {len(lines) - 20} more)"] if len(lines) > 20 else []))
     )
-    if any(_is_equinox(x) for x in jax.tree_util.tree_leaves(tree, is_leaf=_is_equinox)):
+    if any_node(tree, _is_equinox):
         text += (
             "\nthe tree holds equinox modules: save eqx.filter(model, eqx.is_array) (its arrays), "
             "and load with like=model (its functions are kept from like)"

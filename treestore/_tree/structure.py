@@ -191,6 +191,24 @@ def flatten(tree: Any, visit: Callable[[str, Any], int]) -> Nodes:
         raise InvalidInputError(f"the tree's structure would not be readable: {exc}") from None
 
 
+def any_node(tree: Any, test: Callable[[Any], bool]) -> bool:
+    """Whether ``test`` holds for ``tree`` or any node or leaf in it (a tree :func:`flatten`
+    accepted: no cycles, bounded depth). Dicts are walked in insertion order: jax's own walk sorts
+    their keys and raises ValueError for keys that do not sort (1 and "a"), which a save accepts."""
+    stack = [tree]
+    while stack:
+        x = stack.pop()
+        if test(x):
+            return True
+        if type(x) is dict or type(x) is collections.OrderedDict:
+            stack.extend(x.values())
+        elif type(x) is list or type(x) is tuple:
+            stack.extend(x)
+        elif x is not None and type(x) not in _LEAF_TYPES:
+            stack.extend(child for _, child in _children(x) or ())
+    return False
+
+
 def type_name(cls: type) -> str:
     """The name a node record stores for a node of type ``cls``: ``module.qualname``."""
     return f"{cls.__module__}.{cls.__qualname__}"

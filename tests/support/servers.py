@@ -14,7 +14,7 @@ The matching pytest fixtures at the bottom (``s3_server``, ``gcs_server``,
 ``http_backend``: function scoped, ``reset()`` before each test) can be
 registered in tests/conftest.py by plain assignment, e.g.::
 
-    from tests import servers  # also sets GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false
+    from tests.support import servers  # also sets GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false
 
     s3_server = servers.s3_server
     s3_backend = servers.s3_backend
@@ -55,7 +55,7 @@ os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
 # Never let botocore go looking for instance metadata (169.254.169.254).
 os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 AZURITE_DIR = REPO_ROOT / ".ci" / "azurite"
 HOST = "127.0.0.1"
 
@@ -299,7 +299,7 @@ def _check_gcsfs_class() -> None:
         raise RuntimeError(
             "gcsfs was imported before GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false was set, so "
             "gs:// uses ExtendedGcsFileSystem, which stalls ~60 s per call against the "
-            "emulator. Import tests/servers.py (or set the variable) before gcsfs."
+            "emulator. Import tests/support/servers.py (or set the variable) before gcsfs."
         )
 
 

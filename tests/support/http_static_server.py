@@ -1,6 +1,6 @@
 """A tiny read-only static file server for tests (run as a subprocess).
 
-    python tests/http_static_server.py --host 127.0.0.1 --port PORT --root DIR
+    python tests/support/http_static_server.py --host 127.0.0.1 --port PORT --root DIR
 
 Serves the files under DIR on GET and HEAD, with byte-range support
 (``bytes=A-B``, ``bytes=A-``, suffix ``bytes=-N``; 206 + Content-Range, 416 when

@@ -1,4 +1,4 @@
-"""The issue's seed programs, end to end.
+"""Programs from JAX tutorials and articles, checkpointed end to end.
 
 * the trees of JAX's "Working with pytrees" tutorial;
 * the tutorial's MLP, trained straight through vs. checkpointed halfway and resumed in a fresh
@@ -27,8 +27,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import treestore
-from tests.helpers import assert_tree_equal
-from tests.templates import blank
+from tests.support.helpers import assert_tree_equal
+from tests.support.templates import blank
 
 # --------------------------------------------------------------------------------------------------
 # helpers
@@ -162,15 +162,15 @@ import importlib.util, sys
 import jax
 import treestore
 
-spec = importlib.util.spec_from_file_location("seed_programs", {module!r})
-seeds = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(seeds)
+spec = importlib.util.spec_from_file_location("tutorial_programs", {module!r})
+programs = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(programs)
 
 url, steps = {url!r}, {steps!r}
 params = treestore.load(url, "half")
 assert isinstance(params, list) and all(type(layer) is dict for layer in params), params
 assert all(isinstance(x, jax.Array) for x in jax.tree.leaves(params))
-params = seeds.mlp_train(params, steps)
+params = programs.mlp_train(params, steps)
 treestore.save(url, params, "resumed")
 print("resumed", treestore.Store(url).manifest("resumed").leaves[0].address)
 """
