@@ -5,10 +5,11 @@
 Runs, each in its own process (so one's memory and device settings cannot skew another's):
 the format comparison (``run_peers``: save, load, one leaf, size, files), partial reads and diffs
 (``bench_partial``), the training-loop manager (``bench_manager``), sharded checkpoints on 8 CPU
-devices (``bench_sharding``), derived checkpoints (``bench_derive``), many small leaves and leaves in
-pieces (``bench_scaling``), multi-process commits (``bench_multihost``), the Hugging Face sharded
-layout (``bench_hf``), start-up (``bench_startup``; ``--fresh`` alone makes a new virtualenv)
-and, when its server is installed, S3 (``bench_s3``). ``--quick``
+devices (``bench_sharding``), restores onto meshes of up to 64 devices (``bench_mesh``), derived
+checkpoints (``bench_derive``), many small leaves and leaves in pieces (``bench_scaling``),
+multi-process commits (``bench_multihost``), the Hugging Face sharded layout (``bench_hf``), the
+cost of recording statistics (``bench_stats``), start-up (``bench_startup``; ``--fresh`` alone
+makes a new virtualenv) and, when its server is installed, S3 (``bench_s3``). ``--quick``
 takes fewer runs. Tables go to stdout, progress to stderr.
 """
 
@@ -30,10 +31,12 @@ def main(argv: list[str] | None = None) -> int:
         ["benchmarks.bench_partial", "--runs", runs],
         ["benchmarks.bench_manager"],
         ["benchmarks.bench_sharding", "--runs", "3"],
+        ["benchmarks.bench_mesh", "--runs", "3"],
         ["benchmarks.bench_derive"],
         ["benchmarks.bench_scaling", "--runs", "3", "--pieces"],
         ["benchmarks.bench_multihost"],
         ["benchmarks.bench_hf", "--runs", "3"],
+        ["benchmarks.bench_stats", "--runs", runs],
         ["benchmarks.bench_startup", "--runs", "7"],
     ]
     if importlib.util.find_spec("benchmarks.bench_s3") and importlib.util.find_spec("moto"):

@@ -33,6 +33,7 @@ import treestore
 
 from . import harness as H
 
+_COUNTER = iter(range(10**6))  # a fresh store folder for every save, across cases
 CASES = {  # name: (leaves, shape, devices)
     "1000x256x256/8": (1000, (256, 256), 8),
     "200x1024x256/64": (200, (1024, 256), 64),
@@ -60,14 +61,13 @@ def run_case(name: str, root: str, runs: int, ckptr: Any) -> list[tuple[str, flo
     sharded = {k: jax.device_put(v, saved) for k, v in host.items()}
     single = {k: jax.device_put(v, one) for k, v in host.items()}
     jax.block_until_ready((sharded, single))
-    counter = iter(range(10**6))
 
     def ts_save(tree: Any) -> Callable[[], None]:
-        return lambda: (treestore.save(os.path.join(root, f"ts{next(counter)}"), tree, "c"), os.sync())
+        return lambda: (treestore.save(os.path.join(root, f"ts{next(_COUNTER)}"), tree, "c"), os.sync())
 
     def ob_save(tree: Any) -> Callable[[], None]:
         def go() -> None:
-            ckptr.save(os.path.join(root, f"ob{next(counter)}"), tree)
+            ckptr.save(os.path.join(root, f"ob{next(_COUNTER)}"), tree)
             ckptr.wait_until_finished()
             os.sync()
 

@@ -18,7 +18,7 @@ from treestore._engine.write import SaveOptions, prepare
 from treestore._format.columns_codec import decode_any, decode_columns, encode_columns
 from treestore._format.stats import STATS_DTYPE
 
-from .jobs import prepared, rows, run_job
+from .support.jobs import prepared, rows, run_job
 
 SMALL = SaveOptions(chunk_size=4096, small_leaf=1024, pack_size=4096, threads=2)
 
@@ -279,7 +279,7 @@ def test_stats_show_ls_and_health_read_no_chunk():
     import json
     import uuid
 
-    from .counting import CountingFileSystem
+    from .support.counting import CountingFileSystem
 
     url = f"counting://stats/{uuid.uuid4().hex}"
     diverging_run(url)
