@@ -1,4 +1,4 @@
-"""Lock records and how gc keeps its own lock (SPEC.md section 7), at the engine's level."""
+"""Lock records and how gc keeps its own lock (SPEC.md section 9), at the engine's level."""
 
 from __future__ import annotations
 

@@ -589,7 +589,7 @@ def _save_in_time(url: str, data: Any, name: str, seconds: float = 4.0) -> tuple
 
 
 def _proc_identity(pid: int) -> str:
-    """A process's identity as SPEC section 7 defines it: boot id, ':', start time in ticks."""
+    """A process's identity as SPEC section 9 defines it: boot id, ':', start time in ticks."""
     boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     stat = Path(f"/proc/{pid}/stat").read_bytes()
     return f"{boot}:{int(stat[stat.rindex(b')') + 2 :].split()[19])}"
