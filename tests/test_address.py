@@ -93,7 +93,7 @@ def test_malformed_addresses_are_rejected(bad):
     ['"py"', '"_a"', '"a.b-c"', '"%41"', '"%E9"', '"a%20b"', '"%u0041"', '"%U000041"'],
 )
 def test_non_canonical_segments_are_refused_in_manifests(segment):
-    """Readers take only the canonical text of a key (SPEC.md §6): a quoted form of a bare key,
+    """Readers take only the canonical text of a key (SPEC.md §7): a quoted form of a bare key,
     or an escape of a printable character, parses but is not canonical."""
     with pytest.raises(treestore.InvalidInputError):
         canonical_segment(segment)

@@ -634,7 +634,7 @@ def test_manifest_size():
 
 
 def _frame() -> dict[str, Any]:
-    """The frame of the checked-in store's manifest stored in parts (SPEC.md, section 5.8)."""
+    """The frame of the checked-in store's manifest stored in parts (SPEC.md, section 8.4)."""
     from pathlib import Path
 
     store = Path(__file__).parent / "data" / "store-v2-parts"

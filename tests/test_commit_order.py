@@ -1,4 +1,4 @@
-"""The commit order (SPEC.md §3.3): every chunk, then the manifest, then the commit record, each
+"""The commit order (SPEC.md §5.2): every chunk, then the manifest, then the commit record, each
 made durable before the next. A save that fails or dies before its commit record is written
 leaves no visible checkpoint, and what it wrote is unreferenced: gc removes it, and every
 earlier checkpoint still loads.
@@ -93,7 +93,7 @@ def test_a_save_that_fails_before_its_record_leaves_no_visible_checkpoint(failwr
 
 
 def test_the_manifest_is_durable_before_the_record_is_written(failwrite):
-    """The record's write fails: by then the manifest is written (the order of SPEC.md §3.3), and
+    """The record's write fails: by then the manifest is written (the order of SPEC.md §5.2), and
     it is an unreferenced object, which gc removes with the save's chunks."""
     store = treestore.Store(failwrite)
     store.save(tree(0), "first", options=OPTIONS)

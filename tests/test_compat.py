@@ -120,7 +120,7 @@ def test_a_store_holds_checkpoints_of_both_versions(tmp_path):
 
 
 def test_checked_in_store_in_parts_loads_exactly(tmp_path):
-    """The store a job of four processes wrote, its manifest in parts (SPEC.md, section 5.8):
+    """The store a job of four processes wrote, its manifest in parts (SPEC.md, section 8):
     every reader takes it, its frame re-encodes byte for byte, gc keeps its parts and copy
     carries them."""
     from .data.make_store_v2_parts import tree as sharded_tree

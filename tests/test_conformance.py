@@ -9,7 +9,7 @@ server's package or binary its class is skipped locally and fails under ``CI=tru
 The HTTP variant writes its store into the served folder with a local path and then reads it only
 through the ``http://`` URL; every write through that URL must fail with a read-only StorageError.
 On the GCS emulator the commit race is an expected failure (xfail, strict): the emulator ignores
-``ifGenerationMatch=0``, so two racing writers both commit there (SPEC.md §2.1, §3.3).
+``ifGenerationMatch=0``, so two racing writers both commit there (SPEC.md §2.2, §5.2).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ OPTIONS = treestore.SaveOptions(chunk_size=64 * 1024)
 CHUNK = 64 * 1024
 GCS_RACE = (
     "the GCS emulator ignores ifGenerationMatch=0, so two writers that both passed the existence "
-    "check both commit (the later record wins); real GCS enforces the precondition (SPEC.md §2.1, §3.3)"
+    "check both commit (the later record wins); real GCS enforces the precondition (SPEC.md §2.2, §5.2)"
 )
 
 

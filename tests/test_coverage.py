@@ -1,4 +1,4 @@
-"""The coverage fingerprint a multi-process commit checks the pieces with (SPEC.md, section 3.4)."""
+"""The coverage fingerprint a multi-process commit checks the pieces with (SPEC.md, section 8.3)."""
 
 from __future__ import annotations
 

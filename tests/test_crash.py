@@ -185,7 +185,7 @@ def collect_garbage(store: treestore.Store, root: Path) -> list[str]:
     process on this host is stale at once); then exactly the referenced objects stay.
 
     A temporary file under locks/ may be a lock being written, which no lock protects, so gc
-    keeps it until it is ``LOCK_TEMPORARY_AGE`` old (SPEC section 7): the killed writer's ones
+    keeps it until it is ``LOCK_TEMPORARY_AGE`` old (SPEC section 9): the killed writer's ones
     are aged past that first, as an hour would."""
     problems = []
     for p in temp_files(root):
@@ -412,7 +412,7 @@ def _foreign_lock(store: treestore.Store, kind: str, age: float) -> str:
 
 @pytest.mark.timeout(60)
 def test_locks_of_other_hosts_count_until_stale(tmp_path, monkeypatch):
-    """SPEC section 7 for processes this host cannot see: their locks hold until stale_after."""
+    """SPEC section 9 for processes this host cannot see: their locks hold until stale_after."""
     store = treestore.Store(str(tmp_path / "store"))
     store.save(worker.make_tree(0), "c-00000", options=worker.save_options())
     save_lock = _foreign_lock(store, "save", age=10)
@@ -434,7 +434,7 @@ def test_locks_of_other_hosts_count_until_stale(tmp_path, monkeypatch):
 
 @pytest.mark.timeout(60)
 def test_gc_reclaims_temporary_files_of_killed_writers(zygote, tmp_path):
-    """SPEC section 3.3: a killed save leaves at most unreferenced objects, which gc removes; a
+    """SPEC section 5.2: a killed save leaves at most unreferenced objects, which gc removes; a
     write cut between its temporary file and the move into place leaves a ``.tmp-*`` file."""
     root = tmp_path / "store"
     store = treestore.Store(str(root))

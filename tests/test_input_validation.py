@@ -65,7 +65,7 @@ def deep_address(depth: int, kind: str = "list") -> str:
 @pytest.mark.parametrize("kind", ["list", "tuple", "dict"])
 @pytest.mark.parametrize("depth", [480, 500])
 def test_deep_tree_within_limit_saves_and_loads(tmp_path, depth, kind):
-    """Depth 500 is the deepest valid tree (SPEC section 4): it saves, loads and opens."""
+    """Depth 500 is the deepest valid tree (SPEC section 6.3): it saves, loads and opens."""
     url = with_base(tmp_path)
     tree = nested(depth, kind)
     treestore.save(url, tree, "deep")
@@ -135,7 +135,7 @@ def test_big_int_over_reader_limit_is_refused(tmp_path, value):
     assert_refused(url, {"w": np.arange(5.0), "big_int": value}, address="big_int")
 
 
-MANIFEST_LIMIT = 256 * 2**20  # SPEC section 4: a manifest is at most 256 MiB
+MANIFEST_LIMIT = 256 * 2**20  # SPEC section 10: a manifest is at most 256 MiB
 
 
 def test_bytes_leaf_over_manifest_limit_is_refused(tmp_path):

@@ -1,6 +1,6 @@
-"""Lock records and how gc keeps its own lock (SPEC.md section 7): at the engine's level, and
+"""Lock records and how gc keeps its own lock (SPEC.md section 9): at the engine's level, and
 through the public API against saves and gcs racing, locks that cannot be removed and gc locks
-whose pid now belongs to another process (issues 12.6 to 12.8 of the attack report)."""
+whose pid now belongs to another process."""
 
 from __future__ import annotations
 
@@ -293,7 +293,7 @@ def _save_in_time(url: str, data: Any, name: str, seconds: float = 4.0) -> tuple
 
 
 def _proc_identity(pid: int) -> str:
-    """A process's identity as SPEC section 7 defines it: boot id, ':', start time in ticks."""
+    """A process's identity as SPEC section 9 defines it: boot id, ':', start time in ticks."""
     boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     stat = Path(f"/proc/{pid}/stat").read_bytes()
     return f"{boot}:{int(stat[stat.rindex(b')') + 2 :].split()[19])}"

@@ -1,4 +1,4 @@
-"""Put-if-absent (SPEC.md §2, §2.1), on a local disk and ``memory://``: an object of that name
+"""Put-if-absent (SPEC.md §2, §2.2), on a local disk and ``memory://``: an object of that name
 with other bytes is never replaced and the writer is told; one holding exactly the bytes being
 written counts as written; of writers racing for one new name exactly one succeeds.
 

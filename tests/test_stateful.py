@@ -50,7 +50,7 @@ metadata = st.none() | st.dictionaries(
 
 
 def flat(tree: Any, path: tuple[Any, ...] = ()) -> dict[str, Any]:
-    """The model's view of a tree: address -> leaf, as SPEC.md section 6 forms addresses."""
+    """The model's view of a tree: address -> leaf, as SPEC.md section 7 forms addresses."""
     if tree is None:
         return {}
     if isinstance(tree, dict):

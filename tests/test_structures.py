@@ -336,7 +336,7 @@ def test_duplicate_key_entries_are_refused_before_writing(tmp_path):
 
 @pytest.mark.parametrize("key", [2**64 - 1, -(2**63), 0])
 def test_int_keys_at_the_ends_of_the_range_round_trip(tmp_path, key):
-    # SPEC section 6: int dict keys in [-2**63, 2**64) are stored, as {i}
+    # SPEC section 7: int dict keys in [-2**63, 2**64) are stored, as {i}
     tree = {key: arange(3)}
     treestore.save(tmp_path, tree, "c")
     out = treestore.load(tmp_path, "c")
@@ -350,7 +350,7 @@ def test_int_keys_at_the_ends_of_the_range_round_trip(tmp_path, key):
 )
 def test_keys_spec_forbids_are_refused_before_writing(tmp_path, key):
     # ints outside [-2**63, 2**64) and str keys that are not valid Unicode are valid Python dict
-    # keys that SPEC section 6 gives no address: a save raises UnsupportedKeyError naming the
+    # keys that SPEC section 7 gives no address: a save raises UnsupportedKeyError naming the
     # node before it writes anything
     tree = {"ok": arange(2), "node": {key: arange(3)}}
     with pytest.raises(treestore.errors.UnsupportedKeyError) as info:

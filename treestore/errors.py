@@ -109,7 +109,7 @@ class StoreBusyError(StorageError):
 
 
 class BarrierTimeoutError(StorageError, TimeoutError):
-    """A multi-process save gave up waiting for other processes of its job (SPEC.md, section 3.4).
+    """A multi-process save gave up waiting for other processes of its job (SPEC.md, section 8).
 
     ``missing`` holds the indices of the processes that did not arrive (empty when this process
     was the late one). The primary commits only after every process has arrived, so nothing is

@@ -221,7 +221,7 @@ def test_key_records_in_range_load(store):
 )
 def test_leaf_address_of_the_right_path_in_another_form(store, address):
     """An address that parses to the leaf's key path, or one like it, but is not the canonical
-    text of its tree position: refused (a manifest must use canonical addresses, SPEC.md §6)."""
+    text of its tree position: refused (a manifest must use canonical addresses, SPEC.md §7)."""
     store.mutate_manifest(
         lambda m: next(x for x in m["leaves"] if x["address"] == "py/n").update(address=address)
     )

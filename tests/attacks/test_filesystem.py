@@ -221,7 +221,7 @@ def test_gc_deletes_only_objects_it_recognises(store):
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("damage", ["garbage record", "missing manifest", "future version"])
 def test_gc_on_a_damaged_store_deletes_nothing_and_reports(store, damage):
-    """SPEC section 7: while any commit record or manifest cannot be read, gc deletes no chunk
+    """SPEC section 9: while any commit record or manifest cannot be read, gc deletes no chunk
     and no manifest (what the damaged checkpoint references is unknown); it does not raise, so
     one bad checkpoint does not stop a manager's retention, and its report names it."""
     orphan = store.root / "chunks" / "00" / ("00" * 32)

@@ -1,5 +1,5 @@
 """How tests/data/store-v2-parts was written: format version 2 with a manifest stored in parts
-(SPEC.md, section 5.8), saved by a job of four processes (threads standing in for them). Kept for
+(SPEC.md, section 8), saved by a job of four processes (threads standing in for them). Kept for
 the record: never rerun it over the checked-in store — that store must stay as it was written, so
 that every later version proves it can still read it. (It was rewritten once, before 0.2 was
 released, when a frame's part entries gained their leaf range.)"""

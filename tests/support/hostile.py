@@ -77,7 +77,7 @@ CHECKED = ("name", "manifest", "manifest_size", "created", "metadata", "leaves",
 
 
 def seal(ref: dict[str, Any]) -> dict[str, Any]:
-    """``ref`` with the check digest its fields call for (SPEC.md §3.2), as a hostile store can
+    """``ref`` with the check digest its fields call for (SPEC.md §5.1), as a hostile store can
     compute: a test that changes a field and seals the record reaches the checks behind it."""
     fields = [ref.get(k) for k in CHECKED]
     return dict(ref, check=blake3.blake3(msgpack.packb(fields, use_bin_type=True)).digest())

@@ -274,7 +274,7 @@ def _refused(exc: CorruptionError, address: str, checkpoint: str, url: str) -> C
 
 
 def _copy_parts(src: Storage, dst: Storage, name: str, parts: tuple[PartRef, ...]) -> None:
-    """Copy the parts of checkpoint ``name``'s manifest (SPEC.md, section 5.8), each checked."""
+    """Copy the parts of checkpoint ``name``'s manifest (SPEC.md, section 8), each checked."""
     for found, size, *_ in parts:
         data = part_bytes(src, found, size)
         if isinstance(data, str):  # changed since the manifest was read and checked

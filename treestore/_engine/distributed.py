@@ -1,11 +1,11 @@
-"""Saves by several processes of one ``jax.distributed`` job (SPEC.md, section 3.4).
+"""Saves by several processes of one ``jax.distributed`` job (SPEC.md, section 8).
 
 Every process writes the chunks of the pieces it owns, then its share of the manifest as its own
 part, in columns (:mod:`treestore._format.shares`), and sends the primary (process 0) a summary
 of it through the job's runtime: the part's digest, a few counts and a fingerprint of how its
 pieces cover their leaves (:mod:`treestore._format.coverage`). After a barrier the primary reads
 every summary with one request, checks that the pieces tile every sharded leaf from the
-fingerprints alone, and commits a manifest that lists the parts (SPEC.md, section 5.8): its
+fingerprints alone, and commits a manifest that lists the parts (SPEC.md, section 8.4): its
 work grows with the number of processes, never with the number of pieces, and it reads no part
 unless the check fails (it then merges them to name the leaf and the processes). After a second
 barrier the others read the outcome, and after a third the primary removes the outcome record.

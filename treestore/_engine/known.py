@@ -3,11 +3,11 @@ may reference without asking the store whether it holds them.
 
 A save of step N+1 usually shares most chunks with step N. Without this, each of them costs a
 size request (a HEAD on object stores) and a read of its first bytes (the reuse check, SPEC.md
-section 3.3). :func:`learn` reads one checkpoint's manifest instead (its commit record and its
+section 5.2). :func:`learn` reads one checkpoint's manifest instead (its commit record and its
 manifest: two requests, a listing more to find the store's newest) and gives a table of digest
 -> stored size, looked up once per chunk.
 
-Why a known chunk needs no check (SPEC.md sections 3.3 and 7):
+Why a known chunk needs no check (SPEC.md sections 5.2 and 9):
 
 * A chunk a committed checkpoint references is deleted only by gc, and gc deletes only what no
   commit record listed in its run references. A checkpoint's chunks therefore vanish only after
@@ -22,7 +22,7 @@ Why a known chunk needs no check (SPEC.md sections 3.3 and 7):
   (gc defers while a live save lock exists; the save refreshes its lock, so it never goes stale).
   If the record is deleted meanwhile, its chunks stay until the save has committed, and from then
   the new checkpoint references them. (A gc run with a stale limit shorter than a save takes
-  ignores that save's lock: that endangers every save, trusting or not; SPEC.md section 7.)
+  ignores that save's lock: that endangers every save, trusting or not; SPEC.md section 9.)
 
 A hint learned *before* the lock (a table kept in memory from an earlier save) would not be safe:
 the checkpoint could have been deleted and gc run in between. That is why callers name the

@@ -1,7 +1,7 @@
 """The leaves a save wrote, recorded column by column as they are written.
 
 A save appends each leaf's fields to plain lists (a few appends per leaf, no per-leaf object),
-and :meth:`LeafTable.fields` turns them into the arrays of a version-2 manifest (SPEC.md §5.7),
+and :meth:`LeafTable.fields` turns them into the arrays of a version-2 manifest (SPEC.md §6),
 which :func:`treestore._format.columns_codec.columns_from_fields` checks exactly as readers do. A caller
 that needs version-1 leaf entries (a multi-process save's share, a derived checkpoint) gets them
 from the checked columns.

@@ -1,4 +1,4 @@
-"""Reading a manifest stored in parts (SPEC.md, section 5.8): the parts a reader needs are
+"""Reading a manifest stored in parts (SPEC.md, section 8.7): the parts a reader needs are
 fetched at once, checked against their digests and decoded without trusting them, and merged
 with the frame into the checkpoint's columns, which are checked as any manifest is.
 

@@ -303,7 +303,7 @@ PROBE_BYTES = HEADER.size + 8 * MAX_PLANE_WIDTH  # what :func:`sound` reads of a
 def sound(head: bytes, stored: int, raw_size: int) -> bool:
     """Whether an object of ``stored`` bytes whose first bytes are ``head`` (up to
     :data:`PROBE_BYTES`) can be the chunk object of ``raw_size`` raw bytes, told from its header
-    and sizes alone — the reuse check of SPEC.md section 3.3. An empty, truncated, extended or
+    and sizes alone — the reuse check of SPEC.md section 5.2. An empty, truncated, extended or
     overwritten object fails it; a body damaged in place behind an intact header and size passes
     (only a full decode finds that)."""
     if not HEADER.size < stored <= raw_size + CHUNK_SLACK or len(head) < min(stored, PROBE_BYTES):

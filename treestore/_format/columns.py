@@ -146,11 +146,11 @@ class Columns:
     chunk_start: np.ndarray = field(repr=False)  # int64 [n + 1]: leaf i's chunk refs
     shape_start: np.ndarray = field(repr=False)  # int64 [n + 1]: leaf i's dimensions
     leaf_nbytes: np.ndarray = field(repr=False)  # int64 [n]: raw bytes of each leaf
-    # Per leaf: saved in pieces, which are in parts not read (SPEC 5.8): a frame's sharded
+    # Per leaf: saved in pieces, which are in parts not read (SPEC 8): a frame's sharded
     # leaves, or those a reader of other leaves left. Such a leaf lists no piece or chunk ref.
     waiting: np.ndarray = field(repr=False)
     version: int = VERSION  # the version of the bytes it was decoded from
-    parts: tuple[bytes, ...] = ()  # the digests of the parts its pieces were read from (SPEC 5.8)
+    parts: tuple[bytes, ...] = ()  # the digests of the parts its pieces were read from (SPEC 8)
     # The optional statistics of each leaf's values (STATS_DTYPE, one record per leaf; None when
     # the manifest has none), checked as hostile input: records that make no sense are UNKNOWN.
     stats: np.ndarray | None = field(default=None, repr=False)
@@ -317,7 +317,7 @@ class Columns:
         return LeafEntries(self)
 
     def tree_record(self) -> dict[str, Any]:
-        """The version-1 node record of the tree (SPEC.md, section 5.6)."""
+        """The version-1 node record of the tree (SPEC.md, appendix A.3)."""
         return self.nodes.tree_record()
 
     def pack_refs(self) -> tuple[ChunkRef, ...]:
@@ -373,12 +373,12 @@ class Columns:
         return {found[j : j + 32] for j in range(0, len(found), 32)}
 
     def digest(self, i: int) -> bytes:
-        """Leaf i's digest, as SPEC.md section 5.5 defines it for every version."""
+        """Leaf i's digest, as SPEC.md section 6.7 defines it for every version."""
         return self.leaf(i).digest
 
     def same_leaves(self, ia: np.ndarray, other: Columns, ib: np.ndarray) -> np.ndarray:
         """For each pair (``self`` leaf ia[k], ``other`` leaf ib[k]): whether their digests are
-        equal (SPEC.md section 5.5), compared column by column without hashing; only scalar
+        equal (SPEC.md section 6.7), compared column by column without hashing; only scalar
         leaves and leaves saved in pieces are compared one by one."""
         self.require_pieces()
         other.require_pieces()
@@ -493,7 +493,7 @@ PIECE_FIELDS = ("piece_counts", "piece_chunks", "piece_start", "piece_shape")
 def _validate(fields: dict[str, Any], nodes: Nodes, *, waiting: bool | np.ndarray = False) -> Columns:
     """Check every column (the tree checked already) and build :class:`Columns`; Bad or
     UnsupportedFormatError otherwise. ``waiting``: the leaves saved in pieces that are in parts
-    not read (SPEC.md, section 5.8) — True for every such leaf (the frame of a manifest stored in
+    not read (SPEC.md, section 8) — True for every such leaf (the frame of a manifest stored in
     parts), or a mask — which list no piece and no chunk ref here; the others are checked as
     in any manifest."""
     for key in ARRAY_FIELDS.keys() & fields.keys():  # a Columns never changes, whoever holds it

@@ -1,5 +1,5 @@
 """Version-2 manifests as bytes: decoding (either version, validated as readers validate it)
-and encoding, the one encoder every writer uses (SPEC.md, sections 5 and 5.7).
+and encoding, the one encoder every writer uses (SPEC.md, section 6).
 
 :func:`decode_any` is what readers call: a version-1 manifest is decoded once and checked in its
 version-2 form too; :func:`encode_any` and :func:`encode_columns` refuse what readers would refuse.
@@ -203,7 +203,7 @@ def encode_columns(manifest: Columns | Parted) -> bytes:
 
 
 def stored_values(c: Columns) -> list[object]:
-    """The value of each scalar leaf of ``c`` as a manifest stores it (SPEC.md, section 5.3)."""
+    """The value of each scalar leaf of ``c`` as a manifest stores it (SPEC.md, section 6.4)."""
     kinds = c.leaves["kind"]
     scalars = np.flatnonzero(kinds >= ARRAY_CODES).tolist()
     return [value_to_record(KINDS[kinds[i]], v) for i, v in zip(scalars, c.values, strict=True)]

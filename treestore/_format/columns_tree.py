@@ -124,7 +124,7 @@ class Nodes:
         return int(hit[0]) if len(hit) else None
 
     def tree_record(self) -> dict[str, Any]:
-        """The version-1 node record of this tree (SPEC.md, section 5.6)."""
+        """The version-1 node record of this tree (SPEC.md, appendix A.3)."""
         kinds = self.table["kind"].tolist()
         parents = self.table["parent"].tolist()
         keys = self.table["key"].tolist()

@@ -1,5 +1,5 @@
 """Commit records: the small object ``checkpoints/NAME`` whose existence makes a checkpoint visible
-(SPEC.md, section 3.2). Its ``check`` digest covers every field but ``format`` and ``version``, so
+(SPEC.md, section 5.1). Its ``check`` digest covers every field but ``format`` and ``version``, so
 a damaged record is caught by a listing without reading manifests."""
 
 from __future__ import annotations

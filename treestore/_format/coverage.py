@@ -1,5 +1,5 @@
 """A fingerprint of how pieces cover their leaves, so a multi-process commit checks that the
-pieces of every process tile every sharded leaf without seeing them (SPEC.md, section 3.4).
+pieces of every process tile every sharded leaf without seeing them (SPEC.md, section 8.3).
 
 Element x of leaf l, in a job whose save draws the secret numbers r and a_0, a_1, … (mod the
 prime P = 2¹²⁷ − 1, from the save's id), is given the weight r^(l+1) · Π_d a_d^(x_d). A piece's

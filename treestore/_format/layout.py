@@ -1,4 +1,4 @@
-"""Where each kind of object lives under a store root (SPEC.md, "Store layout")."""
+"""Where each kind of object lives under a store root (SPEC.md, "Store paths")."""
 
 from __future__ import annotations
 

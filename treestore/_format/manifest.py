@@ -143,7 +143,7 @@ class LeafEntry:
 
     @functools.cached_property
     def digest(self) -> bytes:
-        """Equal digests mean equal leaves (SPEC.md, section 4)."""
+        """Equal digests mean equal leaves (SPEC.md, section 6.7)."""
         record: list[object]
         if self.pieces:
             layout = [[list(p.start), list(p.shape), [c.digest for c in p.chunks]] for p in self.pieces]

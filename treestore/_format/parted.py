@@ -1,4 +1,4 @@
-"""Manifests stored in parts (SPEC.md, section 5.8): a multi-process save's manifest is a frame
+"""Manifests stored in parts (SPEC.md, section 8.4): a multi-process save's manifest is a frame
 — every leaf, and the chunk refs of the leaves that are not sharded — and the list of the parts
 each process wrote with its pieces, so the primary's commit never reads or merges the pieces.
 

@@ -2,7 +2,7 @@
 summary it sends the primary.
 
 A process of a multi-process save writes the pieces it owns, and its packs, as a part (SPEC.md,
-section 5.8): a record in the version-2 manifest's conventions (section 5.7), stored as a
+section 8.5): a record in the version-2 manifest's conventions (section 6), stored as a
 manifest-like object named by its digest. It tells the primary, through the job's runtime, only a
 :class:`Summary`: the part's digest and size, a few counts and the fingerprint of how its pieces
 cover their leaves (:mod:`treestore._format.coverage`), so the primary's commit never reads the
@@ -88,7 +88,7 @@ class Share:
 
 @dataclass(frozen=True)
 class Summary:
-    """What a process tells the primary of its share (SPEC.md, section 3.4): its part (digest
+    """What a process tells the primary of its share (SPEC.md, section 8.2): its part (digest
     and size; no part when the save has no sharded leaf), its numbers of pieces and packs, the
     most pieces it holds of one leaf, the coverage fingerprint of its pieces, and the leaf
     indices ``[first, end)`` its pieces lie in (0, 0 without pieces)."""
@@ -167,7 +167,7 @@ def leaf_range(share: Share) -> tuple[int, int]:
 
 
 def encode_part(share: Share, layout: bytes) -> bytes:
-    """The part record of ``share`` (SPEC.md, section 5.8)."""
+    """The part record of ``share`` (SPEC.md, section 8.5)."""
     record: dict[str, Any] = {"format": PART_FORMAT, "layout": layout}
     record.update((key, getattr(share, key).tobytes()) for key in SHARE_FIELDS)
     return to_msgpack(record)

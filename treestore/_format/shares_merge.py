@@ -1,5 +1,5 @@
 """The merge of a manifest's frame and every process's part into one version-2 manifest, with
-numpy alone (SPEC.md, section 5.8).
+numpy alone (SPEC.md, section 8.7).
 
 The frame says what every leaf is (:class:`Plan`: the primary's, from its leaf entries when it
 commits, or a reader's, from a decoded frame); the parts are concatenated (process 0's first) and
@@ -289,7 +289,7 @@ def merge(
     the sharded leaves whose pieces were left out (a reader's of other leaves); they list none.
 
     A sharded leaf whose one piece covers all of it is stored as a plain leaf (SPEC.md, section
-    5.4). InvalidInputError when readers would refuse the manifest, naming the leaf and the
+    6.6). InvalidInputError when readers would refuse the manifest, naming the leaf and the
     processes whose pieces make it unreadable where that is the cause.
     """
     n = len(plan.leaves)

@@ -1,6 +1,6 @@
 """Object-store backends (S3, GCS, Azure Blob) and read-only HTTP, on top of :class:`Storage`.
 
-What each one guarantees (SPEC.md section 2.1) and how:
+What each one guarantees (SPEC.md section 2.2) and how:
 
 - every write is one PUT of the whole object, so it is atomic; nothing is ever renamed;
 - ``write_new`` is a conditional PUT that the server decides: S3 ``If-None-Match: *`` (s3fs
