@@ -597,8 +597,9 @@ def _submit_leaves(
     packs: list[list[bytes]] = [[]]
     pack_fill = 0
     small = options.small_leaf
-    # The statistics of what each leaf's packed bytes hold (measured here, with the hash).
-    small_records: dict[int, list[_stats.Record]] = {}
+    # The packed bytes of each leaf whose statistics are recorded: measured together, once per
+    # leaf (a sharded leaf's small pieces one by one would cost more than packing them).
+    small_bytes: dict[int, tuple[np.dtype[Any], list[bytes]]] = {}
 
     def pack(data: np.ndarray[Any, Any], i: int, measure: bool) -> Ref:
         nonlocal pack_fill
@@ -607,7 +608,7 @@ def _submit_leaves(
             pack_fill = 0
         raw = data.tobytes()  # hashed and packed from one copy, as chunks are (see _snapshot)
         if measure:
-            small_records.setdefault(i, []).append(_stats.measure(np.frombuffer(raw, data.dtype)))
+            small_bytes.setdefault(i, (data.dtype, []))[1].append(raw)
         ref = (digest(raw), len(raw), 0, len(packs) - 1, pack_fill)
         packs[-1].append(raw)
         pack_fill += len(raw)
@@ -636,6 +637,9 @@ def _submit_leaves(
     pack_jobs = [
         pool.submit(writer.put, np.frombuffer(b"".join(m), np.uint8), 0, private=True) for m in packs if m
     ]
+    small_records = {
+        i: [_stats.measure(np.frombuffer(b"".join(raws), dtype))] for i, (dtype, raws) in small_bytes.items()
+    }
 
     def submit(
         raw: np.ndarray[Any, Any], width: int, private: bool, dtype: np.dtype[Any] | None
