@@ -5,8 +5,8 @@
 For each tree (MiniLM-L6 in fp32 and bf16; GPT-2-small-shaped fp32, ~498 MB) it saves a fresh
 checkpoint into a new local store with statistics and without, alternating the two so that
 noise spreads evenly, and reports the median wall time of each, their ratio, and the time of the
-statistics alone (every leaf measured as the save measures it, on one thread). The target of
-issue 29 is at most 5% of the save time. One table goes to stdout, progress to stderr.
+statistics alone (every leaf measured as the save measures it, on one thread). The target is
+at most 5% of the save time. One table goes to stdout, progress to stderr.
 """
 
 from __future__ import annotations
