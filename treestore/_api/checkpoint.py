@@ -120,8 +120,17 @@ class LazyLeaf:
         return restore_array(self.kind, self.region(), self._prng_impl, weak_type=self._weak_type)
 
     def region(self, region: Any = ()) -> np.ndarray[Any, Any]:
-        """The elements in a box given as unit-step slices (default: all), reading only the
-        chunks that hold them."""
+        """The elements in a box, reading only the chunks that hold them.
+
+        Args:
+            region: Unit-step slices, one per leading dimension (default: the whole leaf).
+
+        Returns:
+            A new C-ordered numpy array.
+
+        Raises:
+            OutOfBoundsError: A slice with a step other than 1.
+        """
         box = _region.normalize(region, self.shape, self.address)
         return _region.read_region(self.reader, self._pieces, box)
 
@@ -321,8 +330,18 @@ class Checkpoint:
         return address in _Addresses(self._frame)
 
     def select(self, patterns: _select.Patterns) -> list[str]:
-        """The addresses, in tree order, that match any of the patterns (globs over addresses;
-        quotes around digit-only keys may be left out); every pattern must match one."""
+        """The addresses, in tree order, that match any of the patterns.
+
+        Args:
+            patterns: Globs over addresses (one or a list; quotes around digit-only keys may be
+                left out); every pattern must match one.
+
+        Returns:
+            The matching addresses.
+
+        Raises:
+            NoMatchError: A pattern matches no leaf.
+        """
         return _select.select(
             self._frame.addresses, patterns, where=f"checkpoint {self.name!r}", checkpoint=self.name
         )
@@ -334,6 +353,15 @@ class Checkpoint:
         manifest alone (of one stored in parts, its frame): no chunk is read. Leaves without
         statistics (saved with ``SaveOptions(stats=False)``, by an older treestore, complex or
         PRNG key data) are left out: unknown, not healthy.
+
+        Args:
+            select: Glob patterns over addresses (one or a list); every pattern must match one.
+
+        Returns:
+            ``{address: ValueStats}``.
+
+        Raises:
+            NoMatchError: A pattern matches no leaf.
 
         >>> import numpy as np, treestore
         >>> _ = treestore.save("memory://doc/ckstats", {"b": np.arange(4), "w": np.ones(4)}, "a")

@@ -106,6 +106,39 @@ class CheckpointManager:
 
     A manager is meant for one training loop: call it from one thread.
 
+    Args:
+        url: The store (a local path or fsspec URL); or give ``local=`` instead.
+        local: The local tier's store, with ``remote=`` for two tiers.
+        remote: The remote tier's store, to which committed steps are replicated.
+        replicate_every_steps: Replicate only the steps divisible by this (default: every step).
+        remote_keep_last: The remote tier keeps its N newest steps.
+        remote_keep_every: The remote tier keeps every step divisible by this.
+        remote_storage_options: fsspec options of the remote store.
+        save_every_steps: ``save`` saves a step divisible by this.
+        save_every_seconds: ``save`` saves once this many seconds passed since the last save.
+        keep_last: Keep the N newest steps.
+        keep_every: Keep every step divisible by this.
+        keep_best: Keep the N best steps by ``best_metric``.
+        best_metric: The metric ``keep_best`` ranks by (every save then passes it).
+        best_mode: "min" (the default) or "max".
+        async_save: Hash, compress, write and apply retention on a background thread.
+        preemption: Install a SIGTERM handler that makes the next save save at once.
+        options: Chunk sizes, packing, threads and statistics of every save (:class:`SaveOptions`).
+        clock: The clock ``save_every_seconds`` is measured on.
+        storage_options: fsspec options of the (local) store.
+        trust_previous: False checks every chunk in the store instead of trusting the newest
+            checkpoint's manifest.
+        keep_healthy: Never let retention delete the newest step whose statistics show no NaN/inf
+            while newer steps hold them (in both tiers).
+        healthy: ``healthy(info, stats) -> bool``, a further test of health over a step's
+            :class:`StepInfo` and its statistics by address; a step it rejects counts as
+            unhealthy, one it raises on as unknown (kept).
+
+    Raises:
+        InvalidInputError: Contradictory or out-of-range settings (both ``url`` and ``local``,
+            tier settings without ``remote``, a negative count, ``preemption`` off the main
+            thread).
+
     Examples:
         >>> import numpy as np, treestore
         >>> with treestore.CheckpointManager("memory://doc/mgr", save_every_steps=10, keep_last=2) as m:
@@ -246,9 +279,21 @@ class CheckpointManager:
         force: bool = False,
         user: Any = None,
     ) -> bool:
-        """Save ``tree`` as ``step`` if the policy says so (see the class); True when it saved.
+        """Save ``tree`` as ``step`` if the policy says so (see the class).
 
-        ``metrics`` (names to numbers) and ``user`` (plain data) are stored with the step.
+        Args:
+            step: The training step (a non-negative int); steps only grow.
+            tree: The pytree to save.
+            metrics: Names to numbers stored with the step (``keep_best`` ranks by one).
+            force: Save (or replace) the step whatever the intervals say.
+            user: Plain data stored with the step.
+
+        Returns:
+            Whether it saved (with ``async_save``, whether a save was started).
+
+        Raises:
+            InvalidInputError: A bad step, metric or leaf (nothing saved).
+            TreestoreError: The previous background save or replication failed, as it failed.
         """
         self._check_open()
         step = check_step(step)
@@ -401,8 +446,12 @@ class CheckpointManager:
             self._previous_handler(signum, frame)
 
     def reached_preemption(self, step: int) -> bool:
-        """True once a SIGTERM arrived (with ``preemption=True``) and ``step`` is committed: the
-        loop may stop. While it is False after a SIGTERM, the next ``save`` saves at once."""
+        """Whether a SIGTERM arrived (with ``preemption=True``) and ``step`` is committed: the
+        loop may stop. While it is False after a SIGTERM, the next ``save`` saves at once.
+
+        Args:
+            step: The step the loop has just saved.
+        """
         step = check_step(step)
         if not self._preempted:
             return False
@@ -439,10 +488,16 @@ class CheckpointManager:
         return sorted(self._tiers())
 
     def latest_step(self, *, healthy: bool = False) -> int | None:
-        """The newest committed step (of either tier), or None when there is none. With
-        ``healthy=True``, the newest whose recorded statistics show no NaN/inf and that the
-        manager's ``healthy`` check accepts (a step saved without statistics counts: unknown is
-        never taken for unhealthy); read from manifests alone, newest first."""
+        """The newest committed step of either tier.
+
+        Args:
+            healthy: The newest whose recorded statistics show no NaN/inf and that the manager's
+                ``healthy`` check accepts (a step saved without statistics counts: unknown is
+                never taken for unhealthy); read from manifests alone, newest first.
+
+        Returns:
+            The step, or None when there is none.
+        """
         tiers = self._tiers()
         if not healthy:
             return max(tiers, default=None)
@@ -453,7 +508,17 @@ class CheckpointManager:
         return None
 
     def info(self, step: int | None = None) -> StepInfo:
-        """What was stored with ``step`` (default: the newest step)."""
+        """What was stored with a step.
+
+        Args:
+            step: The step (default: the newest).
+
+        Returns:
+            Its :class:`StepInfo`: step, metrics, user data and creation time.
+
+        Raises:
+            CheckpointNotFoundError: No such step.
+        """
         return self._find(step)[0]
 
     def restore(
@@ -476,6 +541,23 @@ class CheckpointManager:
         ``partial`` and ``types`` are as in :meth:`Store.load` (``cast=True`` resumes a flax
         ``TrainState`` whose step was saved as a Python int into one whose step is an array, and
         back). A step whose local copy is damaged is loaded from the remote tier when it has it.
+
+        Args:
+            like: The structure and types of the result (default: the stored tree).
+            step: The step (default: the newest).
+            select: Patterns over addresses: restore only the matching leaves.
+            cast: With ``like``, convert to its dtypes instead of failing.
+            partial: With ``like``, let it be a subset of the checkpoint.
+            types: Without ``like``, the namedtuple classes and dataclasses to restore as
+                themselves.
+            healthy: Without ``step``, the newest healthy step.
+
+        Returns:
+            The restored tree.
+
+        Raises:
+            CheckpointNotFoundError: No such step (or, with ``healthy``, no healthy one).
+            StructureMismatchError: The step does not match ``like``.
         """
         self.wait()
         if step is None and healthy:

@@ -235,7 +235,11 @@ class Store:
         return infos + [CheckpointInfo(n, math.nan, 0, 0, None, str(bad[n])) for n in sorted(bad)]
 
     def exists(self, name: str) -> bool:
-        """Whether checkpoint ``name`` is committed."""
+        """Whether a checkpoint is committed.
+
+        Args:
+            name: The checkpoint's name.
+        """
         check_name(name)
         return self.storage.exists(_layout.record_path(name))
 
@@ -252,7 +256,17 @@ class Store:
         return _read.newest_record(self.storage).name
 
     def manifest(self, name: str | None = None) -> Manifest:
-        """The verified manifest of checkpoint ``name`` (default: the newest)."""
+        """The verified manifest of a checkpoint, every leaf entry made.
+
+        Args:
+            name: The checkpoint (default: the newest).
+
+        Returns:
+            A :class:`treestore.types.Manifest`.
+
+        Raises:
+            CheckpointNotFoundError: No such checkpoint.
+        """
         record = self._record(name)
         with _read.memory_named(f"reading the manifest of checkpoint {record.name!r}", record.name):
             return _read.read_manifest(self.storage, record)
