@@ -94,17 +94,40 @@ def watch(url: str, timeout: float | None, since: str | None, as_json: bool) -> 
     metavar="FILE",
     help="Also write a self-contained HTML page (heatmap, lines per group, every value).",
 )
+@click.option(
+    "--norms",
+    is_flag=True,
+    help="Show each leaf's L2 norm at each checkpoint instead, from the statistics recorded at save "
+    "(manifests only, no chunk read).",
+)
 @JSON
 def timeline(
-    url: str, patterns: tuple[str, ...], depth: int | None, scale: str, html_file: Path | None, as_json: bool
+    url: str,
+    patterns: tuple[str, ...],
+    depth: int | None,
+    scale: str,
+    html_file: Path | None,
+    norms: bool,
+    as_json: bool,
 ) -> int:
     """For the checkpoints of the store at URL, oldest first, show the relative L2 change
     ||b - a|| / ||a|| of each array leaf (or group, with --depth) from one checkpoint to the
     next: one row per leaf, one character per step, blank where unchanged, '·' where the leaf is
-    absent. Only the chunks that changed are read. A damaged checkpoint is left out and named
-    with its problem (``damaged`` with --json); the exit status is then 1."""
+    absent. Only the chunks that changed are read. With --norms, each leaf's L2 norm at each
+    checkpoint instead, '!' where it holds NaN/inf, from the statistics recorded at save:
+    nothing but manifests is read. A damaged checkpoint is left out and named with its problem
+    (``damaged`` with --json); the exit status is then 1."""
     store = open_store(url)
     require_store(store)
+    if norms:
+        if html_file is not None:
+            raise click.UsageError("--html draws changes; it does not go with --norms")
+        table = store.norms(select=patterns or None, depth=depth)
+        if as_json:
+            echo_json(table.to_json())
+        else:
+            click.echo(table.heatmap(scale=scale, ascii=not render.fancy()))
+        return 1 if table.damaged else 0
     with progress("timeline") as bar:
         result = store.timeline(select=patterns or None, depth=depth, progress=bar)
     if html_file is not None:

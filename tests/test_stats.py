@@ -302,7 +302,35 @@ def test_stats_show_ls_and_health_read_no_chunk():
     assert "step-3 !" in listed.output and "NaN/inf: step-4: opt/mu, w" in listed.output
     rows = json.loads(run_cli("ls", "--json", url).output)["checkpoints"]
     assert [r["nonfinite"] for r in rows][2:] == [["opt/mu"], ["opt/mu", "w"], []]
+    norms = run_cli("timeline", "--norms", url)
+    assert norms.exit_code == 0 and "manifests only" in norms.output
     assert CountingFileSystem.bytes_read("chunks") == 0
+
+
+def test_norms_over_a_run_equal_numpy_and_pool_groups():
+    """Store.norms: each leaf's L2 norm of its finite elements at each checkpoint, from the
+    manifests (equal to numpy's), NaN where absent or saved without statistics, NaN/inf
+    counted apart; groups pool as the root of the sum of their leaves' squared norms."""
+    url = "memory://stats/norms-run"
+    diverging_run(url)
+    t = treestore.Store(url).norms()
+    assert t.checkpoints == tuple(f"step-{s}" for s in range(1, 6)) and t.addresses == ("opt/mu", "w")
+    for j, step in enumerate(range(1, 5)):
+        mu = np.full(3000, float(step), np.float64)
+        if step >= 3:
+            mu[7] = 0.0  # the NaN is left out of the norm
+        w = np.ones(4000)
+        if step >= 4:
+            w[0] = 0.0
+        assert t.values[0][j] == pytest.approx(np.linalg.norm(mu), rel=1e-12)
+        assert t.values[1][j] == pytest.approx(np.linalg.norm(w), rel=1e-12)
+    assert [math.isnan(row[4]) for row in t.values] == [True, True]  # step-5: saved without them
+    assert t.nonfinite == ((0, 0, 1, 1, 0), (0, 0, 0, 1, 0))
+    pooled = treestore.Store(url).norms(depth=1, select="**")
+    assert pooled.addresses == ("opt", "w") and pooled.values[0][0] == t.values[0][0]
+    rows = t.heatmap(ascii=True).splitlines()[1:]
+    assert [r.split()[1] for r in rows] == ["-+!!x", "@@@!x"]  # ! NaN/inf, x no statistics
+    assert t.to_json()["rows"][0]["values"][4] == "nan"
 
 
 def test_health_of_a_store_without_statistics_is_unknown(tmp_path):

@@ -13,7 +13,7 @@ from treestore._api.health import ValueStats
 from treestore._api.interop import ExportResult
 from treestore._api.retention import StepInfo
 from treestore._api.store import CheckpointInfo
-from treestore._api.timeline import Timeline
+from treestore._api.timeline import Norms, Timeline
 from treestore._api.verify import VerifyProblem, VerifyReport
 from treestore._engine.gc import GcReport
 from treestore._engine.write import SaveResult
@@ -30,6 +30,7 @@ __all__ = [
     "LeafEntry",
     "LeafStats",
     "Manifest",
+    "Norms",
     "Piece",
     "SaveResult",
     "StepInfo",
@@ -53,6 +54,7 @@ for _cls in (
     Piece,
     SaveResult,
     StepInfo,
+    Norms,
     Timeline,
     ValueStats,
     VerifyProblem,

@@ -468,6 +468,20 @@ class Store:
         """
         return _timeline.timeline(self.storage, select=select, depth=depth, progress=progress)
 
+    def norms(self, select: Patterns = None, depth: int | None = None) -> _timeline.Norms:
+        """The L2 norm of each array leaf at each checkpoint, oldest first, from the statistics
+        recorded at save: only manifests are read (``treestore timeline --norms``).
+
+        Args:
+            select: Patterns over addresses: keep the matching leaves.
+            depth: Pool leaves by the first ``depth`` segments of their addresses.
+
+        Returns:
+            A :class:`treestore.types.Norms` (NaN where a leaf is absent or has no statistics),
+            with ``heatmap()`` and ``to_json()``.
+        """
+        return _timeline.norms(self.storage, select=select, depth=depth)
+
 
 def save(
     url: str | os.PathLike[str],

@@ -18,10 +18,12 @@ from typing import Any
 import numpy as np
 
 from treestore._api import diff as _diff
+from treestore._api import health as _health
 from treestore._api import timeline_html as _html
 from treestore._api.checkpoint import Checkpoint
 from treestore._engine import read as _read
 from treestore._format import select as _select
+from treestore._format.columns import ARRAY_CODES as _ARRAY_CODES
 from treestore._format.manifest import LeafEntry, Manifest
 from treestore._storage.base import Storage
 from treestore.errors import (
@@ -178,6 +180,118 @@ class Timeline:
         return _html.page(self, lines, _top(self.values, scale), title or f"treestore timeline: {self.url}")
 
 
+@dataclass(frozen=True)
+class Norms:
+    """The L2 norm of each array leaf (or group of leaves) at each checkpoint of a store, from
+    the statistics its saves recorded: only manifests are read, no chunk.
+
+    ``values[i][j]`` is the norm of the finite elements of ``addresses[i]`` at
+    ``checkpoints[j]``; NaN where the leaf is absent there or has no statistics (saved without
+    them). ``nonfinite[i][j]`` counts its NaN and ±inf elements there. With ``depth`` set, each
+    address is a group, the first ``depth`` segments of its leaves' addresses, and its norm is
+    √(Σ‖wᵢ‖²) over the leaves with statistics. ``damaged`` is as in :class:`Timeline`.
+
+    Examples:
+        >>> import numpy as np, treestore
+        >>> store = treestore.Store("memory://doc/norms")
+        >>> for step in range(3):
+        ...     _ = store.save({"w": np.full(4, 2.0**step)}, f"step-{step}")
+        >>> store.norms().values
+        ((2.0, 4.0, 8.0),)
+    """
+
+    url: str
+    checkpoints: tuple[str, ...]
+    addresses: tuple[str, ...]
+    values: tuple[tuple[float, ...], ...]
+    nonfinite: tuple[tuple[int, ...], ...]
+    depth: int | None = None
+    damaged: tuple[tuple[str, str], ...] = ()
+
+    def heatmap(self, *, scale: str = "row", ascii: bool = False) -> str:
+        """One line per address, one character per checkpoint: `` ▁▂▃▄▅▆▇█`` up to the row's
+        largest norm (``scale="row"``) or the map's (``scale="global"``), ``·`` where absent or
+        unknown, ``!`` where the leaf holds NaN or ±inf; then the row's largest norm."""
+        top = _top(self.values, scale)
+        levels, absent = (ASCII_BLOCKS, ASCII_ABSENT) if ascii else (BLOCKS, ABSENT)
+        width = max((len(a or "(root)") for a in self.addresses), default=0)
+        span = f"{self.checkpoints[0]} -> {self.checkpoints[-1]}" if self.checkpoints else "no checkpoints"
+        rows = f"groups of depth {self.depth}" if self.depth else "leaves"
+        scaled = "per row" if scale == "row" else "to the largest norm of all"
+        lines = [
+            f"{len(self.checkpoints)} checkpoints: {span}; L2 norm of {rows}, scaled {scaled}, "
+            "from the statistics recorded at save (manifests only)"
+        ]
+        for i, (address, row) in enumerate(zip(self.addresses, self.values, strict=True)):
+            cells = "".join(
+                NONFINITE if self.nonfinite[i][j] else _level(v, top[i], levels, absent)
+                for j, v in enumerate(row)
+            )
+            finite = [v for v in row if not math.isnan(v)]
+            peak = _num(max(finite)) if finite else "-"
+            lines.append(f"{(address or '(root)').ljust(width)}  {cells}  max {peak}")
+        lines += [f"damaged, left out: {name}: {problem}" for name, problem in self.damaged]
+        return "\n".join(lines)
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain data; non-finite values as the strings "nan" and "inf"."""
+        return {
+            "url": self.url,
+            "checkpoints": list(self.checkpoints),
+            "depth": self.depth,
+            "measure": "l2",
+            "rows": [
+                {
+                    "address": a,
+                    "values": [v if math.isfinite(v) else str(v) for v in row],
+                    "nonfinite": list(n),
+                }
+                for a, row, n in zip(self.addresses, self.values, self.nonfinite, strict=True)
+            ],
+            "damaged": [{"name": name, "problem": problem} for name, problem in self.damaged],
+        }
+
+
+def norms(storage: Storage, *, select: _select.Patterns = None, depth: int | None = None) -> Norms:
+    """The :class:`Norms` of every checkpoint of a store, oldest first, from manifests alone
+    (see :meth:`treestore.Store.norms`)."""
+    if depth is not None and (type(depth) is not int or depth < 1):
+        raise InvalidInputError(f"depth must be an int of at least 1, got {depth!r}")
+    views, damaged = _readable(storage)
+    leaves = [_array_leaves(v.columns) for v in views]
+    arrays = [_health.leaf_stats(v.columns, which) for v, which in zip(views, leaves, strict=True)]
+    every = list(
+        dict.fromkeys(v.columns.addresses[i] for v, which in zip(views, leaves, strict=True) for i in which)
+    )
+    chosen = _select.select(every, select, where=f"the checkpoints of {storage.url}")
+    groups: dict[str, list[str]] = {}
+    for a in chosen:
+        key = a if depth is None else "/".join(a.split("/")[:depth])
+        groups.setdefault(key, []).append(a)
+    values, nonfinite = [], []
+    for members in groups.values():
+        row, bad = [], []
+        for found in arrays:
+            known = [found[a] for a in members if a in found]
+            row.append(math.sqrt(sum(s.l2 * s.l2 for s in known)) if known else math.nan)
+            bad.append(sum(s.nonfinite for s in known))
+        values.append(tuple(row))
+        nonfinite.append(tuple(bad))
+    return Norms(
+        storage.url,
+        tuple(v.name for v in views),
+        tuple(groups),
+        tuple(values),
+        tuple(nonfinite),
+        depth,
+        damaged,
+    )
+
+
+def _array_leaves(columns: Any) -> list[int]:
+    return np.flatnonzero(columns.leaves["kind"] < _ARRAY_CODES).tolist()
+
+
 def _top(values: Sequence[Sequence[float]], scale: str) -> list[float]:
     """What each row's levels are scaled to: its largest finite change, or the map's."""
     if scale not in ("row", "global"):
@@ -322,7 +436,7 @@ def timeline(
 # which hides their methods from doctest's search of this module.
 __test__ = {
     f"{cls.__name__}.{name}": getattr(cls, name)
-    for cls in (Timeline,)
+    for cls in (Timeline, Norms)
     for name, value in vars(cls).items()
     if not name.startswith("__") and ">>>" in (getattr(value, "__doc__", None) or "")
 }
