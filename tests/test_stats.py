@@ -337,3 +337,20 @@ def test_health_of_a_store_without_statistics_is_unknown(tmp_path):
     treestore.save(str(tmp_path), {"w": np.array([np.nan])}, "a", options=SaveOptions(stats=False))
     out = run_cli("health", str(tmp_path))
     assert out.exit_code == 0 and "unknown" in out.output and "show NaN/inf" in out.output
+
+
+def test_derive_keeps_the_base_statistics_and_measures_what_it_sets():
+    """A derived checkpoint has statistics like any save: a kept leaf keeps the base's (moved
+    with it when renamed), a set leaf is measured; from a base saved without statistics, only
+    the set leaves have them."""
+    store = treestore.Store("memory://stats/derive")
+    w = np.array([3.0, np.nan, 4.0])
+    store.save({"enc": {"w": w}, "head": np.ones(2), "step": 3}, "base")
+    store.derive("base", "new", set={"head": np.full(3, 2.0)}, rename={"enc": "encoder"})
+    got = store.open("new").stats()
+    assert (got["encoder/w"].nan, got["encoder/w"].l2) == (1, 5.0)
+    assert got["head"].l2 == pytest.approx(np.sqrt(12.0)) and got["step"].max == 3
+    assert store.open("new").healthy is False
+    store.save({"a": np.ones(4), "b": np.ones(1)}, "plain", options=SaveOptions(stats=False))
+    store.derive("plain", "plain2", set={"b": np.full(4, 2.0)})
+    assert set(store.open("plain2").stats()) == {"b"}

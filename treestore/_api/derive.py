@@ -28,6 +28,7 @@ from treestore._engine.commit import commit
 from treestore._engine.leaf_table import EntryList
 from treestore._format import layout as _layout
 from treestore._format import select as _select
+from treestore._format import stats as _stats
 from treestore._format.address import (
     DictKey,
     Key,
@@ -449,8 +450,20 @@ def derive(
         placed: list[tuple[str, _Node]] = []
         node_record = _emit(tree.root, "", placed)
         meta = manifest.metadata if metadata is KEEP else metadata
+        base_stats = None if columns.stats is None else _stats.records(columns.stats)
         return _write_derived(
-            storage, manifest, new, node_record, placed, new_leaves, meta, options, lock, overwrite, known
+            storage,
+            manifest,
+            base_stats,
+            new,
+            node_record,
+            placed,
+            new_leaves,
+            meta,
+            options,
+            lock,
+            overwrite,
+            known,
         )
 
 
@@ -511,6 +524,7 @@ def _apply_moves(tree: _Tree, moving: list[Move]) -> None:
 def _write_derived(
     storage: Storage,
     base: Manifest,
+    base_stats: list[_stats.Record] | None,
     name: str,
     node_record: dict[str, Any],
     placed: list[tuple[str, _Node]],
@@ -522,7 +536,8 @@ def _write_derived(
     known: _known.KnownChunks,
 ) -> _write.SaveResult:
     """Write the new leaves' chunks with the save path's chunk writer (taking the base's chunks,
-    read under ``lock``, as known), then commit."""
+    read under ``lock``, as known), then commit. The statistics of a kept leaf are the base's
+    (``base_stats``, by base leaf), those of a new leaf measured as a save measures them."""
     kept_packs = sorted(
         {
             c.pack
@@ -544,12 +559,15 @@ def _write_derived(
     written = sink.entries
     shifted = {i: len(kept_packs) + i for i in range(len(new_packs))}
     entries = []
+    records: list[_stats.Record | None] = []
     for address, n in placed:
         if n.leaf is not None:
             entries.append(_moved(base.leaves[n.leaf], address, renumber))
+            records.append(None if base_stats is None else base_stats[n.leaf])
         else:
             assert n.new is not None
             entries.append(_moved(_distributed.canonical(written[n.new]), address, shifted))
+            records.append(sink.stats[n.new])
     now = time.time()
     manifest = Manifest(
         name=name,
@@ -561,7 +579,11 @@ def _write_derived(
         codec=options.codec.to_record(),
         chunk_size=options.chunk_size,
     )
-    data = encode_any(manifest)  # the reader's checks, before anything refers to it
+    known_stats = any(r is not None and r[0] != _stats.UNKNOWN for r in records)
+    table = (
+        _stats.column([_stats.UNKNOWN_RECORD if r is None else r for r in records]) if known_stats else None
+    )
+    data = encode_any(manifest, stats=table)  # the reader's checks, before anything refers to it
     commit(
         storage,
         data,
