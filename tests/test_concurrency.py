@@ -67,7 +67,7 @@ def _referenced(store: treestore.Store) -> set[str]:
     for name in _read.checkpoint_names(store.storage):
         ref = _read.read_commit_record(store.storage, name)
         paths.add(_layout.manifest_path(ref.manifest))
-        paths |= {_layout.chunk_path(d) for d in _read.read_manifest(store.storage, ref).chunk_digests()}
+        paths |= {_layout.chunk_path(d) for d in _read.read_columns(store.storage, ref).chunk_digests()}
     return paths
 
 

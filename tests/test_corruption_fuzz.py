@@ -89,7 +89,7 @@ def store(tmp_path_factory) -> tuple[str, dict[str, Any], dict[str, Users], list
         objects.setdefault(_layout.manifest_path(ref.manifest), Users("manifest", [])).users.append(
             (name, None)
         )
-        m = _read.read_manifest(s.storage, ref)
+        m = _read.read_columns(s.storage, ref).to_manifest()
         for leaf in m.leaves:
             for c in leaf.chunks:
                 d = m.packs[c.pack].digest if c.pack is not None else c.digest

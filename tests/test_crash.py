@@ -138,7 +138,7 @@ def referenced(store: treestore.Store) -> tuple[set[str], set[str]]:
     for info in store.list():
         ref = _read.read_commit_record(store.storage, info.name)
         manifests.add(_layout.manifest_path(ref.manifest))
-        chunks |= {_layout.chunk_path(d) for d in _read.read_manifest(store.storage, ref).chunk_digests()}
+        chunks |= {_layout.chunk_path(d) for d in _read.read_columns(store.storage, ref).chunk_digests()}
     return chunks, manifests
 
 

@@ -124,18 +124,21 @@ def test_running_out_of_memory_past_the_decoder_names_the_checkpoint(store_url, 
     when its objects and tree are made: wherever a reader then runs out, the caller gets
     OutOfMemoryError naming the checkpoint, not a bare MemoryError. Running out is simulated
     where each reader builds per-leaf objects (a real limit makes Python's own handling of a
-    MemoryError, before treestore sees it, fail at random places)."""
+    MemoryError, before treestore sees it, fail at random places); verify and copy build none,
+    and run out where they group a manifest's chunk refs by object."""
     treestore.save(store_url, {"w": np.zeros(3), "n": 1}, "big")
 
     def out_of_memory(*args, **kwargs):
         raise MemoryError
 
     from treestore._api import diff as diff_module
+    from treestore._engine import objects
     from treestore._format.columns_tree import Nodes
 
     monkeypatch.setattr(Nodes, "tree_record", out_of_memory)
     monkeypatch.setattr(Nodes, "addresses", out_of_memory)
     monkeypatch.setattr(diff_module, "diff_checkpoints", out_of_memory)
+    monkeypatch.setattr(objects, "ChunkObject", out_of_memory)
     with pytest.raises(treestore.errors.OutOfMemoryError) as caught:
         READERS[reader](store_url)
     assert caught.value.checkpoint == "big" or "'big'" in str(caught.value), str(caught.value)

@@ -30,7 +30,7 @@ from treestore._engine.read import read_columns, read_commit_record, read_frame,
 from treestore._engine.write import SaveOptions, SaveResult, prepare
 from treestore._format import parted as parted_module
 from treestore._format.columns import CHUNK_DTYPE
-from treestore._format.columns_codec import decode_any, decode_columns, encode_any, encode_columns
+from treestore._format.columns_codec import decode_any, decode_columns, encode, encode_columns
 from treestore._format.encoding import digest
 from treestore._format.layout import manifest_path
 from treestore._format.manifest import ChunkRef, LeafEntry, Manifest, Piece
@@ -273,7 +273,7 @@ def test_a_reader_merges_the_parts_into_the_manifest_one_process_would_write():
         columns, problems = complete(decoded, [decode_part(p, layout) for p in parts])
         assert columns is not None and not problems, problems
         assert _resolved(columns.to_manifest()) == _resolved(manifest), trial
-        encode_any(columns.to_manifest())  # what readers accept
+        encode(columns)  # what readers accept
         # A reader of some leaves, given only the parts it needs, gets those leaves exactly.
         chosen = rng.random(len(manifest.leaves)) < 0.3
         needed = set(decoded.needed(chosen).tolist())
@@ -497,7 +497,7 @@ def test_a_frame_that_lists_a_part_s_leaves_wrongly_is_refused(store_url):
     assert isinstance(frame, Parted)
     parts = list(frame.parts)
     parts[1] = parts[1]._replace(first=1)
-    commit(storage, encode_columns(replace(frame, parts=tuple(parts))), record, overwrite=True)
+    commit(storage, encode_columns(replace(frame, parts=tuple(parts))), frame.frame, overwrite=True)
     with pytest.raises(
         ManifestCorruptError, match=r"process 1: .*a piece lies outside the leaves its frame lists"
     ):
@@ -538,7 +538,7 @@ def _reparted(store_url: str, name: str, k: int, change: Any, *, keep_digest: bo
     storage.write(manifest_path(digest(data)), [data])
     parts = list(frame.parts)
     parts[k] = parts[k]._replace(digest=digest(data), size=len(data))
-    commit(storage, encode_columns(replace(frame, parts=tuple(parts))), record, overwrite=True)
+    commit(storage, encode_columns(replace(frame, parts=tuple(parts))), frame.frame, overwrite=True)
 
 
 def _moved_piece(data: bytes) -> bytes:

@@ -22,20 +22,23 @@ import threading
 from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
+
 from treestore._api.spec import parse_spec
 from treestore._api.verify import Progress
 from treestore._engine import known as _known
 from treestore._engine import locks as _locks
 from treestore._engine import read as _read
 from treestore._engine.commit import commit
-from treestore._engine.parts import part_bytes
+from treestore._engine.objects import ChunkObject, chunk_objects
+from treestore._engine.parts import assemble, part_bytes
 from treestore._engine.read import fetch_chunk, member_mismatch, pack_member
 from treestore._engine.threads import default_threads
 from treestore._engine.write import reusable_size
 from treestore._format import layout as _layout
-from treestore._format.columns_codec import decode_any, encode_any
+from treestore._format.columns_codec import encode
 from treestore._format.encoding import digest
-from treestore._format.manifest import ChunkRef, Manifest, check_name
+from treestore._format.manifest import check_name
 from treestore._format.parted import Parted, PartRef
 from treestore._storage.base import Storage
 from treestore._storage.registry import open_storage
@@ -65,29 +68,6 @@ class CopyReport:
     chunks_known: int = 0  # of those, chunks a checkpoint there references: no request was sent
 
 
-Members = list[tuple[ChunkRef, str]]  # the leaf chunks inside a pack, with their addresses
-
-
-def _chunk_owners(manifest: Manifest) -> dict[bytes, tuple[ChunkRef, str, Members]]:
-    """Each chunk object of a checkpoint, with the leaf (or leaves of a pack) it holds and, for a
-    pack, each leaf's reference into it."""
-    owners: dict[bytes, tuple[ChunkRef, str, Members]] = {}
-    in_pack: dict[int, Members] = {}
-    for entry in manifest.leaves:
-        for c in entry.chunks:
-            if c.pack is None:
-                owners.setdefault(c.digest, (c, entry.address or "(root)", []))
-            else:
-                in_pack.setdefault(c.pack, []).append((c, entry.address or "(root)"))
-    for i, p in enumerate(manifest.packs):
-        members = in_pack.get(i, [])
-        leaves = [address for _, address in members]
-        more = f" and {len(leaves) - 3} more" if len(leaves) > 3 else ""
-        found = owners.setdefault(p.digest, (p, f"{', '.join(leaves[:3])}{more} (pack {i})", []))
-        found[2].extend(members)
-    return owners
-
-
 class _Copier:
     def __init__(self, src: Storage, dst: Storage, threads: int, progress: Progress | None) -> None:
         self.src, self.dst = src, dst
@@ -98,29 +78,32 @@ class _Copier:
         self.done = self.total = 0
         self._lock = threading.Lock()
 
-    def _fetch(self, c: ChunkRef, owner: str, checkpoint: str) -> tuple[bytes, Any]:
-        """Chunk ``c`` from the source, checked against its digest (errors name ``owner``)."""
+    def _fetch(self, obj: ChunkObject) -> tuple[bytes, Any]:
+        """Chunk object ``obj`` from the source, checked against its digest (errors name the
+        leaves it holds)."""
         try:
-            return fetch_chunk(self.src, c)
+            return fetch_chunk(self.src, obj.ref)
         except CorruptionError as exc:
-            raise _refused(exc, owner, checkpoint, self.src.url) from None
+            raise _refused(exc, obj.owner(), obj.columns.name, self.src.url) from None
 
-    def _chunk(self, c: ChunkRef, owner: str, members: Members, checkpoint: str) -> None:
+    def _chunk(self, obj: ChunkObject) -> None:
+        c = obj.ref
         path = _layout.chunk_path(c.digest)
         data = None
-        if members:  # a pack: each leaf's reference into it is checked, as a load checks it
-            data, raw = self._fetch(c, owner, checkpoint)
-            for ref, address in members:
-                if pack_member(raw, ref.offset, ref.raw_size, ref.digest) is None:
-                    problem = ChunkCorruptError(member_mismatch(c.digest, ref.offset, ref.raw_size))
-                    raise _refused(problem, address, checkpoint, self.src.url)
+        if obj.packed:  # a pack: each leaf's reference into it is checked, as a load checks it
+            data, raw = self._fetch(obj)
+            for d, offset, size, row in obj.members():
+                if pack_member(raw, offset, size, d) is None:
+                    problem = ChunkCorruptError(member_mismatch(c.digest, offset, size))
+                    address = obj.addresses(np.array([row]))[0]
+                    raise _refused(problem, address, obj.columns.name, self.src.url)
         if c.digest in self.known:
             with self._lock:
                 self.present += 1
                 self.known_hits += 1
         elif reusable_size(self.dst, c.digest, c.raw_size) is None:  # none, or a bad one: replace it
             if data is None:
-                data, _ = self._fetch(c, owner, checkpoint)
+                data, _ = self._fetch(obj)
             self.dst.write(path, [data])
             with self._lock:
                 self.copied += 1
@@ -133,14 +116,9 @@ class _Copier:
             if self.progress is not None:
                 self.progress(self.done, self.total)
 
-    def chunks(
-        self, owners: dict[bytes, tuple[ChunkRef, str, Members]], checkpoint: str, lock: _locks.Lock
-    ) -> None:
+    def chunks(self, objects: list[ChunkObject], lock: _locks.Lock) -> None:
         with cf.ThreadPoolExecutor(self.threads) as pool:
-            futures = [
-                pool.submit(self._chunk, c, owner, members, checkpoint)
-                for c, owner, members in owners.values()
-            ]
+            futures = [pool.submit(self._chunk, obj) for obj in objects]
             try:
                 for f in cf.as_completed(futures):
                     f.result()
@@ -227,31 +205,31 @@ def copy(
         ref = _read.read_commit_record(s, n)
         data = _read.read_manifest_bytes(s, ref)
         with _read.memory_named(f"reading the manifest of checkpoint {n!r}", n):
-            manifest = _read.read_manifest(s, ref, data)
-        new = check_name(dst_name or n)
-        found = decode_any(data, n)
+            found = _read.read_frame(s, ref, data)
+            columns = assemble(s, found) if isinstance(found, Parted) else found
+            objects = _distinct(chunk_objects(columns))
         parts = found.parts if isinstance(found, Parted) else ()  # copied with it, unless renamed
+        new = check_name(dst_name or n)
         if new != n:
-            stats = (found.frame if isinstance(found, Parted) else found).stats  # kept, as the rest
-            data = encode_any(replace(manifest, name=new), manifest.version, stats)  # the source's version
-            parts = ()  # merged into the renamed copy's manifest
+            columns = replace(columns, name=new)
+            data = encode(columns, columns.version)  # the source's version; parts merged into it
+            parts = ()
         if _already_there(d, new, digest(data), overwrite):
             continue
-        owners = _chunk_owners(manifest)
-        copier.total += sum(c.raw_size for c, _, _ in owners.values())
-        plans.append((ref, parts, new, data, owners))
+        copier.total += sum(obj.ref.raw_size for obj in objects)
+        plans.append((ref, parts, columns, data, objects))
     copied: list[str] = []
     if plans:
         with _locks.save_lock(d) as lock:
             known = _known.learn(d, bool(trust_previous))  # under the lock, after any gc: safe
             copier.known = set(known.stored) if known is not None else set()
-            for ref, parts, new, data, owners in plans:
-                copier.chunks(owners, ref.name, lock)
+            for ref, parts, columns, data, objects in plans:
+                copier.chunks(objects, lock)
                 _copy_parts(s, d, ref.name, parts)
-                commit(d, data, replace(ref, name=new), overwrite=overwrite)
-                copied.append(new)
+                commit(d, data, columns, overwrite=overwrite, version=ref.version)
+                copied.append(columns.name)
                 if trust_previous:  # written or checked under this lock, and now referenced
-                    copier.known.update(owners)
+                    copier.known.update(obj.ref.digest for obj in objects)
     unchanged = tuple(dst_name or n for n in names if (dst_name or n) not in copied)
     return CopyReport(
         s.url,
@@ -263,6 +241,19 @@ def copy(
         copier.present,
         copier.known_hits,
     )
+
+
+def _distinct(objects: list[ChunkObject]) -> list[ChunkObject]:
+    """One of each chunk object (a pack may hold exactly the bytes of a chunk, or of another
+    pack): packs first, so that its members are checked whichever names it."""
+    seen: dict[tuple[bytes, int], ChunkObject] = {}
+    extra = []
+    for obj in sorted(objects, key=lambda o: not o.packed):
+        if obj.key not in seen:
+            seen[obj.key] = obj
+        elif obj.packed:
+            extra.append(obj)  # a second pack of the same bytes: its members are its own
+    return list(seen.values()) + extra
 
 
 def _refused(exc: CorruptionError, address: str, checkpoint: str, url: str) -> CorruptionError:

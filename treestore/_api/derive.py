@@ -42,9 +42,8 @@ from treestore._format.address import (
     key_value,
     parse_address,
 )
-from treestore._format.columns_codec import encode_any
+from treestore._format.columns_codec import columns_from_manifest, encode
 from treestore._format.columns_tree import nodes_from_tree
-from treestore._format.commit_record import CommitRecord
 from treestore._format.limits import MAX_DEPTH
 from treestore._format.manifest import (
     ChunkRef,
@@ -583,11 +582,6 @@ def _write_derived(
     table = (
         _stats.column([_stats.UNKNOWN_RECORD if r is None else r for r in records]) if known_stats else None
     )
-    data = encode_any(manifest, stats=table)  # the reader's checks, before anything refers to it
-    commit(
-        storage,
-        data,
-        CommitRecord(name, b"", 0, now, metadata, len(entries), manifest.nbytes),
-        overwrite=overwrite,
-    )
-    return writer.result(name, len(entries), manifest.nbytes)
+    columns = columns_from_manifest(manifest, table)  # the reader's checks, before anything refers to it
+    commit(storage, encode(columns), columns, overwrite=overwrite)
+    return writer.result(name, len(columns), columns.nbytes)

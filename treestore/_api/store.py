@@ -269,7 +269,7 @@ class Store:
         """
         record = self._record(name)
         with _read.memory_named(f"reading the manifest of checkpoint {record.name!r}", record.name):
-            return _read.read_manifest(self.storage, record)
+            return _read.read_columns(self.storage, record).to_manifest()
 
     def _record(self, name: str | None) -> CommitRecord:
         if name is None:

@@ -14,13 +14,16 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
+
 from treestore._api.spec import parse_spec
 from treestore._engine import locks as _locks
 from treestore._engine import read as _read
+from treestore._engine.objects import ChunkObject, chunk_objects
 from treestore._engine.read import fetch_chunk, member_mismatch, pack_member
 from treestore._engine.threads import default_threads
 from treestore._format import layout as _layout
-from treestore._format.manifest import ChunkRef, Manifest, check_name
+from treestore._format.manifest import ChunkRef, check_name
 from treestore._storage.base import Storage
 from treestore._storage.registry import open_storage
 from treestore.errors import (
@@ -95,16 +98,13 @@ def _kind(exc: TreestoreError, default: str) -> str:
     return default
 
 
-Users = list[tuple[str, str]]  # (checkpoint, address) pairs that depend on one chunk
-
-
 @dataclass
 class _Job:
-    """One chunk object to check, who uses it, and (for packs) the leaf slices inside it."""
+    """One chunk object to check, and each checkpoint's use of it (its refs to it, or for a
+    pack the leaf slices inside it)."""
 
     ref: ChunkRef
-    users: Users = field(default_factory=list)
-    slices: dict[tuple[bytes, int, int], Users] = field(default_factory=dict)
+    uses: list[ChunkObject] = field(default_factory=list)
 
 
 class _Verifier:
@@ -134,52 +134,46 @@ class _Verifier:
             self.add(name, None, _kind(exc, RECORD), str(exc))
             return
         try:
-            manifest = _read.read_manifest(self.storage, ref)
+            columns = _read.read_columns(self.storage, ref)
         except TreestoreError as exc:
             self.add(name, None, _kind(exc, MANIFEST), str(exc))
             return
-        self._queue(manifest)
+        for use in chunk_objects(columns):
+            job = self.jobs.get(use.key)
+            if job is None:
+                job = self.jobs[use.key] = _Job(use.ref)
+                self.total += use.ref.raw_size
+            job.uses.append(use)
 
-    def _queue(self, manifest: Manifest) -> None:
-        name = manifest.name
-        for entry in manifest.leaves:
-            address = entry.address
-            for c in entry.chunks:
-                if c.pack is None:
-                    self._job(c).users.append((name, address))
-                else:
-                    pack = self._job(manifest.packs[c.pack])
-                    pack.slices.setdefault((c.digest, c.offset, c.raw_size), []).append((name, address))
-
-    def _job(self, ref: ChunkRef) -> _Job:
-        key = (ref.digest, ref.raw_size)
-        job = self.jobs.get(key)
-        if job is None:
-            job = self.jobs[key] = _Job(ref)
-            self.total += ref.raw_size
-        return job
-
-    def _report(self, users: Users, kind: str, problem: str) -> None:
-        for name, address in users:
-            self.add(name, address, kind, f"{address or '(root)'}: {problem}, in checkpoint {name!r}")
+    def _report(self, use: ChunkObject, kind: str, problem: str, rows: np.ndarray | None = None) -> None:
+        name = use.columns.name
+        for address in use.addresses(rows):
+            self.add(name, address, kind, f"{address}: {problem}, in checkpoint {name!r}")
 
     def run_job(self, job: _Job) -> None:
-        everyone = job.users + [u for users in job.slices.values() for u in users]
         try:
             _, raw = fetch_chunk(self.storage, job.ref)
         except TreestoreError as exc:
-            self._report(everyone, _kind(exc, CHUNK_CORRUPT), str(exc))
+            for use in job.uses:
+                self._report(use, _kind(exc, CHUNK_CORRUPT), str(exc))
             if isinstance(exc, (ChunkMissingError, ChunkCorruptError)):
                 with self._lock:
                     self.bad.append(job.ref)
         else:
-            for (d, offset, size), users in job.slices.items():
-                if pack_member(raw, offset, size, d) is None:
-                    self._report(
-                        users,
-                        CHUNK_CORRUPT,
-                        member_mismatch(job.ref.digest, offset, size),
-                    )
+            sound: dict[tuple[bytes, int, int], bool] = {}  # each slice checked once
+            for use in job.uses:
+                if not use.packed:
+                    continue
+                bad: dict[tuple[bytes, int, int], list[int]] = {}
+                for d, offset, size, row in use.members():
+                    found = sound.get((d, offset, size))
+                    if found is None:
+                        found = sound[d, offset, size] = pack_member(raw, offset, size, d) is not None
+                    if not found:
+                        bad.setdefault((d, offset, size), []).append(row)
+                for (_, offset, size), rows in bad.items():
+                    problem = member_mismatch(job.ref.digest, offset, size)
+                    self._report(use, CHUNK_CORRUPT, problem, np.array(rows))
         with self._lock:
             self.done += job.ref.raw_size
             if self.progress is not None:

@@ -3,22 +3,26 @@ commit record, each made durable before the next. Saves, copies and imports all 
 
 from __future__ import annotations
 
-import dataclasses
-
 from treestore._format import layout
+from treestore._format.columns import Columns
 from treestore._format.commit_record import CommitRecord, encode_commit_record
-from treestore._format.encoding import digest
+from treestore._format.encoding import FORMAT_VERSION, digest
 from treestore._storage.base import Storage
 from treestore.errors import CheckpointExistsError
 
 
-def commit(storage: Storage, manifest: bytes, record: CommitRecord, *, overwrite: bool) -> CommitRecord:
-    """Make checkpoint ``record.name`` visible with ``manifest`` (its encoded bytes).
+def commit(
+    storage: Storage, manifest: bytes, columns: Columns, *, overwrite: bool, version: int = FORMAT_VERSION
+) -> CommitRecord:
+    """Make checkpoint ``columns.name`` visible with ``manifest`` (its encoded bytes).
 
-    The chunks the manifest references must already be written. ``record``'s manifest digest and
-    size are filled in here. Without ``overwrite`` the commit record is put-if-absent, and a
-    checkpoint of that name committed by another writer meanwhile raises CheckpointExistsError.
-    Returns the record as committed.
+    The chunks the manifest references must already be written. The commit record is built
+    here from the manifest it commits: its name, creation time, metadata, leaf count and raw
+    bytes from ``columns`` (the decoded manifest, or a parted manifest's frame), its digest and
+    size from ``manifest``; ``version``: the record's format version (a copy keeps its source's).
+    Without ``overwrite`` the commit record is put-if-absent, and a checkpoint of that name
+    committed by another writer meanwhile raises CheckpointExistsError. Returns the record as
+    committed.
     """
     storage.sync()  # chunks before the manifest
     mdigest = digest(manifest)
@@ -26,7 +30,16 @@ def commit(storage: Storage, manifest: bytes, record: CommitRecord, *, overwrite
     if storage.read_range(path, 0, len(manifest) + 1) != manifest:  # absent, or not what its name says
         storage.write(path, [manifest])
     storage.sync()  # the manifest before the record
-    record = dataclasses.replace(record, manifest=mdigest, manifest_size=len(manifest))
+    record = CommitRecord(
+        columns.name,
+        mdigest,
+        len(manifest),
+        columns.created,
+        columns.metadata,
+        len(columns),
+        columns.nbytes,
+        version,
+    )
     data = encode_commit_record(record)
     if overwrite:
         storage.write(layout.record_path(record.name), [data])

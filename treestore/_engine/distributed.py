@@ -41,7 +41,6 @@ from treestore._engine.parts import merged, named
 from treestore._format import layout as _layout
 from treestore._format import stats as _stats
 from treestore._format.columns_codec import encode_columns
-from treestore._format.commit_record import CommitRecord
 from treestore._format.coverage import Coverage, P
 from treestore._format.encoding import digest
 from treestore._format.limits import (
@@ -342,10 +341,7 @@ class Group:
                 if cover != expected or empty:  # a zero-size leaf's pieces weigh nothing
                     self._merge_parts(storage, frame, cover == expected)
                 columns = frame.frame
-                record = CommitRecord(
-                    columns.name, b"", 0, columns.created, columns.metadata, len(columns), columns.nbytes
-                )
-                commit(storage, encode_columns(frame if parts else columns), record, overwrite=overwrite)
+                commit(storage, encode_columns(frame if parts else columns), columns, overwrite=overwrite)
             except BaseException as exc:
                 with contextlib.suppress(Exception):
                     self._announce(storage, exc)

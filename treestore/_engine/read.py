@@ -14,7 +14,7 @@ import mmap
 import os
 import sys
 import threading
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
@@ -22,11 +22,11 @@ from treestore._engine.parts import assemble
 from treestore._format import layout as _layout
 from treestore._format.codecs import decode_in_place, decode_into, in_place_room, scratch
 from treestore._format.columns import Columns
-from treestore._format.columns_codec import decode_any, decode_any_manifest
+from treestore._format.columns_codec import decode_any
 from treestore._format.commit_record import CommitRecord, decode_commit_record
 from treestore._format.encoding import digest
 from treestore._format.limits import CHUNK_SLACK, MAX_MANIFEST_BYTES, MAX_RECORD_BYTES
-from treestore._format.manifest import ChunkRef, Manifest, check_name
+from treestore._format.manifest import ChunkRef, check_name
 from treestore._format.parted import Parted
 from treestore._storage.base import Storage
 from treestore.errors import (
@@ -41,7 +41,6 @@ from treestore.errors import (
 )
 
 _log = logging.getLogger("treestore")
-_M = TypeVar("_M", Manifest, Columns)
 
 
 def read_commit_record(storage: Storage, name: str) -> CommitRecord:
@@ -299,17 +298,6 @@ def read_manifest_bytes(storage: Storage, record: CommitRecord) -> bytes:
     return data
 
 
-def read_manifest(storage: Storage, record: CommitRecord, data: bytes | None = None) -> Manifest:
-    """The verified, decoded manifest of a commit record, of either format version (``data``:
-    its bytes, if already read with :func:`read_manifest_bytes`); one stored in parts is
-    completed with its parts."""
-    data = data if data is not None else read_manifest_bytes(storage, record)
-    found = decode_any_manifest(data, record.name)
-    if isinstance(found, Parted):
-        return _described(record, assemble(storage, found)).to_manifest()
-    return _described(record, found)
-
-
 def read_columns(storage: Storage, record: CommitRecord, data: bytes | None = None) -> Columns:
     """The verified manifest of a commit record, of either format version, as :class:`Columns`:
     what readers that need a few leaves, or whole columns, use (no per-leaf object is made).
@@ -331,7 +319,7 @@ def read_frame(storage: Storage, record: CommitRecord, data: bytes | None = None
     return _described(record, found)
 
 
-def _described(record: CommitRecord, manifest: _M) -> _M:
+def _described(record: CommitRecord, manifest: Columns) -> Columns:
     """``manifest``, once the commit record naming it is checked to describe it."""
     differences = manifest.mismatches(record)
     if differences:
@@ -426,11 +414,11 @@ IN_PLACE_FROM, IN_PLACE_UP_TO = 256 * 1024, 16 * 2**20
 class ChunkReader:
     """Reads, decodes and verifies the chunks of one checkpoint; packs are read once."""
 
-    def __init__(self, storage: Storage, manifest: Manifest | Columns) -> None:
+    def __init__(self, storage: Storage, manifest: Columns) -> None:
         self.storage = storage
         self.name = manifest.name
         self.codec = manifest.codec
-        self.packs = manifest.packs if isinstance(manifest, Manifest) else manifest.pack_refs()
+        self.packs = manifest.pack_refs()
         self._packs: dict[int, cf.Future[np.ndarray[Any, Any]]] = {}
         self._lock = threading.Lock()
         self.bytes_read = 0

@@ -29,7 +29,6 @@ from treestore._format import stats as _stats
 from treestore._format.codecs import PROBE_BYTES, Codec, encode, plane_width, scratch, sound
 from treestore._format.columns_codec import columns_from_fields, encode_columns
 from treestore._format.columns_tree import Nodes
-from treestore._format.commit_record import CommitRecord
 from treestore._format.dtypes import PRNG_KEY
 from treestore._format.encoding import ALL_CORES_FROM, digest
 from treestore._format.limits import MAX_MANIFEST_BYTES
@@ -727,7 +726,5 @@ def _commit(
         chunk_size=options.chunk_size,
     )
     columns = columns_from_fields(fields, prepared.nodes)  # checked as readers check it
-    data = encode_columns(columns)
-    record = CommitRecord(name, b"", 0, now, metadata, len(columns), columns.nbytes)
-    commit(storage, data, record, overwrite=overwrite)
+    commit(storage, encode_columns(columns), columns, overwrite=overwrite)
     return columns.nbytes

@@ -2,7 +2,7 @@
 and encoding, the one encoder every writer uses (SPEC.md, section 6).
 
 :func:`decode_any` is what readers call: a version-1 manifest is decoded once and checked in its
-version-2 form too; :func:`encode_any` and :func:`encode_columns` refuse what readers would refuse.
+version-2 form too; :func:`encode` and :func:`encode_columns` refuse what readers would refuse.
 :func:`columns_from_manifest` and :func:`columns_from_fields` build the columns of a manifest a
 writer holds as leaf entries, or assembled column by column.
 """
@@ -87,32 +87,17 @@ def decode_columns(data: bytes, checkpoint: str) -> Columns | Parted:
 
 def decode_any(data: bytes, checkpoint: str) -> Columns | Parted:
     """A manifest of either version as :class:`Columns`, validated as readers validate it (one
-    stored in parts: its frame, which :mod:`treestore._engine.parts` completes)."""
-    return _decoded(data, checkpoint)[1]
-
-
-def decode_any_manifest(data: bytes, checkpoint: str) -> Manifest | Parted:
-    """A manifest of either version as a :class:`Manifest` — what readers use — validated as
-    :func:`decode_any` validates it (a version-1 manifest is decoded once, not converted back;
-    one stored in parts stays a frame)."""
-    manifest, columns = _decoded(data, checkpoint)
-    if manifest is not None:
-        return manifest
-    return columns if isinstance(columns, Parted) else columns.to_manifest()
-
-
-def _decoded(data: bytes, checkpoint: str) -> tuple[Manifest | None, Columns | Parted]:
-    """Decode either version once: a version-1 manifest (and its columns, which check it the way
-    a version-2 reader would), or a version-2 manifest's columns (and None)."""
+    stored in parts: its frame, which :mod:`treestore._engine.parts` completes). A version-1
+    manifest is checked by its own decoder, then as a version-2 reader checks its columns."""
     what = f"manifest of checkpoint {checkpoint!r}"
     if len(data) > MAX_MANIFEST_BYTES:
         raise ManifestCorruptError(f"{what} is over its size limit", checkpoint=checkpoint)
     rec = from_msgpack(data, what, checkpoint)
     if rec.get("version") == VERSION and type(rec.get("version")) is int:
-        return None, _decode_record(rec, checkpoint)
+        return _decode_record(rec, checkpoint)
     m = manifest_from_record(rec, checkpoint)
     try:
-        return m, replace(columns_from_manifest(m), version=m.version)
+        return replace(columns_from_manifest(m), version=m.version)
     except InvalidInputError as exc:  # a version-1 manifest no version-1 writer writes
         raise ManifestCorruptError(f"{what}: {exc}", checkpoint=checkpoint) from None
 
@@ -209,19 +194,15 @@ def stored_values(c: Columns) -> list[object]:
     return [value_to_record(KINDS[kinds[i]], v) for i, v in zip(scalars, c.values, strict=True)]
 
 
-def encode_any(m: Manifest, version: int = FORMAT_VERSION, stats: np.ndarray | None = None) -> bytes:
-    """The bytes of manifest ``m`` in format ``version`` (1 or 2), checked as readers check them
-    first: the one encoder every writer (save, derive, copy) uses. InvalidInputError naming the
-    checkpoint when a reader would refuse them. ``stats``: the statistics column of ``m``'s
-    leaves (a version-2 manifest keeps it; version 1 has none)."""
-    columns = columns_from_manifest(m)  # the reader's checks, pieces tiling their leaf included
+def encode(columns: Columns, version: int = FORMAT_VERSION) -> bytes:
+    """The bytes of a checked manifest in format ``version`` (1 or 2): the one encoder every
+    writer (save, derive, copy) uses. Version 1 holds no statistics. InvalidInputError naming
+    the checkpoint when readers would refuse them (over MAX_MANIFEST_BYTES)."""
     if version == VERSION:
-        if stats is not None:
-            columns = _validate(_fields_of(columns, stats), columns.nodes)
         return encode_columns(columns)
     if version == 1:
-        return encode_manifest(m)
-    raise InvalidInputError(f"checkpoint {m.name!r}: cannot write format version {version!r}")
+        return encode_manifest(columns.to_manifest())
+    raise InvalidInputError(f"checkpoint {columns.name!r}: cannot write format version {version!r}")
 
 
 def _fields_of(c: Columns, stats: np.ndarray) -> dict[str, Any]:
@@ -248,11 +229,13 @@ def _column(values: list[Any], dtype: Any, what: str) -> np.ndarray:
         raise Bad(f"a {what} does not fit its column ({dtype})") from None
 
 
-def columns_from_manifest(m: Manifest) -> Columns:
+def columns_from_manifest(m: Manifest, stats: np.ndarray | None = None) -> Columns:
     """The version-2 form of a version-1 manifest, checked exactly as readers check it
-    (InvalidInputError naming the checkpoint when they would refuse it)."""
+    (InvalidInputError naming the checkpoint when they would refuse it); ``stats``: the
+    statistics column of its leaves, if any."""
     try:
-        return _from_manifest(m)
+        columns = _from_manifest(m)
+        return columns if stats is None else _validate(_fields_of(columns, stats), columns.nodes)
     except (Bad, UnsupportedFormatError) as exc:
         raise InvalidInputError(
             f"checkpoint {m.name!r}: its manifest would not be readable: {exc}", checkpoint=m.name
@@ -367,9 +350,8 @@ __all__ = [
     "columns_from_fields",
     "columns_from_manifest",
     "decode_any",
-    "decode_any_manifest",
     "decode_columns",
-    "encode_any",
+    "encode",
     "encode_columns",
     "stored_values",
 ]
