@@ -12,23 +12,22 @@ so no gc can remove the base's chunks before the derived checkpoint references t
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from treestore._engine import distributed as _distributed
+import numpy as np
+
 from treestore._engine import known as _known
 from treestore._engine import locks as _locks
 from treestore._engine import read as _read
 from treestore._engine import write as _write
 from treestore._engine.commit import commit
-from treestore._engine.leaf_table import EntryList
+from treestore._engine.leaf_table import LeafTable
 from treestore._format import layout as _layout
 from treestore._format import select as _select
-from treestore._format import stats as _stats
 from treestore._format.address import (
     DictKey,
     Key,
@@ -42,14 +41,12 @@ from treestore._format.address import (
     key_value,
     parse_address,
 )
-from treestore._format.columns_codec import columns_from_manifest, encode
+from treestore._format.columns import Columns
+from treestore._format.columns_codec import columns_from_fields, encode
+from treestore._format.columns_take import take_leaves
 from treestore._format.columns_tree import nodes_from_tree
 from treestore._format.limits import MAX_DEPTH
 from treestore._format.manifest import (
-    ChunkRef,
-    LeafEntry,
-    Manifest,
-    Piece,
     check_metadata,
     check_name,
 )
@@ -362,17 +359,6 @@ class _Tree:
             node.children = [c for _, c in kept]
 
 
-def _remap(c: ChunkRef, packs: Mapping[int, int]) -> ChunkRef:
-    return c if c.pack is None else dataclasses.replace(c, pack=packs[c.pack])
-
-
-def _moved(entry: LeafEntry, address: str, packs: Mapping[int, int]) -> LeafEntry:
-    """``entry`` at ``address``, its pack indices renumbered; its chunks are untouched."""
-    pieces = tuple(Piece(p.start, p.shape, tuple(_remap(c, packs) for c in p.chunks)) for p in entry.pieces)
-    chunks = tuple(_remap(c, packs) for c in entry.chunks)
-    return dataclasses.replace(entry, address=address, chunks=chunks, pieces=pieces)
-
-
 def _pairs(value: Mapping[str, Any] | None, what: str) -> list[tuple[str, Any]]:
     if value is None:
         return []
@@ -430,9 +416,8 @@ def derive(
         # references (it is committed) stays in the store.
         record = _read.read_commit_record(storage, base)
         columns = _read.read_columns(storage, record)
-        manifest = columns.to_manifest()
         known = _known.KnownChunks(record.name, columns.chunk_objects())  # no request for them
-        tree = _Tree(_node(manifest.tree), base)
+        tree = _Tree(_node(columns.tree_record()), base)
         moving = _resolve_moves(tree, moves)
         if drop is not None:
             removed = tree.drop(drop)
@@ -448,12 +433,10 @@ def derive(
         tree.prune()
         placed: list[tuple[str, _Node]] = []
         node_record = _emit(tree.root, "", placed)
-        meta = manifest.metadata if metadata is KEEP else metadata
-        base_stats = None if columns.stats is None else _stats.records(columns.stats)
+        meta = columns.metadata if metadata is KEEP else metadata
         return _write_derived(
             storage,
-            manifest,
-            base_stats,
+            columns,
             new,
             node_record,
             placed,
@@ -522,8 +505,7 @@ def _apply_moves(tree: _Tree, moving: list[Move]) -> None:
 
 def _write_derived(
     storage: Storage,
-    base: Manifest,
-    base_stats: list[_stats.Record] | None,
+    base: Columns,
     name: str,
     node_record: dict[str, Any],
     placed: list[tuple[str, _Node]],
@@ -535,53 +517,29 @@ def _write_derived(
     known: _known.KnownChunks,
 ) -> _write.SaveResult:
     """Write the new leaves' chunks with the save path's chunk writer (taking the base's chunks,
-    read under ``lock``, as known), then commit. The statistics of a kept leaf are the base's
-    (``base_stats``, by base leaf), those of a new leaf measured as a save measures them."""
-    kept_packs = sorted(
-        {
-            c.pack
-            for _, n in placed
-            if n.leaf is not None
-            for c in base.leaves[n.leaf].chunks
-            if c.pack is not None
-        }
-    )
-    renumber = {old: i for i, old in enumerate(kept_packs)}
+    read under ``lock``, as known), then commit. The derived manifest's columns are the kept
+    leaves' rows of the base (statistics included) and the new leaves' as a save records them,
+    in the order of the new tree."""
     addresses = {n.new: a for a, n in placed if n.new is not None}
     prepared = _write.Prepared(  # only its leaves are written: the tree is the one built here
         nodes_from_tree({"type": "none"}, 0),
         tuple((addresses.get(i, ""), leaf) for i, leaf in enumerate(new_leaves)),
     )
     writer = _write._ChunkWriter(storage, options.codec, None, known)
-    sink = EntryList()
-    new_packs = _write._write_leaves(prepared, options, writer, lock, sink)
-    written = sink.entries
-    shifted = {i: len(kept_packs) + i for i in range(len(new_packs))}
-    entries = []
-    records: list[_stats.Record | None] = []
-    for address, n in placed:
-        if n.leaf is not None:
-            entries.append(_moved(base.leaves[n.leaf], address, renumber))
-            records.append(None if base_stats is None else base_stats[n.leaf])
-        else:
-            assert n.new is not None
-            entries.append(_moved(_distributed.canonical(written[n.new]), address, shifted))
-            records.append(sink.stats[n.new])
-    now = time.time()
-    manifest = Manifest(
-        name=name,
-        created=now,
-        tree=node_record,
-        leaves=tuple(entries),
-        packs=tuple(base.packs[i] for i in kept_packs) + tuple(new_packs),
-        metadata=metadata,
-        codec=options.codec.to_record(),
-        chunk_size=options.chunk_size,
-    )
-    known_stats = any(r is not None and r[0] != _stats.UNKNOWN for r in records)
-    table = (
-        _stats.column([_stats.UNKNOWN_RECORD if r is None else r for r in records]) if known_stats else None
-    )
-    columns = columns_from_manifest(manifest, table)  # the reader's checks, before anything refers to it
+    table = LeafTable()
+    new_packs = _write._write_leaves(prepared, options, writer, lock, table)
+    header = {
+        "name": name,
+        "created": time.time(),
+        "metadata": metadata,
+        "codec": options.codec.to_record(),
+        "chunk_size": options.chunk_size,
+    }
+    flat = {"type": "list", "children": [{"type": "leaf", "leaf": k} for k in range(len(table))]}
+    fresh = columns_from_fields({**table.fields(new_packs), **header}, flat)
+    source = np.array([0 if n.leaf is not None else 1 for _, n in placed], np.int64)
+    leaf = np.array([n.leaf if n.leaf is not None else n.new for _, n in placed], np.int64)
+    fields = {**take_leaves((base, fresh), source, leaf), **header}
+    columns = columns_from_fields(fields, node_record)  # the reader's checks, before anything refers to it
     commit(storage, encode(columns), columns, overwrite=overwrite)
     return writer.result(name, len(columns), columns.nbytes)

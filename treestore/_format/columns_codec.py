@@ -205,23 +205,6 @@ def encode(columns: Columns, version: int = FORMAT_VERSION) -> bytes:
     raise InvalidInputError(f"checkpoint {columns.name!r}: cannot write format version {version!r}")
 
 
-def _fields_of(c: Columns, stats: np.ndarray) -> dict[str, Any]:
-    """The fields :func:`_validate` takes of columns ``c``, with the statistics column ``stats``."""
-    fields: dict[str, Any] = {
-        key: getattr(c, key) for key in ARRAY_FIELDS if key not in ("nodes", "node_leaves")
-    }
-    fields.update(
-        name=c.name,
-        created=c.created,
-        metadata=c.metadata,
-        codec=c.codec,
-        chunk_size=c.chunk_size,
-        values=stored_values(c),
-        stats=stats,
-    )
-    return fields
-
-
 def _column(values: list[Any], dtype: Any, what: str) -> np.ndarray:
     try:
         return np.array(values, dtype)
@@ -229,13 +212,11 @@ def _column(values: list[Any], dtype: Any, what: str) -> np.ndarray:
         raise Bad(f"a {what} does not fit its column ({dtype})") from None
 
 
-def columns_from_manifest(m: Manifest, stats: np.ndarray | None = None) -> Columns:
+def columns_from_manifest(m: Manifest) -> Columns:
     """The version-2 form of a version-1 manifest, checked exactly as readers check it
-    (InvalidInputError naming the checkpoint when they would refuse it); ``stats``: the
-    statistics column of its leaves, if any."""
+    (InvalidInputError naming the checkpoint when they would refuse it)."""
     try:
-        columns = _from_manifest(m)
-        return columns if stats is None else _validate(_fields_of(columns, stats), columns.nodes)
+        return _from_manifest(m)
     except (Bad, UnsupportedFormatError) as exc:
         raise InvalidInputError(
             f"checkpoint {m.name!r}: its manifest would not be readable: {exc}", checkpoint=m.name
