@@ -25,6 +25,7 @@ from treestore._engine import locks as _locks
 from treestore._engine import parts as parts_module
 from treestore._engine.commit import commit
 from treestore._engine.group_runtime import LocalRuntime
+from treestore._engine.leaf_table import LeafTable, ref_of
 from treestore._engine.parts import NOT_READ, complete
 from treestore._engine.read import read_columns, read_commit_record, read_frame, read_manifest_bytes
 from treestore._engine.write import SaveOptions, SaveResult, prepare
@@ -35,8 +36,8 @@ from treestore._format.encoding import digest
 from treestore._format.layout import manifest_path
 from treestore._format.manifest import ChunkRef, LeafEntry, Manifest, Piece
 from treestore._format.parted import Parted, PartRef
-from treestore._format.shares import decode_part, encode_part, leaf_range, share_from_entries
-from treestore._format.shares_merge import frame_of, plan_from_entries
+from treestore._format.shares import decode_part, encode_part, leaf_range, share_from_fields
+from treestore._format.shares_merge import frame_of, plan_from_fields
 from treestore._storage.registry import open_storage
 from treestore._tree.leaves import ArrayLeaf
 from treestore.errors import (
@@ -182,6 +183,29 @@ def _grid(rng: np.random.Generator, ndim: int) -> list[tuple[tuple[int, ...], tu
     ]
 
 
+def _plain(entry: LeafEntry) -> LeafEntry:
+    """A leaf in one piece covering all of it, as one process stores it: a plain leaf."""
+    if len(entry.pieces) == 1 and entry.pieces[0].shape == entry.shape:
+        return replace(entry, pieces=())
+    return entry
+
+
+def _written(
+    where: dict[str, int], entries: list[LeafEntry], packs: list[ChunkRef]
+) -> tuple[dict[str, Any], np.ndarray]:
+    """What a process that wrote ``entries`` holds (its table's manifest arrays, each row's leaf
+    index): a leaf in one piece stays a piece, as a process of a multi-process save keeps it."""
+    table = LeafTable(pieces_kept=True)
+    for e in entries:
+        pieces = [(p.start, p.shape, len(p.chunks)) for p in e.pieces] if e.pieces else None
+        refs = [ref_of(c) for c in e.chunks]
+        assert e.dtype is not None and e.shape is not None
+        table.array(
+            e.kind, e.dtype, e.shape, e.prng_impl, e.weak_type, refs, pieces, e.address, where[e.address]
+        )
+    return table.fields(packs), np.array(table.index, np.int64)
+
+
 def _random_job(
     rng: np.random.Generator,
 ) -> tuple[Manifest, list[list[LeafEntry]], list[list[ChunkRef]], list[bool]]:
@@ -220,7 +244,7 @@ def _random_job(
         merged.sort(key=lambda p: p.start)
         chunks = tuple(c for p in merged for c in p.chunks)
         entries.append(
-            D.canonical(LeafEntry(address, "numpy", "float32", (6,) * ndim, chunks, pieces=tuple(merged)))
+            _plain(LeafEntry(address, "numpy", "float32", (6,) * ndim, chunks, pieces=tuple(merged)))
         )
     tree = {
         "type": "dict",
@@ -262,9 +286,12 @@ def test_a_reader_merges_the_parts_into_the_manifest_one_process_would_write():
         manifest, owned, packs, sharded = _random_job(rng)
         where = {e.address: j for j, e in enumerate(manifest.leaves)}
         layout = b"L" * 32
-        shares = [share_from_entries(where, owned[k], packs[k])[0] for k in range(len(owned))]
+        shares = [share_from_fields(*_written(where, owned[k], packs[k]))[0] for k in range(len(owned))]
         parts = [encode_part(share, layout) for share in shares]
-        plan = plan_from_entries(manifest.tree, owned[0], sharded, packs[0])
+        addresses = [e.address for e in manifest.leaves]
+        plan = plan_from_fields(
+            manifest.tree, addresses.__getitem__, _written(where, owned[0], packs[0])[0], sharded
+        )
         header = {"name": "m", "created": 1.5, "metadata": manifest.metadata, "codec": {}, "chunk_size": 0}
         refs = [PartRef(digest(p), len(p), *leaf_range(s)) for p, s in zip(parts, shares, strict=True)]
         frame = frame_of(plan, header, layout, refs)

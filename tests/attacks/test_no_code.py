@@ -18,6 +18,14 @@ import treestore
 EVIL_MODULES = ["antigravity", "this", "turtle", "webbrowser"]
 
 
+@pytest.fixture(autouse=True)
+def _unimported():
+    """Each test starts with none of EVIL_MODULES imported (a client library run by an earlier
+    test may have imported webbrowser), so that finding one afterwards means this test did."""
+    for m in EVIL_MODULES:
+        sys.modules.pop(m, None)
+
+
 class Boom:
     def __reduce__(self):
         return (exec, ("import antigravity",))

@@ -37,6 +37,7 @@ import numpy as np
 from treestore._engine import locks as _locks
 from treestore._engine.commit import commit
 from treestore._engine.group_runtime import JaxRuntime, Runtime
+from treestore._engine.leaf_table import LeafTable
 from treestore._engine.parts import merged, named
 from treestore._format import layout as _layout
 from treestore._format import stats as _stats
@@ -50,7 +51,7 @@ from treestore._format.limits import (
     MAX_PARTS_BYTES,
     MAX_PIECES,
 )
-from treestore._format.manifest import ChunkRef, LeafEntry
+from treestore._format.manifest import ChunkRef
 from treestore._format.parted import Parted, PartRef
 from treestore._format.shares import (
     Summary,
@@ -60,9 +61,9 @@ from treestore._format.shares import (
     layout_digest,
     leaf_range,
     most_pieces,
-    share_from_entries,
+    share_from_fields,
 )
-from treestore._format.shares_merge import PACK_INDEX_END, Plan, frame_of, plan_from_entries
+from treestore._format.shares_merge import PACK_INDEX_END, Plan, frame_of, plan_from_fields
 from treestore._storage.base import Storage
 from treestore._tree import lazy_jax
 from treestore._tree.lazy_jax import jax
@@ -157,13 +158,17 @@ def _layout_of(tree: object, leaves: Sequence[tuple[str, Leaf]]) -> bytes:
 
 
 class Written(NamedTuple):
-    """What a process of a multi-process save wrote: its leaf entries (every leaf for the
-    primary, the sharded ones for the others) and packs, and each entry's statistics (None when
-    the save records none; a record None for a leaf not measured)."""
+    """What a process of a multi-process save wrote: the table of its leaves (every leaf for
+    the primary, the sharded ones and Python scalars for the others; a leaf in one piece kept a
+    piece), with each leaf's statistics when ``measured``, and its packs."""
 
-    entries: list[LeafEntry]
+    table: LeafTable
     packs: list[ChunkRef]
-    stats: list[_stats.Record | None] | None = None
+    measured: bool
+
+    def fields(self) -> dict[str, Any]:
+        """The manifest arrays of what it wrote (see :meth:`LeafTable.fields`)."""
+        return self.table.fields(self.packs)
 
 
 def _partial_stats(
@@ -171,15 +176,14 @@ def _partial_stats(
 ) -> bytes | None:
     """This process's statistics of its pieces: one record per sharded leaf of the tree, in leaf
     order (the record of no elements for a leaf it holds no piece of); None without statistics."""
-    if written.stats is None:
+    if not written.measured:
         return None
-    where = {address: i for i, (address, _) in enumerate(leaves)}
     rank = {i: r for r, i in enumerate(i for i, split in enumerate(sharded) if split)}
     records = [_stats.empty(_leaf_kind(leaves[i][1])) for i in rank]
-    for entry, record in zip(written.entries, written.stats, strict=True):
-        r = rank.get(where[entry.address])
+    for i, record in zip(written.table.index, written.table.stats, strict=True):
+        r = rank.get(i)
         if r is not None:
-            records[r] = _stats.UNKNOWN_RECORD if record is None else record
+            records[r] = record
     return _stats.column(records).tobytes()
 
 
@@ -197,10 +201,9 @@ def _committed_stats(
     for each sharded leaf every process's records of its pieces combined exactly (counts and
     sums of squares add, minima and maxima combine; each element lies in one process's pieces,
     replicas being stored once). A sharded leaf is UNKNOWN when a process sent no statistics."""
-    if written.stats is None:
+    if not written.measured:
         return None
-    records = [_stats.UNKNOWN_RECORD if r is None else r for r in written.stats]
-    out = _stats.column(records)
+    out = _stats.column(written.table.stats)
     split = np.flatnonzero(np.array(sharded, bool))
     if not len(split):
         return out
@@ -332,7 +335,7 @@ class Group:
                 if failure is not None:
                     raise failure
                 assert written is not None
-                plan = plan_from_entries(tree, written[0], sharded, written[1])
+                plan = plan_from_fields(tree, lambda i: leaves[i][0], written.fields(), sharded)
                 parts, cover, partial = self._gather(plan, layout, coverage is not None)
                 stats = _committed_stats(leaves, sharded, written, partial)
                 if stats is not None:
@@ -380,8 +383,7 @@ class Group:
         elif coverage is None:  # every leaf is the primary's: no part
             summary = Summary(layout, None, 0, 0, 0, 0, 0, stats=_partial_stats(leaves, sharded, written))
         else:
-            where = {address: i for i, (address, _) in enumerate(leaves)}
-            share, cover = share_from_entries(where, written[0], written[1], coverage)
+            share, cover = share_from_fields(written.fields(), np.array(written.table.index), coverage)
             data = encode_part(share, layout)
             if len(data) > MAX_PART_BYTES:
                 summary = (
@@ -526,10 +528,3 @@ class Group:
         """Remove the marks of this save from the runtime, once every process is past them."""
         with contextlib.suppress(Exception):
             self.runtime.delete(f"treestore/{self.save_id}/")
-
-
-def canonical(entry: LeafEntry) -> LeafEntry:
-    """A leaf saved as one piece covering all of it is stored as a plain leaf."""
-    if len(entry.pieces) == 1 and entry.pieces[0].shape == entry.shape:
-        return replace(entry, pieces=())
-    return entry

@@ -2,9 +2,9 @@
 
 A save appends each leaf's fields to plain lists (a few appends per leaf, no per-leaf object),
 and :meth:`LeafTable.fields` turns them into the arrays of a version-2 manifest (SPEC.md §6),
-which :func:`treestore._format.columns_codec.columns_from_fields` checks exactly as readers do. A caller
-that needs version-1 leaf entries (a multi-process save's share, a derived checkpoint) gets them
-from the checked columns.
+which :func:`treestore._format.columns_codec.columns_from_fields` checks exactly as readers do. A
+process of a multi-process save keeps its table as written: the primary's frame and each
+process's part are made from it (:mod:`treestore._format.shares`, :mod:`.shares_merge`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from treestore._format.columns import (
     WEAK_TYPE,
 )
 from treestore._format.dtypes import value_to_record
-from treestore._format.manifest import ChunkRef, LeafEntry, Piece
+from treestore._format.manifest import ChunkRef
 from treestore._format.shares import pack_table
 from treestore._format.stats import UNKNOWN_RECORD, Record, column
 from treestore.errors import InvalidInputError
@@ -40,14 +40,15 @@ def ref_of(c: ChunkRef) -> Ref:
     return (c.digest, c.raw_size, c.stored_size, -1 if c.pack is None else c.pack, c.offset)
 
 
-def _chunk_ref(r: Ref) -> ChunkRef:
-    return ChunkRef(r[0], r[1], r[2]) if r[3] < 0 else ChunkRef(*r)
-
-
 class LeafTable:
-    """The columns of a save's leaves, in leaf order; append with :meth:`value` and :meth:`array`."""
+    """The columns of a save's leaves, in leaf order; append with :meth:`value` and :meth:`array`.
 
-    def __init__(self) -> None:
+    ``pieces_kept``: a leaf written in one piece covering all of it stays a piece (a process of
+    a multi-process save shares it as one) instead of becoming a plain leaf."""
+
+    def __init__(self, *, pieces_kept: bool = False) -> None:
+        self.pieces_kept = pieces_kept
+        self.index: list[int] = []  # each row's leaf index in the tree saved
         self.rows: list[tuple[int, int, int, int, int]] = []
         self.shapes: list[int] = []
         self.values: list[object] = []
@@ -62,12 +63,13 @@ class LeafTable:
     def __len__(self) -> int:
         return len(self.rows)
 
-    def value(self, kind: str, value: object, address: str) -> None:
-        """A Python scalar leaf."""
+    def value(self, kind: str, value: object, address: str, leaf: int) -> None:
+        """A Python scalar leaf, leaf ``leaf`` of the tree."""
         try:
             record = value_to_record(kind, value)
         except ValueError as exc:  # prepare_leaf checked it already: a value changed since
             raise InvalidInputError(f"{address or '(root)'}: {exc}", address=address) from None
+        self.index.append(leaf)
         self.rows.append((_KIND[kind], 0, 0, 0, 0))
         self.values.append(record)
         self.stats.append(UNKNOWN_RECORD)
@@ -82,15 +84,18 @@ class LeafTable:
         refs: list[Ref],
         pieces: list[PieceRow] | None,
         address: str,
+        leaf: int,
         stats: Record | None = None,
     ) -> None:
-        """An array leaf: its chunk refs, and for a leaf saved in pieces each piece's start,
-        shape and number of chunk refs (the refs are the pieces', piece after piece). A leaf in
-        one piece covering all of it is recorded as a plain leaf. ``stats``: the statistics of
-        its values (None: the save records none)."""
+        """An array leaf, leaf ``leaf`` of the tree: its chunk refs, and for a leaf saved in
+        pieces each piece's start, shape and number of chunk refs (the refs are the pieces',
+        piece after piece). A leaf in one piece covering all of it is recorded as a plain leaf
+        unless pieces are kept. ``stats``: the statistics of its values (None: the save records
+        none)."""
+        self.index.append(leaf)
         self.stats.append(UNKNOWN_RECORD if stats is None else stats)
         self.measured |= stats is not None
-        if pieces is not None and len(pieces) == 1 and pieces[0][1] == shape:
+        if pieces is not None and len(pieces) == 1 and pieces[0][1] == shape and not self.pieces_kept:
             pieces = None
         flags = _PRNG[prng_impl] | (WEAK_TYPE if weak_type else 0) | (PIECED if pieces is not None else 0)
         self.rows.append((_KIND[kind], _DTYPE[dtype], len(shape), flags, len(refs)))
@@ -124,40 +129,3 @@ class LeafTable:
             "packs": pack_table(packs),
             **({"stats": column(self.stats)} if self.measured else {}),
         }
-
-
-class EntryList:
-    """The leaves a save wrote as version-1 leaf entries, in leaf order (for a multi-process
-    save's share and a derived checkpoint); the same appends as :class:`LeafTable`, but a leaf in
-    one piece stays a piece (its process shares it as one)."""
-
-    def __init__(self) -> None:
-        self.entries: list[LeafEntry] = []
-        self.stats: list[Record | None] = []  # each entry's statistics (None: not measured)
-
-    def value(self, kind: str, value: object, address: str) -> None:
-        self.entries.append(LeafEntry(address, kind, value=value))
-        self.stats.append(None)
-
-    def array(
-        self,
-        kind: str,
-        dtype: str,
-        shape: tuple[int, ...],
-        prng_impl: str | None,
-        weak_type: bool,
-        refs: list[Ref],
-        pieces: list[PieceRow] | None,
-        address: str,
-        stats: Record | None = None,
-    ) -> None:
-        self.stats.append(stats)
-        chunks = tuple(_chunk_ref(r) for r in refs)
-        made: list[Piece] = []
-        at = 0
-        for start, box, n in pieces or ():
-            made.append(Piece(start, box, chunks[at : at + n]))
-            at += n
-        self.entries.append(
-            LeafEntry(address, kind, dtype, shape, chunks, prng_impl, pieces=tuple(made), weak_type=weak_type)
-        )

@@ -22,7 +22,7 @@ from treestore._engine import known as _known
 from treestore._engine import locks as _locks
 from treestore._engine.commit import commit
 from treestore._engine.gc_pause import paused_gc
-from treestore._engine.leaf_table import EntryList, LeafTable, PieceRow, Ref, ref_of
+from treestore._engine.leaf_table import LeafTable, PieceRow, Ref, ref_of
 from treestore._engine.threads import Batch, compute_threads, default_threads, shared_pool
 from treestore._format import layout as _layout
 from treestore._format import stats as _stats
@@ -529,9 +529,9 @@ def _write_in_group(
     try:
         lock = _locks.save_lock(storage)
         writer.known = _known.learn(storage, previous)  # under this process's lock: safe
-        sink = EntryList()
-        packs = _write_leaves(prepared, options, writer, lock, sink, primary=group.primary)
-        written = _distributed.Written(sink.entries, packs, sink.stats if options.stats else None)
+        table = LeafTable(pieces_kept=True)
+        packs = _write_leaves(prepared, options, writer, lock, table, primary=group.primary)
+        written = _distributed.Written(table, packs, options.stats)
         storage.sync()
     except BaseException as exc:
         failure = exc
@@ -558,7 +558,7 @@ def _write_leaves(
     options: SaveOptions,
     writer: _ChunkWriter,
     lock: _locks.Lock,
-    sink: LeafTable | EntryList,
+    sink: LeafTable,
     *,
     primary: bool = True,
 ) -> list[ChunkRef]:
@@ -586,7 +586,7 @@ def _submit_leaves(
     pool: Batch,
     writer: _ChunkWriter,
     lock: _locks.Lock,
-    sink: LeafTable | EntryList,
+    sink: LeafTable,
     primary: bool,
 ) -> list[ChunkRef]:
     """:func:`_write_leaves`, its jobs submitted to ``pool``."""
@@ -663,7 +663,7 @@ def _submit_leaves(
 
     for i, ((address, leaf), plan) in enumerate(zip(prepared.leaves, plans, strict=True)):
         if isinstance(leaf, ValueLeaf):
-            sink.value(leaf.kind, leaf.value, address)
+            sink.value(leaf.kind, leaf.value, address, i)
             continue
         pieces: list[PieceRow] | None = None
         records = small_records.get(i, [])
@@ -699,7 +699,7 @@ def _submit_leaves(
             kind = _stats.kind_of(leaf.dtype) if measured[i] else _stats.UNKNOWN
             stats = _stats.combine(records, kind)
         sink.array(
-            leaf.kind, leaf.dtype, leaf.shape, leaf.prng_impl, leaf.weak_type, refs, pieces, address, stats
+            leaf.kind, leaf.dtype, leaf.shape, leaf.prng_impl, leaf.weak_type, refs, pieces, address, i, stats
         )
     return [job.result() for job in pack_jobs]
 

@@ -16,18 +16,18 @@ import base64
 import contextlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from treestore._format.columns import CHUNK_DTYPE, PACK_DTYPE
+from treestore._format.columns import CHUNK_DTYPE, PACK_DTYPE, PIECED, concat_ranges, prefix_sums
 from treestore._format.columns_codec import binary_array
 from treestore._format.coverage import Coverage, P, from_text, to_text
 from treestore._format.encoding import Bad, digest, from_msgpack, to_msgpack
 from treestore._format.encoding import field as _get
 from treestore._format.limits import MAX_PART_BYTES
-from treestore._format.manifest import ChunkRef, LeafEntry
+from treestore._format.manifest import ChunkRef
 from treestore.errors import TreestoreError
 
 PART_FORMAT = "treestore.part"
@@ -107,47 +107,48 @@ class Summary:
     stats: bytes | None = None
 
 
-def share_from_entries(
-    where: Mapping[str, int],
-    entries: Iterable[LeafEntry],
-    packs: Sequence[ChunkRef],
-    coverage: Coverage | None = None,
+def share_from_fields(
+    fields: Mapping[str, Any], index: np.ndarray, coverage: Coverage | None = None
 ) -> tuple[Share, int]:
-    """This process's share — the pieces of its leaf entries (``where`` gives each address's leaf
-    index) and the packs they use, renumbered — and the coverage fingerprint of its pieces
-    (0 without ``coverage``). Python work in the pieces this process owns, as its save did."""
-    leaves: list[int] = []
-    counts: list[int] = []
-    starts: list[int] = []
-    shapes: list[int] = []
-    refs: list[ChunkRef] = []
+    """This process's share — the pieces of the leaves it wrote and the packs they use,
+    renumbered — and the coverage fingerprint of its pieces (0 without ``coverage``).
+    ``fields``: the manifest arrays of what it wrote (``leaves``, ``shapes``, the piece columns,
+    ``chunks``, ``packs``), a leaf written in one piece kept as a piece; ``index``: each row's
+    leaf index in the tree. The fingerprint is a Python sum over the pieces this process owns,
+    as its save was."""
+    rows = fields["leaves"]
+    count = rows["chunks"].astype(np.int64)
+    ndim = rows["ndim"].astype(np.int64)
+    pieced = np.flatnonzero(rows["flags"] & PIECED)
+    per_leaf = fields["piece_counts"].astype(np.int64)
+    owner = np.repeat(pieced, per_leaf)  # each piece's row
+    refs = fields["chunks"][concat_ranges(prefix_sums(count)[pieced], count[pieced])]
+    inside = refs["pack"] >= 0
+    used = np.unique(refs["pack"][inside])
+    packs = fields["packs"]
+    if not np.array_equal(used, np.arange(len(packs))):  # keep only the packs the pieces use
+        refs["pack"][inside] = np.searchsorted(used, refs["pack"][inside])
+        packs = packs[used]
+    starts, shapes = fields["piece_start"], fields["piece_shape"]
+    leaves = np.asarray(index, np.int64)[owner]
     cover = 0
-    for entry in entries:
-        i = where[entry.address]
-        for piece in entry.pieces:
-            leaves.append(i)
-            counts.append(len(piece.chunks))
-            starts += piece.start
-            shapes += piece.shape
-            refs += piece.chunks
-            if coverage is not None:
-                cover += coverage.box(i, piece.start, piece.shape)
-                if any(
-                    s + n > d for s, n, d in zip(piece.start, piece.shape, entry.shape or (), strict=False)
-                ):
-                    cover += 1  # outside its leaf (even with no elements): the sums cannot agree
-    used = sorted({r.pack for r in refs if r.pack is not None})
-    if used != list(range(len(packs))):  # keep only the packs the pieces use
-        index = {old: new for new, old in enumerate(used)}
-        refs = [r if r.pack is None else replace(r, pack=index[r.pack]) for r in refs]
-        packs = [packs[j] for j in used]
+    if coverage is not None:
+        dims = ndim[owner]
+        at = prefix_sums(dims)
+        for i, a, b in zip(leaves.tolist(), at[:-1].tolist(), at[1:].tolist(), strict=True):
+            cover += coverage.box(i, starts[a:b].tolist(), shapes[a:b].tolist())
+        # A piece outside its leaf (even with no elements) adds one: the sums cannot agree.
+        bounds = fields["shapes"][concat_ranges(prefix_sums(ndim)[owner], dims)]
+        piece = np.repeat(np.arange(len(owner)), dims)
+        beyond = np.bincount(piece, starts + shapes > bounds, len(owner))
+        cover += int(np.count_nonzero(beyond))
     share = Share(
-        np.array(leaves, "<u4"),
-        np.array(counts, "<u4"),
-        np.array(starts, "<u8"),
-        np.array(shapes, "<u8"),
-        ref_table(refs),
-        pack_table(packs),
+        leaves.astype("<u4"),
+        fields["piece_chunks"].astype("<u4"),
+        starts.astype("<u8"),
+        shapes.astype("<u8"),
+        refs,
+        packs,
     )
     return share, cover % P
 
@@ -267,5 +268,5 @@ __all__ = [
     "most_pieces",
     "pack_table",
     "ref_table",
-    "share_from_entries",
+    "share_from_fields",
 ]

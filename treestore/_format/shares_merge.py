@@ -21,26 +21,17 @@ import numpy as np
 
 from treestore._format.columns import (
     CHUNK_DTYPE,
-    DTYPE_NAMES,
-    KINDS,
-    LEAF_DTYPE,
     PIECED,
-    PRNG_NAMES,
-    PRNG_SHIFT,
-    WEAK_TYPE,
     Columns,
     concat_ranges,
     prefix_sums,
 )
 from treestore._format.columns_codec import columns_from_fields, stored_values
-from treestore._format.dtypes import value_to_record
-from treestore._format.manifest import ChunkRef, LeafEntry
 from treestore._format.parted import Parted, PartRef
-from treestore._format.shares import Share, pack_table, ref_table
+from treestore._format.shares import Share
 from treestore._format.shares_explain import Pieces, explain
 from treestore.errors import InvalidInputError
 
-_DTYPE_CODES = {name: code for code, name in enumerate(DTYPE_NAMES)}
 PACK_INDEX_END = 2**31  # pack indices are i4 in a manifest
 _REF_WORDS = CHUNK_DTYPE.itemsize // 4  # a chunk ref as u4 words: digest, raw, stored, pack, offset
 _PACK_WORD = _REF_WORDS - 2
@@ -70,42 +61,29 @@ class Plan:
     sharded: np.ndarray  # bool per leaf
 
 
-def plan_from_entries(
-    tree: object, entries: Sequence[LeafEntry], sharded: Sequence[bool], packs: Sequence[ChunkRef]
+def plan_from_fields(
+    tree: object, address: Callable[[int], str], fields: Mapping[str, Any], sharded: Sequence[bool]
 ) -> Plan:
-    """The primary's :class:`Plan`; ``entries`` holds every leaf, in leaf order, and ``packs``
-    the primary's packs."""
-    rows: list[tuple[int, int, int, int, int]] = []
-    shapes: list[int] = []
-    values: list[object] = []
-    refs: list[ChunkRef] = []
-    for entry, split in zip(entries, sharded, strict=True):
-        code = KINDS.index(entry.kind)
-        if not entry.is_array:
-            rows.append((code, 0, 0, 0, 0))
-            values.append(value_to_record(entry.kind, entry.value))
-            continue
-        shape = list(entry.shape or ())
-        flags = (WEAK_TYPE if entry.weak_type else 0) | PRNG_NAMES.index(entry.prng_impl) << PRNG_SHIFT
-        assert entry.dtype is not None
-        count = 0 if split else len(entry.chunks)
-        rows.append((code, _DTYPE_CODES[entry.dtype], min(len(shape), 255), flags, count))
-        shapes += shape
-        if not split:
-            refs += entry.chunks
-    leaves = np.array(rows, LEAF_DTYPE) if rows else np.zeros(0, LEAF_DTYPE)
+    """The primary's :class:`Plan`, from the manifest arrays of what it wrote (every leaf, in
+    leaf order, as :func:`treestore._format.shares.share_from_fields` takes them) and its packs:
+    a sharded leaf lists no chunk ref (its pieces are in the parts)."""
+    leaves = fields["leaves"].copy()
+    split = np.asarray(sharded, bool)
+    chunks = fields["chunks"][~np.repeat(split, leaves["chunks"].astype(np.int64))]
+    leaves["chunks"][split] = 0
+    leaves["flags"] &= ~np.uint8(PIECED)
     ndim = leaves["ndim"].astype(np.int64)
     return Plan(
         tree,
-        tuple(e.address for e in entries).__getitem__,
+        address,
         leaves,
-        np.array(shapes, "<u8"),
+        fields["shapes"],
         prefix_sums(ndim),
         ndim,
-        tuple(values),
-        ref_table(refs),
-        pack_table(packs),
-        np.array(sharded, bool),
+        tuple(fields["values"]),
+        chunks,
+        fields["packs"],
+        split,
     )
 
 
@@ -358,6 +336,6 @@ __all__ = [
     "combine",
     "frame_of",
     "merge",
-    "plan_from_entries",
+    "plan_from_fields",
     "plan_from_frame",
 ]
