@@ -81,7 +81,20 @@ def test_both_versions_describe_the_same_checkpoints():
         a, b = decode_any(d1, n1), decode_any(d2, n2)
         assert n1 == n2 and a.addresses == b.addresses
         assert [e.digest for e in a.entries] == [e.digest for e in b.entries]
+        # The columns give the same digests without making a leaf entry.
+        assert [a.digest(i) for i in range(len(a))] == [e.digest for e in a.entries]
+        assert [b.digest(i) for i in range(len(b))] == [e.digest for e in b.entries]
         assert a.chunk_digests() == b.chunk_digests()
+
+
+def test_leaf_digests_of_leaves_in_pieces_are_the_same_from_columns_and_entries():
+    """The parted store's leaves saved in pieces (four processes): the columns' digest of each
+    leaf is its entry's (SPEC 6.7, pieces with their boxes)."""
+    store = treestore.Store(str(DATA / "store-v2-parts"))
+    columns = _read.read_columns(store.storage, _read.read_commit_record(store.storage, "sharded"))
+    entries = store.manifest("sharded").leaves
+    assert any(e.pieces for e in entries)
+    assert [columns.digest(i) for i in range(len(columns))] == [e.digest for e in entries]
 
 
 def test_a_store_holds_checkpoints_of_both_versions(tmp_path):

@@ -178,11 +178,37 @@ def test_select_limits_the_comparison_and_its_stats(store_url):
     assert d.changed == ("layers/1/w",) and d.leaves[1].stats is not None
 
 
+def _described(e) -> str:
+    return f"{e.dtype}[{', '.join(map(str, e.shape))}]" if e.is_array else e.kind
+
+
+def _reference(ea, eb) -> tuple[str, float | None]:
+    """How two leaf entries at one address differ, decided entry by entry from their fields: the
+    oracle the column-wise diff is checked against."""
+    if ea.is_array != eb.is_array or (not ea.is_array and ea.kind != eb.kind):
+        return "dtype_changed", None
+    if not ea.is_array:
+        return ("unchanged" if ea.digest == eb.digest else "changed"), None
+    if ea.shape != eb.shape:
+        return "shape_changed", None
+    if ea.dtype != eb.dtype or ea.prng_impl != eb.prng_impl:
+        return "dtype_changed", None
+    if ea.digest == eb.digest:
+        return "unchanged", None
+
+    def layout(e):
+        return [(p.start, p.shape, [c.raw_size for c in p.chunks]) for p in e.layout]
+
+    if layout(ea) == layout(eb):
+        differ = sum(ca.digest != cb.digest for ca, cb in zip(ea.chunks, eb.chunks, strict=True))
+        return ("changed" if differ else "unchanged"), differ / max(len(ea.chunks), 1)
+    return "layout", None
+
+
 def test_column_wise_diff_agrees_with_comparing_leaf_entries(tmp_path):
     """The diff tells apart the leaves whose chunks alone differ column by column; every leaf
     gets the status, types and share of changed chunks that comparing its two leaf entries
     gives (statuses of every kind, chunked and packed leaves, other chunk sizes)."""
-    from treestore._api import diff as _diff
 
     rng = np.random.default_rng(4)
     big = rng.standard_normal((64, 256)).astype(np.float32)  # 64 KiB: 16 chunks of 4 KiB
@@ -224,7 +250,7 @@ def test_column_wise_diff_agrees_with_comparing_leaf_entries(tmp_path):
             if leaf.address not in ea or leaf.address not in eb:
                 assert leaf.status == ("added" if leaf.address not in ea else "removed")
                 continue
-            status, frac = _diff._compare(ea[leaf.address], eb[leaf.address])
+            status, frac = _reference(ea[leaf.address], eb[leaf.address])
             if status == "layout":  # equal types cut into other chunks: the bytes decide
                 same = (
                     treestore.load(url, x)[leaf.address].tobytes()
@@ -232,7 +258,7 @@ def test_column_wise_diff_agrees_with_comparing_leaf_entries(tmp_path):
                 )
                 status, frac = ("unchanged" if same else "changed"), None
             assert (leaf.status, leaf.chunks_changed) == (status, frac), leaf
-            assert (leaf.a, leaf.b) == (_diff._describe(ea[leaf.address]), _diff._describe(eb[leaf.address]))
+            assert (leaf.a, leaf.b) == (_described(ea[leaf.address]), _described(eb[leaf.address]))
     d = treestore.diff(f"{url}#a", f"{url}#b")
     assert d.by_status("changed") and dict((x.address, x.chunks_changed) for x in d)["rows"] == 1 / 16
 
@@ -262,3 +288,42 @@ def test_rel_l2_is_measured_over_the_elements_finite_in_both(store_url, a, b, re
     assert d.to_json()["leaves"][0]["stats"]["nonfinite_changed"] == nonfinite_changed
     if nonfinite_changed:
         assert f", {nonfinite_changed} changed" in d.table()
+
+
+def test_diff_of_leaves_saved_in_pieces_agrees_with_the_entries_and_with_numpy(tmp_path):
+    """Leaves sharded over 8 devices (saved in pieces): a change in one shard is told apart chunk
+    by chunk as the entry-by-entry rule tells it, its statistics equal numpy's, and the same
+    values saved whole (another layout) are compared by their bytes."""
+    import jax
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    if len(jax.devices()) < 8:
+        pytest.skip("needs 8 devices (XLA_FLAGS in conftest)")
+    mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("a", "b"))
+    sharding = NamedSharding(mesh, P("a", "b"))
+    w = np.random.default_rng(0).standard_normal((256, 96)).astype(np.float32)
+    v = w.copy()
+    v[40:44, 30:34] += 1.0  # inside one shard of 64 x 48 (three chunks of 4 KiB)
+    url = str(tmp_path / "s")
+    opts = treestore.SaveOptions(chunk_size=4096, small_leaf=16)
+    treestore.save(
+        url, {"w": jax.device_put(w, sharding), "same": jax.device_put(w, sharding)}, "a", options=opts
+    )
+    treestore.save(
+        url, {"w": jax.device_put(v, sharding), "same": jax.device_put(w, sharding)}, "b", options=opts
+    )
+    treestore.save(url, {"w": v, "same": w}, "whole", options=opts)
+    ea = {e.address: e for e in treestore.Store(url).manifest("a").leaves}
+    eb = {e.address: e for e in treestore.Store(url).manifest("b").leaves}
+    assert all(e.pieces for e in ea.values())
+    for stats in (False, True):
+        d = treestore.diff(f"{url}#a", f"{url}#b", stats=stats)
+        got = {x.address: x for x in d.leaves}
+        assert (got["w"].status, got["w"].chunks_changed) == _reference(ea["w"], eb["w"])
+        assert 0 < got["w"].chunks_changed < 1 and got["same"].status == "unchanged"
+        if stats:
+            assert got["w"].stats.rel_l2 == pytest.approx(np.linalg.norm(v - w) / np.linalg.norm(w), rel=1e-6)
+            assert got["w"].stats.frac_changed == pytest.approx(16 / w.size)
+    d = {x.address: x for x in treestore.diff(f"{url}#b", f"{url}#whole", stats=True).leaves}
+    assert (d["w"].status, d["w"].chunks_changed, d["same"].status) == ("unchanged", None, "unchanged")

@@ -66,7 +66,8 @@ class LazyLeaf:
         return self._columns.leaf(self._i)
 
     @functools.cached_property
-    def _pieces(self) -> _region.LeafPieces:
+    def pieces(self) -> _region.LeafPieces:
+        """Where its bytes are: its pieces' boxes and chunk refs (one piece unless saved sharded)."""
         return _region.leaf_pieces(self._columns, self._i)
 
     def _chunk_rows(self) -> np.ndarray[Any, Any]:
@@ -132,7 +133,7 @@ class LazyLeaf:
             OutOfBoundsError: A slice with a step other than 1.
         """
         box = _region.normalize(region, self.shape, self.address)
-        return _region.read_region(self.reader, self._pieces, box)
+        return _region.read_region(self.reader, self.pieces, box)
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray[Any, Any]:
         data = self.region()

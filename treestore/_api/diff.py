@@ -10,10 +10,9 @@ from typing import Any, overload
 import numpy as np
 
 from treestore._api.checkpoint import Checkpoint, LazyLeaf
-from treestore._engine.region import piece_bytes
+from treestore._engine.region import chunk_bytes
 from treestore._format import select as _select
-from treestore._format.columns import DTYPE_NAMES
-from treestore._format.manifest import LeafEntry
+from treestore._format.columns import ARRAY_CODES, DTYPE_NAMES, KINDS, PRNG_SHIFT, Columns
 
 ADDED, REMOVED, CHANGED, SHAPE, DTYPE, UNCHANGED = (
     "added",
@@ -58,12 +57,10 @@ class LeafDiff:
     stats: LeafStats | None = None
 
 
-def _describe(e: LeafEntry | None) -> str | None:
-    if e is None:
-        return None
-    if e.is_array:
-        return _array_type(e.dtype, e.shape or ())
-    return e.kind
+def _describe(c: Columns, i: int) -> str:
+    """Leaf i's type as a diff shows it: ``float32[3, 4]``, or a Python scalar's kind."""
+    kind = int(c.leaves["kind"][i])
+    return _array_type(DTYPE_NAMES[c.leaves["dtype"][i]], c.shape(i)) if kind < ARRAY_CODES else KINDS[kind]
 
 
 def _array_type(dtype: str | None, shape: tuple[int, ...]) -> str:
@@ -233,26 +230,28 @@ def _columns(header: list[str], rows: list[list[str]], right: set[int]) -> list[
     ]
 
 
-def _compare(ea: LeafEntry, eb: LeafEntry) -> tuple[str, float | None]:
-    if ea.is_array != eb.is_array or (not ea.is_array and ea.kind != eb.kind):
-        return DTYPE, None
-    if not ea.is_array:
-        same = ea.digest == eb.digest
-        return (UNCHANGED if same else CHANGED), None
-    if ea.shape != eb.shape:
-        return SHAPE, None
-    if ea.dtype != eb.dtype or ea.prng_impl != eb.prng_impl:
-        return DTYPE, None
-    if ea.digest == eb.digest:
-        return UNCHANGED, None
-    if _layout_of(ea) == _layout_of(eb):
-        differ = sum(ca.digest != cb.digest for ca, cb in zip(ea.chunks, eb.chunks, strict=True))
-        return (CHANGED if differ else UNCHANGED), differ / max(len(ea.chunks), 1)
-    return "layout", None  # equal types saved with different chunk sizes: compare the data
+LAYOUT = "layout"  # equal types saved with other chunk layouts: the data must be compared
 
 
-def _layout_of(e: LeafEntry) -> list[tuple[tuple[int, ...], tuple[int, ...], list[int]]]:
-    return [(p.start, p.shape, [c.raw_size for c in p.chunks]) for p in e.layout]
+def _compare(ca: Columns, ia: np.ndarray, cb: Columns, ib: np.ndarray) -> tuple[list[str], np.ndarray]:
+    """How pairs of leaves at one address whose digests differ (``ca`` leaf ia[k], ``cb`` leaf
+    ib[k]) differ, column by column: each pair's status (LAYOUT when only their data can tell)
+    and, where their chunk layouts match, the share of chunks whose digests differ (else NaN)."""
+    a, b = ca.leaves[ia], cb.leaves[ib]
+    array_a, array_b = a["kind"] < ARRAY_CODES, b["kind"] < ARRAY_CODES
+    arrays = array_a & array_b
+    status = np.full(len(ia), CHANGED, object)  # Python scalars of one kind: changed values
+    status[(array_a != array_b) | (~arrays & (a["kind"] != b["kind"]))] = DTYPE
+    shape = arrays & ~ca.same_shapes(ia, cb, ib)
+    status[shape] = SHAPE
+    dtype = arrays & ~shape & (a["dtype"] != b["dtype"])
+    dtype |= arrays & ~shape & ((a["flags"] >> PRNG_SHIFT) != (b["flags"] >> PRNG_SHIFT))
+    status[dtype] = DTYPE
+    rest = arrays & ~shape & ~dtype
+    plain, share = ca.chunk_changes(ia, cb, ib)
+    status[rest & plain & (share == 0)] = UNCHANGED
+    status[rest & ~plain] = LAYOUT
+    return status.tolist(), np.where(rest & plain, share, np.nan)
 
 
 class DiffLeaves(Sequence[LeafDiff]):
@@ -289,8 +288,9 @@ class DiffLeaves(Sequence[LeafDiff]):
         row = int(self._rows[k])  # IndexError past the end
         found = self._differing.get(row) or self._made.get(row)
         if found is None:
-            e = self._a.columns.entries[row]
-            found = self._made[row] = LeafDiff(e.address, UNCHANGED, _describe(e), _describe(e))
+            c = self._a.columns
+            described = _describe(c, row)
+            found = self._made[row] = LeafDiff(c.address(row), UNCHANGED, described, described)
         return found
 
     def __iter__(self) -> Iterator[LeafDiff]:
@@ -351,38 +351,43 @@ def diff_checkpoints(
         pa, pb = ia[~same], ib[~same]
         plain, share = ca.chunk_changes(pa, cb, pb)
         for i, frac in zip(pa[plain].tolist(), share[plain].tolist(), strict=True):
-            described = _array_type(DTYPE_NAMES[ca.leaves["dtype"][i]], ca.shape(i))
+            described = _describe(ca, i)
             differing[i] = LeafDiff(ca.address(i), CHANGED, described, described, frac)
             look[i] = False
-    for row in np.flatnonzero(look[rows] if len(rows) else look[:0]).tolist():
-        row = int(rows[row])
+    found = np.flatnonzero(look[rows] if len(rows) else look[:0])
+    found = rows[found] if len(rows) else found
+    pairs = found[(found < na)]
+    pairs = pairs[partner[pairs] >= 0]
+    status, share = _compare(ca, pairs, cb, partner[pairs])
+    compared = dict(zip(pairs.tolist(), zip(status, share.tolist(), strict=True), strict=True))
+    for row in found.tolist():
         if row >= na:
-            eb = cb.entries[int(added[row - na])]
-            differing[row] = LeafDiff(eb.address, ADDED, None, _describe(eb))
-            continue
-        ea = ca.entries[row]
-        if partner[row] < 0:
-            differing[row] = LeafDiff(ea.address, REMOVED, _describe(ea), None)
-            continue
-        found = _compared(a, b, ea, cb.entries[int(partner[row])], stats)
-        if found.status != UNCHANGED:
-            differing[row] = found
+            j = int(added[row - na])
+            differing[row] = LeafDiff(cb.address(j), ADDED, None, _describe(cb, j))
+        elif partner[row] < 0:
+            differing[row] = LeafDiff(ca.address(row), REMOVED, _describe(ca, row), None)
+        else:
+            status_of, share_of = compared[row]
+            leaf = _compared(a, b, row, int(partner[row]), status_of, share_of, stats)
+            if leaf.status != UNCHANGED:
+                differing[row] = leaf
     return Diff(f"{a.url}#{a.name}", f"{b.url}#{b.name}", DiffLeaves(a, b, rows, partner, added, differing))
 
 
-def _compared(a: Checkpoint, b: Checkpoint, ea: LeafEntry, eb: LeafEntry, stats: bool) -> LeafDiff:
-    """How leaf ``ea`` of a and ``eb`` of b (at the same address) differ."""
-    address = ea.address
-    status, frac = _compare(ea, eb)
+def _compared(
+    a: Checkpoint, b: Checkpoint, i: int, j: int, status: str, share: float, stats: bool
+) -> LeafDiff:
+    """How leaf i of a and leaf j of b (at one address) differ, given their :func:`_compare`."""
+    address = a.columns.address(i)
+    frac = None if math.isnan(share) else share
     leaf_stats = None
-    if status == "layout":
+    if status == LAYOUT:
         status = CHANGED if _bytes_differ(a[address], b[address]) else UNCHANGED
-        frac = None
         if stats and status == CHANGED:
             leaf_stats = _stats(a[address], b[address], by_chunk=False)
-    elif stats and status == CHANGED and ea.is_array:
+    elif stats and status == CHANGED and a.columns.leaves["kind"][i] < ARRAY_CODES:
         leaf_stats = _stats(a[address], b[address], by_chunk=True)
-    return LeafDiff(address, status, _describe(ea), _describe(eb), frac, leaf_stats)
+    return LeafDiff(address, status, _describe(a.columns, i), _describe(b.columns, j), frac, leaf_stats)
 
 
 def _bytes_differ(a: LazyLeaf, b: LazyLeaf) -> bool:
@@ -482,12 +487,23 @@ def _stats(a: LazyLeaf, b: LazyLeaf, *, by_chunk: bool) -> LeafStats:
     if not by_chunk:
         acc.add(np.asarray(a).reshape(-1), np.asarray(b).reshape(-1))
         return acc.result()
-    for pa, pb in zip(a.entry.layout, b.entry.layout, strict=True):
+    pa, pb = a.pieces, b.pieces  # one layout: the same pieces, chunk for chunk
+    ra, rb = a.pieces.columns.chunks, b.pieces.columns.chunks
+    for p in range(len(pa.first)):
         at = 0
-        for ca, cb in zip(pa.chunks, pb.chunks, strict=True):
-            xa = piece_bytes(a.reader, pa, at, at + ca.raw_size, a.address).view(a.dtype)
-            same = ca.digest == cb.digest
-            xb = None if same else piece_bytes(b.reader, pb, at, at + cb.raw_size, b.address).view(b.dtype)
-            at += ca.raw_size
+        for ja, jb in zip(
+            range(int(pa.first[p]), int(pa.first[p] + pa.count[p])),
+            range(int(pb.first[p]), int(pb.first[p] + pb.count[p])),
+            strict=True,
+        ):
+            end = at + int(ra["raw"][ja])
+            xa = chunk_bytes(a.reader, pa.chunks(p, at, end), at, end, a.address).view(a.dtype)
+            same = ra["digest"][ja] == rb["digest"][jb]
+            xb = (
+                None
+                if same
+                else chunk_bytes(b.reader, pb.chunks(p, at, end), at, end, b.address).view(b.dtype)
+            )
+            at = end
             acc.add(xa, xb)
     return acc.result()

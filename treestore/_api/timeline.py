@@ -24,7 +24,7 @@ from treestore._api.checkpoint import Checkpoint
 from treestore._engine import read as _read
 from treestore._format import select as _select
 from treestore._format.columns import ARRAY_CODES as _ARRAY_CODES
-from treestore._format.manifest import LeafEntry, Manifest
+from treestore._format.columns import Columns
 from treestore._storage.base import Storage
 from treestore.errors import (
     CheckpointNotFoundError,
@@ -332,18 +332,22 @@ def _pool(pairs: list[tuple[int, float]]) -> float:
     return math.sqrt(sum(n * v * v for n, v in present) / sum(n for n, _ in present))
 
 
-def _arrays(m: Manifest) -> dict[str, LeafEntry]:
-    return {e.address: e for e in m.leaves if e.is_array}
+def _arrays(c: Columns) -> dict[str, int]:
+    """The array leaves of a checkpoint: leaf index by address."""
+    return {c.addresses[i]: i for i in np.flatnonzero(c.leaves["kind"] < _ARRAY_CODES).tolist()}
 
 
-def _changed_bytes(a: dict[str, LeafEntry], b: dict[str, LeafEntry], chosen: set[str]) -> int:
-    """Raw bytes of the leaves a diff with stats reads for this pair (both sides)."""
-    total = 0
-    for address, ea in a.items():
-        eb = b.get(address)
-        if address in chosen and eb is not None and ea.digest != eb.digest and ea.shape == eb.shape:
-            total += ea.nbytes + eb.nbytes
-    return total
+def _changed_bytes(a: Columns, b: Columns, chosen: set[str]) -> int:
+    """Raw bytes of the leaves a diff with stats reads for this pair (both sides): array leaves
+    at one address whose digests differ and whose shapes are equal."""
+    ia, ib = a.match(b)
+    arrays = (a.leaves["kind"][ia] < _ARRAY_CODES) & (b.leaves["kind"][ib] < _ARRAY_CODES)
+    read = arrays & ~a.same_leaves(ia, b, ib) & a.same_shapes(ia, b, ib)
+    return sum(
+        int(a.leaf_nbytes[i] + b.leaf_nbytes[j])
+        for i, j in zip(ia[read].tolist(), ib[read].tolist(), strict=True)
+        if a.addresses[i] in chosen
+    )
 
 
 def _readable(storage: Storage) -> tuple[list[Checkpoint], tuple[tuple[str, str], ...]]:
@@ -382,21 +386,21 @@ def timeline(
     if depth is not None and (type(depth) is not int or depth < 1):
         raise InvalidInputError(f"depth must be an int of at least 1, got {depth!r}")
     views, damaged = _readable(storage)
-    arrays = [_arrays(v.manifest) for v in views]
+    arrays = [_arrays(v.columns) for v in views]
     every = list(dict.fromkeys(a for leaves in arrays for a in leaves))
     chosen = _select.select(every, select, where=f"the checkpoints of {storage.url}")
     row = {a: i for i, a in enumerate(chosen)}
     sizes = [0] * len(chosen)
-    for leaves in arrays:
-        for address, e in leaves.items():
+    for view, leaves in zip(views, arrays, strict=True):
+        for address, k in leaves.items():
             if address in row:
-                sizes[row[address]] = math.prod(e.shape or ())
+                sizes[row[address]] = math.prod(view.columns.shape(k))
     pats = _select.patterns(select)
     wanted = set(chosen)
     steps = len(views) - 1
     values = np.full((len(chosen), max(steps, 0)), np.nan)
     nonfinite = np.zeros(values.shape, np.int64)
-    work = [_changed_bytes(arrays[j], arrays[j + 1], wanted) for j in range(steps)]
+    work = [_changed_bytes(views[j].columns, views[j + 1].columns, wanted) for j in range(steps)]
     total, done = sum(work), 0
     if progress is not None:
         progress(0, total)
@@ -408,15 +412,21 @@ def timeline(
             pair = [p for p in pats if any(_select.matches(x, (p,)) for x in present)]
             if not pair:
                 continue
-        for d in _diff.diff_checkpoints(a, b, stats=True, select=pair).leaves:
+        compared = _diff.diff_checkpoints(a, b, stats=True, select=pair).leaves
+        assert isinstance(compared, _diff.DiffLeaves)
+        # Every chosen array leaf of both is compared (it matches a pattern of the pair): 0.0
+        # unless it differs; one of another shape or type has no relative change (NaN).
+        both = [row[x] for x in arrays[j] if x in arrays[j + 1] and x in row]
+        values[both, j] = 0.0
+        for d in compared.differing():
             i = row.get(d.address)
             if i is None or d.address not in arrays[j] or d.address not in arrays[j + 1]:
                 continue
-            if d.status == _diff.UNCHANGED:
-                values[i, j] = 0.0
-            elif d.status == _diff.CHANGED and d.stats is not None:
+            if d.status == _diff.CHANGED and d.stats is not None:
                 values[i, j] = d.stats.rel_l2
                 nonfinite[i, j] = d.stats.nonfinite_changed
+            else:
+                values[i, j] = np.nan
         done += work[j]
         if progress is not None:
             progress(done, total)

@@ -19,7 +19,7 @@ from treestore._engine.threads import default_threads, run_all
 from treestore._format.codecs import scratch
 from treestore._format.columns import DTYPE_NAMES, PIECED, Columns
 from treestore._format.dtypes import dtype_from_name
-from treestore._format.manifest import ChunkRef, Piece
+from treestore._format.manifest import ChunkRef
 from treestore.errors import OutOfBoundsError
 
 Region = tuple[slice, ...]
@@ -122,24 +122,6 @@ def chunk_bytes(
             else:
                 jobs.append(job)
     return out
-
-
-def piece_bytes(
-    reader: ChunkReader, piece: Piece, start: int, stop: int, address: str
-) -> np.ndarray[Any, Any]:
-    """Raw bytes [start, stop) of one :class:`Piece` of a leaf entry."""
-    return chunk_bytes(reader, _overlapping(piece, start, stop), start, stop, address)
-
-
-def _overlapping(piece: Piece, start: int, stop: int) -> Iterator[tuple[ChunkRef, int, int]]:
-    """The chunks of ``piece`` that overlap its bytes [start, stop), each with the bytes
-    [lo, hi) of the piece it holds."""
-    at = 0
-    for c in piece.chunks:
-        lo, hi = at, at + c.raw_size
-        at = hi
-        if lo < stop and hi > start:
-            yield c, lo, hi
 
 
 def _read_part(

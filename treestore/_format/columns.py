@@ -48,6 +48,7 @@ from treestore._format.manifest import (
     Piece,
     check_shape,
     check_tiling,
+    leaf_digest,
     record_mismatches,
 )
 from treestore._format.stats import check_column
@@ -373,8 +374,30 @@ class Columns:
         return {found[j : j + 32] for j in range(0, len(found), 32)}
 
     def digest(self, i: int) -> bytes:
-        """Leaf i's digest, as SPEC.md section 6.7 defines it for every version."""
-        return self.leaf(i).digest
+        """Leaf i's digest, as SPEC.md section 6.7 defines it for every version
+        (:func:`treestore._format.manifest.leaf_digest`)."""
+        row = self.leaves[i]
+        kind = KINDS[row["kind"]]
+        if row["kind"] >= ARRAY_CODES:
+            return leaf_digest(kind, value=self.value(i))
+        lo, hi = int(self.chunk_start[i]), int(self.chunk_start[i + 1])
+        d = self.chunks["digest"][lo:hi].tobytes()
+        chunks = [d[k : k + 32] for k in range(0, len(d), 32)]
+        pieces = None
+        if row["flags"] & PIECED:
+            starts, shapes, first, count = self.piece_rows(i)
+            pieces = [
+                (start, box, chunks[int(f) - lo : int(f) - lo + int(n)])
+                for start, box, f, n in zip(starts.tolist(), shapes.tolist(), first, count, strict=True)
+            ]
+        return leaf_digest(
+            kind,
+            DTYPE_NAMES[row["dtype"]],
+            self.shape(i),
+            PRNG_NAMES[int(row["flags"]) >> PRNG_SHIFT],
+            chunks,
+            pieces,
+        )
 
     def same_leaves(self, ia: np.ndarray, other: Columns, ib: np.ndarray) -> np.ndarray:
         """For each pair (``self`` leaf ia[k], ``other`` leaf ib[k]): whether their digests are
@@ -405,26 +428,37 @@ class Columns:
 
     def chunk_changes(self, ia: np.ndarray, other: Columns, ib: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """For pairs of leaves (``self`` leaf ia[k], ``other`` leaf ib[k]): whether both are
-        arrays saved whole with one dtype, PRNG implementation, shape and chunk layout (raw sizes),
-        so that they differ only in chunk digests; and for those, the share of chunk refs whose
-        digests differ (0 elsewhere)."""
+        arrays with one dtype, PRNG implementation, shape and chunk layout (raw sizes, and the
+        same pieces for leaves saved in pieces), so that they differ only in chunk digests; and
+        for those, the share of chunk refs whose digests differ (0 elsewhere)."""
         self.require_pieces()
         other.require_pieces()
         ia, ib = np.asarray(ia, np.int64), np.asarray(ib, np.int64)
         a, b = self.leaves[ia], other.leaves[ib]
         ok = (a["kind"] < ARRAY_CODES) & (b["kind"] < ARRAY_CODES)
-        ok &= ((a["flags"] | b["flags"]) & PIECED) == 0
-        ok &= (a["dtype"] == b["dtype"]) & (a["ndim"] == b["ndim"]) & (a["chunks"] == b["chunks"])
+        ok &= (a["flags"] & PIECED) == (b["flags"] & PIECED)
+        ok &= (a["dtype"] == b["dtype"]) & (a["chunks"] == b["chunks"])
         ok &= (a["flags"] >> PRNG_SHIFT) == (b["flags"] >> PRNG_SHIFT)
-        cand = np.flatnonzero(ok)
-        n = a["ndim"][cand].astype(np.int64)
-        ok[cand[self._differing(other, "shapes", ia[cand], ib[cand], n) > 0]] = False
+        ok &= self.same_shapes(ia, other, ib)
         cand = np.flatnonzero(ok)
         k = a["chunks"][cand].astype(np.int64)
         ok[cand[self._differing(other, "raw", ia[cand], ib[cand], k) > 0]] = False
+        pieced = np.flatnonzero(ok & ((a["flags"] & PIECED) != 0))  # and the same pieces
+        ok[pieced] = self._same_pieces(ia[pieced], other, ib[pieced])
+        cand = np.flatnonzero(ok)
         share = np.zeros(len(ia))
         share[cand] = self._differing(other, "digest", ia[cand], ib[cand], k) / np.maximum(k, 1)
         return ok, np.where(ok, share, 0.0)
+
+    def same_shapes(self, ia: np.ndarray, other: Columns, ib: np.ndarray) -> np.ndarray:
+        """For pairs of leaves (``self`` leaf ia[k], ``other`` leaf ib[k]): whether their shapes
+        are equal (a Python scalar's shape is empty)."""
+        ia, ib = np.asarray(ia, np.int64), np.asarray(ib, np.int64)
+        same = self.leaves["ndim"][ia] == other.leaves["ndim"][ib]
+        cand = np.flatnonzero(same)
+        n = self.leaves["ndim"][ia[cand]].astype(np.int64)
+        same[cand[self._differing(other, "shapes", ia[cand], ib[cand], n) > 0]] = False
+        return same
 
     def _differing(
         self, other: Columns, column: str, ia: np.ndarray, ib: np.ndarray, n: np.ndarray

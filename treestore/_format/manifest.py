@@ -110,6 +110,32 @@ class Piece:
         return tuple(slice(a, a + n) for a, n in zip(self.start, self.shape, strict=True))
 
 
+def leaf_digest(
+    kind: str,
+    dtype: str | None = None,
+    shape: Sequence[int] | None = None,
+    prng_impl: str | None = None,
+    chunks: Sequence[bytes] = (),
+    pieces: Sequence[tuple[Sequence[int], Sequence[int], Sequence[bytes]]] | None = None,
+    *,
+    value: object = None,
+) -> bytes:
+    """A leaf's digest (SPEC.md, section 6.7), the one rule of leaf equality for every format
+    version: an array leaf's by its dtype, shape, PRNG implementation and chunk digests (piece
+    by piece, with each piece's box, for a leaf saved in pieces); a Python scalar's by its kind
+    and value as stored. ``chunks``: the chunk digests; ``pieces``: (start, shape, chunk
+    digests) of each piece, or None for a leaf saved whole."""
+    record: list[object]
+    if kind not in ARRAY_KINDS:
+        record = [kind, value_to_record(kind, value)]
+    elif pieces:
+        layout = [[list(start), list(box), list(digests)] for start, box, digests in pieces]
+        record = [dtype, list(shape or ()), prng_impl, layout]
+    else:
+        record = [dtype, list(shape or ()), prng_impl, list(chunks)]
+    return digest(to_msgpack(record))
+
+
 @dataclass(frozen=True)
 class LeafEntry:
     """Everything the manifest says about one leaf.
@@ -144,15 +170,12 @@ class LeafEntry:
     @functools.cached_property
     def digest(self) -> bytes:
         """Equal digests mean equal leaves (SPEC.md, section 6.7)."""
-        record: list[object]
-        if self.pieces:
-            layout = [[list(p.start), list(p.shape), [c.digest for c in p.chunks]] for p in self.pieces]
-            record = [self.dtype, list(self.shape or ()), self.prng_impl, layout]
-        elif self.is_array:
-            record = [self.dtype, list(self.shape or ()), self.prng_impl, [c.digest for c in self.chunks]]
-        else:
-            record = [self.kind, value_to_record(self.kind, self.value)]
-        return digest(to_msgpack(record))
+        if not self.is_array:
+            return leaf_digest(self.kind, value=self.value)
+        pieces = [(p.start, p.shape, [c.digest for c in p.chunks]) for p in self.pieces] or None
+        return leaf_digest(
+            self.kind, self.dtype, self.shape, self.prng_impl, [c.digest for c in self.chunks], pieces
+        )
 
     @property
     def is_array(self) -> bool:
