@@ -17,14 +17,13 @@ from .context import echo_json, note, plain, progress, settings
 
 
 def _record(ckpt: treestore.Checkpoint) -> dict[str, Any]:
-    m = ckpt.manifest
     return {
         "url": ckpt.url,
         "name": ckpt.name,
-        "created": m.created,
-        "leaves": len(m.leaves),
-        "logical_bytes": m.nbytes,
-        "metadata": m.metadata,
+        "created": ckpt.created,
+        "leaves": ckpt.num_leaves,
+        "logical_bytes": ckpt.nbytes,
+        "metadata": ckpt.metadata,
     }
 
 

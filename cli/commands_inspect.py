@@ -149,25 +149,25 @@ def leaf_record(ckpt: treestore.Checkpoint, address: str) -> dict[str, Any]:
         "logical_bytes": leaf.nbytes,
         "stored_bytes": leaf.stored_bytes,
         "packed": leaf.packed,
-        "chunks": len(leaf.entry.chunks),
+        "chunks": leaf.chunks,
         "codec": leaf.codec,
     }
 
 
 def header_lines(ckpt: treestore.Checkpoint, shown: int) -> list[str]:
-    m = ckpt.manifest
-    c = m.codec
+    c = ckpt.codec
     codec = f"{c.get('name', '?')} level {c.get('level', '?')}" + (
         ", byte planes" if c.get("byte_planes") else ""
     )
     stored = ckpt.stored_bytes
-    count = f"  ({shown} of {len(m.leaves)} leaves shown)" if shown != len(m.leaves) else ""
+    n = ckpt.num_leaves
+    count = f"  ({shown} of {n} leaves shown)" if shown != n else ""
     lines = [
-        f"{ckpt.url}#{ckpt.name}  created {render.when(m.created)}{count}",
-        f"{len(m.leaves)} leaves, {render.size(m.nbytes)} logical, {render.size(stored)} stored ({codec})",
+        f"{ckpt.url}#{ckpt.name}  created {render.when(ckpt.created)}{count}",
+        f"{n} leaves, {render.size(ckpt.nbytes)} logical, {render.size(stored)} stored ({codec})",
     ]
-    if m.metadata is not None:
-        lines.append(f"metadata: {render.compact(m.metadata, 100)}")
+    if ckpt.metadata is not None:
+        lines.append(f"metadata: {render.compact(ckpt.metadata, 100)}")
     return lines
 
 
@@ -193,15 +193,14 @@ def show(spec: str, patterns: tuple[str, ...], flat: bool, stats: bool, as_json:
         return _show_stats(ckpt, addresses, flat, as_json)
     records = [leaf_record(ckpt, a) for a in addresses]
     if as_json:
-        m = ckpt.manifest
         echo_json(
             {
                 "url": ckpt.url,
                 "name": ckpt.name,
-                "created": m.created,
-                "metadata": m.metadata,
-                "codec": m.codec,
-                "logical_bytes": m.nbytes,
+                "created": ckpt.created,
+                "metadata": ckpt.metadata,
+                "codec": ckpt.codec,
+                "logical_bytes": ckpt.nbytes,
                 "stored_bytes": ckpt.stored_bytes,
                 "leaves": records,
             }

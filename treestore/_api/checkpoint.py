@@ -66,8 +66,7 @@ class LazyLeaf:
         return self._columns.leaf(self._i)
 
     @functools.cached_property
-    def pieces(self) -> _region.LeafPieces:
-        """Where its bytes are: its pieces' boxes and chunk refs (one piece unless saved sharded)."""
+    def _pieces(self) -> _region.LeafPieces:
         return _region.leaf_pieces(self._columns, self._i)
 
     def _chunk_rows(self) -> np.ndarray[Any, Any]:
@@ -95,6 +94,11 @@ class LazyLeaf:
         """Bytes of this leaf's own chunk objects (0 for leaves packed with others)."""
         rows = self._chunk_rows()
         return int(rows["stored"][rows["pack"] < 0].sum())
+
+    @property
+    def chunks(self) -> int:
+        """How many chunk refs it has (one for a leaf packed with others)."""
+        return len(self._chunk_rows())
 
     @property
     def packed(self) -> bool:
@@ -133,7 +137,7 @@ class LazyLeaf:
             OutOfBoundsError: A slice with a step other than 1.
         """
         box = _region.normalize(region, self.shape, self.address)
-        return _region.read_region(self.reader, self.pieces, box)
+        return _region.read_region(self.reader, self._pieces, box)
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray[Any, Any]:
         data = self.region()
@@ -218,6 +222,10 @@ class Checkpoint:
         name: The checkpoint's name.
         url: Its store's URL.
         metadata: The metadata it was saved with.
+        created: When it was saved (seconds since the epoch).
+        codec: The codec it was saved with.
+        num_leaves: How many leaves its tree holds.
+        nbytes: Raw bytes of all its array leaves.
         leaves: Address -> LazyLeaf or value, in tree order.
         tree: The checkpoint's tree with LazyLeaf handles in place of arrays.
 
@@ -301,6 +309,26 @@ class Checkpoint:
     @property
     def metadata(self) -> Any:
         return self._frame.metadata
+
+    @property
+    def created(self) -> float:
+        """When it was saved (seconds since the epoch)."""
+        return self._frame.created
+
+    @property
+    def codec(self) -> dict[str, Any]:
+        """The codec it was saved with (name, level, byte planes)."""
+        return dict(self._frame.codec)
+
+    @property
+    def num_leaves(self) -> int:
+        """How many leaves its tree holds."""
+        return len(self._frame)
+
+    @property
+    def nbytes(self) -> int:
+        """Raw bytes of all its array leaves."""
+        return self._frame.nbytes
 
     @property
     def leaves(self) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from typing import Any, overload
 import numpy as np
 
 from treestore._api.checkpoint import Checkpoint, LazyLeaf
-from treestore._engine.region import chunk_bytes
+from treestore._engine.region import chunk_bytes, leaf_pieces
 from treestore._format import select as _select
 from treestore._format.columns import ARRAY_CODES, DTYPE_NAMES, KINDS, PRNG_SHIFT, Columns
 
@@ -384,9 +384,9 @@ def _compared(
     if status == LAYOUT:
         status = CHANGED if _bytes_differ(a[address], b[address]) else UNCHANGED
         if stats and status == CHANGED:
-            leaf_stats = _stats(a[address], b[address], by_chunk=False)
+            leaf_stats = _whole_stats(a[address], b[address])
     elif stats and status == CHANGED and a.columns.leaves["kind"][i] < ARRAY_CODES:
-        leaf_stats = _stats(a[address], b[address], by_chunk=True)
+        leaf_stats = _chunk_stats(a, i, b, j)
     return LeafDiff(address, status, _describe(a.columns, i), _describe(b.columns, j), frac, leaf_stats)
 
 
@@ -482,13 +482,19 @@ class _Accumulator:
         )
 
 
-def _stats(a: LazyLeaf, b: LazyLeaf, *, by_chunk: bool) -> LeafStats:
+def _whole_stats(a: LazyLeaf, b: LazyLeaf) -> LeafStats:
+    """The statistics of two leaves of one shape and dtype, compared whole."""
     acc = _Accumulator()
-    if not by_chunk:
-        acc.add(np.asarray(a).reshape(-1), np.asarray(b).reshape(-1))
-        return acc.result()
-    pa, pb = a.pieces, b.pieces  # one layout: the same pieces, chunk for chunk
-    ra, rb = a.pieces.columns.chunks, b.pieces.columns.chunks
+    acc.add(np.asarray(a).reshape(-1), np.asarray(b).reshape(-1))
+    return acc.result()
+
+
+def _chunk_stats(a: Checkpoint, i: int, b: Checkpoint, j: int) -> LeafStats:
+    """The statistics of leaf i of a and leaf j of b, of one chunk layout, read chunk by chunk:
+    a chunk whose digest is the same in both is read once (for the norm of a)."""
+    acc = _Accumulator()
+    pa, pb = leaf_pieces(a.columns, i), leaf_pieces(b.columns, j)  # the same pieces, chunk for chunk
+    ra, rb = a.columns.chunks, b.columns.chunks
     for p in range(len(pa.first)):
         at = 0
         for ja, jb in zip(
@@ -497,12 +503,12 @@ def _stats(a: LazyLeaf, b: LazyLeaf, *, by_chunk: bool) -> LeafStats:
             strict=True,
         ):
             end = at + int(ra["raw"][ja])
-            xa = chunk_bytes(a.reader, pa.chunks(p, at, end), at, end, a.address).view(a.dtype)
+            xa = chunk_bytes(a.reader, pa.chunks(p, at, end), at, end, pa.address).view(pa.dtype)
             same = ra["digest"][ja] == rb["digest"][jb]
             xb = (
                 None
                 if same
-                else chunk_bytes(b.reader, pb.chunks(p, at, end), at, end, b.address).view(b.dtype)
+                else chunk_bytes(b.reader, pb.chunks(p, at, end), at, end, pb.address).view(pb.dtype)
             )
             at = end
             acc.add(xa, xb)
