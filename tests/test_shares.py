@@ -25,7 +25,6 @@ from treestore._engine import locks as _locks
 from treestore._engine import parts as parts_module
 from treestore._engine.commit import commit
 from treestore._engine.group_runtime import LocalRuntime
-from treestore._engine.leaf_table import LeafTable, ref_of
 from treestore._engine.parts import NOT_READ, complete
 from treestore._engine.read import read_columns, read_commit_record, read_frame, read_manifest_bytes
 from treestore._engine.write import SaveOptions, SaveResult, prepare
@@ -34,6 +33,7 @@ from treestore._format.columns import CHUNK_DTYPE
 from treestore._format.columns_codec import decode_any, decode_columns, encode, encode_columns
 from treestore._format.encoding import digest
 from treestore._format.layout import manifest_path
+from treestore._format.leaf_table import LeafTable, ref_of
 from treestore._format.manifest import ChunkRef, LeafEntry, Manifest, Piece
 from treestore._format.parted import Parted, PartRef
 from treestore._format.shares import decode_part, encode_part, leaf_range, share_from_fields

@@ -25,7 +25,6 @@ from treestore._engine import locks as _locks
 from treestore._engine import read as _read
 from treestore._engine import write as _write
 from treestore._engine.commit import commit
-from treestore._engine.leaf_table import LeafTable
 from treestore._format import layout as _layout
 from treestore._format import select as _select
 from treestore._format.address import (
@@ -45,6 +44,7 @@ from treestore._format.columns import Columns
 from treestore._format.columns_codec import columns_from_fields, encode
 from treestore._format.columns_take import take_leaves
 from treestore._format.columns_tree import nodes_from_tree
+from treestore._format.leaf_table import LeafTable
 from treestore._format.limits import MAX_DEPTH
 from treestore._format.manifest import (
     check_metadata,

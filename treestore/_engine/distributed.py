@@ -37,13 +37,13 @@ import numpy as np
 from treestore._engine import locks as _locks
 from treestore._engine.commit import commit
 from treestore._engine.group_runtime import JaxRuntime, Runtime
-from treestore._engine.leaf_table import LeafTable
 from treestore._engine.parts import merged, named
 from treestore._format import layout as _layout
 from treestore._format import stats as _stats
 from treestore._format.columns_codec import encode_columns
 from treestore._format.coverage import Coverage, P
 from treestore._format.encoding import digest
+from treestore._format.leaf_table import LeafTable
 from treestore._format.limits import (
     MAX_OUTCOME_BYTES,
     MAX_PART_BYTES,

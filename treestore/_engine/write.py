@@ -22,7 +22,6 @@ from treestore._engine import known as _known
 from treestore._engine import locks as _locks
 from treestore._engine.commit import commit
 from treestore._engine.gc_pause import paused_gc
-from treestore._engine.leaf_table import LeafTable, PieceRow, Ref, ref_of
 from treestore._engine.threads import Batch, compute_threads, default_threads, shared_pool
 from treestore._format import layout as _layout
 from treestore._format import stats as _stats
@@ -31,6 +30,7 @@ from treestore._format.columns_codec import columns_from_fields, encode_columns
 from treestore._format.columns_tree import Nodes
 from treestore._format.dtypes import PRNG_KEY
 from treestore._format.encoding import ALL_CORES_FROM, digest
+from treestore._format.leaf_table import LeafTable, PieceRow, Ref, ref_of
 from treestore._format.limits import MAX_MANIFEST_BYTES
 from treestore._format.manifest import (
     ChunkRef,

@@ -18,15 +18,9 @@ from treestore._format.columns import (
     _CODE,
     ARRAY_CODES,
     ARRAY_FIELDS,
-    CHUNK_DTYPE,
     KINDS,
-    LEAF_DTYPE,
-    PACK_DTYPE,
-    PIECED,
     PRNG_NAMES,
-    PRNG_SHIFT,
     VERSION,
-    WEAK_TYPE,
     Columns,
     _validate,
 )
@@ -35,10 +29,10 @@ from treestore._format.dtypes import value_to_record
 from treestore._format.encoding import FORMAT_VERSION, Bad, from_msgpack, manifest_errors, to_msgpack
 from treestore._format.encoding import count as _count
 from treestore._format.encoding import field as _get
+from treestore._format.leaf_table import LeafTable, ref_of
 from treestore._format.limits import MAX_CHUNK_BYTES, MAX_MANIFEST_BYTES, MAX_NDIM
 from treestore._format.manifest import (
     MANIFEST_MAGIC,
-    ChunkRef,
     Manifest,
     check_metadata,
     encode_manifest,
@@ -205,13 +199,6 @@ def encode(columns: Columns, version: int = FORMAT_VERSION) -> bytes:
     raise InvalidInputError(f"checkpoint {columns.name!r}: cannot write format version {version!r}")
 
 
-def _column(values: list[Any], dtype: Any, what: str) -> np.ndarray:
-    try:
-        return np.array(values, dtype)
-    except (OverflowError, ValueError, TypeError):
-        raise Bad(f"a {what} does not fit its column ({dtype})") from None
-
-
 def columns_from_manifest(m: Manifest) -> Columns:
     """The version-2 form of a version-1 manifest, checked exactly as readers check it
     (InvalidInputError naming the checkpoint when they would refuse it)."""
@@ -224,76 +211,53 @@ def columns_from_manifest(m: Manifest) -> Columns:
 
 
 def _from_manifest(m: Manifest) -> Columns:
+    """The columns of version-1 leaf entries, appended to the one table builder a save uses."""
     nodes = nodes_from_tree(m.tree, len(m.leaves))
-    rows: list[tuple[int, int, int, int, int]] = []
-    shapes: list[int] = []
-    values: list[object] = []
-    counts: list[int] = []
-    piece_chunks: list[int] = []
-    starts: list[int] = []
-    boxes: list[int] = []
-    refs: list[ChunkRef] = []
-    for leaf in m.leaves:
+    table = LeafTable(pieces_kept=True)  # a leaf's pieces are what its entry says
+    for i, leaf in enumerate(m.leaves):
+        where = leaf.address or "(root)"
         if leaf.kind not in KINDS:
-            raise UnsupportedFormatError(f"{leaf.address or '(root)'}: unknown leaf kind {leaf.kind!r}")
-        code = KINDS.index(leaf.kind)
-        if code >= ARRAY_CODES:
-            rows.append((code, 0, 0, 0, 0))
+            raise UnsupportedFormatError(f"{where}: unknown leaf kind {leaf.kind!r}")
+        if KINDS.index(leaf.kind) >= ARRAY_CODES:
             try:
-                values.append(value_to_record(leaf.kind, leaf.value))
+                value_to_record(leaf.kind, leaf.value)
             except ValueError as exc:
-                raise Bad(f"leaf {leaf.address or '(root)'}: {exc}") from None
+                raise Bad(f"leaf {where}: {exc}") from None
+            table.value(leaf.kind, leaf.value, leaf.address, i)
             continue
         if leaf.dtype not in _CODE:
-            raise UnsupportedFormatError(f"{leaf.address or '(root)'}: unknown dtype {leaf.dtype!r}")
+            raise UnsupportedFormatError(f"{where}: unknown dtype {leaf.dtype!r}")
         if leaf.prng_impl not in PRNG_NAMES:
-            raise UnsupportedFormatError(f"{leaf.address or '(root)'}: unknown PRNG impl {leaf.prng_impl!r}")
-        shape = list(leaf.shape or ())
-        flags = (WEAK_TYPE if leaf.weak_type else 0) | (PIECED if leaf.pieces else 0)
-        flags |= PRNG_NAMES.index(leaf.prng_impl) << PRNG_SHIFT
-        rows.append((code, _CODE[leaf.dtype], min(len(shape), 255), flags, len(leaf.chunks)))
-        shapes += shape
+            raise UnsupportedFormatError(f"{where}: unknown PRNG impl {leaf.prng_impl!r}")
+        shape = tuple(leaf.shape or ())
+        if len(shape) > MAX_NDIM:
+            raise Bad(f"a leaf has more than {MAX_NDIM} dimensions")
+        pieces = None
         if leaf.pieces:
-            counts.append(len(leaf.pieces))
-            for p in leaf.pieces:
-                if len(p.start) != len(shape) or len(p.shape) != len(shape):
-                    raise Bad(f"leaf {leaf.address or '(root)'}: a piece has other dimensions than the leaf")
-                piece_chunks.append(len(p.chunks))
-                starts += p.start
-                boxes += p.shape
+            if any(len(p.start) != len(shape) or len(p.shape) != len(shape) for p in leaf.pieces):
+                raise Bad(f"leaf {where}: a piece has other dimensions than the leaf")
             if tuple(c for p in leaf.pieces for c in p.chunks) != tuple(leaf.chunks):
-                raise Bad(f"leaf {leaf.address or '(root)'}: its chunks are not its pieces' chunks")
-        refs += leaf.chunks
-    if any(type(r.digest) is not bytes or len(r.digest) != 32 for r in (*refs, *m.packs)):
+                raise Bad(f"leaf {where}: its chunks are not its pieces' chunks")
+            pieces = [(tuple(p.start), tuple(p.shape), len(p.chunks)) for p in leaf.pieces]
+        if any(type(r.digest) is not bytes or len(r.digest) != 32 for r in leaf.chunks):
+            raise Bad("a chunk digest is not 32 bytes")
+        refs = [ref_of(r) for r in leaf.chunks]
+        table.array(
+            leaf.kind, leaf.dtype, shape, leaf.prng_impl, leaf.weak_type, refs, pieces, leaf.address, i
+        )
+    if any(type(p.digest) is not bytes or len(p.digest) != 32 for p in m.packs):
         raise Bad("a chunk digest is not 32 bytes")
-    chunks = np.zeros(len(refs), CHUNK_DTYPE)
-    chunks["digest"] = np.frombuffer(b"".join(r.digest for r in refs), "V32")
-    chunks["raw"] = _column([r.raw_size for r in refs], "<u4", "raw size")
-    chunks["stored"] = _column([r.stored_size for r in refs], "<u4", "stored size")
-    chunks["pack"] = _column([-1 if r.pack is None else r.pack for r in refs], "<i4", "pack index")
-    chunks["offset"] = _column([r.offset for r in refs], "<u4", "pack offset")
-    packs = np.zeros(len(m.packs), PACK_DTYPE)
-    packs["digest"] = np.frombuffer(b"".join(p.digest for p in m.packs), "V32")
-    packs["raw"] = _column([p.raw_size for p in m.packs], "<u4", "raw size")
-    packs["stored"] = _column([p.stored_size for p in m.packs], "<u4", "stored size")
-    fields = {
-        "name": m.name,
-        "created": float(m.created),
-        "metadata": m.metadata,
-        "codec": dict(m.codec),
-        "chunk_size": _count(m.chunk_size, "chunk_size", MAX_CHUNK_BYTES),
-        "leaves": _column(rows, LEAF_DTYPE, "leaf field") if rows else np.zeros(0, LEAF_DTYPE),
-        "shapes": _column(shapes, "<u8", "dimension"),
-        "values": values,
-        "piece_counts": _column(counts, "<u4", "piece count"),
-        "piece_chunks": _column(piece_chunks, "<u4", "piece chunk count"),
-        "piece_start": _column(starts, "<u8", "piece start"),
-        "piece_shape": _column(boxes, "<u8", "piece dimension"),
-        "chunks": chunks,
-        "packs": packs,
-    }
-    if len(leaf_rows := fields["leaves"]) and np.any(leaf_rows["ndim"] == 255):
-        raise Bad(f"a leaf has more than {MAX_NDIM} dimensions")
+    try:
+        fields = table.fields(list(m.packs))
+    except (OverflowError, ValueError, TypeError):
+        raise Bad("a size, offset, dimension or count does not fit its column") from None
+    fields.update(
+        name=m.name,
+        created=float(m.created),
+        metadata=m.metadata,
+        codec=dict(m.codec),
+        chunk_size=_count(m.chunk_size, "chunk_size", MAX_CHUNK_BYTES),
+    )
     check_metadata(m.metadata)
     return _validate(fields, nodes)
 

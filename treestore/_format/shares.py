@@ -15,7 +15,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +27,6 @@ from treestore._format.coverage import Coverage, P, from_text, to_text
 from treestore._format.encoding import Bad, digest, from_msgpack, to_msgpack
 from treestore._format.encoding import field as _get
 from treestore._format.limits import MAX_PART_BYTES
-from treestore._format.manifest import ChunkRef
 from treestore.errors import TreestoreError
 
 PART_FORMAT = "treestore.part"
@@ -39,27 +38,6 @@ SHARE_FIELDS: dict[str, np.dtype[Any]] = {
     "chunks": CHUNK_DTYPE,  # every piece's chunk refs, piece after piece; packs index `packs`
     "packs": PACK_DTYPE,  # this process's packs
 }
-
-
-def ref_table(refs: Sequence[ChunkRef]) -> np.ndarray:
-    """Chunk refs as CHUNK_DTYPE records (pack -1 for a chunk of its own)."""
-    table = np.zeros(len(refs), CHUNK_DTYPE)
-    if refs:
-        table["digest"] = np.frombuffer(b"".join(r.digest for r in refs), "V32")
-        table["raw"] = [r.raw_size for r in refs]
-        table["stored"] = [r.stored_size for r in refs]
-        table["pack"] = [-1 if r.pack is None else r.pack for r in refs]
-        table["offset"] = [r.offset for r in refs]
-    return table
-
-
-def pack_table(packs: Sequence[ChunkRef]) -> np.ndarray:
-    table = np.zeros(len(packs), PACK_DTYPE)
-    if packs:
-        table["digest"] = np.frombuffer(b"".join(p.digest for p in packs), "V32")
-        table["raw"] = [p.raw_size for p in packs]
-        table["stored"] = [p.stored_size for p in packs]
-    return table
 
 
 def layout_digest(tree: object, sharded: Iterable[tuple[str, str | None, tuple[int, ...]] | None]) -> bytes:
@@ -266,7 +244,5 @@ __all__ = [
     "layout_digest",
     "leaf_range",
     "most_pieces",
-    "pack_table",
-    "ref_table",
     "share_from_fields",
 ]

@@ -1,10 +1,12 @@
-"""The leaves a save wrote, recorded column by column as they are written.
+"""The one builder of a manifest's leaf, chunk-ref and pack tables, leaf by leaf.
 
-A save appends each leaf's fields to plain lists (a few appends per leaf, no per-leaf object),
-and :meth:`LeafTable.fields` turns them into the arrays of a version-2 manifest (SPEC.md §6),
-which :func:`treestore._format.columns_codec.columns_from_fields` checks exactly as readers do. A
-process of a multi-process save keeps its table as written: the primary's frame and each
-process's part are made from it (:mod:`treestore._format.shares`, :mod:`.shares_merge`).
+A save appends each leaf's fields to plain lists as it writes them (a few appends per leaf, no
+per-leaf object), and :meth:`LeafTable.fields` turns them into the arrays of a version-2
+manifest (SPEC.md §6), which :func:`treestore._format.columns_codec.columns_from_fields` checks
+exactly as readers do. The same table takes a derived checkpoint's new leaves and a version-1
+manifest's leaf entries as it is decoded; a process of a multi-process save keeps its table as
+written, and the primary's frame and each process's part are made from it
+(:mod:`treestore._format.shares`, :mod:`.shares_merge`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from treestore._format.columns import (
     DTYPE_NAMES,
     KINDS,
     LEAF_DTYPE,
+    PACK_DTYPE,
     PIECED,
     PRNG_NAMES,
     PRNG_SHIFT,
@@ -25,7 +28,6 @@ from treestore._format.columns import (
 )
 from treestore._format.dtypes import value_to_record
 from treestore._format.manifest import ChunkRef
-from treestore._format.shares import pack_table
 from treestore._format.stats import UNKNOWN_RECORD, Record, column
 from treestore.errors import InvalidInputError
 
@@ -34,6 +36,16 @@ PieceRow = tuple[tuple[int, ...], tuple[int, ...], int]  # start, shape, number 
 _KIND = {name: code for code, name in enumerate(KINDS)}
 _DTYPE = {name: code for code, name in enumerate(DTYPE_NAMES)}
 _PRNG = {name: code << PRNG_SHIFT for code, name in enumerate(PRNG_NAMES)}
+
+
+def pack_table(packs: list[ChunkRef] | tuple[ChunkRef, ...]) -> np.ndarray:
+    """Packs as the manifest's ``packs`` column (PACK_DTYPE)."""
+    table = np.zeros(len(packs), PACK_DTYPE)
+    if packs:
+        table["digest"] = np.frombuffer(b"".join(p.digest for p in packs), "V32")
+        table["raw"] = [p.raw_size for p in packs]
+        table["stored"] = [p.stored_size for p in packs]
+    return table
 
 
 def ref_of(c: ChunkRef) -> Ref:
