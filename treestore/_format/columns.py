@@ -8,9 +8,12 @@ version 1 checks is checked here, over whole columns at once, and each rule that
 (canonical address segments, dtype names, the piece grid) runs once per distinct value or per
 sharded leaf, through the same functions version 1 uses.
 
-:class:`Columns` is the decoded record; :meth:`Columns.leaf` and :attr:`Columns.entries` give the
-version-1 :class:`LeafEntry` of a leaf on demand, so the rest of the engine keeps working. The
-bytes (decoding and encoding) are :mod:`treestore._format.columns_codec`'s.
+:class:`Columns` is the one in-memory model of a manifest, whatever version its bytes have: every
+reader and writer works on its arrays. :meth:`Columns.to_manifest`, :meth:`Columns.leaf` and
+:attr:`Columns.entries` make the public read-only records (:class:`Manifest`, :class:`LeafEntry`)
+on demand, for ``Store.manifest()``, ``Checkpoint.manifest`` and ``LazyLeaf.entry`` (and the
+version-1 encoder, whose format is one map per leaf). The bytes (decoding and encoding) are
+:mod:`treestore._format.columns_codec`'s.
 """
 
 from __future__ import annotations
@@ -125,8 +128,9 @@ def _sums(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True, eq=False)
 class Columns:
-    """A validated version-2 manifest. Build it with :func:`decode_columns` (reading) or
-    :func:`columns_from_manifest` (writing); both run the same validation."""
+    """A validated manifest. Build it with :func:`decode_any` (reading either version) or
+    :func:`columns_from_fields` (writing, from a :class:`LeafTable`'s arrays); both run the same
+    validation."""
 
     name: str
     created: float
@@ -335,10 +339,9 @@ class Columns:
         )
 
     def to_manifest(self, which: Sequence[int] | None = None) -> Manifest:
-        """This manifest as a :class:`Manifest` (its leaves made eagerly, its ``version`` the one
-        it was decoded from); encoding that with :func:`encode_any` in either version writes a
-        valid manifest of the same checkpoint. ``which``: only those leaves' entries (what a
-        template is matched against when a load selects some leaves)."""
+        """This manifest as the public record :class:`Manifest` (its leaves made eagerly, its
+        ``version`` the one it was decoded from): what ``Store.manifest()`` gives, and what the
+        version-1 encoder writes. ``which``: only those leaves' entries."""
         if which is None:
             self.require_pieces()
         return Manifest(
