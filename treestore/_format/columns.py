@@ -449,6 +449,7 @@ class Columns:
         pieced = np.flatnonzero(ok & ((a["flags"] & PIECED) != 0))  # and the same pieces
         ok[pieced] = self._same_pieces(ia[pieced], other, ib[pieced])
         cand = np.flatnonzero(ok)
+        k = a["chunks"][cand].astype(np.int64)
         share = np.zeros(len(ia))
         share[cand] = self._differing(other, "digest", ia[cand], ib[cand], k) / np.maximum(k, 1)
         return ok, np.where(ok, share, 0.0)
