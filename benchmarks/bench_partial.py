@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         one_read = ckpt.bytes_read
         msize = (
             store.storage.object_size(
-                treestore._format.layout.manifest_path(
+                treestore._format.paths.manifest_path(
                     treestore._engine.read.read_commit_record(store.storage, "a").manifest
                 )
             )

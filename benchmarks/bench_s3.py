@@ -40,7 +40,7 @@ os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
 import numpy as np
 
 import treestore
-from treestore._format import layout as _layout
+from treestore._format import paths as _paths
 from treestore._storage.base import Storage
 
 from . import trees as T
@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
             store = treestore.Store(url, storage_options=opts)
             dt, result = timed(lambda: store.save(tree, "ckpt"))  # noqa: B023
             samples["ts_save"].append(dt)
-            stored_total = sum(o.size for o in store.storage.list(_layout.CHUNKS))
+            stored_total = sum(o.size for o in store.storage.list(_paths.CHUNKS))
             dt, loaded = timed(lambda: treestore.Store(url, storage_options=opts).load("ckpt"))  # noqa: B023
             samples["ts_load"].append(dt)
             if run == 0:
@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
             assert np.array_equal(leaf, flat[LEAF])
             entry = ckpt[LEAF].entry
             chunk_reqs = counter.requests[before:]
-            own = {_layout.chunk_path(c.digest) for c in entry.chunks}
+            own = {_paths.chunk_path(c.digest) for c in entry.chunks}
             partial = {
                 "leaf_mb": leaf.nbytes / MB,
                 "chunks": len(entry.chunks),

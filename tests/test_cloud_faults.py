@@ -34,7 +34,7 @@ from fsspec.asyn import AsyncFileSystem
 
 import treestore
 from treestore._engine import locks as _locks
-from treestore._format import layout as _layout
+from treestore._format import paths as _paths
 from treestore._storage.cloud import ObjectStorage
 
 from .support import servers
@@ -154,7 +154,7 @@ def save_in_background(
 
     def counting(path: str, buffers: Any) -> None:
         write(path, buffers)
-        if path.startswith(_layout.CHUNKS):
+        if path.startswith(_paths.CHUNKS):
             with lock:
                 count[0] += 1
                 if count[0] == after_writes:
@@ -221,7 +221,7 @@ def test_connection_cut_mid_save(s3_backend: servers.Backend, proxy: Proxy) -> N
     assert [c.name for c in store.list()] == ["first"]  # nothing of the failed save is visible
     assert not store.exists("second")
     assert_tree_equal(store.load("first"), first)
-    orphans = len(store.storage.list(_layout.CHUNKS)) - 1
+    orphans = len(store.storage.list(_paths.CHUNKS)) - 1
     assert orphans >= 10  # chunks of the failed save: unreferenced, harmless
     # The dead save's lock keeps other processes' gc away until it is stale (an hour by default);
     # this process knows that save is over. Forget that, to see what another process sees ...

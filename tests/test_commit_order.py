@@ -26,7 +26,7 @@ import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
 import treestore
-from treestore._format import layout as _layout
+from treestore._format import paths as _paths
 
 from .support.helpers import assert_tree_equal
 
@@ -85,7 +85,7 @@ def test_a_save_that_fails_before_its_record_leaves_no_visible_checkpoint(failwr
     FailingFileSystem.fail_in = None
     assert [c.name for c in store.list()] == ["first"]
     assert not store.exists("second")
-    assert objects(store, _layout.CHECKPOINTS) == {_layout.record_path("first")}
+    assert objects(store, _paths.CHECKPOINTS) == {_paths.record_path("first")}
     with pytest.raises(treestore.errors.CheckpointNotFoundError):
         store.load("second")
     assert_tree_equal(store.load("first"), tree(0))
@@ -97,18 +97,18 @@ def test_the_manifest_is_durable_before_the_record_is_written(failwrite):
     it is an unreferenced object, which gc removes with the save's chunks."""
     store = treestore.Store(failwrite)
     store.save(tree(0), "first", options=OPTIONS)
-    manifests, chunks = objects(store, _layout.MANIFESTS), objects(store, _layout.CHUNKS)
+    manifests, chunks = objects(store, _paths.MANIFESTS), objects(store, _paths.CHUNKS)
     FailingFileSystem.fail_in = "checkpoints"
     with pytest.raises(treestore.StorageError, match="injected fault"):
         store.save(tree(1), "second", options=OPTIONS)
     FailingFileSystem.fail_in = None
-    orphans = objects(store, _layout.MANIFESTS) - manifests
+    orphans = objects(store, _paths.MANIFESTS) - manifests
     assert len(orphans) == 1, "the manifest was not written before the commit record"
-    assert store.storage.list(_layout.LOCKS) == []  # a failed save removes its lock
+    assert store.storage.list(_paths.LOCKS) == []  # a failed save removes its lock
     report = store.gc(grace=0)
     assert report.manifests_removed == 1
-    assert objects(store, _layout.MANIFESTS) == manifests
-    assert objects(store, _layout.CHUNKS) == chunks
+    assert objects(store, _paths.MANIFESTS) == manifests
+    assert objects(store, _paths.CHUNKS) == chunks
     assert_tree_equal(store.load("first"), tree(0))
 
 
@@ -154,8 +154,8 @@ def test_each_step_is_durable_before_the_next(tmp_path, monkeypatch):
     steps = [
         c
         for c in calls
-        if not c.endswith(_layout.LOCKS)
-        and (c.endswith(_layout.CHUNKS) or c.split()[0] not in ("stage", "publish"))
+        if not c.endswith(_paths.LOCKS)
+        and (c.endswith(_paths.CHUNKS) or c.split()[0] not in ("stage", "publish"))
     ]  # (a write stages and publishes its object too)
     chunk_steps = steps[: steps.index("sync")]
     assert chunk_steps.count("stage chunks") == chunk_steps.count("publish chunks") > 1, calls
@@ -165,9 +165,9 @@ def test_each_step_is_durable_before_the_next(tmp_path, monkeypatch):
     assert order == [
         "chunks",
         "sync",
-        f"write {_layout.MANIFESTS}",
+        f"write {_paths.MANIFESTS}",
         "sync",
-        f"write_new {_layout.CHECKPOINTS}",
+        f"write_new {_paths.CHECKPOINTS}",
         "sync",
     ], calls
 
@@ -187,7 +187,7 @@ def test_a_new_folder_is_durable_in_its_parent_before_the_record(tmp_path, monke
         real_fsync(path)
 
     def write_new(self: Any, path: str, data: bytes) -> bool:
-        if path.startswith(_layout.CHECKPOINTS + "/"):
+        if path.startswith(_paths.CHECKPOINTS + "/"):
             events.append(("record", path))
         return real_write_new(self, path, data)
 
@@ -195,10 +195,10 @@ def test_a_new_folder_is_durable_in_its_parent_before_the_record(tmp_path, monke
     monkeypatch.setattr(_local.LocalStorage, "write_new", write_new)
     root = tmp_path / "new" / "store"
     treestore.save(str(root), tree(0), "first", options=OPTIONS)
-    record = events.index(("record", f"{_layout.CHECKPOINTS}/first"))
+    record = events.index(("record", f"{_paths.CHECKPOINTS}/first"))
     before = {path for kind, path in events[:record] if kind == "fsync"}
     made = [root.parent, root] + [p for p in root.rglob("*") if p.is_dir()]
-    needed = [p for p in made if p.name != _layout.CHECKPOINTS]
+    needed = [p for p in made if p.name != _paths.CHECKPOINTS]
     assert len(needed) > 3
     missing = [str(p.relative_to(tmp_path)) for p in needed if str(p.parent) not in before]
     assert not missing, f"folders whose names were not durable before the record: {missing}"
@@ -248,12 +248,12 @@ def test_a_save_killed_before_its_record_leaves_an_unreferenced_manifest(tmp_pat
     assert [c.name for c in store.list()] == ["first"]
     assert not store.exists("second")
     live = store.manifest("first").chunk_digests()
-    assert len(objects(store, _layout.MANIFESTS)) == 2, "the manifest was not written before the record"
-    assert len(objects(store, _layout.LOCKS)) == 1  # the dead save's lock
+    assert len(objects(store, _paths.MANIFESTS)) == 2, "the manifest was not written before the record"
+    assert len(objects(store, _paths.LOCKS)) == 1  # the dead save's lock
     report = store.gc(grace=0)
     assert report.manifests_removed == 1 and report.chunks_removed > 0, report
-    assert {_layout.chunk_path(d) for d in live} == objects(store, _layout.CHUNKS)
-    assert objects(store, _layout.LOCKS) == set()
+    assert {_paths.chunk_path(d) for d in live} == objects(store, _paths.CHUNKS)
+    assert objects(store, _paths.LOCKS) == set()
     np.testing.assert_array_equal(store.load("first")["w"], np.arange(50_000, dtype=np.float32))
     assert treestore.verify(url).ok
 
@@ -261,7 +261,7 @@ def test_a_save_killed_before_its_record_leaves_an_unreferenced_manifest(tmp_pat
 def _local_store_with_one_checkpoint(tmp_path: Path) -> tuple[treestore.Store, set[str]]:
     store = treestore.Store(str(tmp_path / "store"))
     store.save(tree(0), "first", options=OPTIONS)
-    return store, objects(store, _layout.CHUNKS)
+    return store, objects(store, _paths.CHUNKS)
 
 
 def _nothing_left(store: treestore.Store, chunks: set[str]) -> None:
@@ -271,10 +271,10 @@ def _nothing_left(store: treestore.Store, chunks: set[str]) -> None:
     assert store.storage.temporaries("") == []
     assert_tree_equal(store.load("first"), tree(0))
     store.gc(grace=0)
-    assert objects(store, _layout.CHUNKS) == chunks
+    assert objects(store, _paths.CHUNKS) == chunks
 
 
-@pytest.mark.parametrize("folder", [_layout.CHUNKS, _layout.MANIFESTS])
+@pytest.mark.parametrize("folder", [_paths.CHUNKS, _paths.MANIFESTS])
 def test_a_local_object_that_cannot_take_its_name_fails_the_save_and_leaves_nothing(
     tmp_path, monkeypatch, folder
 ):
@@ -341,7 +341,7 @@ def test_chunks_still_waiting_when_one_cannot_take_its_name_are_removed(tmp_path
 
     def publish(self: Any) -> None:
         nonlocal calls
-        if f"/{_layout.CHUNKS}/" not in self._full:  # a lock or a manifest
+        if f"/{_paths.CHUNKS}/" not in self._full:  # a lock or a manifest
             real_publish(self)
             return
         with lock:

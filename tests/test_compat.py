@@ -12,7 +12,7 @@ import pytest
 
 import treestore
 from treestore._engine import read as _read
-from treestore._format import layout as _layout
+from treestore._format import paths as _paths
 from treestore._format.columns_codec import decode_any, decode_columns, encode, encode_columns
 from treestore._format.manifest import decode_manifest, encode_manifest
 from treestore._format.parted import Parted
@@ -52,7 +52,7 @@ def _manifests(version: int) -> list[tuple[str, bytes]]:
     out = []
     for name in _read.checkpoint_names(storage):
         ref = _read.read_commit_record(storage, name)
-        data = storage.read(_layout.manifest_path(ref.manifest))
+        data = storage.read(_paths.manifest_path(ref.manifest))
         assert data is not None
         assert msgpack.unpackb(data)["version"] == version, name
         out.append((name, data))
@@ -157,7 +157,7 @@ def test_checked_in_store_in_parts_loads_exactly(tmp_path):
     treestore.copy(f"{url}#sharded", str(tmp_path / "copy"))
     treestore.copy(f"{url}#sharded", str(tmp_path / "copy") + "#renamed")
     copied = treestore.Store(str(tmp_path / "copy"))
-    assert copied.storage.read(_layout.manifest_path(frame.parts[2][0])) is not None  # carried over
+    assert copied.storage.read(_paths.manifest_path(frame.parts[2][0])) is not None  # carried over
     for name in ("sharded", "renamed"):
         assert_leaf_equal(treestore.load(str(tmp_path / "copy"), name)["w"], sharded_tree()["w"], name)
     assert treestore.verify(str(tmp_path / "copy")).ok

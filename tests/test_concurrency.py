@@ -24,7 +24,7 @@ import pytest
 
 import treestore
 from treestore._engine import read as _read
-from treestore._format import layout as _layout
+from treestore._format import paths as _paths
 
 from .scripts import concurrent_writer as writer
 from .support.helpers import assert_tree_equal, read_events
@@ -66,8 +66,8 @@ def _referenced(store: treestore.Store) -> set[str]:
     paths = set()
     for name in _read.checkpoint_names(store.storage):
         ref = _read.read_commit_record(store.storage, name)
-        paths.add(_layout.manifest_path(ref.manifest))
-        paths |= {_layout.chunk_path(d) for d in _read.read_columns(store.storage, ref).chunk_digests()}
+        paths.add(_paths.manifest_path(ref.manifest))
+        paths |= {_paths.chunk_path(d) for d in _read.read_columns(store.storage, ref).chunk_digests()}
     return paths
 
 

@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 
 import treestore
-from treestore._format import layout as _layout
+from treestore._format import paths as _paths
 from treestore._storage.base import Storage
 
 from .support.helpers import assert_tree_equal
@@ -124,11 +124,11 @@ def changed_tree(base: dict[str, Any]) -> dict[str, Any]:
 
 def chunk_paths(manifest: treestore.types.Manifest, address: str) -> list[str]:
     entry = next(e for e in manifest.leaves if e.address == address)
-    return [_layout.chunk_path(c.digest) for c in entry.chunks]
+    return [_paths.chunk_path(c.digest) for c in entry.chunks]
 
 
 def chunk_digests_in(storage: Storage) -> set[bytes]:
-    found = {_layout.digest_from_path(o.path) for o in storage.list(_layout.CHUNKS)}
+    found = {_paths.digest_from_path(o.path) for o in storage.list(_paths.CHUNKS)}
     return {d for d in found if d is not None}
 
 
@@ -152,7 +152,7 @@ class StoreConformance:
         result = target.store().save(tree, "step-1", options=OPTIONS, metadata={"step": 1})
         assert result.leaves == 1 + 300 + 1 + 1 + 3  # big, layers, bf16, empty, meta (None is a node)
         assert result.chunks_written == 4 + 1  # big's four chunks and one pack of the small leaves
-        objects = target.store().storage.list(_layout.CHUNKS)
+        objects = target.store().storage.list(_paths.CHUNKS)
         assert len(objects) == 5  # 301 small leaves never became one object each
         assert {o.path for o in objects} >= {*chunk_paths(target.store().manifest("step-1"), "big")}
         assert_tree_equal(target.reader().load("step-1"), tree)
@@ -164,7 +164,7 @@ class StoreConformance:
         again = target.store().save(tree, "b", options=OPTIONS)
         assert (again.chunks_written, again.bytes_written) == (0, 0)
         assert again.chunks_reused == first.chunks_written
-        assert len(target.store().storage.list(_layout.CHUNKS)) == first.chunks_written
+        assert len(target.store().storage.list(_paths.CHUNKS)) == first.chunks_written
         assert_tree_equal(target.reader().load("b"), tree)
 
     def test_list_metadata_latest(self, target: Target) -> None:
@@ -247,7 +247,7 @@ class StoreConformance:
         assert report.chunks_removed == len(before - live) > 0  # a's old chunk 1 and bf16's pack
         assert report.manifests_removed == 1
         assert chunk_digests_in(store.storage) == live
-        assert store.storage.list(_layout.LOCKS) == []
+        assert store.storage.list(_paths.LOCKS) == []
         assert_tree_equal(reader.load("b"), changed_tree(base))
 
     # -- partial reads ----------------------------------------------------------------------------
@@ -267,12 +267,12 @@ class StoreConformance:
         out = reader.load("a", select="big")
         assert list(out) == ["big"]
         assert_tree_equal(out["big"], tree["big"])
-        chunk_reads = sorted(p for p, _, _ in reads if p.startswith(_layout.CHUNKS))
+        chunk_reads = sorted(p for p, _, _ in reads if p.startswith(_paths.CHUNKS))
         assert chunk_reads == sorted(chunk_paths(manifest, "big"))  # each of its chunks, once
         reads.clear()
         part = reader.load("a", select=["layers/7/*"])
         assert_tree_equal(part, {"layers": [tree["layers"][7]]})  # pruned to what was selected
-        assert len([p for p, _, _ in reads if p.startswith(_layout.CHUNKS)]) == 1  # the pack
+        assert len([p for p, _, _ in reads if p.startswith(_paths.CHUNKS)]) == 1  # the pack
 
     def test_lazy_slices(self, target: Target) -> None:
         tree = mixed_tree()

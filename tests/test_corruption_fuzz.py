@@ -30,7 +30,7 @@ import pytest
 
 import treestore
 from treestore._engine import read as _read
-from treestore._format import layout as _layout
+from treestore._format import paths as _paths
 
 from .support.helpers import assert_tree_equal
 
@@ -85,15 +85,15 @@ def store(tmp_path_factory) -> tuple[str, dict[str, Any], dict[str, Users], list
     objects: dict[str, Users] = {}
     for name in trees():
         ref = _read.read_commit_record(s.storage, name)
-        objects[_layout.record_path(name)] = Users("record", [(name, None)])
-        objects.setdefault(_layout.manifest_path(ref.manifest), Users("manifest", [])).users.append(
+        objects[_paths.record_path(name)] = Users("record", [(name, None)])
+        objects.setdefault(_paths.manifest_path(ref.manifest), Users("manifest", [])).users.append(
             (name, None)
         )
         m = _read.read_columns(s.storage, ref).to_manifest()
         for leaf in m.leaves:
             for c in leaf.chunks:
                 d = m.packs[c.pack].digest if c.pack is not None else c.digest
-                objects.setdefault(_layout.chunk_path(d), Users("chunk", [])).users.append(
+                objects.setdefault(_paths.chunk_path(d), Users("chunk", [])).users.append(
                     (name, leaf.address)
                 )
     listed = s.list()

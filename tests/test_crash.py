@@ -35,7 +35,7 @@ import treestore
 from treestore._engine import gc as _gc
 from treestore._engine import locks as _locks
 from treestore._engine import read as _read
-from treestore._format import layout as _layout
+from treestore._format import paths as _paths
 
 from .scripts import crash_saver as worker
 from .support.helpers import assert_tree_equal, read_events
@@ -137,8 +137,8 @@ def referenced(store: treestore.Store) -> tuple[set[str], set[str]]:
     chunks, manifests = set(), set()
     for info in store.list():
         ref = _read.read_commit_record(store.storage, info.name)
-        manifests.add(_layout.manifest_path(ref.manifest))
-        chunks |= {_layout.chunk_path(d) for d in _read.read_columns(store.storage, ref).chunk_digests()}
+        manifests.add(_paths.manifest_path(ref.manifest))
+        chunks |= {_paths.chunk_path(d) for d in _read.read_columns(store.storage, ref).chunk_digests()}
     return chunks, manifests
 
 
@@ -189,7 +189,7 @@ def collect_garbage(store: treestore.Store, root: Path) -> list[str]:
     are aged past that first, as an hour would."""
     problems = []
     for p in temp_files(root):
-        if p.startswith(f"{_layout.LOCKS}/"):
+        if p.startswith(f"{_paths.LOCKS}/"):
             past = time.time() - _gc.LOCK_TEMPORARY_AGE - 1
             os.utime(root / p, (past, past))
     try:
@@ -404,7 +404,7 @@ def test_killed_save_leaves_nothing_visible_and_does_not_block_gc(zygote, tmp_pa
 
 def _foreign_lock(store: treestore.Store, kind: str, age: float) -> str:
     """A lock as a process on another host writes it (its liveness cannot be checked here)."""
-    path = f"{_layout.LOCKS}/{kind}-{uuid.uuid4().hex}"
+    path = f"{_paths.LOCKS}/{kind}-{uuid.uuid4().hex}"
     record = {"kind": kind, "created": time.time() - age, "host": "another-host.invalid", "pid": 1}
     store.storage.write(path, [msgpack.packb(record)])
     return path

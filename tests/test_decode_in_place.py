@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import treestore
 from treestore._format import codecs as C
-from treestore._format.layout import chunk_path
+from treestore._format.paths import chunk_path
 from treestore.errors import ChunkCorruptError
 
 SIZE = 256 * 1024  # a chunk as big as the in-place path starts at

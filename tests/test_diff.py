@@ -141,10 +141,10 @@ def test_missing_chunk_during_stats_names_the_address(store_url):
     store.save(a, "a", options=OPTIONS)
     a["layers"][0]["w"] = a["layers"][0]["w"] + 1
     store.save(a, "b", options=OPTIONS)
-    from treestore._format import layout as _layout
+    from treestore._format import paths as _paths
 
     entry = store.open("b")["layers/0/w"].entry
-    store.storage.delete(_layout.chunk_path(entry.chunks[0].digest))
+    store.storage.delete(_paths.chunk_path(entry.chunks[0].digest))
     assert treestore.diff(f"{store_url}#a", f"{store_url}#b").changed == ("layers/0/w",)  # manifests only
     with pytest.raises(treestore.errors.ChunkMissingError, match="layers/0/w"):
         treestore.diff(f"{store_url}#a", f"{store_url}#b", stats=True)

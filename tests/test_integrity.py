@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import treestore
-from treestore._format import layout as _layout
+from treestore._format import paths as _paths
 
 from .support import hostile
 
@@ -67,7 +67,7 @@ def test_oversized_chunk_object_is_not_read_whole(saved):
 
 def test_truncated_manifest(saved):
     ref = hostile.ref_record(saved, "ckpt")
-    path = _layout.manifest_path(ref["manifest"])
+    path = _paths.manifest_path(ref["manifest"])
     hostile.truncate(saved, path, 50)
     with pytest.raises(treestore.errors.ManifestCorruptError, match="manifest of checkpoint 'ckpt'"):
         treestore.load(saved)
@@ -80,7 +80,7 @@ def test_garbage_manifest_with_matching_digest(saved):
 
 
 def test_garbage_commit_record(saved):
-    hostile.storage(saved).write(_layout.record_path("ckpt"), [b"\x92\x01"])
+    hostile.storage(saved).write(_paths.record_path("ckpt"), [b"\x92\x01"])
     with pytest.raises(treestore.errors.ManifestCorruptError, match="commit record of checkpoint 'ckpt'"):
         treestore.load(saved, "ckpt")
 
@@ -97,7 +97,7 @@ def test_future_commit_record_version(saved):
     ref["version"] = 7
     import msgpack
 
-    s.write(_layout.record_path("ckpt"), [msgpack.packb(ref)])
+    s.write(_paths.record_path("ckpt"), [msgpack.packb(ref)])
     with pytest.raises(treestore.UnsupportedFormatError, match="version 7"):
         treestore.Store(saved).list()
 

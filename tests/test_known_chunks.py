@@ -19,7 +19,7 @@ import treestore
 from treestore._engine import gc as _gc
 from treestore._engine import locks as _locks
 from treestore._engine.write import SaveOptions
-from treestore._format import layout as _layout
+from treestore._format import paths as _paths
 
 from .support import servers
 from .support.helpers import assert_tree_equal
@@ -64,7 +64,7 @@ class ChunkCalls:
 
     def _counting(self, kind: str, original: Any) -> Any:
         def call(path: str, *args: Any, **kwargs: Any) -> Any:
-            if path.startswith(_layout.CHUNKS + "/"):
+            if path.startswith(_paths.CHUNKS + "/"):
                 with self._lock:
                     self.counts[kind] += 1
             return original(path, *args, **kwargs)
@@ -129,9 +129,9 @@ def test_an_unusable_previous_checkpoint_falls_back_to_checking_every_chunk(tmp_
     store = treestore.Store(tmp_path / "store")
     tree = model()
     store.save(tree, "step-1", options=OPTIONS)
-    record = _layout.record_path("step-1")
+    record = _paths.record_path("step-1")
     if damage == "manifest":
-        (manifest,) = store.storage.list(_layout.MANIFESTS)
+        (manifest,) = store.storage.list(_paths.MANIFESTS)
         store.storage.write(manifest.path, [b"\x81\xa1x\x01"])  # valid msgpack, not a manifest
     else:
         store.storage.write(record, [b"not a commit record"])
@@ -142,7 +142,7 @@ def test_an_unusable_previous_checkpoint_falls_back_to_checking_every_chunk(tmp_
 
 
 def _chunk_file(root: Path, digest: bytes) -> Path:
-    return root / _layout.chunk_path(digest)
+    return root / _paths.chunk_path(digest)
 
 
 def test_a_poisoned_object_no_checkpoint_references_is_still_checked(tmp_path):
@@ -355,7 +355,7 @@ def test_s3_second_save_sends_requests_for_changed_chunks_only(s3_backend):
         pytest.skip("the S3 server's access log cannot be read here (Linux /proc): SaveResult checked")
     # The server received exactly the chunk requests each result reports ...
     for result, seen in ((first, full), (second, incremental), (unchecked, untrusted)):
-        chunk_requests = {k[0]: v for k, v in seen.items() if k[1] == _layout.CHUNKS}
+        chunk_requests = {k[0]: v for k, v in seen.items() if k[1] == _paths.CHUNKS}
         expected = {"HEAD": result.existence_checks, "GET": result.reuse_reads, "PUT": result.chunks_written}
         assert chunk_requests == {k: v for k, v in expected.items() if v}, seen
     # ... and the incremental save's requests grow with the changed chunks, not with all chunks:

@@ -25,7 +25,7 @@ import pytest
 import treestore
 from treestore._engine import gc as _gc
 from treestore._engine import locks as _locks
-from treestore._format import layout as _layout
+from treestore._format import paths as _paths
 
 from .support.faults import (
     FaultyMemoryFileSystem,
@@ -58,7 +58,7 @@ def test_gc_rewrites_its_lock_during_a_long_run(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(store.storage, "write", write)
     monkeypatch.setattr(_gc, "STALE_AFTER", 0.0, raising=False)
     store.gc(grace=0)
-    gc_writes = [p for p in writes if p.startswith(f"{_layout.LOCKS}/gc-")]
+    gc_writes = [p for p in writes if p.startswith(f"{_paths.LOCKS}/gc-")]
     assert len(set(gc_writes)) == 1 and len(gc_writes) > 1, f"gc never rewrote its lock: {gc_writes}"
 
 
@@ -73,7 +73,7 @@ def test_a_lock_record_names_its_process_identity():
 
 
 def _lock(store: treestore.Store, record: Any, raw: bytes | None = None) -> str:
-    path = f"{_layout.LOCKS}/gc-{uuid.uuid4().hex}"
+    path = f"{_paths.LOCKS}/gc-{uuid.uuid4().hex}"
     store.storage.write(path, [raw if raw is not None else msgpack.packb(record)])
     return path
 
@@ -89,7 +89,7 @@ def test_lock_ages():
     for bad in ({**mine, "created": float("inf")}, {**mine, "created": float("nan")}):
         assert _locks.lock_time(s, _lock(store, bad), 123.0) == 123.0  # ages by its mtime
     assert _locks.lock_time(s, _lock(store, None, raw=b"\x00" * 5000), 456.0) == 456.0
-    assert _locks.lock_time(s, f"{_layout.LOCKS}/gc-{'0' * 32}", 789.0) == 0.0  # removed since listed
+    assert _locks.lock_time(s, f"{_paths.LOCKS}/gc-{'0' * 32}", 789.0) == 0.0  # removed since listed
 
 
 # --- 12.6: gc with grace=0 must not delete the temporary file of a save's lock ---------------------

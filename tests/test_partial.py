@@ -172,9 +172,9 @@ def test_lazy_read_of_missing_chunk_names_the_address(counted):
     url, _ = counted
     store = treestore.Store(url)
     entry = store.open("c")["opt_state/mu"].entry
-    from treestore._format import layout as _layout
+    from treestore._format import paths as _paths
 
-    store.storage.delete(_layout.chunk_path(entry.chunks[1].digest))
+    store.storage.delete(_paths.chunk_path(entry.chunks[1].digest))
     ckpt = store.open("c")
     assert ckpt["opt_state/mu"][:10].shape == (10, 64)  # first chunk still readable
     with pytest.raises(treestore.errors.ChunkMissingError, match=r"opt_state/mu: chunk .* is missing"):

@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 
 import treestore
-from treestore._format import layout as _layout
+from treestore._format import paths as _paths
 from treestore._storage.base import Storage
 from treestore._storage.local import LocalStorage, MemoryStorage
 
-PATH = _layout.record_path("race")
+PATH = _paths.record_path("race")
 WRITERS = 4
 
 
@@ -37,7 +37,7 @@ def test_an_object_with_other_bytes_is_never_replaced(store_url):
     assert storage.read(PATH) == b"first"
     assert storage.write_new(PATH, b"first") is True  # a retried write finds its own object
     assert storage.read(PATH) == b"first"
-    assert [o.path for o in storage.list(_layout.CHECKPOINTS)] == [PATH]
+    assert [o.path for o in storage.list(_paths.CHECKPOINTS)] == [PATH]
 
 
 @pytest.fixture

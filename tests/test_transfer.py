@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import treestore
-from treestore._format import layout as _layout
+from treestore._format import paths as _paths
 
 from .support import hostile
 from .support.helpers import assert_tree_equal
@@ -50,7 +50,7 @@ def test_copy_to_another_backend_and_back(src, tmp_path):
     treestore.copy(f"{mem}#step-2", back)
     assert_tree_equal(treestore.load(back), tree(2))
     assert treestore.verify(back).ok and treestore.verify(mem).ok
-    assert hostile.storage(mem).list(_layout.LOCKS) == []
+    assert hostile.storage(mem).list(_paths.LOCKS) == []
 
 
 def test_same_manifest_bytes_when_the_name_is_kept(src):
@@ -105,7 +105,7 @@ def test_corrupt_source_chunk_is_not_propagated(src):
     assert "nothing was committed" in str(info.value)
     assert not treestore.Store(mem).exists("step-1")
     assert not hostile.storage(mem).exists(path)
-    assert hostile.storage(mem).list(_layout.LOCKS) == []
+    assert hostile.storage(mem).list(_paths.LOCKS) == []
 
 
 def test_missing_source(tmp_path):

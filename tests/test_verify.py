@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import treestore
-from treestore._format import layout as _layout
+from treestore._format import paths as _paths
 
 from .support import hostile
 
@@ -81,8 +81,8 @@ def test_pack_slice_that_does_not_match_its_leaf(two):
 
 def test_unreadable_manifest_and_commit_record(two):
     ref = hostile.ref_record(two, "step-1")
-    hostile.truncate(two, _layout.manifest_path(ref["manifest"]), 10)
-    hostile.storage(two).write(_layout.record_path("step-2"), [b"\xc1garbage"])
+    hostile.truncate(two, _paths.manifest_path(ref["manifest"]), 10)
+    hostile.storage(two).write(_paths.record_path("step-2"), [b"\xc1garbage"])
     report = treestore.verify(two)
     kinds = {(p.checkpoint, p.address, p.kind) for p in report.problems}
     assert kinds == {("step-1", None, "manifest"), ("step-2", None, "commit_record")}
@@ -93,7 +93,7 @@ def test_commit_record_that_disagrees_with_its_manifest(two):
     s = hostile.storage(two)
     ref = hostile.ref_record(two, "step-2")
     ref["leaves"] = 99
-    s.write(_layout.record_path("step-2"), [msgpack.packb(ref, use_bin_type=True)])  # check digest stale
+    s.write(_paths.record_path("step-2"), [msgpack.packb(ref, use_bin_type=True)])  # check digest stale
     (problem,) = treestore.verify(two).problems
     assert problem.kind == "commit_record" and "check digest" in problem.message
     hostile.write_ref(two, "step-2", ref)  # consistent record, but it disagrees with the manifest

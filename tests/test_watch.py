@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 import treestore
-from treestore._format import layout as _layout
+from treestore._format import paths as _paths
 from treestore.errors import CheckpointNotFoundError, InvalidInputError
 from treestore_cli.main import cli
 
@@ -152,7 +152,7 @@ def test_a_damaged_manifest_repaired_in_place_is_yielded_once(tmp_path, caplog):
     save(url, "bad", 1.0)
     save(url, "good", 2.0)
     path = treestore.Store(url).storage
-    manifest = _layout.manifest_path(hostile.ref_record(url, "bad")["manifest"])
+    manifest = _paths.manifest_path(hostile.ref_record(url, "bad")["manifest"])
     original = path.read(manifest)
     hostile.damage_manifest(url, "bad")
     caplog.set_level(logging.WARNING, logger="treestore.watch")

@@ -29,7 +29,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import treestore
-from treestore._format import layout as _layout
+from treestore._format import paths as _paths
 from treestore._format.columns_tree import DICT, LEAF, NODE_DTYPE
 
 from ..support import hostile
@@ -175,7 +175,7 @@ def main(folder: Path, examples: int) -> int:
         try:
             url = str(root)
             ref = hostile.ref_record(url, "bad")
-            data = hostile.storage(url).read(_layout.manifest_path(ref["manifest"]))
+            data = hostile.storage(url).read(_paths.manifest_path(ref["manifest"]))
             rec = msgpack.unpackb(data, raw=False)
             for change in found:
                 apply(rec, change)

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 import treestore
-from treestore._format import layout as _layout
+from treestore._format import paths as _paths
 
 from ..support import hostile
 from ._harness import check_readers
@@ -104,7 +104,7 @@ class HostileStore:
         return hostile.ref_record(self.url, name)
 
     def ref_bytes(self, name: str = "bad") -> bytes:
-        return (self.root / _layout.record_path(name)).read_bytes()
+        return (self.root / _paths.record_path(name)).read_bytes()
 
     def write_manifest(
         self, manifest: Any, name: str = "bad", *, raw: bytes | None = None, **ref: Any
@@ -125,7 +125,7 @@ class HostileStore:
             except (TypeError, ValueError, OverflowError):  # fields msgpack cannot hold
                 pass
         data = raw if raw is not None else msgpack.packb(record, use_bin_type=True)
-        (self.root / _layout.record_path(name)).write_bytes(data)
+        (self.root / _paths.record_path(name)).write_bytes(data)
 
     def leaf(self, address: str, name: str = "bad") -> Any:
         return next(e for e in treestore.Store(self.url).manifest(name).leaves if e.address == address)
@@ -136,7 +136,7 @@ class HostileStore:
         entry = next(e for e in m.leaves if e.address == address)
         c = entry.chunks[index]
         d = m.packs[c.pack].digest if c.pack is not None else c.digest
-        return self.root / _layout.chunk_path(d)
+        return self.root / _paths.chunk_path(d)
 
 
 @pytest.fixture

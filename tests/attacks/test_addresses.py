@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import treestore
-from treestore._format import layout as _layout
+from treestore._format import paths as _paths
 
 from ..support import hostile
 from ._harness import check_readers, guarded
@@ -170,7 +170,7 @@ def test_manifest_that_names_another_checkpoint(store):
 @pytest.mark.timeout(60)
 def test_commit_record_under_another_name(store):
     """checkpoints/bad holds the record of "good": refused."""
-    (store.root / _layout.record_path("bad")).write_bytes(store.ref_bytes("good"))
+    (store.root / _paths.record_path("bad")).write_bytes(store.ref_bytes("good"))
     out = store.check(ops=["list", "load", "verify all"])
     assert isinstance(out["load"].error, treestore.errors.ManifestCorruptError)
 
@@ -262,7 +262,7 @@ def test_a_deep_chain_of_long_keys_is_refused_before_its_addresses_are_built(sto
         tree = {"k": tree}
     treestore.Store(store.url).save(tree, "deep")
     ref = hostile.ref_record(store.url, "deep")
-    rec = msgpack.unpackb(store.storage.read(_layout.manifest_path(ref["manifest"])), raw=False)
+    rec = msgpack.unpackb(store.storage.read(_paths.manifest_path(ref["manifest"])), raw=False)
     assert rec["version"] == 2 and "k" in rec["segments"]
     rec["segments"] = ["k" * 8192 if s == "k" else s for s in rec["segments"]]
     hostile.write_manifest(store.url, "deep", rec, leaves=ref["leaves"])

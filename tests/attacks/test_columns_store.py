@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import treestore
-from treestore._format import layout as _layout
+from treestore._format import paths as _paths
 from treestore._format.columns import CHUNK_DTYPE, LEAF_DTYPE
 
 from ..support import hostile
@@ -20,7 +20,7 @@ from ..support import hostile
 
 def _raw(store: Any, name: str = "bad") -> dict[str, Any]:
     ref = hostile.ref_record(store.url, name)
-    data = store.storage.read(_layout.manifest_path(ref["manifest"]))
+    data = store.storage.read(_paths.manifest_path(ref["manifest"]))
     rec = msgpack.unpackb(data, raw=False)
     assert rec["version"] == 2  # what save writes
     return rec

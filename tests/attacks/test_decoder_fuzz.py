@@ -32,7 +32,7 @@ import treestore
 from treestore._engine.locks import STALE_AFTER
 from treestore._engine.read import decode_chunk
 from treestore._format import codecs as _codecs
-from treestore._format import layout as _layout
+from treestore._format import paths as _paths
 from treestore._format.address import canonical_segment, format_address, key_from_record, parse_address
 from treestore._format.columns_codec import decode_any as decode_manifest  # the reader's entry point
 from treestore._format.commit_record import RECORD_MAGIC, decode_commit_record
@@ -97,19 +97,19 @@ def sample() -> tuple[str, dict[str, Any], dict[str, Any], bytes]:
     )
     m = treestore.Store(url).manifest("c")
     chunk = hostile.storage(url).read(
-        _layout.chunk_path(m.leaves[[e.address for e in m.leaves].index("w")].chunks[0].digest)
+        _paths.chunk_path(m.leaves[[e.address for e in m.leaves].index("w")].chunks[0].digest)
     )
     return url, hostile.manifest_record(url, "c"), hostile.ref_record(url, "c"), chunk
 
 
-def _paths(obj: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+def _field_paths(obj: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     out = [prefix] if prefix else []
     if isinstance(obj, dict):
         for k, v in obj.items():
-            out += _paths(v, (*prefix, k))
+            out += _field_paths(v, (*prefix, k))
     elif isinstance(obj, list):
         for i, v in enumerate(obj):
-            out += _paths(v, (*prefix, i))
+            out += _field_paths(v, (*prefix, i))
     return out
 
 
@@ -210,7 +210,7 @@ def test_decoders_of_arbitrary_msgpack(value):
 @given(st.data())
 def test_manifest_with_one_field_replaced(data):
     _, manifest, _, _ = sample()
-    path = data.draw(st.sampled_from(_paths(manifest)), label="path")
+    path = data.draw(st.sampled_from(_field_paths(manifest)), label="path")
     value = data.draw(values, label="value")
     blob = msgpack.packb(_replace(manifest, path, value), use_bin_type=True)
     if path[0] not in ("format", "version"):
@@ -225,7 +225,7 @@ def test_commit_record_with_one_field_replaced(data):
     field is ``check`` itself): the decoder's checks of every field, not the check digest, must
     catch it; what it accepts it returns as stored."""
     _, _, ref, _ = sample()
-    path = data.draw(st.sampled_from(_paths(ref)), label="path")
+    path = data.draw(st.sampled_from(_field_paths(ref)), label="path")
     value = data.draw(values, label="value")
     rec = _replace(ref, path, value)
     if path[0] != "check":
@@ -246,7 +246,7 @@ def commit(url: str, name: str, manifest: Any, ref: dict[str, Any]) -> None:
     blob = msgpack.packb(manifest, use_bin_type=True)
     digest = treestore._format.manifest.digest(blob)
     storage = hostile.storage(url)
-    storage.write(_layout.manifest_path(digest), [blob])
+    storage.write(_paths.manifest_path(digest), [blob])
 
     def sealed(rec: dict[str, Any]) -> bytes:
         return msgpack.packb(hostile.seal(rec), use_bin_type=True)
@@ -259,7 +259,7 @@ def commit(url: str, name: str, manifest: Any, ref: dict[str, Any]) -> None:
     rec["name"] = name
     data = sealed(rec)
     decode_commit_record(data, name)  # the load gets past the commit record to the manifest
-    storage.write(_layout.record_path(name), [data])
+    storage.write(_paths.record_path(name), [data])
 
 
 def _read_everything(url: str, name: str) -> None:
@@ -282,7 +282,7 @@ def test_the_load_fuzzer_reaches_the_manifest():
         assert np.array_equal(got["w"], np.linspace(0, 1, 30_000, dtype=np.float32))
         assert not treestore.verify(f"{url}#unmodified").problems
     finally:
-        hostile.storage(url).delete(_layout.record_path("unmodified"))
+        hostile.storage(url).delete(_paths.record_path("unmodified"))
 
 
 @SLOW
@@ -290,14 +290,14 @@ def test_the_load_fuzzer_reaches_the_manifest():
 def test_load_of_a_manifest_with_one_field_replaced(data):
     """The whole read path, not just the decoder: only TreestoreError escapes a load."""
     url, manifest, ref, _ = sample()
-    path = data.draw(st.sampled_from(_paths(manifest)), label="path")
+    path = data.draw(st.sampled_from(_field_paths(manifest)), label="path")
     value = data.draw(values, label="value")
     name = f"f{uuid.uuid4().hex[:12]}"
     commit(url, name, {**_replace(manifest, path, value), "name": name}, ref)
     try:
         _read_everything(url, name)
     finally:
-        hostile.storage(url).delete(_layout.record_path(name))
+        hostile.storage(url).delete(_paths.record_path(name))
 
 
 # --- chunk objects ----------------------------------------------------------------------------------
@@ -416,10 +416,10 @@ def test_gc_with_lock_objects_of_arbitrary_content(content):
         store = treestore.Store(url)
         tree = {"a": np.arange(100_000), "b": np.arange(3)}
         store.save(tree, "c")
-        orphan = _layout.chunk_path(bytes(32))  # a chunk's name, which no manifest references
-        misplaced = f"{_layout.CHUNKS}/ff/{bytes(32).hex()}"  # named like a chunk, in the wrong folder
+        orphan = _paths.chunk_path(bytes(32))  # a chunk's name, which no manifest references
+        misplaced = f"{_paths.CHUNKS}/ff/{bytes(32).hex()}"  # named like a chunk, in the wrong folder
         store.storage.write(misplaced, [content])
-        locks = [f"{_layout.LOCKS}/save-{uuid.uuid4().hex}", f"{_layout.LOCKS}/gc-{uuid.uuid4().hex}"]
+        locks = [f"{_paths.LOCKS}/save-{uuid.uuid4().hex}", f"{_paths.LOCKS}/gc-{uuid.uuid4().hex}"]
         for path in [*locks, orphan]:
             store.storage.write(path, [content])
             long_ago = time.time() - 2 * STALE_AFTER

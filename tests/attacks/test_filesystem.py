@@ -23,7 +23,7 @@ import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
 import treestore
-from treestore._format import layout as _layout
+from treestore._format import paths as _paths
 
 from ..support import hostile
 from ._harness import check_readers
@@ -51,9 +51,9 @@ def test_object_symlinked_to_a_file_outside(store, what):
     elif what == "pack":
         path = store.chunk_file("small/a")
     elif what == "manifest":
-        path = store.root / _layout.manifest_path(store.ref_record()["manifest"])
+        path = store.root / _paths.manifest_path(store.ref_record()["manifest"])
     else:
-        path = store.root / _layout.record_path("bad")
+        path = store.root / _paths.record_path("bad")
     elsewhere = store.root.parent / "elsewhere"  # (not store.outside: that must stay untouched)
     elsewhere.mkdir()
     target = elsewhere / "copy"
@@ -102,9 +102,9 @@ def test_fifo_in_place_of_an_object(store, what):
     if what == "chunk":
         path = store.chunk_file("w")
     elif what == "manifest":
-        path = store.root / _layout.manifest_path(store.ref_record()["manifest"])
+        path = store.root / _paths.manifest_path(store.ref_record()["manifest"])
     else:
-        path = store.root / _layout.record_path("bad")
+        path = store.root / _paths.record_path("bad")
     hung, result = _with_fifo(path, lambda: treestore.load(store.url, "bad"))
     assert not hung, f"load blocked on a FIFO at {path.relative_to(store.root)}"
     assert isinstance(result, treestore.TreestoreError), result
@@ -116,9 +116,9 @@ def test_folder_in_place_of_an_object(store, what):
     if what == "chunk":
         path = store.chunk_file("w")
     elif what == "manifest":
-        path = store.root / _layout.manifest_path(store.ref_record()["manifest"])
+        path = store.root / _paths.manifest_path(store.ref_record()["manifest"])
     else:
-        path = store.root / _layout.record_path("bad")
+        path = store.root / _paths.record_path("bad")
     path.unlink()
     path.mkdir()
     (path / "x").write_bytes(b"x")
@@ -231,7 +231,7 @@ def test_gc_on_a_damaged_store_deletes_nothing_and_reports(store, damage):
     if damage == "garbage record":
         store.write_ref(raw=b"\xc1garbage", name="good")
     elif damage == "missing manifest":
-        (store.root / _layout.manifest_path(store.ref_record("good")["manifest"])).unlink()
+        (store.root / _paths.manifest_path(store.ref_record("good")["manifest"])).unlink()
     else:
         store.write_ref({**store.ref_record("good"), "version": 3}, name="good")
     before = _files(store.root)
@@ -249,7 +249,7 @@ def test_a_damaged_checkpoint_can_be_deleted(store, damage):
     if damage == "garbage record":
         store.write_ref(raw=b"\xc1garbage", name="good")
     elif damage == "missing manifest":
-        (store.root / _layout.manifest_path(store.ref_record("good")["manifest"])).unlink()
+        (store.root / _paths.manifest_path(store.ref_record("good")["manifest"])).unlink()
     else:
         store.write_ref({**store.ref_record("bad"), "name": "other"}, name="good")
     s = treestore.Store(store.url)

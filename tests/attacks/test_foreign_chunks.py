@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import treestore
-from treestore._format import layout as _layout
+from treestore._format import paths as _paths
 from treestore._format.columns import ARRAY_CODES, LEAF_DTYPE
 from treestore._format.columns_codec import decode_any
 
@@ -114,7 +114,7 @@ def test_manifest_object_rewritten_in_place(store):
     """The manifest object of "bad" now holds another valid manifest of the same size (one
     leaf's value changed), its commit record untouched: refused for its digest."""
     ref = store.ref_record()
-    path = store.root / _layout.manifest_path(ref["manifest"])
+    path = store.root / _paths.manifest_path(ref["manifest"])
     m = msgpack.unpackb(path.read_bytes(), raw=False)  # a version-2 manifest, as save writes
     at = decode_any(path.read_bytes(), "bad").find("py/n")
     assert at is not None
@@ -143,8 +143,8 @@ def test_chunk_digest_naming_a_manifest(store):
 def test_manifest_digest_naming_a_chunk(store):
     m = treestore.Store(store.url).manifest("bad")
     chunk = m.leaves[0].chunks[0].digest if m.leaves[0].chunks else m.packs[0].digest
-    (store.root / _layout.manifest_path(chunk)).write_bytes(store.chunk_file("w").read_bytes())
-    size = (store.root / _layout.manifest_path(chunk)).stat().st_size
+    (store.root / _paths.manifest_path(chunk)).write_bytes(store.chunk_file("w").read_bytes())
+    size = (store.root / _paths.manifest_path(chunk)).stat().st_size
     store.write_ref({**store.ref_record(), "manifest": chunk, "manifest_size": size})
     out = store.check(ops=["load", "verify"])
     assert isinstance(out["load"].error, treestore.errors.ManifestCorruptError)

@@ -15,7 +15,7 @@ import zstandard
 
 import treestore
 from treestore._format import codecs as _codecs
-from treestore._format import layout as _layout
+from treestore._format import paths as _paths
 from treestore._format.encoding import Bad
 from treestore._format.limits import CHUNK_SLACK, MAX_GRID_CELLS, MAX_MANIFEST_BYTES
 from treestore._format.manifest import check_tiling
@@ -97,7 +97,7 @@ def test_many_tiny_chunk_refs_stay_within_a_bounded_multiple_of_the_manifest(sto
     n = 5_000
     refs = [[i.to_bytes(32, "little"), 1, 9] for i in range(n)]
     store.mutate_manifest(hostile.set_leaf("ids", dtype="uint8", shape=[n], chunks=refs))
-    size = (store.root / _layout.manifest_path(store.ref_record()["manifest"])).stat().st_size
+    size = (store.root / _paths.manifest_path(store.ref_record()["manifest"])).stat().st_size
     out = store.check(ops=["manifest", "load", "verify"], memory=64 * size + 64 * MiB)
     assert isinstance(out["load"].error, treestore.errors.ChunkMissingError)
 
@@ -323,7 +323,7 @@ def test_huge_chunk_object_is_not_read_whole(store):
 def test_huge_manifest_object_is_not_read_beyond_its_bound(store, declared):
     """The commit record bounds the read: its manifest_size (at most 256 MiB)."""
     ref = store.ref_record()
-    path = store.root / _layout.manifest_path(ref["manifest"])
+    path = store.root / _paths.manifest_path(ref["manifest"])
     _sparse(path, 8 * 2**30, path.read_bytes())
     if declared == "the maximum":
         store.write_ref({**ref, "manifest_size": 256 * MiB})
@@ -333,7 +333,7 @@ def test_huge_manifest_object_is_not_read_beyond_its_bound(store, declared):
 
 @pytest.mark.timeout(60)
 def test_huge_commit_record_is_not_read_whole(store):
-    path = store.root / _layout.record_path("bad")
+    path = store.root / _paths.record_path("bad")
     _sparse(path, 8 * 2**30, path.read_bytes())
     out = store.check(ops=["list", "load", "verify all"], memory=16 * MiB)
     assert isinstance(out["load"].error, treestore.errors.ManifestCorruptError)

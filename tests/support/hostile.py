@@ -9,7 +9,7 @@ import blake3
 import msgpack
 
 import treestore
-from treestore._format import layout as _layout
+from treestore._format import paths as _paths
 from treestore._format.columns_codec import decode_any
 from treestore._format.manifest import encode_manifest
 
@@ -19,14 +19,14 @@ def storage(url: str):
 
 
 def ref_record(url: str, name: str) -> dict[str, Any]:
-    return msgpack.unpackb(storage(url).read(_layout.record_path(name)), raw=False)
+    return msgpack.unpackb(storage(url).read(_paths.record_path(name)), raw=False)
 
 
 def manifest_record(url: str, name: str) -> dict[str, Any]:
     """The manifest of ``name`` as a version-1 record (a version-2 manifest is converted, so the
     version-1 tests below damage the version-1 layout, which every reader still accepts)."""
     ref = ref_record(url, name)
-    data = storage(url).read(_layout.manifest_path(ref["manifest"]))
+    data = storage(url).read(_paths.manifest_path(ref["manifest"]))
     rec = msgpack.unpackb(data, raw=False)
     if rec.get("version") == 2:
         rec = msgpack.unpackb(encode_manifest(decode_any(data, name).to_manifest()), raw=False)
@@ -41,7 +41,7 @@ def write_manifest(
     data = raw if raw is not None else msgpack.packb(manifest, use_bin_type=True)
     d = blake3.blake3(data).digest()
     s = storage(url)
-    s.write(_layout.manifest_path(d), [data])
+    s.write(_paths.manifest_path(d), [data])
     ref = ref_record(url, name)
     ref.update(manifest=d, manifest_size=len(data))
     ref.update(summary(manifest))
@@ -85,7 +85,7 @@ def seal(ref: dict[str, Any]) -> dict[str, Any]:
 
 def write_ref(url: str, name: str, ref: dict[str, Any]) -> None:
     """Write a commit record with a consistent check digest, as a hostile store would."""
-    storage(url).write(_layout.record_path(name), [msgpack.packb(seal(ref), use_bin_type=True)])
+    storage(url).write(_paths.record_path(name), [msgpack.packb(seal(ref), use_bin_type=True)])
 
 
 def mutate_manifest(url: str, name: str, change: Callable[[dict[str, Any]], None]) -> None:
@@ -99,15 +99,15 @@ def chunk_paths(url: str, name: str) -> dict[str, list[str]]:
     m = treestore.Store(url).manifest(name)
     out: dict[str, list[str]] = {}
     for leaf in m.leaves:
-        out[leaf.address] = [_layout.chunk_path(c.digest) for c in leaf.chunks if c.pack is None]
+        out[leaf.address] = [_paths.chunk_path(c.digest) for c in leaf.chunks if c.pack is None]
     for i, p in enumerate(m.packs):
-        out[f"<pack {i}>"] = [_layout.chunk_path(p.digest)]
+        out[f"<pack {i}>"] = [_paths.chunk_path(p.digest)]
     return out
 
 
 def damage_manifest(url: str, name: str) -> None:
     """Overwrite the manifest of ``name`` with garbage, its commit record left intact."""
-    storage(url).write(_layout.manifest_path(ref_record(url, name)["manifest"]), [b"damaged"])
+    storage(url).write(_paths.manifest_path(ref_record(url, name)["manifest"]), [b"damaged"])
 
 
 def flip_byte(url: str, path: str, at: int) -> None:

@@ -35,7 +35,7 @@ from treestore._engine.parts import assemble, part_bytes
 from treestore._engine.read import fetch_chunk, member_mismatch, pack_member
 from treestore._engine.threads import default_threads
 from treestore._engine.write import reusable_size
-from treestore._format import layout as _layout
+from treestore._format import paths as _paths
 from treestore._format.columns_codec import encode
 from treestore._format.encoding import digest
 from treestore._format.manifest import check_name
@@ -88,7 +88,7 @@ class _Copier:
 
     def _chunk(self, obj: ChunkObject) -> None:
         c = obj.ref
-        path = _layout.chunk_path(c.digest)
+        path = _paths.chunk_path(c.digest)
         data = None
         if obj.packed:  # a pack: each leaf's reference into it is checked, as a load checks it
             data, raw = self._fetch(obj)
@@ -270,12 +270,12 @@ def _copy_parts(src: Storage, dst: Storage, name: str, parts: tuple[PartRef, ...
         data = part_bytes(src, found, size)
         if isinstance(data, str):  # changed since the manifest was read and checked
             raise ManifestCorruptError(f"manifest of checkpoint {name!r}: {data}", checkpoint=name)
-        dst.write(_layout.manifest_path(found), [data])
+        dst.write(_paths.manifest_path(found), [data])
 
 
 def _already_there(dst: Storage, name: str, manifest_digest: bytes, overwrite: bool) -> bool:
     """True when ``dst`` holds ``name`` with this manifest; raises when it holds other contents."""
-    if not dst.exists(_layout.record_path(name)):
+    if not dst.exists(_paths.record_path(name)):
         return False
     try:
         if _read.read_commit_record(dst, name).manifest == manifest_digest:

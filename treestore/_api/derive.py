@@ -25,7 +25,7 @@ from treestore._engine import locks as _locks
 from treestore._engine import read as _read
 from treestore._engine import write as _write
 from treestore._engine.commit import commit
-from treestore._format import layout as _layout
+from treestore._format import paths as _paths
 from treestore._format import select as _select
 from treestore._format.address import (
     DictKey,
@@ -406,7 +406,7 @@ def derive(
         new_leaves.extend(leaf for _, leaf in prepared.leaves)
     if metadata is not KEEP:
         check_metadata(metadata)
-    if not overwrite and storage.exists(_layout.record_path(new)):
+    if not overwrite and storage.exists(_paths.record_path(new)):
         raise CheckpointExistsError(
             f"checkpoint {new!r} already exists in {storage.url}; pass overwrite=True to replace it",
             checkpoint=new,

@@ -20,7 +20,7 @@ from treestore._engine import locks as _locks
 from treestore._engine import read as _read
 from treestore._engine import write as _write
 from treestore._engine.gc_pause import paused_gc
-from treestore._format import layout as _layout
+from treestore._format import paths as _paths
 from treestore._format import select as _select
 from treestore._format.codecs import Codec
 from treestore._format.commit_record import CommitRecord
@@ -167,7 +167,7 @@ class Store:
             CheckpointNotFoundError: No checkpoint of that name.
         """
         check_name(name)
-        path = _layout.record_path(name)
+        path = _paths.record_path(name)
         if not self.storage.exists(path):  # a damaged record can still be deleted
             raise _read.not_found(self.storage, name)
         self.storage.delete(path)
@@ -241,11 +241,11 @@ class Store:
             name: The checkpoint's name.
         """
         check_name(name)
-        return self.storage.exists(_layout.record_path(name))
+        return self.storage.exists(_paths.record_path(name))
 
     def is_store(self) -> bool:
         """Whether anything of a treestore store is at this URL (a mistyped URL is not)."""
-        return any(self.storage.exists(folder) for folder in _layout.FOLDERS)
+        return any(self.storage.exists(folder) for folder in _paths.FOLDERS)
 
     def latest(self) -> str:
         """The name of the newest committed checkpoint.

@@ -22,7 +22,7 @@ from treestore._engine import read as _read
 from treestore._engine.objects import ChunkObject, chunk_objects
 from treestore._engine.read import fetch_chunk, member_mismatch, pack_member
 from treestore._engine.threads import default_threads
-from treestore._format import layout as _layout
+from treestore._format import paths as _paths
 from treestore._format.manifest import ChunkRef, check_name
 from treestore._storage.base import Storage
 from treestore._storage.registry import open_storage
@@ -279,5 +279,5 @@ def _repair(storage: Storage, source: Storage, ref: ChunkRef) -> bool:
         data, _ = fetch_chunk(source, ref)
     except (ChunkMissingError, ChunkCorruptError):
         return False
-    storage.write(_layout.chunk_path(ref.digest), [data])
+    storage.write(_paths.chunk_path(ref.digest), [data])
     return True

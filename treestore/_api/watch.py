@@ -18,7 +18,7 @@ from typing import Any
 from treestore._api.checkpoint import Checkpoint
 from treestore._api.spec import parse_spec
 from treestore._engine import read as _read
-from treestore._format import layout as _layout
+from treestore._format import paths as _paths
 from treestore._format.commit_record import CommitRecord
 from treestore._format.manifest import check_name
 from treestore._storage.base import Storage
@@ -60,11 +60,11 @@ class _Poller:
     def poll(self) -> list[CommitRecord]:
         """The commit records of checkpoints not yet yielded, in commit order."""
         try:
-            listing = self.storage.list(_layout.CHECKPOINTS)
+            listing = self.storage.list(_paths.CHECKPOINTS)
         except StorageError as exc:  # a network blip must not end a watch: retry at the next poll
             log.warning("watch %s: listing failed, retrying: %s", self.storage.url, exc)
             return []
-        prefix = _layout.CHECKPOINTS + "/"
+        prefix = _paths.CHECKPOINTS + "/"
         found = []
         for obj in listing:
             name = obj.path[len(prefix) :] if obj.path.startswith(prefix) else ""

@@ -3,7 +3,7 @@ commit record, each made durable before the next. Saves, copies and imports all 
 
 from __future__ import annotations
 
-from treestore._format import layout
+from treestore._format import paths
 from treestore._format.columns import Columns
 from treestore._format.commit_record import CommitRecord, encode_commit_record
 from treestore._format.encoding import FORMAT_VERSION, digest
@@ -26,7 +26,7 @@ def commit(
     """
     storage.sync()  # chunks before the manifest
     mdigest = digest(manifest)
-    path = layout.manifest_path(mdigest)
+    path = paths.manifest_path(mdigest)
     if storage.read_range(path, 0, len(manifest) + 1) != manifest:  # absent, or not what its name says
         storage.write(path, [manifest])
     storage.sync()  # the manifest before the record
@@ -42,8 +42,8 @@ def commit(
     )
     data = encode_commit_record(record)
     if overwrite:
-        storage.write(layout.record_path(record.name), [data])
-    elif not storage.write_new(layout.record_path(record.name), data):
+        storage.write(paths.record_path(record.name), [data])
+    elif not storage.write_new(paths.record_path(record.name), data):
         raise CheckpointExistsError(
             f"checkpoint {record.name!r} was committed in {storage.url} by another writer meanwhile",
             checkpoint=record.name,

@@ -1,7 +1,7 @@
 """Saves by several processes of one ``jax.distributed`` job (SPEC.md, section 8).
 
-Every process writes the chunks of the pieces it owns, then its share of the manifest as its own
-part, in columns (:mod:`treestore._format.shares`), and sends the primary (process 0) a summary
+Every process writes the chunks of the pieces it owns, then its part of the manifest as its own
+part, in columns (:mod:`treestore._format.part`), and sends the primary (process 0) a summary
 of it through the job's runtime: the part's digest, a few counts and a fingerprint of how its
 pieces cover their leaves (:mod:`treestore._format.coverage`). After a barrier the primary reads
 every summary with one request, checks that the pieces tile every sharded leaf from the
@@ -38,7 +38,7 @@ from treestore._engine import locks as _locks
 from treestore._engine.commit import commit
 from treestore._engine.group_runtime import JaxRuntime, Runtime
 from treestore._engine.parts import merged, named
-from treestore._format import layout as _layout
+from treestore._format import paths as _paths
 from treestore._format import stats as _stats
 from treestore._format.columns_codec import encode_columns
 from treestore._format.coverage import Coverage, P
@@ -52,8 +52,7 @@ from treestore._format.limits import (
     MAX_PIECES,
 )
 from treestore._format.manifest import ChunkRef
-from treestore._format.parted import Parted, PartRef
-from treestore._format.shares import (
+from treestore._format.part import (
     Summary,
     decode_summary,
     encode_part,
@@ -61,16 +60,17 @@ from treestore._format.shares import (
     layout_digest,
     leaf_range,
     most_pieces,
-    share_from_fields,
+    part_from_fields,
 )
-from treestore._format.shares_merge import PACK_INDEX_END, Plan, frame_of, plan_from_fields
+from treestore._format.part_merge import PACK_INDEX_END, Plan, frame_of, plan_from_fields
+from treestore._format.parted import Parted, PartRef
 from treestore._storage.base import Storage
 from treestore._tree import lazy_jax
 from treestore._tree.lazy_jax import jax
 from treestore._tree.leaves import ArrayLeaf, Leaf
 from treestore.errors import BarrierTimeoutError, InvalidInputError, StorageError
 
-STAGING = _layout.STAGING
+STAGING = _paths.STAGING
 BARRIER_TIMEOUT = 600.0  # seconds a process waits at each step; TREESTORE_BARRIER_TIMEOUT replaces it
 KEEP_FRESH = 30.0  # seconds between looks at the save lock while waiting (it is rewritten every 900 s)
 _ID = re.compile(r"[0-9a-f]{32}")
@@ -295,7 +295,7 @@ class Group:
         *,
         overwrite: bool,
     ) -> tuple[int, int] | None:
-        """Share what this process wrote (``written``: its leaf entries and packs, None when
+        """Part what this process wrote (``written``: its leaf entries and packs, None when
         ``failure`` stopped it), then commit (the primary: returns the committed checkpoint's
         number of leaves and bytes) or learn the outcome (the others: None). Raises unless the
         checkpoint was committed."""
@@ -383,11 +383,11 @@ class Group:
         elif coverage is None:  # every leaf is the primary's: no part
             summary = Summary(layout, None, 0, 0, 0, 0, 0, stats=_partial_stats(leaves, sharded, written))
         else:
-            share, cover = share_from_fields(written.fields(), np.array(written.table.index), coverage)
-            data = encode_part(share, layout)
+            part, cover = part_from_fields(written.fields(), np.array(written.table.index), coverage)
+            data = encode_part(part, layout)
             if len(data) > MAX_PART_BYTES:
                 summary = (
-                    f"its share of the manifest takes {len(data)} bytes, over the "
+                    f"its part of the manifest takes {len(data)} bytes, over the "
                     f"{MAX_PART_BYTES} bytes a part may hold: save fewer pieces"
                 )
                 problem = StorageError(
@@ -395,21 +395,21 @@ class Group:
                 )
             else:
                 found = digest(data)
-                pieces, packs = len(share.piece_leaves), len(share.packs)
-                most, (first, end) = most_pieces(share), leaf_range(share)
+                pieces, packs = len(part.piece_leaves), len(part.packs)
+                most, (first, end) = most_pieces(part), leaf_range(part)
                 stats = _partial_stats(leaves, sharded, written)
                 summary = Summary(layout, found, len(data), pieces, packs, most, cover, first, end, stats)
                 try:
-                    storage.write(_layout.manifest_path(found), [data])
+                    storage.write(_paths.manifest_path(found), [data])
                     storage.sync()
                 except Exception as exc:
                     summary, problem = f"{type(exc).__name__}: {exc}", exc
-        self.runtime.set(self._share_key(self.index), encode_summary(summary))
+        self.runtime.set(self._summary_key(self.index), encode_summary(summary))
         if problem is not None:
             raise problem
 
-    def _share_key(self, index: int) -> str:
-        return f"treestore/{self.save_id}/share/{index}"
+    def _summary_key(self, index: int) -> str:
+        return f"treestore/{self.save_id}/summary/{index}"
 
     def _gather(
         self, plan: Plan, layout: bytes, parted: bool
@@ -419,12 +419,12 @@ class Group:
         process's statistics of its pieces.
         StorageError naming every process that failed or whose summary is missing or malformed;
         InvalidInputError when the parts together are beyond what readers accept."""
-        found = self.runtime.items(f"treestore/{self.save_id}/share/")
+        found = self.runtime.items(f"treestore/{self.save_id}/summary/")
         problems: dict[int, str] = {}
         summaries: list[Summary] = []
         for i in range(self.count):
-            text = found.get(self._share_key(i))
-            got = "it sent no summary of its share" if text is None else decode_summary(text, layout)
+            text = found.get(self._summary_key(i))
+            got = "it sent no summary of its part" if text is None else decode_summary(text, layout)
             if isinstance(got, str):
                 problems[i] = got
             elif parted and got.part is None:

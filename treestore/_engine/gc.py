@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from treestore._engine.locks import LOCK_PATH, STALE_AFTER, gc_lock, lock_time
 from treestore._engine.read import committed_records, read_columns
-from treestore._format import layout as _layout
+from treestore._format import paths as _paths
 from treestore._storage.base import Storage
 from treestore.errors import CorruptionError, TreestoreError, UnsupportedFormatError
 
@@ -91,7 +91,7 @@ def collect(
     doomed: list[str] = []
     freed = young = chunks = manifests = 0
     if not damaged:
-        for obj in storage.list(_layout.CHUNKS):
+        for obj in storage.list(_paths.CHUNKS):
             if not _CHUNK.fullmatch(obj.path) or bytes.fromhex(obj.path[-64:]) in live_chunks:
                 continue
             if not old(obj.mtime, grace):
@@ -101,23 +101,23 @@ def collect(
             freed += obj.size
         chunks = len(doomed)
         refresh()
-        for obj in storage.list(_layout.MANIFESTS):
+        for obj in storage.list(_paths.MANIFESTS):
             live = not _MANIFEST.fullmatch(obj.path) or bytes.fromhex(obj.path[-64:]) in live_manifests
             if not live and old(obj.mtime, grace):
                 doomed.append(obj.path)
                 freed += obj.size
                 manifests += 1
-    for obj in storage.list(_layout.STAGING):  # records of multi-process saves that died
+    for obj in storage.list(_paths.STAGING):  # records of multi-process saves that died
         if _STAGING.fullmatch(obj.path) and old(obj.mtime, grace):
             doomed.append(obj.path)
-    for folder in (_layout.CHUNKS, _layout.MANIFESTS, _layout.CHECKPOINTS, _layout.LOCKS, _layout.STAGING):
-        age = max(grace, LOCK_TEMPORARY_AGE) if folder == _layout.LOCKS else grace
+    for folder in (_paths.CHUNKS, _paths.MANIFESTS, _paths.CHECKPOINTS, _paths.LOCKS, _paths.STAGING):
+        age = max(grace, LOCK_TEMPORARY_AGE) if folder == _paths.LOCKS else grace
         for obj in storage.temporaries(folder):  # half-written objects of killed writers
             if old(obj.mtime, age):
                 doomed.append(obj.path)
                 freed += obj.size
     locks = 0
-    for obj in storage.list(_layout.LOCKS):
+    for obj in storage.list(_paths.LOCKS):
         ours = not LOCK_PATH.fullmatch(obj.path) or obj.path == own_lock
         if not ours and now - lock_time(storage, obj.path, obj.mtime) >= stale_after:
             doomed.append(obj.path)

@@ -41,7 +41,7 @@ import logging
 from dataclasses import dataclass
 
 from treestore._engine.read import read_columns, read_commit_record
-from treestore._format import layout as _layout
+from treestore._format import paths as _paths
 from treestore._format.manifest import check_name
 from treestore._storage.base import Storage
 from treestore.errors import TreestoreError
@@ -85,9 +85,9 @@ def learn(storage: Storage, previous: Previous) -> KnownChunks | None:
 def _newest(storage: Storage) -> str | None:
     """The checkpoint whose commit record was written last, by the listing's mtimes (ties, and
     backends without mtimes, by name): one listing, no record read."""
-    prefix = _layout.CHECKPOINTS + "/"
+    prefix = _paths.CHECKPOINTS + "/"
     newest: tuple[float, str] | None = None
-    for obj in storage.list(_layout.CHECKPOINTS):
+    for obj in storage.list(_paths.CHECKPOINTS):
         try:
             name = check_name(obj.path[len(prefix) :] if obj.path.startswith(prefix) else "")
         except TreestoreError:

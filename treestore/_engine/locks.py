@@ -15,7 +15,7 @@ from typing import Any
 
 import msgpack
 
-from treestore._format import layout as _layout
+from treestore._format import paths as _paths
 from treestore._format.limits import MAX_LOCK_BYTES
 from treestore._storage.base import Storage
 from treestore.errors import StorageError, StoreBusyError
@@ -24,7 +24,7 @@ STALE_AFTER = 3600.0
 
 
 # The full path of a lock; saves and gc count, and gc deletes, only objects named so.
-LOCK_PATH = re.compile(rf"{_layout.LOCKS}/(save|gc)-[0-9a-f]{{32}}")
+LOCK_PATH = re.compile(rf"{_paths.LOCKS}/(save|gc)-[0-9a-f]{{32}}")
 
 # A lock record without a process identity (written by an earlier version) names a live
 # process that started more than this long after the record was written: a reused pid. (The
@@ -150,7 +150,7 @@ def live_locks(storage: Storage, kind: str, stale_after: float) -> list[str]:
     """Locks of one kind held by processes that may still be running."""
     now = time.time()
     found = []
-    for obj in storage.list(_layout.LOCKS):
+    for obj in storage.list(_paths.LOCKS):
         named = LOCK_PATH.fullmatch(obj.path)
         if not named or named.group(1) != kind or f"{storage.url}/{obj.path}" in _abandoned:
             continue
@@ -164,7 +164,7 @@ class Lock:
 
     def __init__(self, storage: Storage, kind: str) -> None:
         self.storage = storage
-        self.path = f"{_layout.LOCKS}/{kind}-{uuid.uuid4().hex}"
+        self.path = f"{_paths.LOCKS}/{kind}-{uuid.uuid4().hex}"
         self.kind = kind
         self.written = time.monotonic()
         storage.write(self.path, [_lock_record(kind)])

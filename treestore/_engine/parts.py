@@ -17,12 +17,12 @@ from dataclasses import replace
 
 import numpy as np
 
-from treestore._format import layout as _layout
+from treestore._format import paths as _paths
 from treestore._format.columns import Columns
 from treestore._format.encoding import Bad, digest
+from treestore._format.part import PART_FIELDS, Part, decode_part
+from treestore._format.part_merge import combine, merge, plan_from_frame
 from treestore._format.parted import Parted
-from treestore._format.shares import SHARE_FIELDS, Share, decode_part
-from treestore._format.shares_merge import combine, merge, plan_from_frame
 from treestore._storage.base import Storage
 from treestore.errors import InvalidInputError, ManifestCorruptError, OutOfMemoryError
 
@@ -32,7 +32,7 @@ READERS = 64  # parts read at once
 def part_bytes(storage: Storage, found: bytes, size: int) -> bytes | str:
     """The bytes of the part of digest ``found`` and ``size`` bytes, checked against both, or (a
     str) why not; a failing storage raises StorageError."""
-    data = storage.read_range(_layout.manifest_path(found), 0, size + 1)
+    data = storage.read_range(_paths.manifest_path(found), 0, size + 1)
     if data is None:
         return f"its part {found.hex()[:16]} is missing"
     if len(data) != size or digest(data) != found:
@@ -40,18 +40,18 @@ def part_bytes(storage: Storage, found: bytes, size: int) -> bytes | str:
     return data
 
 
-NOT_READ = Share.of({key: np.zeros(0, dtype) for key, dtype in SHARE_FIELDS.items()})  # a part left
-Decoded = MutableMapping[int, "Share | str"]  # part index -> its share, or why it cannot be used
+NOT_READ = Part.of({key: np.zeros(0, dtype) for key, dtype in PART_FIELDS.items()})  # a part left
+Decoded = MutableMapping[int, "Part | str"]  # part index -> the part, decoded, or why it cannot be used
 
 
 def read_parts(
     storage: Storage, parted: Parted, which: Sequence[int] | None = None, cache: Decoded | None = None
-) -> list[Share | str]:
+) -> list[Part | str]:
     """Each part of ``parted``, decoded, or (a str) why it cannot be used: those in ``which``
     (default: every part), the others :data:`NOT_READ`. ``cache`` keeps what was read, for the
     next call. A failing storage raises StorageError."""
 
-    def read(k: int) -> Share | str:
+    def read(k: int) -> Part | str:
         found, size = parted.parts[k].digest, parted.parts[k].size
         data = part_bytes(storage, found, size)
         if isinstance(data, str):
@@ -72,13 +72,13 @@ def read_parts(
 
 
 def named(problems: dict[int, str]) -> str:
-    """What is wrong with each process's share, as one line naming them (the first 20)."""
+    """What is wrong with each process's part, as one line naming them (the first 20)."""
     lines = [f"process {k}: {why}" for k, why in sorted(problems.items())]
     return "; ".join(lines[:20] + ([f"(and {len(lines) - 20} more)"] if len(lines) > 20 else []))
 
 
 def complete(
-    parted: Parted, shares: Sequence[Share], leaves: np.ndarray | None = None
+    parted: Parted, decoded: Sequence[Part], leaves: np.ndarray | None = None
 ) -> tuple[Columns | None, dict[int, str]]:
     """The columns of ``parted`` with its decoded parts (part k being process k's;
     :data:`NOT_READ` for one a reader of ``leaves`` does not need): (the columns, {}) or (None,
@@ -87,7 +87,7 @@ def complete(
     only their pieces are listed; the other sharded leaves wait."""
     frame = parted.frame
     plan = plan_from_frame(frame)
-    combined, problems = combine(plan, shares, parted.ranges, leaves)
+    combined, problems = combine(plan, decoded, parted.ranges, leaves)
     if combined is None:
         return None, problems
     header = {
@@ -98,7 +98,7 @@ def complete(
         "chunk_size": frame.chunk_size,
     }
     columns = merge(plan, combined, header, None if leaves is None else ~leaves)
-    read = tuple(p.digest for p, share in zip(parted.parts, shares, strict=True) if share is not NOT_READ)
+    read = tuple(p.digest for p, got in zip(parted.parts, decoded, strict=True) if got is not NOT_READ)
     return replace(columns, parts=read, stats=frame.stats, stats_note=frame.stats_note), {}
 
 
@@ -109,11 +109,11 @@ def merged(
     leaf) needs, read from ``storage`` (or found in ``cache``): (the columns, {}) or (None, what
     is wrong with each process's part); InvalidInputError as :func:`complete` raises it."""
     which = None if leaves is None else parted.needed(leaves).tolist()
-    shares = read_parts(storage, parted, which, cache)
-    problems = {k: found for k, found in enumerate(shares) if isinstance(found, str)}
+    decoded = read_parts(storage, parted, which, cache)
+    problems = {k: found for k, found in enumerate(decoded) if isinstance(found, str)}
     if problems:
         return None, problems
-    return complete(parted, [s for s in shares if isinstance(s, Share)], leaves)
+    return complete(parted, [s for s in decoded if isinstance(s, Part)], leaves)
 
 
 def assemble(

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from treestore._engine.parts import assemble
-from treestore._format import layout as _layout
+from treestore._format import paths as _paths
 from treestore._format.codecs import decode_in_place, decode_into, in_place_room, scratch
 from treestore._format.columns import Columns
 from treestore._format.columns_codec import decode_any
@@ -45,7 +45,7 @@ _log = logging.getLogger("treestore")
 
 def read_commit_record(storage: Storage, name: str) -> CommitRecord:
     check_name(name)
-    data = storage.read_range(_layout.record_path(name), 0, MAX_RECORD_BYTES + 1)
+    data = storage.read_range(_paths.record_path(name), 0, MAX_RECORD_BYTES + 1)
     if data is None:
         raise not_found(storage, name)
     return decode_commit_record(data, name)
@@ -78,7 +78,7 @@ def _is_store(storage: Storage) -> bool:
     if storage.read_only:
         return True
     try:
-        return any(storage.exists(folder) for folder in _layout.FOLDERS)
+        return any(storage.exists(folder) for folder in _paths.FOLDERS)
     except TreestoreError:
         return True
 
@@ -87,8 +87,8 @@ def checkpoint_names(storage: Storage) -> list[str]:
     """Names of the committed checkpoints: objects directly in ``checkpoints/`` whose names are
     valid checkpoint names (anything else there is ignored)."""
     names = []
-    prefix = _layout.CHECKPOINTS + "/"
-    for obj in storage.list(_layout.CHECKPOINTS):
+    prefix = _paths.CHECKPOINTS + "/"
+    for obj in storage.list(_paths.CHECKPOINTS):
         name = obj.path[len(prefix) :] if obj.path.startswith(prefix) else ""
         try:
             names.append(check_name(name))
@@ -282,7 +282,7 @@ def newest_record(storage: Storage) -> CommitRecord:
 
 def read_manifest_bytes(storage: Storage, record: CommitRecord) -> bytes:
     """The manifest a commit record names, after checking its size and digest."""
-    path = _layout.manifest_path(record.manifest)
+    path = _paths.manifest_path(record.manifest)
     data = storage.read_range(path, 0, min(record.manifest_size, MAX_MANIFEST_BYTES) + 1)
     if data is None:
         raise ManifestCorruptError(
@@ -337,7 +337,7 @@ def fetch_object(storage: Storage, c: ChunkRef) -> bytes:
     Raises ChunkMissingError or ChunkCorruptError naming the chunk (callers add the checkpoint and
     the address).
     """
-    data = storage.read_range(_layout.chunk_path(c.digest), 0, c.raw_size + CHUNK_SLACK + 1)
+    data = storage.read_range(_paths.chunk_path(c.digest), 0, c.raw_size + CHUNK_SLACK + 1)
     _check_fetched(c, None if data is None else len(data))
     assert data is not None
     return data
@@ -346,7 +346,7 @@ def fetch_object(storage: Storage, c: ChunkRef) -> bytes:
 def fetch_object_into(storage: Storage, c: ChunkRef, buf: np.ndarray[Any, Any]) -> memoryview:
     """:func:`fetch_object`, read into the start of ``buf`` (uint8, at least the size bound):
     a view of the bytes read."""
-    n = storage.read_into(_layout.chunk_path(c.digest), buf[: c.raw_size + CHUNK_SLACK + 1].data)
+    n = storage.read_into(_paths.chunk_path(c.digest), buf[: c.raw_size + CHUNK_SLACK + 1].data)
     _check_fetched(c, n)
     assert n is not None
     return buf[:n].data
@@ -454,7 +454,7 @@ class ChunkReader:
         if self.storage.reads_into and IN_PLACE_FROM <= c.raw_size <= IN_PLACE_UP_TO:
             # Scratch only for an object that is there and within its size bound: what a
             # hostile manifest declares allocates nothing until the store holds it.
-            stored = self.storage.object_size(_layout.chunk_path(c.digest))
+            stored = self.storage.object_size(_paths.chunk_path(c.digest))
             if stored is not None and stored <= c.raw_size + CHUNK_SLACK:
                 room = scratch(in_place_room(c.raw_size), "read")
         self._decode(self._object(c, address, room), c, out, address, room)

@@ -23,7 +23,7 @@ from treestore._engine import locks as _locks
 from treestore._engine.commit import commit
 from treestore._engine.gc_pause import paused_gc
 from treestore._engine.threads import Batch, compute_threads, default_threads, shared_pool
-from treestore._format import layout as _layout
+from treestore._format import paths as _paths
 from treestore._format import stats as _stats
 from treestore._format.codecs import PROBE_BYTES, Codec, encode, plane_width, scratch, sound
 from treestore._format.columns_codec import columns_from_fields, encode_columns
@@ -242,7 +242,7 @@ def reusable_size(
     the object's size and at most its first 80 bytes), and the caller must (re)write it.
     ``requests`` counts the requests sent.
     """
-    path = _layout.chunk_path(chunk_digest)
+    path = _paths.chunk_path(chunk_digest)
     stored = storage.object_size(path)
     if requests is not None:
         requests.count(1, int(stored is not None))
@@ -411,7 +411,7 @@ class _ChunkWriter:
             if stored is None:
                 # (written before this thread encodes the next)
                 buffers = encode(raw, width, self.codec, reuse=True, spread=self._alone(raw))
-                self._publish(self.storage.stage(_layout.chunk_path(d), buffers))
+                self._publish(self.storage.stage(_paths.chunk_path(d), buffers))
                 stored = sum(len(b) for b in buffers)
                 with self._lock:
                     self.written += 1
@@ -471,7 +471,7 @@ def write(
     """
     check_name(name)
     check_metadata(metadata)
-    record_path = _layout.record_path(name)
+    record_path = _paths.record_path(name)
     if not overwrite and storage.exists(record_path):
         raise CheckpointExistsError(
             f"checkpoint {name!r} already exists in {storage.url}; pass overwrite=True to replace it",

@@ -1,3 +1,3 @@
 """Layer 1, format: the on-disk records and their codecs as pure functions of bytes — addresses,
-the manifest, the commit record, chunk objects, the layout of paths and names, dtype tables and
+the manifest, the commit record, chunk objects, paths and names, dtype tables and
 the limits every reader enforces. No I/O; imports no other layer."""

@@ -266,7 +266,7 @@ def columns_from_fields(
     fields: dict[str, Any], tree: object, *, waiting: bool | np.ndarray = False
 ) -> Columns:
     """A version-2 manifest assembled column by column (a multi-process save merging its
-    processes' shares), checked exactly as readers check one: ``fields`` holds what
+    processes' parts), checked exactly as readers check one: ``fields`` holds what
     :func:`decode_columns` reads from a manifest's bytes (the arrays of ARRAY_FIELDS but
     ``nodes`` and ``node_leaves``, in those dtypes; ``name``, ``created``, ``metadata``, ``codec``,
     ``chunk_size``; ``values`` as stored), ``tree`` the version-1 node record or a

@@ -6,7 +6,7 @@ manifest (SPEC.md §6), which :func:`treestore._format.columns_codec.columns_fro
 exactly as readers do. The same table takes a derived checkpoint's new leaves and a version-1
 manifest's leaf entries as it is decoded; a process of a multi-process save keeps its table as
 written, and the primary's frame and each process's part are made from it
-(:mod:`treestore._format.shares`, :mod:`.shares_merge`).
+(:mod:`treestore._format.part`, :mod:`.shares_merge`).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ class LeafTable:
     """The columns of a save's leaves, in leaf order; append with :meth:`value` and :meth:`array`.
 
     ``pieces_kept``: a leaf written in one piece covering all of it stays a piece (a process of
-    a multi-process save shares it as one) instead of becoming a plain leaf."""
+    a multi-process save writes it in its part as one) instead of becoming a plain leaf."""
 
     def __init__(self, *, pieces_kept: bool = False) -> None:
         self.pieces_kept = pieces_kept

@@ -57,7 +57,7 @@ from treestore._format.limits import (
 from treestore.errors import InvalidInputError, ManifestCorruptError, TreestoreError, UnsupportedFormatError
 
 MANIFEST_MAGIC = "treestore.manifest"
-VERSION = 1  # the layout this module encodes and decodes (version 2: treestore._format.columns)
+VERSION = 1  # the format version this module encodes and decodes (version 2: treestore._format.columns)
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=+-]{0,199}\Z")
 
 
@@ -300,7 +300,7 @@ def check_shape(shape: Sequence[object], itemsize: int) -> tuple[int, ...]:
 
 
 def encode_manifest(m: Manifest) -> bytes:
-    """The manifest's bytes in the version-1 layout (whatever ``m.version``); InvalidInputError
+    """The manifest's bytes in the version-1 form (whatever ``m.version``); InvalidInputError
     when they exceed the MAX_MANIFEST_BYTES readers accept (a save then fails before it writes
     the manifest)."""
     data = to_msgpack(
@@ -527,7 +527,7 @@ def manifest_from_record(rec: dict[str, Any], checkpoint: str) -> Manifest:
     version = _check_version(rec, MANIFEST_MAGIC, what, checkpoint)
     with manifest_errors(what, checkpoint):
         if version != VERSION:
-            raise _Bad(f"it is a version-{version} manifest, not the version-1 layout this decodes")
+            raise _Bad(f"it is a version-{version} manifest, not the version-1 form this decodes")
         packs = tuple(_chunk(p, 0) for p in _get(rec, "packs", list))
         leaves = tuple(_leaf(x, packs) for x in _get(rec, "leaves", list))
         addresses = [leaf.address for leaf in leaves]

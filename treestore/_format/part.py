@@ -1,4 +1,4 @@
-"""Each process's share of a multi-process save: its part of the manifest, in columns, and the
+"""Each process's part of a multi-process save's manifest, in columns, and the
 summary it sends the primary.
 
 A process of a multi-process save writes the pieces it owns, and its packs, as a part (SPEC.md,
@@ -7,7 +7,7 @@ manifest-like object named by its digest. It tells the primary, through the job'
 :class:`Summary`: the part's digest and size, a few counts and the fingerprint of how its pieces
 cover their leaves (:mod:`treestore._format.coverage`), so the primary's commit never reads the
 parts. Readers decode each part without trusting it (:func:`decode_part`) and merge them
-(:mod:`treestore._format.shares_merge`).
+(:mod:`treestore._format.part_merge`).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from treestore._format.limits import MAX_PART_BYTES
 from treestore.errors import TreestoreError
 
 PART_FORMAT = "treestore.part"
-SHARE_FIELDS: dict[str, np.dtype[Any]] = {
+PART_FIELDS: dict[str, np.dtype[Any]] = {
     "piece_leaves": np.dtype("<u4"),  # the leaf index of each piece
     "piece_chunks": np.dtype("<u4"),  # chunk refs of each piece
     "piece_start": np.dtype("<u8"),  # each piece's start, the leaf's ndim entries per piece
@@ -47,8 +47,8 @@ def layout_digest(tree: object, sharded: Iterable[tuple[str, str | None, tuple[i
 
 
 @dataclass(frozen=True, eq=False)
-class Share:
-    """One process's pieces and packs (SHARE_FIELDS); the pack indices of its chunk refs index
+class Part:
+    """One process's pieces and packs (PART_FIELDS); the pack indices of its chunk refs index
     its own packs."""
 
     piece_leaves: np.ndarray
@@ -59,14 +59,14 @@ class Share:
     packs: np.ndarray
 
     @classmethod
-    def of(cls, arrays: Mapping[str, np.ndarray]) -> Share:
-        """A share of the arrays of SHARE_FIELDS, by name."""
-        return cls(*(arrays[key] for key in SHARE_FIELDS))
+    def of(cls, arrays: Mapping[str, np.ndarray]) -> Part:
+        """A part from the arrays of PART_FIELDS, by name."""
+        return cls(*(arrays[key] for key in PART_FIELDS))
 
 
 @dataclass(frozen=True)
 class Summary:
-    """What a process tells the primary of its share (SPEC.md, section 8.2): its part (digest
+    """What a process tells the primary of its part (SPEC.md, section 8.2): its part (digest
     and size; no part when the save has no sharded leaf), its numbers of pieces and packs, the
     most pieces it holds of one leaf, the coverage fingerprint of its pieces, and the leaf
     indices ``[first, end)`` its pieces lie in (0, 0 without pieces)."""
@@ -85,10 +85,10 @@ class Summary:
     stats: bytes | None = None
 
 
-def share_from_fields(
+def part_from_fields(
     fields: Mapping[str, Any], index: np.ndarray, coverage: Coverage | None = None
-) -> tuple[Share, int]:
-    """This process's share — the pieces of the leaves it wrote and the packs they use,
+) -> tuple[Part, int]:
+    """This process's part — the pieces of the leaves it wrote and the packs they use,
     renumbered — and the coverage fingerprint of its pieces (0 without ``coverage``).
     ``fields``: the manifest arrays of what it wrote (``leaves``, ``shapes``, the piece columns,
     ``chunks``, ``packs``), a leaf written in one piece kept as a piece; ``index``: each row's
@@ -120,7 +120,7 @@ def share_from_fields(
         piece = np.repeat(np.arange(len(owner)), dims)
         beyond = np.bincount(piece, starts + shapes > bounds, len(owner))
         cover += int(np.count_nonzero(beyond))
-    share = Share(
+    part = Part(
         leaves.astype("<u4"),
         fields["piece_chunks"].astype("<u4"),
         starts.astype("<u8"),
@@ -128,34 +128,34 @@ def share_from_fields(
         refs,
         packs,
     )
-    return share, cover % P
+    return part, cover % P
 
 
-def most_pieces(share: Share) -> int:
-    """The most pieces the share holds of one leaf."""
-    if not len(share.piece_leaves):
+def most_pieces(part: Part) -> int:
+    """The most pieces the part holds of one leaf."""
+    if not len(part.piece_leaves):
         return 0
-    return int(np.unique(share.piece_leaves, return_counts=True)[1].max())
+    return int(np.unique(part.piece_leaves, return_counts=True)[1].max())
 
 
-def leaf_range(share: Share) -> tuple[int, int]:
-    """The leaf indices ``[first, end)`` the share's pieces lie in; (0, 0) without pieces."""
-    if not len(share.piece_leaves):
+def leaf_range(part: Part) -> tuple[int, int]:
+    """The leaf indices ``[first, end)`` the part's pieces lie in; (0, 0) without pieces."""
+    if not len(part.piece_leaves):
         return 0, 0
-    return int(share.piece_leaves.min()), int(share.piece_leaves.max()) + 1
+    return int(part.piece_leaves.min()), int(part.piece_leaves.max()) + 1
 
 
-def encode_part(share: Share, layout: bytes) -> bytes:
-    """The part record of ``share`` (SPEC.md, section 8.5)."""
+def encode_part(part: Part, layout: bytes) -> bytes:
+    """The part record of ``part`` (SPEC.md, section 8.5)."""
     record: dict[str, Any] = {"format": PART_FORMAT, "layout": layout}
-    record.update((key, getattr(share, key).tobytes()) for key in SHARE_FIELDS)
+    record.update((key, getattr(part, key).tobytes()) for key in PART_FIELDS)
     return to_msgpack(record)
 
 
-def decode_part(data: bytes, layout: bytes) -> Share:
-    """A part's share, decoded without trusting it: Bad when it is malformed, or when its
+def decode_part(data: bytes, layout: bytes) -> Part:
+    """A part, decoded without trusting it: Bad when it is malformed, or when its
     process saved another tree than ``layout`` says. What its arrays hold is checked with every
-    part's at once (:func:`treestore._format.shares_merge.combine`)."""
+    part's at once (:func:`treestore._format.part_merge.combine`)."""
     try:
         rec = from_msgpack(data, "it", None)
     except TreestoreError as exc:
@@ -164,10 +164,10 @@ def decode_part(data: bytes, layout: bytes) -> Share:
         raise Bad(f"its format is {rec.get('format')!r:.60}, expected {PART_FORMAT!r}")
     if _get(rec, "layout", bytes) != layout:
         raise Bad("it holds pieces of another tree than the manifest's (its layout differs)")
-    share = Share.of({key: binary_array(rec, key, dtype) for key, dtype in SHARE_FIELDS.items()})
-    if len(share.piece_chunks) != len(share.piece_leaves):
-        raise Bad(f"{len(share.piece_chunks)} piece chunk counts for {len(share.piece_leaves)} pieces")
-    return share
+    part = Part.of({key: binary_array(rec, key, dtype) for key, dtype in PART_FIELDS.items()})
+    if len(part.piece_chunks) != len(part.piece_leaves):
+        raise Bad(f"{len(part.piece_chunks)} piece chunk counts for {len(part.piece_leaves)} pieces")
+    return part
 
 
 def encode_summary(summary: Summary | str) -> str:
@@ -233,9 +233,9 @@ def decode_summary(text: str, layout: bytes) -> Summary | str:
 
 
 __all__ = [
+    "PART_FIELDS",
     "PART_FORMAT",
-    "SHARE_FIELDS",
-    "Share",
+    "Part",
     "Summary",
     "decode_part",
     "decode_summary",
@@ -244,5 +244,5 @@ __all__ = [
     "layout_digest",
     "leaf_range",
     "most_pieces",
-    "share_from_fields",
+    "part_from_fields",
 ]

@@ -27,9 +27,9 @@ from treestore._format.columns import (
     prefix_sums,
 )
 from treestore._format.columns_codec import columns_from_fields, stored_values
+from treestore._format.part import Part
+from treestore._format.part_explain import Pieces, explain
 from treestore._format.parted import Parted, PartRef
-from treestore._format.shares import Share
-from treestore._format.shares_explain import Pieces, explain
 from treestore.errors import InvalidInputError
 
 PACK_INDEX_END = 2**31  # pack indices are i4 in a manifest
@@ -65,7 +65,7 @@ def plan_from_fields(
     tree: object, address: Callable[[int], str], fields: Mapping[str, Any], sharded: Sequence[bool]
 ) -> Plan:
     """The primary's :class:`Plan`, from the manifest arrays of what it wrote (every leaf, in
-    leaf order, as :func:`treestore._format.shares.share_from_fields` takes them) and its packs:
+    leaf order, as :func:`treestore._format.part.part_from_fields` takes them) and its packs:
     a sharded leaf lists no chunk ref (its pieces are in the parts)."""
     leaves = fields["leaves"].copy()
     split = np.asarray(sharded, bool)
@@ -132,7 +132,7 @@ def frame_of(plan: Plan, header: Mapping[str, Any], layout: bytes, parts: Sequen
 
 @dataclass(frozen=True, eq=False)
 class Combined:
-    """Every process's share concatenated, process 0's first: per piece its leaf, process and
+    """Every process's part concatenated, process 0's first: per piece its leaf, process and
     number of chunk refs; the pieces' starts and shapes (their leaf's ndim entries each); the
     chunk refs as u4 rows, pack indices renumbered into ``packs``."""
 
@@ -148,25 +148,25 @@ class Combined:
 
 def combine(
     plan: Plan,
-    shares: Sequence[Share],
+    parts: Sequence[Part],
     ranges: np.ndarray,
     keep: np.ndarray | None = None,
 ) -> tuple[Combined | None, dict[int, str]]:
-    """The shares (share k being process k's part, each decoded; an empty share for a part not
+    """The parts (part k being process k's, each decoded; an empty part for one not
     read) concatenated and checked together: (the combination, {}) or (None, what is wrong with
-    each process's part). Share k's pieces must lie in the leaves ``ranges[k]`` (int64 ``[first,
+    each process's part). Part k's pieces must lie in the leaves ``ranges[k]`` (int64 ``[first,
     end)``, as its frame lists it). ``keep`` (a bool mask over the leaves): only their pieces
     are kept, once every piece is checked."""
     n = len(plan.leaves)
-    pieces = np.array([len(s.piece_leaves) for s in shares], np.int64)
-    nrefs = np.array([len(s.chunks) for s in shares], np.int64)
-    npacks = np.array([len(s.packs) for s in shares], np.int64)
-    process = np.repeat(np.arange(len(shares)), pieces)
-    leaf = np.concatenate([s.piece_leaves for s in shares]).astype(np.int64)
-    counts = np.concatenate([s.piece_chunks for s in shares]).astype(np.int64)
-    refs = np.concatenate([_words(s.chunks) for s in shares])
+    pieces = np.array([len(s.piece_leaves) for s in parts], np.int64)
+    nrefs = np.array([len(s.chunks) for s in parts], np.int64)
+    npacks = np.array([len(s.packs) for s in parts], np.int64)
+    process = np.repeat(np.arange(len(parts)), pieces)
+    leaf = np.concatenate([s.piece_leaves for s in parts]).astype(np.int64)
+    counts = np.concatenate([s.piece_chunks for s in parts]).astype(np.int64)
+    refs = np.concatenate([_words(s.chunks) for s in parts])
     pack = refs[:, _PACK_WORD].view(np.int32).astype(np.int64)
-    owner = np.repeat(np.arange(len(shares)), nrefs)
+    owner = np.repeat(np.arange(len(parts)), nrefs)
     problems: dict[int, str] = {}
 
     def refuse(bad: np.ndarray, who: np.ndarray, why: str) -> None:
@@ -180,15 +180,15 @@ def combine(
     known = np.minimum(leaf, max(n - 1, 0))
     if n:
         refuse(~plan.sharded[known], process, "it holds a piece of a leaf that is not sharded")
-    dims = np.bincount(process, plan.ndim[known] if n else None, len(shares)).astype(np.int64)
-    held = np.array([[len(s.piece_start), len(s.piece_shape)] for s in shares], np.int64).reshape(-1, 2)
+    dims = np.bincount(process, plan.ndim[known] if n else None, len(parts)).astype(np.int64)
+    held = np.array([[len(s.piece_start), len(s.piece_shape)] for s in parts], np.int64).reshape(-1, 2)
     refuse(
         np.any(held != dims[:, None], axis=1),
-        np.arange(len(shares)),
+        np.arange(len(parts)),
         "its piece boxes do not match its pieces",
     )
-    listed = np.bincount(process, counts, len(shares)).astype(np.int64)
-    refuse(listed != nrefs, np.arange(len(shares)), "its pieces do not list its chunk refs")
+    listed = np.bincount(process, counts, len(parts)).astype(np.int64)
+    refuse(listed != nrefs, np.arange(len(parts)), "its pieces do not list its chunk refs")
     refuse((pack < -1) | (pack >= npacks[owner]), owner, "a pack index is out of range")
     if problems:
         return None, problems
@@ -196,16 +196,16 @@ def combine(
     if base[-1] > len(plan.packs):
         moved = np.where(pack < 0, -1, np.minimum(pack + base[owner], PACK_INDEX_END - 1))
         refs[:, _PACK_WORD] = moved.astype(np.int32).view(np.uint32)
-    start = np.concatenate([s.piece_start for s in shares])
-    shape = np.concatenate([s.piece_shape for s in shares])
-    packs = np.concatenate([plan.packs, *(s.packs for s in shares)])
+    start = np.concatenate([s.piece_start for s in parts])
+    shape = np.concatenate([s.piece_shape for s in parts])
+    packs = np.concatenate([plan.packs, *(s.packs for s in parts)])
     if keep is not None:  # a reader of some leaves: the others' pieces go
         kept = keep[leaf]
         boxes = np.repeat(kept, plan.ndim[leaf])
         refs = refs[np.repeat(kept, counts)]
         leaf, process, counts = leaf[kept], process[kept], counts[kept]
         start, shape = start[boxes], shape[boxes]
-    return Combined(len(shares), leaf, process, counts, start, shape, refs, packs), {}
+    return Combined(len(parts), leaf, process, counts, start, shape, refs, packs), {}
 
 
 def _in_order(leaf: np.ndarray, grid: np.ndarray) -> bool:

@@ -1,4 +1,4 @@
-"""Multi-process saves, their columnar shares and the primary's vectorised merge.
+"""Multi-process saves, their columnar parts and the primary's vectorised merge.
 
 Jobs of threads stand in for the processes of a jax.distributed job (tests/support/jobs.py); the real
 two-process job is tests/test_distributed.py.
@@ -32,12 +32,12 @@ from treestore._format import parted as parted_module
 from treestore._format.columns import CHUNK_DTYPE
 from treestore._format.columns_codec import decode_any, decode_columns, encode, encode_columns
 from treestore._format.encoding import digest
-from treestore._format.layout import manifest_path
 from treestore._format.leaf_table import LeafTable, ref_of
 from treestore._format.manifest import ChunkRef, LeafEntry, Manifest, Piece
+from treestore._format.part import decode_part, encode_part, leaf_range, part_from_fields
+from treestore._format.part_merge import frame_of, plan_from_fields
 from treestore._format.parted import Parted, PartRef
-from treestore._format.shares import decode_part, encode_part, leaf_range, share_from_fields
-from treestore._format.shares_merge import frame_of, plan_from_fields
+from treestore._format.paths import manifest_path
 from treestore._storage.registry import open_storage
 from treestore._tree.leaves import ArrayLeaf
 from treestore.errors import (
@@ -286,7 +286,7 @@ def test_a_reader_merges_the_parts_into_the_manifest_one_process_would_write():
         manifest, owned, packs, sharded = _random_job(rng)
         where = {e.address: j for j, e in enumerate(manifest.leaves)}
         layout = b"L" * 32
-        shares = [share_from_fields(*_written(where, owned[k], packs[k]))[0] for k in range(len(owned))]
+        shares = [part_from_fields(*_written(where, owned[k], packs[k]))[0] for k in range(len(owned))]
         parts = [encode_part(share, layout) for share in shares]
         addresses = [e.address for e in manifest.leaves]
         plan = plan_from_fields(
@@ -393,7 +393,7 @@ class Told(LocalRuntime):
         self.change = change
 
     def set(self, key: str, value: str) -> None:
-        if key.endswith("/share/1"):
+        if key.endswith("/summary/1"):
             value = self.change(value)
             if value is None:
                 return
@@ -419,7 +419,7 @@ SUMMARIES = {
     "pieces in no leaf": (_told(leaves=[0, 0]), "its summary is malformed"),
     "leaves beyond the tree": (_told(leaves=[0, 9]), "its pieces lie in leaves up to 9, beyond the tree's 8"),
     "a failure": (lambda text: json.dumps({"ok": False, "error": "disk on fire"}), "process 1: disk on fire"),
-    "no summary at all": (lambda text: None, "it sent no summary of its share"),
+    "no summary at all": (lambda text: None, "it sent no summary of its part"),
 }
 
 
