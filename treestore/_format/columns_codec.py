@@ -22,8 +22,8 @@ from treestore._format.columns import (
     PRNG_NAMES,
     VERSION,
     Columns,
-    _validate,
 )
+from treestore._format.columns_check import validate
 from treestore._format.columns_tree import Nodes, check_nodes, nodes_from_tree
 from treestore._format.dtypes import value_to_record
 from treestore._format.encoding import FORMAT_VERSION, Bad, from_msgpack, manifest_errors, to_msgpack
@@ -128,9 +128,9 @@ def _decode_record(rec: dict[str, Any], checkpoint: str) -> Columns | Parted:
                 segments, fields["nodes"], names, fields["node_leaves"], len(fields["leaves"])
             )
             if not _get(rec, "parts", list):
-                return _validate(fields, nodes)
+                return validate(fields, nodes)
             parted = parts_from_record(rec, len(fields["leaves"]))
-            return Parted(_validate(fields, nodes, waiting=True), *parted)
+            return Parted(validate(fields, nodes, waiting=True), *parted)
     except MemoryError:
         raise OutOfMemoryError(f"{what}: out of memory decoding it", checkpoint=checkpoint) from None
     except (ValueError, TypeError, IndexError, KeyError, OverflowError) as exc:  # a check missed
@@ -259,7 +259,7 @@ def _from_manifest(m: Manifest) -> Columns:
         chunk_size=_count(m.chunk_size, "chunk_size", MAX_CHUNK_BYTES),
     )
     check_metadata(m.metadata)
-    return _validate(fields, nodes)
+    return validate(fields, nodes)
 
 
 def columns_from_fields(
@@ -270,7 +270,7 @@ def columns_from_fields(
     :func:`decode_columns` reads from a manifest's bytes (the arrays of ARRAY_FIELDS but
     ``nodes`` and ``node_leaves``, in those dtypes; ``name``, ``created``, ``metadata``, ``codec``,
     ``chunk_size``; ``values`` as stored), ``tree`` the version-1 node record or a
-    :class:`~treestore._format.columns_tree.Nodes` table, ``waiting`` as :func:`_validate`
+    :class:`~treestore._format.columns_tree.Nodes` table, ``waiting`` as :func:`validate`
     takes it. InvalidInputError naming the checkpoint when readers would refuse it."""
     name = fields["name"]
     check_metadata(fields["metadata"])
@@ -283,7 +283,7 @@ def columns_from_fields(
         nodes = tree if isinstance(tree, Nodes) else nodes_from_tree(tree, nleaves)
         if len(nodes.leaves) != nleaves:
             raise Bad(f"the tree has {len(nodes.leaves)} leaves, the columns {nleaves}")
-        return _validate({**fields, "chunk_size": chunk_size}, nodes, waiting=waiting)
+        return validate({**fields, "chunk_size": chunk_size}, nodes, waiting=waiting)
     except (Bad, UnsupportedFormatError) as exc:
         raise InvalidInputError(
             f"checkpoint {name!r}: its manifest would not be readable: {exc}", checkpoint=name
