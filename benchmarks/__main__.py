@@ -7,6 +7,7 @@ the format comparison (``run_peers``: save, load, one leaf, size, files), partia
 (``bench_partial``), the training-loop manager (``bench_manager``), sharded checkpoints on 8 CPU
 devices (``bench_sharding``), restores onto meshes of up to 64 devices (``bench_mesh``), derived
 checkpoints (``bench_derive``), many small leaves and leaves in pieces (``bench_scaling``),
+verify, copy, derive and timeline over many leaves (``bench_store_ops``),
 multi-process commits (``bench_multihost``), the Hugging Face sharded layout (``bench_hf``), the
 cost of recording statistics (``bench_stats``), start-up (``bench_startup``; ``--fresh`` alone
 makes a new virtualenv) and, when its server is installed, S3 (``bench_s3``). ``--quick``
@@ -34,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
         ["benchmarks.bench_mesh", "--runs", "3"],
         ["benchmarks.bench_derive"],
         ["benchmarks.bench_scaling", "--runs", "3", "--pieces"],
+        ["benchmarks.bench_store_ops", "--runs", runs],
         ["benchmarks.bench_multihost"],
         ["benchmarks.bench_hf", "--runs", "3"],
         ["benchmarks.bench_stats", "--runs", runs],
