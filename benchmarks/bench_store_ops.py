@@ -23,24 +23,12 @@ import argparse
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable
 from typing import Any
 
-from benchmarks.bench_scaling import GROUP, make_tree
-
-
-def median_ms(fn: Callable[[], object], runs: int) -> float:
-    times = []
-    for _ in range(runs):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times) * 1e3
+from benchmarks.bench_scaling import GROUP, make_tree, median_ms
 
 
 def measure(n: int, runs: int, tmp: str) -> dict[str, Any]:
