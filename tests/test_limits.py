@@ -143,3 +143,59 @@ def test_running_out_of_memory_past_the_decoder_names_the_checkpoint(store_url, 
         READERS[reader](store_url)
     assert caught.value.checkpoint == "big" or "'big'" in str(caught.value), str(caught.value)
     assert "out of memory" in str(caught.value)
+
+
+def test_copy_and_verify_running_out_of_memory_on_chunks_name_the_checkpoint(tmp_path, monkeypatch):
+    """Out of memory while copying or verifying chunk objects (a pack's members listed, a chunk
+    decoded) is OutOfMemoryError naming what was being done, never a bare MemoryError; copy
+    commits nothing."""
+    from treestore._engine import objects
+
+    url = str(tmp_path / "s")
+    treestore.save(url, {"w": np.arange(4096, dtype=np.float32), "n": np.ones(3)}, "big")
+
+    def out_of_memory(*args, **kwargs):
+        raise MemoryError
+
+    monkeypatch.setattr(objects.ChunkObject, "members", out_of_memory)
+    with pytest.raises(treestore.errors.OutOfMemoryError, match="out of memory copying checkpoint 'big'"):
+        treestore.copy(url + "#big", url + "-copy")
+    assert treestore.Store(url + "-copy").list() == []
+    with pytest.raises(treestore.errors.OutOfMemoryError, match="out of memory verifying the chunks"):
+        treestore.verify(url + "#big")
+
+
+@pytest.mark.parametrize("reader", ["copy", "verify"])
+def test_copy_and_verify_threads_that_cannot_start_are_out_of_memory(tmp_path, monkeypatch, reader):
+    """Under an address-space limit no thread can be made: copy and verify raise
+    OutOfMemoryError, not the executor's bare RuntimeError."""
+    import threading
+
+    url = str(tmp_path / "s")
+    treestore.save(url, {"w": np.arange(8192, dtype=np.float32), "v": np.ones(8192)}, "big")
+
+    def refuse(self):
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", refuse)
+    with pytest.raises(treestore.errors.OutOfMemoryError, match=f"cannot start 7 {reader} thread"):
+        if reader == "copy":
+            treestore.copy(url + "#big", url + "-copy", threads=7)
+        else:
+            treestore.verify(url + "#big", threads=7)
+
+
+def test_verify_out_of_memory_reading_a_manifest_is_raised_not_reported_as_damage(tmp_path, monkeypatch):
+    """A manifest too big for this process's memory says nothing about the store: verify raises
+    OutOfMemoryError instead of reporting the checkpoint's manifest as damaged."""
+    from treestore._api import verify as verify_module
+
+    url = str(tmp_path / "s")
+    treestore.save(url, {"w": np.ones(3)}, "big")
+
+    def out_of_memory(storage, record, data=None):
+        raise treestore.errors.OutOfMemoryError("manifest of checkpoint 'big': out of memory decoding it")
+
+    monkeypatch.setattr(verify_module._read, "read_columns", out_of_memory)
+    with pytest.raises(treestore.errors.OutOfMemoryError, match="'big'"):
+        treestore.verify(url)

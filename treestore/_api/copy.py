@@ -16,7 +16,7 @@ and then those of each checkpoint it has committed there.
 
 from __future__ import annotations
 
-import concurrent.futures as cf
+import functools
 import os
 import threading
 from dataclasses import dataclass, replace
@@ -33,7 +33,7 @@ from treestore._engine.commit import commit
 from treestore._engine.objects import ChunkObject, chunk_objects
 from treestore._engine.parts import assemble, part_bytes
 from treestore._engine.read import fetch_chunk, member_mismatch, pack_member
-from treestore._engine.threads import default_threads
+from treestore._engine.threads import default_threads, run_all
 from treestore._engine.write import reusable_size
 from treestore._format import paths as _paths
 from treestore._format.columns_codec import encode
@@ -117,15 +117,11 @@ class _Copier:
                 self.progress(self.done, self.total)
 
     def chunks(self, objects: list[ChunkObject], lock: _locks.Lock) -> None:
-        with cf.ThreadPoolExecutor(self.threads) as pool:
-            futures = [pool.submit(self._chunk, obj) for obj in objects]
-            try:
-                for f in cf.as_completed(futures):
-                    f.result()
-                    lock.refresh(_locks.STALE_AFTER)
-            except BaseException:
-                pool.shutdown(wait=True, cancel_futures=True)
-                raise
+        def job(obj: ChunkObject) -> None:
+            self._chunk(obj)
+            lock.refresh(_locks.STALE_AFTER)
+
+        run_all([functools.partial(job, obj) for obj in objects], self.threads, "copy")
 
 
 def _names(src: Storage, name: str | None, all_checkpoints: bool) -> list[str]:
@@ -224,7 +220,8 @@ def copy(
             known = _known.learn(d, bool(trust_previous))  # under the lock, after any gc: safe
             copier.known = set(known.stored) if known is not None else set()
             for ref, parts, columns, data, objects in plans:
-                copier.chunks(objects, lock)
+                with _read.memory_named(f"copying checkpoint {ref.name!r}", ref.name):
+                    copier.chunks(objects, lock)
                 _copy_parts(s, d, ref.name, parts)
                 commit(d, data, columns, overwrite=overwrite, version=ref.version)
                 copied.append(columns.name)

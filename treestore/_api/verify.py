@@ -7,10 +7,10 @@ pack is read once and every leaf inside it checked against its own digest.
 
 from __future__ import annotations
 
-import concurrent.futures as cf
+import functools
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -21,7 +21,7 @@ from treestore._engine import locks as _locks
 from treestore._engine import read as _read
 from treestore._engine.objects import ChunkObject, chunk_objects
 from treestore._engine.read import fetch_chunk, member_mismatch, pack_member
-from treestore._engine.threads import default_threads
+from treestore._engine.threads import default_threads, run_all
 from treestore._format import paths as _paths
 from treestore._format.manifest import ChunkRef, check_name
 from treestore._storage.base import Storage
@@ -30,6 +30,7 @@ from treestore.errors import (
     CheckpointNotFoundError,
     ChunkCorruptError,
     ChunkMissingError,
+    OutOfMemoryError,
     StorageError,
     TreestoreError,
     UnsupportedFormatError,
@@ -135,6 +136,8 @@ class _Verifier:
             return
         try:
             columns = _read.read_columns(self.storage, ref)
+        except OutOfMemoryError:
+            raise  # not damage: the store may be sound
         except TreestoreError as exc:
             self.add(name, None, _kind(exc, MANIFEST), str(exc))
             return
@@ -180,22 +183,10 @@ class _Verifier:
                 self.progress(self.done, self.total)
 
     def run_jobs(self) -> None:
-        jobs = list(self.jobs.values())
         if self.progress is not None:
             self.progress(0, self.total)
-        if self.threads <= 1:
-            for job in jobs:
-                self.run_job(job)
-            return
-        with cf.ThreadPoolExecutor(self.threads) as pool:
-            for batch in _batches(jobs, 2 * self.threads):  # bounded memory: a few chunks in flight
-                for f in [pool.submit(self.run_job, job) for job in batch]:
-                    f.result()
-
-
-def _batches(items: list[_Job], size: int) -> Iterator[list[_Job]]:
-    for i in range(0, len(items), size):
-        yield items[i : i + size]
+        jobs = [functools.partial(self.run_job, job) for job in self.jobs.values()]
+        run_all(jobs, self.threads, "verify")  # each thread one chunk at a time: bounded memory
 
 
 def verify(
