@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import treestore
-from treestore._format import columns_codec, dtypes, limits, manifest
+from treestore._format import dtypes, limits, manifest
 
 
 def files(root: Path) -> set[str]:
@@ -93,8 +93,7 @@ def test_manifest_over_the_limit_is_refused_before_the_manifest_is_written(tmp_p
     url = tmp_path / "store"
     treestore.save(url, {"base": np.arange(4.0)}, "base")
     before = files(url)
-    for encoder in (manifest, columns_codec):  # format versions 1 and 2 (save writes version 2)
-        monkeypatch.setattr(encoder, "MAX_MANIFEST_BYTES", 12 * 1024)
+    monkeypatch.setattr(manifest, "MAX_MANIFEST_BYTES", 12 * 1024)  # the one size check, every version
     tree = {"text": "x" * 8000, "w": np.arange(4096 * 100, dtype=np.float32)}  # 100 chunks
     options = treestore.SaveOptions(chunk_size=4096, small_leaf=1024)
     with pytest.raises(treestore.InvalidInputError, match="manifest of checkpoint 'c' would be"):

@@ -26,17 +26,19 @@ from treestore._format.columns import (
 from treestore._format.columns_check import validate
 from treestore._format.columns_tree import Nodes, check_nodes, nodes_from_tree
 from treestore._format.dtypes import value_to_record
-from treestore._format.encoding import FORMAT_VERSION, Bad, from_msgpack, manifest_errors, to_msgpack
+from treestore._format.encoding import FORMAT_VERSION, Bad, manifest_errors, to_msgpack
 from treestore._format.encoding import count as _count
 from treestore._format.encoding import field as _get
 from treestore._format.leaf_table import LeafTable, ref_of
-from treestore._format.limits import MAX_CHUNK_BYTES, MAX_MANIFEST_BYTES, MAX_NDIM
+from treestore._format.limits import MAX_CHUNK_BYTES, MAX_NDIM
 from treestore._format.manifest import (
     MANIFEST_MAGIC,
     Manifest,
     check_metadata,
     encode_manifest,
     manifest_from_record,
+    manifest_record,
+    within_size,
 )
 from treestore._format.parted import Parted, parts_fields, parts_from_record
 from treestore.errors import (
@@ -73,10 +75,7 @@ def decode_columns(data: bytes, checkpoint: str) -> Columns | Parted:
     """A version-2 manifest's bytes, validated (a manifest stored in parts: its frame);
     ManifestCorruptError, UnsupportedFormatError or OutOfMemoryError otherwise, whatever the
     bytes."""
-    what = f"manifest of checkpoint {checkpoint!r}"
-    if len(data) > MAX_MANIFEST_BYTES:
-        raise ManifestCorruptError(f"{what} is over its size limit", checkpoint=checkpoint)
-    return _decode_record(from_msgpack(data, what, checkpoint), checkpoint)
+    return _decode_record(manifest_record(data, checkpoint), checkpoint)
 
 
 def decode_any(data: bytes, checkpoint: str) -> Columns | Parted:
@@ -84,9 +83,7 @@ def decode_any(data: bytes, checkpoint: str) -> Columns | Parted:
     stored in parts: its frame, which :mod:`treestore._engine.parts` completes). A version-1
     manifest is checked by its own decoder, then as a version-2 reader checks its columns."""
     what = f"manifest of checkpoint {checkpoint!r}"
-    if len(data) > MAX_MANIFEST_BYTES:
-        raise ManifestCorruptError(f"{what} is over its size limit", checkpoint=checkpoint)
-    rec = from_msgpack(data, what, checkpoint)
+    rec = manifest_record(data, checkpoint)
     if rec.get("version") == VERSION and type(rec.get("version")) is int:
         return _decode_record(rec, checkpoint)
     m = manifest_from_record(rec, checkpoint)
@@ -172,13 +169,7 @@ def encode_columns(manifest: Columns | Parted) -> bytes:
             **({} if c.stats is None else {"stats": c.stats.tobytes()}),
         }
     )
-    if len(data) > MAX_MANIFEST_BYTES:
-        raise InvalidInputError(
-            f"the manifest of checkpoint {c.name!r} would be {len(data)} bytes, over the "
-            f"{MAX_MANIFEST_BYTES // 2**20} MiB readers accept: save fewer leaves per checkpoint",
-            checkpoint=c.name,
-        )
-    return data
+    return within_size(data, c.name)
 
 
 def stored_values(c: Columns) -> list[object]:

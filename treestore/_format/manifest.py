@@ -317,14 +317,29 @@ def encode_manifest(m: Manifest) -> bytes:
             "leaves": [leaf_to_record(leaf) for leaf in m.leaves],
         }
     )
+    return within_size(data, m.name, "store large bytes and str leaves as numpy arrays, or save fewer leaves")
+
+
+def within_size(data: bytes, name: str, advice: str = "save fewer leaves") -> bytes:
+    """``data``, the encoded manifest of checkpoint ``name``, once it is within the
+    MAX_MANIFEST_BYTES readers accept: InvalidInputError otherwise (a save then fails before it
+    writes the manifest). The one size check of every manifest writer."""
     if len(data) > MAX_MANIFEST_BYTES:
         raise InvalidInputError(
-            f"the manifest of checkpoint {m.name!r} would be {len(data)} bytes, over the "
-            f"{MAX_MANIFEST_BYTES // 2**20} MiB readers accept: store large bytes and str leaves "
-            "as numpy arrays, or save fewer leaves per checkpoint",
-            checkpoint=m.name,
+            f"the manifest of checkpoint {name!r} would be {len(data)} bytes, over the "
+            f"{MAX_MANIFEST_BYTES // 2**20} MiB readers accept: {advice} per checkpoint",
+            checkpoint=name,
         )
     return data
+
+
+def manifest_record(data: bytes, checkpoint: str) -> dict[str, Any]:
+    """The msgpack map of a manifest's bytes, once they are within MAX_MANIFEST_BYTES: the one
+    front door of every manifest decoder (ManifestCorruptError otherwise)."""
+    what = f"manifest of checkpoint {checkpoint!r}"
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise ManifestCorruptError(f"{what} is over its size limit", checkpoint=checkpoint)
+    return from_msgpack(data, what, checkpoint)
 
 
 # --- decoding and validation ------------------------------------------------------------------
@@ -515,10 +530,7 @@ def _check_tree(node: object, leaves: tuple[LeafEntry, ...], seen: set[int]) -> 
 
 
 def decode_manifest(data: bytes, checkpoint: str) -> Manifest:
-    what = f"manifest of checkpoint {checkpoint!r}"
-    if len(data) > MAX_MANIFEST_BYTES:
-        raise ManifestCorruptError(f"{what} is over its size limit", checkpoint=checkpoint)
-    return manifest_from_record(from_msgpack(data, what, checkpoint), checkpoint)
+    return manifest_from_record(manifest_record(data, checkpoint), checkpoint)
 
 
 def manifest_from_record(rec: dict[str, Any], checkpoint: str) -> Manifest:
