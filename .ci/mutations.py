@@ -211,7 +211,7 @@ MUTATIONS: list[Mutation] = [
         "treestore/_engine/gc.py",
         "                live_manifests.update(columns.parts)",
         "                pass",
-        ["tests/test_shares.py::test_gc_keeps_the_parts_of_a_checkpoint_until_it_is_deleted"],
+        ["tests/test_parts_merge.py::test_gc_keeps_the_parts_of_a_checkpoint_until_it_is_deleted"],
         "gc deletes the parts of a committed multi-process checkpoint, which no reader can then read",
     ),
     # --- multi-process commits -----------------------------------------------------------------
@@ -220,15 +220,15 @@ MUTATIONS: list[Mutation] = [
         "treestore/_engine/distributed.py",
         "                if cover != expected or empty:",
         "                if empty:",
-        ["tests/test_shares.py::test_pieces_that_do_not_tile_a_leaf_name_it_and_the_processes"],
+        ["tests/test_parts_merge.py::test_pieces_that_do_not_tile_a_leaf_name_it_and_the_processes"],
         "a multi-process save commits pieces that overlap or leave a gap: readers refuse the checkpoint",
     ),
     m(
         "readers skip the leaf range of a part",
-        "treestore/_format/shares_merge.py",
+        "treestore/_format/part_merge.py",
         '    refuse(outside, process, "a piece lies outside the leaves its frame lists")',
         "    pass",
-        ["tests/test_shares.py::test_a_frame_that_lists_a_part_s_leaves_wrongly_is_refused"],
+        ["tests/test_parts_merge.py::test_a_frame_that_lists_a_part_s_leaves_wrongly_is_refused"],
         "a reader of every leaf accepts a checkpoint that readers of some of its leaves refuse",
     ),
     m(
@@ -236,7 +236,7 @@ MUTATIONS: list[Mutation] = [
         "treestore/_engine/parts.py",
         "    if len(data) != size or digest(data) != found:",
         "    if False:",
-        ["tests/test_shares.py::test_a_part_missing_or_changed_is_refused_by_readers"],
+        ["tests/test_parts_merge.py::test_a_part_missing_or_changed_is_refused_by_readers"],
         "a reader takes a changed part's pieces",
     ),
     # --- structure validation ------------------------------------------------------------------
@@ -399,13 +399,21 @@ MUTATIONS: list[Mutation] = [
     m(
         "copy trusts pack members",
         "treestore/_api/copy.py",
-        "                if pack_member(raw, ref.offset, ref.raw_size, ref.digest) is None:",
+        "                if pack_member(raw, offset, size, d) is None:",
         "                if False:",
         [
             "tests/test_transfer.py::test_a_packed_leaf_a_load_refuses_is_not_copied",
-            "tests/test_shares.py::test_a_packed_piece_a_load_refuses_is_not_copied",
+            "tests/test_parts_merge.py::test_a_packed_piece_a_load_refuses_is_not_copied",
         ],
         "copy commits a packed leaf whose reference into its pack a load refuses",
+    ),
+    m(
+        "verify trusts pack members",
+        "treestore/_api/verify.py",
+        "found = sound[d, offset, size] = pack_member(raw, offset, size, d) is not None",
+        "found = sound[d, offset, size] = True",
+        ["tests/test_verify.py::test_pack_slice_that_does_not_match_its_leaf"],
+        "verify reports a sound store when a leaf's reference into an intact pack names other bytes",
     ),
     # --- bounded work on hostile manifests --------------------------------------------------
     m(

@@ -33,8 +33,8 @@ from treestore._format import paths as _paths
 from treestore._format.columns_tree import DICT, LEAF, NODE_DTYPE
 
 from ..support import hostile
-from ..test_shares import _reparted as reparted
-from ..test_shares import saved as saved_in_parts
+from ..test_parts_merge import _reparted as reparted
+from ..test_parts_merge import saved as saved_in_parts
 from ._harness import check_readers
 from .conftest import OPTIONS, make_tree
 
