@@ -74,7 +74,7 @@ MUTATIONS: list[Mutation] = [
     ),
     m(
         "commit before every chunk has its name",
-        "treestore/_engine/write.py",
+        "treestore/_engine/chunk_writer.py",
         "            self.published()  # every chunk has its name before the caller commits\n",
         "",
         ["tests/test_commit_order.py::test_each_step_is_durable_before_the_next"],
@@ -98,7 +98,7 @@ MUTATIONS: list[Mutation] = [
     ),
     m(
         "a failed save keeps its staged chunks",
-        "treestore/_engine/write.py",
+        "treestore/_engine/chunk_writer.py",
         "                    chunk.discard()\n",
         "                    pass\n",
         [
@@ -361,7 +361,7 @@ MUTATIONS: list[Mutation] = [
     ),
     m(
         "hash one buffer, encode another",
-        "treestore/_engine/write.py",
+        "treestore/_engine/chunk_writer.py",
         "    np.copyto(out, raw)\n    return out\n",
         "    return raw\n",
         ["tests/test_chunk_objects.py::test_an_array_written_to_during_a_save_never_makes_a_corrupt_chunk"],

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import treestore
+from treestore._engine import chunk_writer as _chunk_writer
 from treestore._engine import write as _write
 from treestore._engine.snapshot import HostSnapshot
 from treestore._tree.leaves import ArrayLeaf, prepare_leaf
@@ -38,15 +39,15 @@ def test_which_leaves_a_save_may_read_in_place():
 
 @pytest.fixture
 def snapshots(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The sizes of the chunk copies saves make (write._snapshot)."""
+    """The sizes of the chunk copies saves make (chunk_writer._snapshot)."""
     made: list[int] = []
-    real = _write._snapshot
+    real = _chunk_writer._snapshot
 
     def snapshot(raw: np.ndarray) -> np.ndarray:
         made.append(raw.nbytes)
         return real(raw)
 
-    monkeypatch.setattr(_write, "_snapshot", snapshot)
+    monkeypatch.setattr(_chunk_writer, "_snapshot", snapshot)
     return made
 
 

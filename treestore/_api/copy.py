@@ -29,12 +29,12 @@ from treestore._api.verify import Progress
 from treestore._engine import known as _known
 from treestore._engine import locks as _locks
 from treestore._engine import read as _read
+from treestore._engine.chunk_writer import reusable_size
 from treestore._engine.commit import commit
 from treestore._engine.objects import ChunkObject, chunk_objects
 from treestore._engine.parts import assemble, part_bytes
 from treestore._engine.read import fetch_chunk, member_mismatch, pack_member
 from treestore._engine.threads import default_threads, run_all
-from treestore._engine.write import reusable_size
 from treestore._format import paths as _paths
 from treestore._format.columns_codec import encode
 from treestore._format.encoding import digest

@@ -24,6 +24,7 @@ from treestore._engine import known as _known
 from treestore._engine import locks as _locks
 from treestore._engine import read as _read
 from treestore._engine import write as _write
+from treestore._engine.chunk_writer import ChunkWriter
 from treestore._engine.commit import commit
 from treestore._format import paths as _paths
 from treestore._format import select as _select
@@ -525,7 +526,7 @@ def _write_derived(
         nodes_from_tree({"type": "none"}, 0),
         tuple((addresses.get(i, ""), leaf) for i, leaf in enumerate(new_leaves)),
     )
-    writer = _write._ChunkWriter(storage, options.codec, None, known)
+    writer = ChunkWriter(storage, options.codec, None, known)
     table = LeafTable()
     new_packs = _write._write_leaves(prepared, options, writer, lock, table)
     header = {
