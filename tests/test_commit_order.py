@@ -299,7 +299,7 @@ def test_a_local_object_that_cannot_take_its_name_fails_the_save_and_leaves_noth
 def test_a_save_that_fails_while_chunks_wait_for_their_names_leaves_nothing(tmp_path, monkeypatch):
     """The disk is slow to name chunks, and encoding a later chunk fails: the chunks still
     waiting are never named and their temporary files are removed."""
-    from treestore._engine import write as _write
+    from treestore._engine import chunk_writer as _write
     from treestore._storage import local as _local
 
     store, chunks = _local_store_with_one_checkpoint(tmp_path)
