@@ -242,9 +242,9 @@ MUTATIONS: list[Mutation] = [
     # --- structure validation ------------------------------------------------------------------
     m(
         "leaf not checked to sit at its address",
-        "treestore/_format/manifest.py",
-        "if leaves[i].address != address:",
-        "if False:",
+        "treestore/_format/v1.py",
+        "            if stored != placed:",
+        "            if False:",
         [f"{ADDRESSES}::test_two_leaves_with_swapped_addresses"],
         "a leaf entry names another leaf's tree position",
     ),
@@ -258,7 +258,7 @@ MUTATIONS: list[Mutation] = [
     ),
     m(
         "leaf entry not checked to be a map",
-        "treestore/_format/manifest.py",
+        "treestore/_format/v1.py",
         '    if not isinstance(rec, dict):\n        raise _Bad("leaf entry is not a map")',
         '    if False:\n        raise _Bad("leaf entry is not a map")',
         [f"{FUZZ}::test_manifest_with_one_field_replaced", f"{FUZZ}::test_decoders_of_arbitrary_msgpack"],

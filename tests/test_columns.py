@@ -23,7 +23,7 @@ from jax.sharding import PartitionSpec as P
 
 import treestore
 from treestore._format.columns import ARRAY_FIELDS, LEAF_DTYPE, PIECED, Columns
-from treestore._format.columns_codec import columns_from_manifest, decode_any, decode_columns, encode_columns
+from treestore._format.columns_codec import decode_any, decode_columns, encode, encode_columns
 from treestore._format.dtypes import DTYPES
 from treestore._format.encoding import to_msgpack
 from treestore._format.limits import (
@@ -42,24 +42,17 @@ from treestore._format.limits import (
     MAX_PARTS,
     MAX_PIECES,
 )
-from treestore._format.manifest import (
-    ChunkRef,
-    LeafEntry,
-    Manifest,
-    Piece,
-    decode_manifest,
-    encode_manifest,
-    leaf_to_record,
-)
 from treestore._format.parted import Parted
+from treestore._format.records import ChunkRef, LeafEntry, Piece
+from treestore._format.views import Manifest
 from treestore.errors import (
-    InvalidInputError,
     ManifestCorruptError,
     OutOfMemoryError,
     TreestoreError,
     UnsupportedFormatError,
 )
 
+from .support.records import Hand, columns_of, leaf_record, v1_bytes
 from .test_structures import CASES
 
 NAME = "ckpt"
@@ -72,30 +65,32 @@ def saved(tree: Any, **options: Any) -> Manifest:
     return treestore.Store(url).manifest(NAME)
 
 
-def assert_same(m: Manifest, c: Columns) -> None:
+def assert_same(m: Manifest | Hand, c: Columns) -> None:
     """``c`` describes exactly the leaves, tree and packs of ``m``."""
     assert len(c) == len(m.leaves)
     assert c.tree_record() == m.tree
     assert c.addresses == [e.address for e in m.leaves]
+    entries = Manifest(c).leaves
     for i, e in enumerate(m.leaves):
-        got = c.entries[i]
-        assert to_msgpack(leaf_to_record(got)) == to_msgpack(leaf_to_record(e)), e.address
+        got = entries[i]
+        assert to_msgpack(leaf_record(got)) == to_msgpack(leaf_record(e)), e.address
         assert got.digest == e.digest and got.weak_type == e.weak_type and got.pieces == e.pieces
         assert c.find(e.address) == i
-    assert encode_manifest(c.to_manifest()) == encode_manifest(m)  # byte for byte
-    assert c.chunk_digests() == m.chunk_digests()
-    assert c.nbytes == m.nbytes
+    assert encode(c, 1) == v1_bytes(m)  # byte for byte, as written by hand
+    refs = [r for e in m.leaves for r in e.chunks]
+    assert c.chunk_digests() == {r.digest for r in refs if r.pack is None} | {p.digest for p in m.packs}
+    assert c.nbytes == sum(r.raw_size for r in refs)
     every = np.arange(len(c))
     assert c.same_leaves(every, c, every).all()
 
 
-def round_trip(m: Manifest) -> Columns:
-    data = encode_columns(columns_from_manifest(m))
+def round_trip(m: Manifest | Hand) -> Columns:
+    data = encode_columns(columns_of(m))
     c = decode_columns(data, m.name)
     assert_same(m, c)
     assert encode_columns(c) == data
     assert_same(m, decode_any(data, m.name))
-    assert_same(m, decode_any(encode_manifest(m), m.name))  # version 1 stays readable
+    assert_same(m, decode_any(encode(c, 1), m.name))  # version 1 stays readable
     return c
 
 
@@ -118,14 +113,14 @@ def flat_tree(n: int, names: list[str]) -> dict[str, Any]:
     }
 
 
-def hand(*leaves: LeafEntry, packs: tuple[ChunkRef, ...] = (), **fields: Any) -> Manifest:
+def hand(*leaves: LeafEntry, packs: tuple[ChunkRef, ...] = (), **fields: Any) -> Hand:
     """A manifest of leaves with bare single-segment addresses, in a flat dict."""
     tree = fields.pop("tree", None) or flat_tree(len(leaves), [e.address for e in leaves])
-    return Manifest(NAME, 1.5, tree, leaves, packs, fields.pop("metadata", None), {"name": "zstd"}, 4096)
+    return Hand(NAME, 1.5, tree, leaves, packs, fields.pop("metadata", None), {"name": "zstd"}, 4096)
 
 
-def record(m: Manifest) -> dict[str, Any]:
-    return msgpack.unpackb(encode_columns(columns_from_manifest(m)), raw=False)
+def record(m: Hand) -> dict[str, Any]:
+    return msgpack.unpackb(encode_columns(columns_of(m)), raw=False)
 
 
 def decode(rec: dict[str, Any]) -> Columns | Parted:
@@ -156,11 +151,11 @@ def refused(
     assert info.value.checkpoint == NAME and NAME in str(info.value)
 
 
-def bounded(accepted: Manifest, rejected: Manifest, match: str | None = None) -> None:
-    """The writer and the reader both accept one side of a bound and refuse the other."""
-    decode_columns(encode_columns(columns_from_manifest(accepted)), NAME)
-    with pytest.raises(InvalidInputError, match=match):
-        columns_from_manifest(rejected)
+def bounded(accepted: Hand, rejected: Hand, match: str | None = None) -> None:
+    """Readers of either version accept one side of a bound and refuse the other."""
+    decode_columns(encode_columns(columns_of(accepted)), NAME)
+    with pytest.raises(ManifestCorruptError, match=match):
+        columns_of(rejected)
 
 
 # --- round trips --------------------------------------------------------------------------------
@@ -202,7 +197,7 @@ def test_every_leaf_kind_round_trips(options):
 
 def test_weak_types_round_trip():
     c = round_trip(saved({"lr": jnp.asarray(0.1), "w": jnp.ones(2)}))
-    assert [e.weak_type for e in c.entries] == [True, False]
+    assert [e.weak_type for e in Manifest(c).leaves] == [True, False]
 
 
 @pytest.mark.skipif(len(jax.devices()) < 8, reason="needs 8 devices (XLA_FLAGS in conftest)")
@@ -216,7 +211,7 @@ def test_sharded_pieces_round_trip():
     tree["small"] = jax.device_put(np.arange(8, dtype=np.int8), NamedSharding(mesh, P("a")))
     for options in ({}, {"chunk_size": 4096, "small_leaf": 16, "pack_size": 64}):
         c = round_trip(saved(tree, **options))
-        assert sorted(len(e.pieces) for e in c.entries) == [0, 4, 4, 8, 8]
+        assert sorted(len(e.pieces) for e in Manifest(c).leaves) == [0, 4, 4, 8, 8]
 
 
 def test_hand_built_pieces_round_trip():
@@ -234,11 +229,12 @@ def test_hand_built_pieces_round_trip():
 
 
 def test_leaves_are_made_only_when_asked_for():
-    c = decode_columns(encode_columns(columns_from_manifest(saved({"a": 1, "b": np.ones(2)}))), NAME)
-    assert not c.entries._made and "addresses" not in c.__dict__
-    assert c.find("b") == 1 and c.entries[1] is c.entries[-1] and len(c.entries._made) == 1
-    assert c.find("nope") is None and c.find("a/b") is None and c.entries[0:2][0].value == 1
-    for made in (c, columns_from_manifest(c.to_manifest())):  # nobody can change one
+    c = decode_columns(encode_columns(columns_of(saved({"a": 1, "b": np.ones(2)}))), NAME)
+    entries = Manifest(c).leaves
+    assert not entries._made and "addresses" not in c.__dict__
+    assert c.find("b") == 1 and entries[1] is entries[-1] and len(entries._made) == 1
+    assert c.find("nope") is None and c.find("a/b") is None and entries[0:2][0].value == 1
+    for made in (c, columns_of(Manifest(c))):  # nobody can change one
         assert not any(a.flags.writeable for a in (made.leaves, made.chunks, made.nodes.table, made.shapes))
 
 
@@ -246,12 +242,12 @@ def test_same_leaves_agrees_with_leaf_digests():
     base = every_leaf_kind()
     other = {**base, "arrays": {**base["arrays"], "int8": np.ones((2, 3), np.int8)}, "scalars": [1, 2]}
     a, b = (
-        columns_from_manifest(saved(base)),
-        columns_from_manifest(saved(other, chunk_size=4096, small_leaf=16)),
+        columns_of(saved(base)),
+        columns_of(saved(other, chunk_size=4096, small_leaf=16)),
     )
     ia, ib = np.meshgrid(np.arange(len(a)), np.arange(len(b)), indexing="ij")
     same = a.same_leaves(ia.ravel(), b, ib.ravel())
-    digests = [[x.digest == y.digest for y in b.entries] for x in a.entries]
+    digests = [[x.digest == y.digest for y in Manifest(b).leaves] for x in Manifest(a).leaves]
     assert same.tolist() == np.array(digests).ravel().tolist()
     assert same.any() and not same.all()
 
@@ -275,7 +271,7 @@ def test_same_leaves_agrees_with_leaf_digests_for_pieces():
         leaf(Piece((0, 0), (2, 6), (c[0], c[1])), Piece((2, 0), (2, 6), (c[2], ref(9)))),  # other bytes
         leaf(Piece((0, 0), (2, 6), (c[0], c[1])), Piece((2, 0), (2, 6), (c[2], c[3]))),  # the first
     ]
-    made = [columns_from_manifest(hand(v)) for v in variants]
+    made = [columns_of(hand(v)) for v in variants]
     for x, a in zip(variants, made, strict=True):
         for y, b in zip(variants, made, strict=True):
             assert a.same_leaves(np.array([0]), b, np.array([0])).tolist() == [x.digest == y.digest]
@@ -283,12 +279,12 @@ def test_same_leaves_agrees_with_leaf_digests_for_pieces():
 
 
 def test_match_pairs_leaves_by_address():
-    a = columns_from_manifest(saved({"a": 1, "b": {"c": 2, "d": 3}}))
-    b = columns_from_manifest(saved({"b": {"e": 5, "d": 4}, "a": 1}))
+    a = columns_of(saved({"a": 1, "b": {"c": 2, "d": 3}}))
+    b = columns_of(saved({"b": {"e": 5, "d": 4}, "a": 1}))
     ia, ib = a.match(b)
     assert [a.addresses[i] for i in ia] == [b.addresses[j] for j in ib] == ["a", "b/d"]
     assert a.same_leaves(ia, b, ib).tolist() == [True, False]
-    same_tree = columns_from_manifest(saved({"a": 9, "b": {"c": 2, "d": 3}}))
+    same_tree = columns_of(saved({"a": 9, "b": {"c": 2, "d": 3}}))
     ia, ib = a.match(same_tree)
     assert ia.tolist() == ib.tolist() == [0, 1, 2] and "addresses" not in same_tree.__dict__
     assert a.same_leaves(ia, same_tree, ib).tolist() == [False, True, True]
@@ -310,7 +306,7 @@ GOLDEN = (
 )
 
 
-def golden_manifest() -> Manifest:
+def golden_manifest() -> Hand:
     tree = {
         "type": "dict",
         "keys": [["dict", "a"], ["dict", "b"]],
@@ -329,11 +325,11 @@ def golden_manifest() -> Manifest:
         LeafEntry("b/.x", "int", value=-(2**70)),
     )
     packs = (ChunkRef(bytes(range(32, 64)), 8, 24),)
-    return Manifest("golden", 1700000000.25, tree, leaves, packs, {"step": 3}, {"name": "zstd"}, 4096)
+    return Hand("golden", 1700000000.25, tree, leaves, packs, {"step": 3}, {"name": "zstd"}, 4096)
 
 
 def test_golden_bytes():
-    data = encode_columns(columns_from_manifest(golden_manifest()))
+    data = encode_columns(columns_of(golden_manifest()))
     assert data.hex() == GOLDEN
     assert_same(golden_manifest(), decode_columns(bytes.fromhex(GOLDEN), "golden"))
 
@@ -354,8 +350,8 @@ def hostile_bases() -> list[bytes]:
         metadata={"m": [1, 2]},
     )
     return [
-        encode_columns(columns_from_manifest(m)),
-        encode_columns(columns_from_manifest(golden_manifest())),
+        encode_columns(columns_of(m)),
+        encode_columns(columns_of(golden_manifest())),
     ]
 
 
@@ -416,11 +412,10 @@ def test_hostile_manifests_raise_only_treestore_errors(data):
         assert "malformation" not in str(exc), exc  # every refusal comes from a check, not by accident
         return
     # What version 2 accepts, every part of treestore can use, and version 1 accepts too.
-    m = c.to_manifest()
-    decode_manifest(encode_manifest(m), NAME)
+    decode_any(encode(c, 1), NAME)
     assert decode_columns(encode_columns(c), NAME).addresses == c.addresses
     every = np.arange(len(c))
-    assert c.same_leaves(every, c, every).tolist() == [e.digest == e.digest for e in c.entries]
+    assert c.same_leaves(every, c, every).tolist() == [e.digest == e.digest for e in Manifest(c).leaves]
 
 
 def test_every_field_is_required():
@@ -437,7 +432,7 @@ def test_versions_and_parts():
     refused({**rec, "parts": [{"digest": bytes(32), "size": 1}]}, "missing field 'layout'")
     refused({**rec, "parts": [{"digest": bytes(32), "size": 1}], "layout": bytes(32)}, "a part should be")
     with pytest.raises(UnsupportedFormatError):
-        decode_columns(encode_manifest(golden_manifest()), NAME)  # version 1 goes to decode_any
+        decode_columns(v1_bytes(golden_manifest()), NAME)  # version 1 goes to decode_any
 
 
 def test_refusals_name_the_leaf():
@@ -464,16 +459,16 @@ def test_refused_trees():
     refused({**rec, "segments": ["0", "0"]}, "repeats")
     refused({**rec, "segments": ["0", "1", "2"]}, "used by no node")
     attr = {"type": "dict", "keys": [["attr", "a"]], "children": [{"type": "leaf", "leaf": 0}]}
-    with pytest.raises(InvalidInputError, match="not a dict key"):
-        columns_from_manifest(hand(entry(".a", "uint8", (1,), 1), tree=attr))
+    with pytest.raises(ManifestCorruptError, match="not a dict key"):
+        columns_of(hand(entry(".a", "uint8", (1,), 1), tree=attr))
     for keys in ([["dict", 1], ["dict", True]], [["attr", "a"], ["dict", "a"]], [["seq", 1], ["flat", 1]]):
         node = {"type": "custom", "name": "C", "keys": keys, "children": [{"type": "none"}, {"type": "none"}]}
-        with pytest.raises(InvalidInputError, match="same key"):
-            columns_from_manifest(hand(tree=node))
+        with pytest.raises(ManifestCorruptError, match="same key"):
+            columns_of(hand(tree=node))
 
 
 # --- every bound at its edge ----------------------------------------------------------------------
-def one_chunk(raw: int, stored: int | None = None) -> Manifest:
+def one_chunk(raw: int, stored: int | None = None) -> Hand:
     return hand(
         LeafEntry(
             "a", "numpy", "uint8", (raw,), (ChunkRef(digest_of(0), raw, raw if stored is None else stored),)
@@ -482,7 +477,7 @@ def one_chunk(raw: int, stored: int | None = None) -> Manifest:
 
 
 def test_chunk_raw_and_stored_sizes():
-    bounded(one_chunk(MAX_CHUNK_BYTES), one_chunk(MAX_CHUNK_BYTES + 1), "raw size")
+    bounded(one_chunk(MAX_CHUNK_BYTES), one_chunk(MAX_CHUNK_BYTES + 1), "chunk size should be")
     bounded(
         one_chunk(8, MAX_CHUNK_BYTES + CHUNK_SLACK), one_chunk(8, MAX_CHUNK_BYTES + CHUNK_SLACK + 1), "stored"
     )
@@ -494,7 +489,7 @@ def test_chunk_raw_and_stored_sizes():
     refused(edited(rec, "chunks", "stored", MAX_CHUNK_BYTES + CHUNK_SLACK + 1), "stored size")
 
 
-def packed(offset: int, raw: int, pack_raw: int, pack: int = 0) -> Manifest:
+def packed(offset: int, raw: int, pack_raw: int, pack: int = 0) -> Hand:
     ref = ChunkRef(digest_of(1), raw, 0, pack, offset)
     return hand(
         LeafEntry("a", "numpy", "uint8", (raw,), (ref,)), packs=(ChunkRef(digest_of(2), pack_raw, 9),)
@@ -518,7 +513,7 @@ def test_chunk_size():
     bounded(replace(m, chunk_size=MAX_CHUNK_BYTES), replace(m, chunk_size=MAX_CHUNK_BYTES + 1), "chunk_size")
 
 
-def shaped(shape: tuple[int, ...], dtype: str = "uint8") -> Manifest:
+def shaped(shape: tuple[int, ...], dtype: str = "uint8") -> Hand:
     nbytes = math.prod(shape) * DTYPES[dtype].itemsize
     chunks = (ChunkRef(digest_of(0), nbytes, nbytes),) if nbytes else ()
     return hand(LeafEntry("a", "numpy", dtype, shape, chunks))
@@ -537,7 +532,7 @@ def test_dimensions_and_leaf_bytes():
     )
 
 
-def pieces_of(count: int) -> Manifest:
+def pieces_of(count: int) -> Hand:
     pieces = tuple(Piece((i, 0), (1, 0), ()) for i in range(count))
     return hand(LeafEntry("a", "numpy", "uint8", (count, 0), (), pieces=pieces))
 
@@ -551,7 +546,7 @@ def test_piece_count():
     )
 
 
-def staircase(cuts: int) -> Manifest:
+def staircase(cuts: int) -> Hand:
     """Rows of a (2048, W) leaf, each cut in two at its own column: 2048 x cuts+1 grid cells."""
     width = cuts + 1
     pieces = []
@@ -579,7 +574,7 @@ def test_pieces_must_tile():
     refused(edited(rec, "piece_chunks", None, 2, 0), "chunk refs")
 
 
-def nested(depth: int) -> Manifest:
+def nested(depth: int) -> Hand:
     tree: dict[str, Any] = {"type": "leaf", "leaf": 0}
     for _ in range(depth):
         tree = {"type": "list", "children": [tree]}
@@ -591,7 +586,7 @@ def test_tree_depth():
 
 
 def test_metadata_size():
-    def of(n: int) -> Manifest:
+    def of(n: int) -> Hand:
         text = "x" * (n - 8)  # a map of one entry (1 byte), the key (2) and a str 32 header (5)
         assert len(to_msgpack({"x": text})) == n
         return hand(metadata={"x": text})
@@ -609,8 +604,8 @@ def test_big_int_values():
     decode({**rec, "values": [str(INT_START - 1)]})
     refused({**rec, "values": [str(INT_START)]}, "canonical decimal")
     refused({**rec, "values": ["0" + str(INT_END)]}, "canonical decimal")
-    with pytest.raises(InvalidInputError, match="too large"):
-        columns_from_manifest(hand(LeafEntry("a", "int", value=10**MAX_INT_DIGITS)))
+    with pytest.raises(ManifestCorruptError, match="4300"):  # version 1 holds the same bound
+        columns_of(hand(LeafEntry("a", "int", value="1" + "0" * MAX_INT_DIGITS)))
 
 
 def test_key_indices_and_int_keys():

@@ -31,6 +31,7 @@ import pytest
 import treestore
 from treestore._engine import read as _read
 from treestore._format import paths as _paths
+from treestore._format.views import Manifest
 
 from .support.helpers import assert_tree_equal
 
@@ -89,7 +90,7 @@ def store(tmp_path_factory) -> tuple[str, dict[str, Any], dict[str, Users], list
         objects.setdefault(_paths.manifest_path(ref.manifest), Users("manifest", [])).users.append(
             (name, None)
         )
-        m = _read.read_columns(s.storage, ref).to_manifest()
+        m = Manifest(_read.read_columns(s.storage, ref))
         for leaf in m.leaves:
             for c in leaf.chunks:
                 d = m.packs[c.pack].digest if c.pack is not None else c.digest

@@ -11,6 +11,7 @@ import json
 import threading
 import time
 import tracemalloc
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -33,11 +34,12 @@ from treestore._format.columns import CHUNK_DTYPE
 from treestore._format.columns_codec import decode_any, decode_columns, encode, encode_columns
 from treestore._format.encoding import digest
 from treestore._format.leaf_table import LeafTable, ref_of
-from treestore._format.manifest import ChunkRef, LeafEntry, Manifest, Piece
 from treestore._format.part import decode_part, encode_part, leaf_range, part_from_fields
 from treestore._format.part_merge import frame_of, plan_from_fields
 from treestore._format.parted import Parted, PartRef
 from treestore._format.paths import manifest_path
+from treestore._format.records import ChunkRef, LeafEntry, Piece
+from treestore._format.views import Manifest, leaf_entry
 from treestore._storage.registry import open_storage
 from treestore._tree.leaves import ArrayLeaf
 from treestore.errors import (
@@ -51,6 +53,7 @@ from treestore.errors import (
 )
 
 from .support.jobs import prepared, rows, run_job
+from .support.records import Hand
 
 
 def tree_of() -> dict[str, Any]:
@@ -208,7 +211,7 @@ def _written(
 
 def _random_job(
     rng: np.random.Generator,
-) -> tuple[Manifest, list[list[LeafEntry]], list[list[ChunkRef]], list[bool]]:
+) -> tuple[Hand, list[list[LeafEntry]], list[list[ChunkRef]], list[bool]]:
     """A checkpoint saved by a job of 1 to 5 processes: the manifest one process would write
     (pieces sorted by start, each process's packs after the earlier ones'), and what each
     process holds: its leaf entries (the primary's: every leaf) and its packs."""
@@ -251,7 +254,7 @@ def _random_job(
         "keys": [["dict", e.address] for e in entries],
         "children": [{"type": "leaf", "leaf": j} for j in range(len(entries))],
     }
-    manifest = Manifest("m", 1.5, tree, tuple(entries), tuple(p for ps in packs for p in ps), {"n": count})
+    manifest = Hand("m", 1.5, tree, tuple(entries), tuple(p for ps in packs for p in ps), {"n": count})
     return manifest, owned, packs, sharded
 
 
@@ -259,11 +262,13 @@ def _moved(ref: ChunkRef, base: int) -> ChunkRef:
     return ref if ref.pack is None else ChunkRef(ref.digest, ref.raw_size, 0, ref.pack + base, ref.offset)
 
 
-def _resolved(m: Manifest) -> list[Any]:
-    """Each leaf of ``m`` with every chunk ref's pack named by its digest, not its index."""
+def _resolved(m: Manifest | Hand, leaves: Sequence[LeafEntry] | None = None, packs: Any = None) -> list[Any]:
+    """Each leaf of ``m`` (or ``leaves``, whose chunk refs index ``packs``) with every chunk
+    ref's pack named by its digest, not its index."""
+    packs = m.packs if packs is None else packs
 
     def ref(c: ChunkRef) -> tuple[Any, ...]:
-        pack = None if c.pack is None else m.packs[c.pack].digest
+        pack = None if c.pack is None else packs[c.pack].digest
         return (c.digest, c.raw_size, c.stored_size if pack is None else 0, pack, c.offset)
 
     return [
@@ -273,7 +278,7 @@ def _resolved(m: Manifest) -> list[Any]:
             [ref(c) for c in e.chunks],
             [(p.start, p.shape, [ref(c) for c in p.chunks]) for p in e.pieces],
         )
-        for e in m.leaves
+        for e in (m.leaves if leaves is None else leaves)
     ]
 
 
@@ -299,7 +304,7 @@ def test_a_reader_merges_the_parts_into_the_manifest_one_process_would_write():
         assert isinstance(decoded, Parted) and decoded.parts == frame.parts
         columns, problems = complete(decoded, [decode_part(p, layout) for p in parts])
         assert columns is not None and not problems, problems
-        assert _resolved(columns.to_manifest()) == _resolved(manifest), trial
+        assert _resolved(Manifest(columns)) == _resolved(manifest), trial
         encode(columns)  # what readers accept
         # A reader of some leaves, given only the parts it needs, gets those leaves exactly.
         chosen = rng.random(len(manifest.leaves)) < 0.3
@@ -311,11 +316,12 @@ def test_a_reader_merges_the_parts_into_the_manifest_one_process_would_write():
         assert some is not None and not problems, problems
         assert some.parts == tuple(refs[k].digest for k in sorted(needed))  # those it was given
         rows = np.flatnonzero(chosen).tolist()
-        assert _resolved(some.to_manifest(rows)) == [_resolved(manifest)[i] for i in rows], trial
+        picked = [leaf_entry(some, i) for i in rows]
+        assert _resolved(manifest, picked, some.pack_refs()) == [_resolved(manifest)[i] for i in rows], trial
         for i in np.flatnonzero(~chosen & np.array(sharded)).tolist():
             assert some.waiting[i]
             with pytest.raises(RuntimeError, match="parts not read"):
-                some.entries[i]
+                leaf_entry(some, i)
 
 
 def overlapping() -> dict[str, Any]:

@@ -10,8 +10,7 @@ import msgpack
 
 import treestore
 from treestore._format import paths as _paths
-from treestore._format.columns_codec import decode_any
-from treestore._format.manifest import encode_manifest
+from treestore._format.columns_codec import decode_any, encode
 
 
 def storage(url: str):
@@ -29,7 +28,7 @@ def manifest_record(url: str, name: str) -> dict[str, Any]:
     data = storage(url).read(_paths.manifest_path(ref["manifest"]))
     rec = msgpack.unpackb(data, raw=False)
     if rec.get("version") == 2:
-        rec = msgpack.unpackb(encode_manifest(decode_any(data, name).to_manifest()), raw=False)
+        rec = msgpack.unpackb(encode(decode_any(data, name), 1), raw=False)
     return rec
 
 

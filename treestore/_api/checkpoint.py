@@ -18,8 +18,9 @@ from treestore._format import select as _select
 from treestore._format.codecs import stored_codec
 from treestore._format.columns import ARRAY_CODES, DTYPE_NAMES, Columns
 from treestore._format.dtypes import dtype_from_name
-from treestore._format.manifest import LeafEntry, Manifest
 from treestore._format.parted import Parted
+from treestore._format.records import LeafEntry
+from treestore._format.views import Manifest, leaf_entry
 from treestore._storage.base import Storage
 from treestore._tree.leaves import restore_array
 from treestore._tree.structure import rebuild
@@ -63,7 +64,7 @@ class LazyLeaf:
     @functools.cached_property
     def entry(self) -> LeafEntry:
         """The leaf's manifest entry (made on first use)."""
-        return self._columns.leaf(self._i)
+        return leaf_entry(self._columns, self._i)
 
     @functools.cached_property
     def _pieces(self) -> _region.LeafPieces:
@@ -274,7 +275,7 @@ class Checkpoint:
     def manifest(self) -> Manifest:
         """The whole manifest, every leaf entry made (on first use)."""
         with _read.memory_named(f"reading the manifest of checkpoint {self.name!r}", self.name):
-            return self.columns.to_manifest()
+            return Manifest(self.columns)
 
     def __repr__(self) -> str:
         return f"Checkpoint({self.url!r}, {self.name!r}, leaves={len(self._frame)})"

@@ -47,10 +47,7 @@ from treestore._format.columns_take import take_leaves
 from treestore._format.columns_tree import nodes_from_tree
 from treestore._format.leaf_table import LeafTable
 from treestore._format.limits import MAX_DEPTH
-from treestore._format.manifest import (
-    check_metadata,
-    check_name,
-)
+from treestore._format.manifest import check_metadata, check_name
 from treestore._storage.base import Storage
 from treestore.errors import CheckpointExistsError, InvalidInputError, NoMatchError, TreestoreError
 

@@ -31,7 +31,7 @@ import numpy as np
 from treestore._api import file_formats as _formats
 from treestore._api.checkpoint import Checkpoint
 from treestore._format.limits import MiB
-from treestore._format.manifest import LeafEntry
+from treestore._format.records import LeafEntry
 from treestore.errors import CorruptionError, InvalidInputError, StorageError, UnsupportedFormatError
 
 INDEX_SUFFIX = ".safetensors.index.json"

@@ -29,7 +29,7 @@ from treestore._api.spec import parse_spec
 from treestore._api.store import resolve
 from treestore._engine import write as _write
 from treestore._format.address import DictKey, GetAttrKey, SequenceKey
-from treestore._format.manifest import LeafEntry
+from treestore._format.records import LeafEntry
 from treestore._storage.registry import open_storage
 from treestore._tree.lazy_jax import jax
 from treestore._tree.leaves import restore_array

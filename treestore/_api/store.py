@@ -24,7 +24,8 @@ from treestore._format import paths as _paths
 from treestore._format import select as _select
 from treestore._format.codecs import Codec
 from treestore._format.commit_record import CommitRecord
-from treestore._format.manifest import Manifest, check_name
+from treestore._format.manifest import check_name
+from treestore._format.views import Manifest
 from treestore._storage.base import Storage
 from treestore._storage.registry import open_storage
 from treestore._tree.structure import trusted_types
@@ -269,7 +270,7 @@ class Store:
         """
         record = self._record(name)
         with _read.memory_named(f"reading the manifest of checkpoint {record.name!r}", record.name):
-            return _read.read_columns(self.storage, record).to_manifest()
+            return Manifest(_read.read_columns(self.storage, record))
 
     def _record(self, name: str | None) -> CommitRecord:
         if name is None:

@@ -23,7 +23,8 @@ from treestore._engine.objects import ChunkObject, chunk_objects
 from treestore._engine.read import fetch_chunk, member_mismatch, pack_member
 from treestore._engine.threads import default_threads, run_all
 from treestore._format import paths as _paths
-from treestore._format.manifest import ChunkRef, check_name
+from treestore._format.manifest import check_name
+from treestore._format.records import ChunkRef
 from treestore._storage.base import Storage
 from treestore._storage.registry import open_storage
 from treestore.errors import (

@@ -20,9 +20,7 @@ from treestore._format import paths as _paths
 from treestore._format import stats as _stats
 from treestore._format.codecs import PROBE_BYTES, Codec, encode, scratch, sound
 from treestore._format.encoding import ALL_CORES_FROM, digest
-from treestore._format.manifest import (
-    ChunkRef,
-)
+from treestore._format.records import ChunkRef
 from treestore._storage.base import PUBLISHED, Staged, Storage
 
 

@@ -51,7 +51,6 @@ from treestore._format.limits import (
     MAX_PARTS_BYTES,
     MAX_PIECES,
 )
-from treestore._format.manifest import ChunkRef
 from treestore._format.part import (
     Summary,
     decode_summary,
@@ -64,6 +63,7 @@ from treestore._format.part import (
 )
 from treestore._format.part_merge import PACK_INDEX_END, Plan, frame_of, plan_from_fields
 from treestore._format.parted import Parted, PartRef
+from treestore._format.records import ChunkRef
 from treestore._storage.base import Storage
 from treestore._tree import lazy_jax
 from treestore._tree.lazy_jax import jax

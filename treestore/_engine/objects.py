@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from treestore._format.columns import Columns
-from treestore._format.manifest import ChunkRef
+from treestore._format.records import ChunkRef
 
 _KEY = np.dtype([("digest", "V32"), ("raw", "<u4")])  # what names a chunk object: 36 bytes
 

@@ -26,8 +26,9 @@ from treestore._format.columns_codec import decode_any
 from treestore._format.commit_record import CommitRecord, decode_commit_record
 from treestore._format.encoding import digest
 from treestore._format.limits import CHUNK_SLACK, MAX_MANIFEST_BYTES, MAX_RECORD_BYTES
-from treestore._format.manifest import ChunkRef, check_name
+from treestore._format.manifest import check_name
 from treestore._format.parted import Parted
+from treestore._format.records import ChunkRef
 from treestore._storage.base import Storage
 from treestore.errors import (
     CheckpointNotFoundError,

@@ -19,7 +19,7 @@ from treestore._engine.threads import default_threads, run_all
 from treestore._format.codecs import scratch
 from treestore._format.columns import DTYPE_NAMES, PIECED, Columns
 from treestore._format.dtypes import dtype_from_name
-from treestore._format.manifest import ChunkRef
+from treestore._format.records import ChunkRef
 from treestore.errors import OutOfBoundsError
 
 Region = tuple[slice, ...]

@@ -32,11 +32,8 @@ from treestore._format.dtypes import PRNG_KEY
 from treestore._format.encoding import digest
 from treestore._format.leaf_table import LeafTable, PieceRow, Ref, ref_of
 from treestore._format.limits import MAX_MANIFEST_BYTES
-from treestore._format.manifest import (
-    ChunkRef,
-    check_metadata,
-    check_name,
-)
+from treestore._format.manifest import check_metadata, check_name
+from treestore._format.records import ChunkRef
 from treestore._storage.base import Storage
 from treestore._tree.leaves import ArrayLeaf, Leaf, ValueLeaf, prepare_leaf
 from treestore._tree.structure import any_node, flatten
@@ -133,7 +130,7 @@ def prepare(
             before([value for _, value in found])
         leaves = _converted(tree, found, make)
     # Python scalars live in the manifest: refuse here, before any chunk is written, a tree whose
-    # addresses and values alone exceed what readers accept (encode_manifest checks the rest).
+    # addresses and values alone exceed what readers accept (the encoder checks the rest).
     floor = sum(len(a) + (x.size_floor if type(x) is ValueLeaf else 0) for a, x in leaves)
     if floor > MAX_MANIFEST_BYTES:
         values = [(a, x) for a, x in leaves if isinstance(x, ValueLeaf)]

@@ -8,19 +8,16 @@ ref, per pack and per tree node; shapes and piece boxes as flat int arrays), so 
 This module holds the model and the comparisons of leaves between two manifests.
 
 :class:`Columns` is the one in-memory model of a manifest, whatever version its bytes have: every
-reader and writer works on its arrays. :meth:`Columns.to_manifest`, :meth:`Columns.leaf` and
-:attr:`Columns.entries` make the public read-only records (:class:`Manifest`, :class:`LeafEntry`)
-on demand, for ``Store.manifest()``, ``Checkpoint.manifest`` and ``LazyLeaf.entry`` (and the
-version-1 encoder, whose format is one map per leaf). The bytes (decoding and encoding) are
-:mod:`treestore._format.columns_codec`'s.
+reader and writer works on its arrays; the public read-only records (``Store.manifest()``,
+``LazyLeaf.entry``) are views made from it on demand (:mod:`treestore._format.views`). The bytes
+(decoding and encoding, either version) are :mod:`treestore._format.columns_codec`'s.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, overload
+from typing import Any
 
 import numpy as np
 
@@ -36,15 +33,8 @@ from treestore._format.limits import (
     MAX_CHUNK_BYTES,
     MAX_DIM,
 )
-from treestore._format.manifest import (
-    ChunkRef,
-    LeafEntry,
-    Manifest,
-    Piece,
-    check_tiling,
-    leaf_digest,
-    record_mismatches,
-)
+from treestore._format.manifest import check_tiling, leaf_digest, record_mismatches
+from treestore._format.records import ChunkRef
 
 VERSION = 2
 # Code tables (SPEC.md, version-2 manifest): a code is the position in its table, fixed forever.
@@ -239,40 +229,6 @@ class Columns:
             else ChunkRef(digest, raw, stored, pack, int(row["offset"]))
         )
 
-    def _refs(self, start: int, end: int) -> tuple[ChunkRef, ...]:
-        rows = self.chunks[start:end]
-        digests = rows["digest"].tobytes()
-        out = []
-        for j, (raw, stored, pack, offset) in enumerate(
-            zip(*(rows[f].tolist() for f in ("raw", "stored", "pack", "offset")), strict=True)
-        ):
-            d = digests[32 * j : 32 * j + 32]
-            out.append(ChunkRef(d, raw, stored) if pack < 0 else ChunkRef(d, raw, stored, pack, offset))
-        return tuple(out)
-
-    def leaf(self, i: int) -> LeafEntry:
-        """Leaf i as a version-1 leaf entry."""
-        row = self.leaves[i]
-        kind = KINDS[row["kind"]]
-        address = self.address(i)
-        if row["kind"] >= ARRAY_CODES:
-            return LeafEntry(address, kind, value=self.value(i))
-        flags = int(row["flags"])
-        chunks = self._refs(int(self.chunk_start[i]), int(self.chunk_start[i + 1]))
-        pieces: tuple[Piece, ...] = ()
-        if flags & PIECED:
-            pieces = self._pieces(i)
-        return LeafEntry(
-            address,
-            kind,
-            DTYPE_NAMES[row["dtype"]],
-            self.shape(i),
-            chunks,
-            PRNG_NAMES[flags >> PRNG_SHIFT],
-            pieces=pieces,
-            weak_type=bool(flags & WEAK_TYPE),
-        )
-
     def piece_rows(self, i: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """The pieces of leaf i (saved in pieces), column-wise: their starts and shapes (one row
         of ndim ints each), and the first row and number of their chunk refs in ``chunks``."""
@@ -285,28 +241,6 @@ class Columns:
         starts = self.piece_start[a:b].reshape(hi - lo, ndim)
         shapes = self.piece_shape[a:b].reshape(hi - lo, ndim)
         return starts, shapes, chunk[lo:hi], self.piece_chunks[lo:hi]
-
-    def _pieces(self, i: int) -> tuple[Piece, ...]:
-        self.require_pieces(i)
-        rank, first, chunk, dims = self._piece_index
-        r = int(rank[i])
-        out = []
-        for p in range(int(first[r]), int(first[r + 1])):
-            a, b = int(dims[p]), int(dims[p + 1])
-            c = int(chunk[p])
-            out.append(
-                Piece(
-                    tuple(self.piece_start[a:b].tolist()),
-                    tuple(self.piece_shape[a:b].tolist()),
-                    self._refs(c, c + int(self.piece_chunks[p])),
-                )
-            )
-        return tuple(out)
-
-    @functools.cached_property
-    def entries(self) -> LeafEntries:
-        """Every leaf as a version-1 leaf entry, each made on first use."""
-        return LeafEntries(self)
 
     def tree_record(self) -> dict[str, Any]:
         """The version-1 node record of the tree (SPEC.md, appendix A.3)."""
@@ -323,24 +257,6 @@ class Columns:
             for j, (raw, stored) in enumerate(
                 zip(packs["raw"].tolist(), packs["stored"].tolist(), strict=True)
             )
-        )
-
-    def to_manifest(self, which: Sequence[int] | None = None) -> Manifest:
-        """This manifest as the public record :class:`Manifest` (its leaves made eagerly, its
-        ``version`` the one it was decoded from): what ``Store.manifest()`` gives, and what the
-        version-1 encoder writes. ``which``: only those leaves' entries."""
-        if which is None:
-            self.require_pieces()
-        return Manifest(
-            name=self.name,
-            created=self.created,
-            tree=self.tree_record(),
-            leaves=tuple(self.entries) if which is None else tuple(self.entries[i] for i in which),
-            packs=self.pack_refs(),
-            metadata=self.metadata,
-            codec=dict(self.codec),
-            chunk_size=self.chunk_size,
-            version=self.version,
         )
 
     def mismatches(self, ref: CommitRecord) -> list[str]:
@@ -481,39 +397,6 @@ class Columns:
         return same
 
 
-class LeafEntries(Sequence[LeafEntry]):
-    """The leaf entries of a :class:`Columns`, each made on first use and kept."""
-
-    def __init__(self, columns: Columns) -> None:
-        self._columns = columns
-        self._made: dict[int, LeafEntry] = {}
-
-    def __len__(self) -> int:
-        return len(self._columns)
-
-    @overload
-    def __getitem__(self, i: int) -> LeafEntry: ...
-    @overload
-    def __getitem__(self, i: slice) -> list[LeafEntry]: ...
-    def __getitem__(self, i: int | slice) -> LeafEntry | list[LeafEntry]:
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
-        n = len(self)
-        if not -n <= i < n:
-            raise IndexError(f"leaf {i} of {n}")
-        i %= n
-        entry = self._made.get(i)
-        if entry is None:
-            entry = self._made[i] = self._columns.leaf(i)
-        return entry
-
-    def __iter__(self) -> Iterator[LeafEntry]:
-        return (self[i] for i in range(len(self)))
-
-
-# --- validation (readers and writers) ------------------------------------------------------------
-
-
 __all__ = [
     "ARRAY_CODES",
     "ARRAY_FIELDS",
@@ -528,7 +411,6 @@ __all__ = [
     "PRNG_SHIFT",
     "WEAK_TYPE",
     "Columns",
-    "LeafEntries",
     "check_tiling",
     "concat_ranges",
     "prefix_sums",

@@ -1,25 +1,24 @@
-"""Version-2 manifests as bytes: decoding (either version, validated as readers validate it)
-and encoding, the one encoder every writer uses (SPEC.md, section 6).
+"""Manifests as bytes: decoding either version into the one model, validated as readers
+validate it, and encoding it, the one encoder every writer uses (SPEC.md, section 6).
 
-:func:`decode_any` is what readers call: a version-1 manifest is decoded once and checked in its
-version-2 form too; :func:`encode` and :func:`encode_columns` refuse what readers would refuse.
-:func:`columns_from_manifest` and :func:`columns_from_fields` build the columns of a manifest a
-writer holds as leaf entries, or assembled column by column.
+:func:`decode_any` is what readers call: a version-1 manifest goes to its codec
+(:mod:`treestore._format.v1`) and is checked in its version-2 form too; :func:`encode` and
+:func:`encode_columns` refuse what readers would refuse. :func:`columns_from_fields` builds the
+columns of a manifest a writer assembled column by column.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 
 from treestore._format.columns import (
-    _CODE,
     ARRAY_CODES,
     ARRAY_FIELDS,
     KINDS,
-    PRNG_NAMES,
     VERSION,
     Columns,
 )
@@ -29,18 +28,16 @@ from treestore._format.dtypes import value_to_record
 from treestore._format.encoding import FORMAT_VERSION, Bad, manifest_errors, to_msgpack
 from treestore._format.encoding import count as _count
 from treestore._format.encoding import field as _get
-from treestore._format.leaf_table import LeafTable, ref_of
-from treestore._format.limits import MAX_CHUNK_BYTES, MAX_NDIM
+from treestore._format.limits import MAX_CHUNK_BYTES
 from treestore._format.manifest import (
     MANIFEST_MAGIC,
-    Manifest,
     check_metadata,
-    encode_manifest,
-    manifest_from_record,
+    header_record,
     manifest_record,
     within_size,
 )
 from treestore._format.parted import Parted, parts_fields, parts_from_record
+from treestore._format.v1 import decode_v1, encode_v1
 from treestore.errors import (
     InvalidInputError,
     ManifestCorruptError,
@@ -82,58 +79,60 @@ def decode_any(data: bytes, checkpoint: str) -> Columns | Parted:
     """A manifest of either version as :class:`Columns`, validated as readers validate it (one
     stored in parts: its frame, which :mod:`treestore._engine.parts` completes). A version-1
     manifest is checked by its own decoder, then as a version-2 reader checks its columns."""
-    what = f"manifest of checkpoint {checkpoint!r}"
     rec = manifest_record(data, checkpoint)
     if rec.get("version") == VERSION and type(rec.get("version")) is int:
         return _decode_record(rec, checkpoint)
-    m = manifest_from_record(rec, checkpoint)
-    try:
-        return replace(columns_from_manifest(m), version=m.version)
-    except InvalidInputError as exc:  # a version-1 manifest no version-1 writer writes
-        raise ManifestCorruptError(f"{what}: {exc}", checkpoint=checkpoint) from None
+    with _unforeseen(checkpoint):
+        return decode_v1(rec, checkpoint)
 
 
-def _decode_record(rec: dict[str, Any], checkpoint: str) -> Columns | Parted:
+@contextmanager
+def _unforeseen(checkpoint: str) -> Iterator[None]:
+    """What a decoder did not foresee still names the checkpoint: running out of memory is an
+    OutOfMemoryError, an exception a check missed a ManifestCorruptError."""
     what = f"manifest of checkpoint {checkpoint!r}"
     try:
-        with manifest_errors(what, checkpoint):
-            if rec.get("format") != MANIFEST_MAGIC:
-                raise Bad(f"format is {rec.get('format')!r:.60}, expected {MANIFEST_MAGIC!r}")
-            version = rec.get("version")
-            if type(version) is not int:
-                raise Bad("it has no integer version")
-            if version != VERSION:
-                raise UnsupportedFormatError(
-                    f"format version {version!r:.20} is not {VERSION}, the columnar manifest this decodes"
-                )
-            try:
-                check_metadata(rec.get("metadata"))  # the bound writers keep to
-            except InvalidInputError as exc:
-                raise Bad(str(exc)) from None
-            fields: dict[str, Any] = {key: _array(rec, key) for key in ARRAY_FIELDS}
-            fields.update(
-                name=_get(rec, "name", str),
-                created=float(_get(rec, "created", float)),
-                metadata=rec.get("metadata"),
-                codec=_get(rec, "codec", dict),
-                chunk_size=_count(rec.get("chunk_size"), "chunk_size", MAX_CHUNK_BYTES),
-                values=_get(rec, "values", list),
-                stats=rec.get("stats"),  # optional: checked, and ignored when it makes no sense
-            )
-            segments, names = _str_list(rec, "segments"), _str_list(rec, "node_names")
-            nodes = check_nodes(
-                segments, fields["nodes"], names, fields["node_leaves"], len(fields["leaves"])
-            )
-            if not _get(rec, "parts", list):
-                return validate(fields, nodes)
-            parted = parts_from_record(rec, len(fields["leaves"]))
-            return Parted(validate(fields, nodes, waiting=True), *parted)
+        yield
     except MemoryError:
         raise OutOfMemoryError(f"{what}: out of memory decoding it", checkpoint=checkpoint) from None
     except (ValueError, TypeError, IndexError, KeyError, OverflowError) as exc:  # a check missed
         raise ManifestCorruptError(
             f"{what}: unexpected malformation ({type(exc).__name__}: {exc})", checkpoint=checkpoint
         ) from exc
+
+
+def _decode_record(rec: dict[str, Any], checkpoint: str) -> Columns | Parted:
+    what = f"manifest of checkpoint {checkpoint!r}"
+    with _unforeseen(checkpoint), manifest_errors(what, checkpoint):
+        if rec.get("format") != MANIFEST_MAGIC:
+            raise Bad(f"format is {rec.get('format')!r:.60}, expected {MANIFEST_MAGIC!r}")
+        version = rec.get("version")
+        if type(version) is not int:
+            raise Bad("it has no integer version")
+        if version != VERSION:
+            raise UnsupportedFormatError(
+                f"format version {version!r:.20} is not {VERSION}, the columnar manifest this decodes"
+            )
+        try:
+            check_metadata(rec.get("metadata"))  # the bound writers keep to
+        except InvalidInputError as exc:
+            raise Bad(str(exc)) from None
+        fields: dict[str, Any] = {key: _array(rec, key) for key in ARRAY_FIELDS}
+        fields.update(
+            name=_get(rec, "name", str),
+            created=float(_get(rec, "created", float)),
+            metadata=rec.get("metadata"),
+            codec=_get(rec, "codec", dict),
+            chunk_size=_count(rec.get("chunk_size"), "chunk_size", MAX_CHUNK_BYTES),
+            values=_get(rec, "values", list),
+            stats=rec.get("stats"),  # optional: checked, and ignored when it makes no sense
+        )
+        segments, names = _str_list(rec, "segments"), _str_list(rec, "node_names")
+        nodes = check_nodes(segments, fields["nodes"], names, fields["node_leaves"], len(fields["leaves"]))
+        if not _get(rec, "parts", list):
+            return validate(fields, nodes)
+        parted = parts_from_record(rec, len(fields["leaves"]))
+        return Parted(validate(fields, nodes, waiting=True), *parted)
 
 
 def encode_columns(manifest: Columns | Parted) -> bytes:
@@ -145,13 +144,7 @@ def encode_columns(manifest: Columns | Parted) -> bytes:
         c.require_pieces()  # a reader's columns of some leaves are not a manifest
     data = to_msgpack(
         {
-            "format": MANIFEST_MAGIC,
-            "version": VERSION,
-            "name": c.name,
-            "created": c.created,
-            "metadata": c.metadata,
-            "codec": c.codec,
-            "chunk_size": c.chunk_size,
+            **header_record(c, VERSION),
             "segments": list(c.nodes.segments),
             "nodes": c.nodes.table.tobytes(),
             "node_names": list(c.nodes.names),
@@ -186,71 +179,8 @@ def encode(columns: Columns, version: int = FORMAT_VERSION) -> bytes:
     if version == VERSION:
         return encode_columns(columns)
     if version == 1:
-        return encode_manifest(columns.to_manifest())
+        return encode_v1(columns)
     raise InvalidInputError(f"checkpoint {columns.name!r}: cannot write format version {version!r}")
-
-
-def columns_from_manifest(m: Manifest) -> Columns:
-    """The version-2 form of a version-1 manifest, checked exactly as readers check it
-    (InvalidInputError naming the checkpoint when they would refuse it)."""
-    try:
-        return _from_manifest(m)
-    except (Bad, UnsupportedFormatError) as exc:
-        raise InvalidInputError(
-            f"checkpoint {m.name!r}: its manifest would not be readable: {exc}", checkpoint=m.name
-        ) from None
-
-
-def _from_manifest(m: Manifest) -> Columns:
-    """The columns of version-1 leaf entries, appended to the one table builder a save uses."""
-    nodes = nodes_from_tree(m.tree, len(m.leaves))
-    table = LeafTable(pieces_kept=True)  # a leaf's pieces are what its entry says
-    for i, leaf in enumerate(m.leaves):
-        where = leaf.address or "(root)"
-        if leaf.kind not in KINDS:
-            raise UnsupportedFormatError(f"{where}: unknown leaf kind {leaf.kind!r}")
-        if KINDS.index(leaf.kind) >= ARRAY_CODES:
-            try:
-                value_to_record(leaf.kind, leaf.value)
-            except ValueError as exc:
-                raise Bad(f"leaf {where}: {exc}") from None
-            table.value(leaf.kind, leaf.value, leaf.address, i)
-            continue
-        if leaf.dtype not in _CODE:
-            raise UnsupportedFormatError(f"{where}: unknown dtype {leaf.dtype!r}")
-        if leaf.prng_impl not in PRNG_NAMES:
-            raise UnsupportedFormatError(f"{where}: unknown PRNG impl {leaf.prng_impl!r}")
-        shape = tuple(leaf.shape or ())
-        if len(shape) > MAX_NDIM:
-            raise Bad(f"a leaf has more than {MAX_NDIM} dimensions")
-        pieces = None
-        if leaf.pieces:
-            if any(len(p.start) != len(shape) or len(p.shape) != len(shape) for p in leaf.pieces):
-                raise Bad(f"leaf {where}: a piece has other dimensions than the leaf")
-            if tuple(c for p in leaf.pieces for c in p.chunks) != tuple(leaf.chunks):
-                raise Bad(f"leaf {where}: its chunks are not its pieces' chunks")
-            pieces = [(tuple(p.start), tuple(p.shape), len(p.chunks)) for p in leaf.pieces]
-        if any(type(r.digest) is not bytes or len(r.digest) != 32 for r in leaf.chunks):
-            raise Bad("a chunk digest is not 32 bytes")
-        refs = [ref_of(r) for r in leaf.chunks]
-        table.array(
-            leaf.kind, leaf.dtype, shape, leaf.prng_impl, leaf.weak_type, refs, pieces, leaf.address, i
-        )
-    if any(type(p.digest) is not bytes or len(p.digest) != 32 for p in m.packs):
-        raise Bad("a chunk digest is not 32 bytes")
-    try:
-        fields = table.fields(list(m.packs))
-    except (OverflowError, ValueError, TypeError):
-        raise Bad("a size, offset, dimension or count does not fit its column") from None
-    fields.update(
-        name=m.name,
-        created=float(m.created),
-        metadata=m.metadata,
-        codec=dict(m.codec),
-        chunk_size=_count(m.chunk_size, "chunk_size", MAX_CHUNK_BYTES),
-    )
-    check_metadata(m.metadata)
-    return validate(fields, nodes)
 
 
 def columns_from_fields(
@@ -284,7 +214,6 @@ def columns_from_fields(
 __all__ = [
     "binary_array",
     "columns_from_fields",
-    "columns_from_manifest",
     "decode_any",
     "decode_columns",
     "encode",

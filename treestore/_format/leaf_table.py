@@ -27,7 +27,7 @@ from treestore._format.columns import (
     WEAK_TYPE,
 )
 from treestore._format.dtypes import value_to_record
-from treestore._format.manifest import ChunkRef
+from treestore._format.records import ChunkRef
 from treestore._format.stats import UNKNOWN_RECORD, Record, column
 from treestore.errors import InvalidInputError
 

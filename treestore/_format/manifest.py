@@ -1,63 +1,41 @@
-"""Manifests and commit records: schema, msgpack encoding, and strict validation with bounds.
+"""The rules every manifest codec and writer shares, whatever the format version: a checkpoint
+name, user metadata, an array's shape, pieces that tile a leaf, a leaf's digest (SPEC.md §6.7),
+the size bound in each direction, and how a commit record must agree with its manifest.
 
-Everything read from a store passes through :func:`decode_manifest` or :func:`decode_commit_record`, which
-check every field's type, every size against its bound and against the other fields, before any
-other code sees it. A store can make them raise ManifestCorruptError or UnsupportedFormatError,
-nothing else.
+The decoders (:mod:`treestore._format.columns_codec`, and :mod:`treestore._format.v1` for
+version 1) check every field's type, every size against its bound and against the other
+fields, before any other code sees it: a store can make them raise ManifestCorruptError or
+UnsupportedFormatError, nothing else.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any, cast
 
 import msgpack
 import numpy as np
 
-from treestore._format.address import (
-    Key,
-    canonical_segment,
-    check_node_keys,
-    format_key,
-    join_address,
-    key_from_record,
-    parse_address,
-)
 from treestore._format.commit_record import CommitRecord
 from treestore._format.dtypes import (
     ARRAY_KINDS,
-    NOT_IN_JAX,
-    PRNG_IMPLS,
-    PY_KINDS,
-    dtype_from_name,
-    value_from_record,
     value_to_record,
 )
-from treestore._format.encoding import DIGEST_BYTES, digest, from_msgpack, manifest_errors, to_msgpack
 from treestore._format.encoding import Bad as _Bad
-from treestore._format.encoding import check_version as _check_version
-from treestore._format.encoding import count as _count
-from treestore._format.encoding import field as _get
+from treestore._format.encoding import digest, from_msgpack, to_msgpack
 from treestore._format.limits import (
-    CHUNK_SLACK,
     LEAF_BYTES_END,
-    MAX_CHUNK_BYTES,
-    MAX_DEPTH,
     MAX_DIM,
     MAX_GRID_CELLS,
     MAX_MANIFEST_BYTES,
     MAX_METADATA_BYTES,
     MAX_NDIM,
-    MAX_PIECES,
 )
-from treestore.errors import InvalidInputError, ManifestCorruptError, TreestoreError, UnsupportedFormatError
+from treestore.errors import InvalidInputError, ManifestCorruptError
 
 MANIFEST_MAGIC = "treestore.manifest"
-VERSION = 1  # the format version this module encodes and decodes (version 2: treestore._format.columns)
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=+-]{0,199}\Z")
 
 
@@ -69,45 +47,6 @@ def check_name(name: object) -> str:
             "'._=+-', starting with a letter or digit"
         )
     return name
-
-
-@dataclass(frozen=True)
-class ChunkRef:
-    """One chunk of a leaf: the BLAKE3 digest of its raw bytes, raw and stored sizes.
-
-    A small leaf lives inside a pack chunk: ``pack`` indexes the manifest's packs and ``offset``
-    is where the leaf's bytes start in the pack's raw bytes.
-    """
-
-    digest: bytes
-    raw_size: int
-    stored_size: int
-    pack: int | None = None
-    offset: int = 0
-
-    def to_record(self) -> list[object]:
-        rec: list[object] = [self.digest, self.raw_size, self.stored_size]
-        if self.pack is not None:
-            rec += [self.pack, self.offset]
-        return rec
-
-
-@dataclass(frozen=True)
-class Piece:
-    """A box of an array leaf (``start`` and ``shape`` in the leaf's index space) whose elements,
-    in C order, are the concatenated raw bytes of ``chunks``. Sharded arrays are saved as one
-    piece per distinct shard; other arrays are one piece covering the whole leaf."""
-
-    start: tuple[int, ...]
-    shape: tuple[int, ...]
-    chunks: tuple[ChunkRef, ...]
-
-    def to_record(self) -> list[object]:
-        return [list(self.start), list(self.shape), [c.to_record() for c in self.chunks]]
-
-    @property
-    def region(self) -> tuple[slice, ...]:
-        return tuple(slice(a, a + n) for a, n in zip(self.start, self.shape, strict=True))
 
 
 def leaf_digest(
@@ -134,87 +73,6 @@ def leaf_digest(
     else:
         record = [dtype, list(shape or ()), prng_impl, list(chunks)]
     return digest(to_msgpack(record))
-
-
-@dataclass(frozen=True)
-class LeafEntry:
-    """Everything the manifest says about one leaf.
-
-    ``chunks`` lists every chunk of an array leaf; ``pieces`` is set only for leaves saved in
-    several pieces (sharded arrays), whose chunks then follow piece by piece.
-    """
-
-    address: str
-    kind: str
-    dtype: str | None = None
-    shape: tuple[int, ...] | None = None
-    chunks: tuple[ChunkRef, ...] = ()
-    prng_impl: str | None = None
-    value: object = None
-    pieces: tuple[Piece, ...] = ()
-    weak_type: bool = False  # a jax array with a weak type, as Python scalars have
-
-    @property
-    def layout(self) -> tuple[Piece, ...]:
-        """The pieces of an array leaf (one covering the leaf unless it was saved sharded)."""
-        if self.pieces:
-            return self.pieces
-        shape = self.shape or ()
-        return (Piece((0,) * len(shape), shape, self.chunks),)
-
-    @functools.cached_property
-    def path(self) -> tuple[Key, ...]:
-        """The typed key path the address stands for."""
-        return parse_address(self.address)
-
-    @functools.cached_property
-    def digest(self) -> bytes:
-        """Equal digests mean equal leaves (SPEC.md, section 6.7)."""
-        if not self.is_array:
-            return leaf_digest(self.kind, value=self.value)
-        pieces = [(p.start, p.shape, [c.digest for c in p.chunks]) for p in self.pieces] or None
-        return leaf_digest(
-            self.kind, self.dtype, self.shape, self.prng_impl, [c.digest for c in self.chunks], pieces
-        )
-
-    @property
-    def is_array(self) -> bool:
-        return self.kind in ARRAY_KINDS
-
-    @property
-    def nbytes(self) -> int:
-        return sum(c.raw_size for c in self.chunks)
-
-    @property
-    def stored_bytes(self) -> int:
-        return sum(c.stored_size for c in self.chunks if c.pack is None)
-
-
-@dataclass(frozen=True)
-class Manifest:
-    name: str
-    created: float
-    tree: Any
-    leaves: tuple[LeafEntry, ...]
-    packs: tuple[ChunkRef, ...] = ()
-    metadata: Any = None
-    codec: dict[str, Any] = field(default_factory=dict)
-    chunk_size: int = 0
-    version: int = VERSION  # the version of the bytes it was decoded from
-
-    def mismatches(self, ref: CommitRecord) -> list[str]:
-        """How a commit record disagrees with this manifest (empty when it describes it)."""
-        return record_mismatches(ref, self.name, self.created, self.metadata, len(self.leaves), self.nbytes)
-
-    def chunk_digests(self) -> set[bytes]:
-        """Every chunk object this checkpoint needs."""
-        found = {c.digest for leaf in self.leaves for c in leaf.chunks if c.pack is None}
-        found.update(p.digest for p in self.packs)
-        return found
-
-    @property
-    def nbytes(self) -> int:
-        return sum(leaf.nbytes for leaf in self.leaves)
 
 
 def record_mismatches(
@@ -245,26 +103,6 @@ def _same_time(a: float, b: float) -> bool:
     """Whether two ``created`` times are the same float (NaN is the same as NaN)."""
     x, y = float(a), float(b)
     return x == y or (math.isnan(x) and math.isnan(y))
-
-
-# --- encoding ---------------------------------------------------------------------------------
-def leaf_to_record(leaf: LeafEntry) -> dict[str, object]:
-    rec: dict[str, object] = {"address": leaf.address, "kind": leaf.kind}
-    if leaf.is_array:
-        assert leaf.shape is not None
-        rec["dtype"] = leaf.dtype
-        rec["shape"] = list(leaf.shape)
-        if leaf.pieces:
-            rec["pieces"] = [p.to_record() for p in leaf.pieces]
-        else:
-            rec["chunks"] = [c.to_record() for c in leaf.chunks]
-        if leaf.prng_impl is not None:
-            rec["prng_impl"] = leaf.prng_impl
-        if leaf.weak_type:
-            rec["weak_type"] = True
-    else:
-        rec["value"] = value_to_record(leaf.kind, leaf.value)
-    return rec
 
 
 def check_metadata(metadata: object) -> bytes:
@@ -299,25 +137,18 @@ def check_shape(shape: Sequence[object], itemsize: int) -> tuple[int, ...]:
     return dims
 
 
-def encode_manifest(m: Manifest) -> bytes:
-    """The manifest's bytes in the version-1 form (whatever ``m.version``); InvalidInputError
-    when they exceed the MAX_MANIFEST_BYTES readers accept (a save then fails before it writes
-    the manifest)."""
-    data = to_msgpack(
-        {
-            "format": MANIFEST_MAGIC,
-            "version": VERSION,
-            "name": m.name,
-            "created": m.created,
-            "metadata": m.metadata,
-            "codec": m.codec,
-            "chunk_size": m.chunk_size,
-            "tree": m.tree,
-            "packs": [p.to_record() for p in m.packs],
-            "leaves": [leaf_to_record(leaf) for leaf in m.leaves],
-        }
-    )
-    return within_size(data, m.name, "store large bytes and str leaves as numpy arrays, or save fewer leaves")
+def header_record(c: Any, version: int) -> dict[str, Any]:
+    """The fields every version of a manifest starts with (SPEC.md §6.1, A.1), of a manifest
+    ``c`` (its ``name``, ``created``, ``metadata``, ``codec`` and ``chunk_size``)."""
+    return {
+        "format": MANIFEST_MAGIC,
+        "version": version,
+        "name": c.name,
+        "created": c.created,
+        "metadata": c.metadata,
+        "codec": c.codec,
+        "chunk_size": c.chunk_size,
+    }
 
 
 def within_size(data: bytes, name: str, advice: str = "save fewer leaves") -> bytes:
@@ -340,59 +171,6 @@ def manifest_record(data: bytes, checkpoint: str) -> dict[str, Any]:
     if len(data) > MAX_MANIFEST_BYTES:
         raise ManifestCorruptError(f"{what} is over its size limit", checkpoint=checkpoint)
     return from_msgpack(data, what, checkpoint)
-
-
-# --- decoding and validation ------------------------------------------------------------------
-def _chunk(rec: object, npacks: int) -> ChunkRef:
-    if not isinstance(rec, list) or len(rec) not in (3, 5):
-        raise _Bad(f"chunk reference should be a list of 3 or 5, found {rec!r:.80}")
-    d = rec[0]
-    if type(d) is not bytes or len(d) != DIGEST_BYTES:
-        raise _Bad("chunk digest should be 32 bytes")
-    size = _count(rec[1], "chunk size", MAX_CHUNK_BYTES)
-    stored = _count(rec[2], "stored chunk size", MAX_CHUNK_BYTES + CHUNK_SLACK)
-    if len(rec) == 3:
-        return ChunkRef(d, size, stored)
-    pack = _count(rec[3], "pack index", max(npacks - 1, 0))
-    if pack >= npacks:
-        raise _Bad(f"pack index {pack} is out of range ({npacks} packs)")
-    return ChunkRef(d, size, stored, pack, _count(rec[4], "pack offset", MAX_CHUNK_BYTES))
-
-
-def _pieces(
-    records: list[Any], shape: tuple[int, ...], itemsize: int, packs: tuple[ChunkRef, ...]
-) -> tuple[Piece, ...]:
-    """Pieces that tile ``shape`` exactly: inside it, no overlaps, no holes."""
-    if not 1 <= len(records) <= MAX_PIECES:
-        raise _Bad(f"{len(records)} pieces; a sharded leaf has 1 to {MAX_PIECES}")
-    pieces = []
-    for rec in records:
-        if not isinstance(rec, list) or len(rec) != 3:
-            raise _Bad("a piece should be [start, shape, chunks]")
-        start_rec, shape_rec, chunk_recs = rec
-        if not (isinstance(start_rec, list) and isinstance(shape_rec, list) and isinstance(chunk_recs, list)):
-            raise _Bad("a piece should be [start, shape, chunks] lists")
-        if len(start_rec) != len(shape) or len(shape_rec) != len(shape):
-            raise _Bad(f"a piece of a {len(shape)}-d leaf has {len(start_rec)}-d start")
-        start = tuple(_count(a, "piece start", MAX_DIM) for a in start_rec)
-        extent = tuple(_count(n, "piece dimension", MAX_DIM) for n in shape_rec)
-        if any(a + n > dim for a, n, dim in zip(start, extent, shape, strict=True)):
-            raise _Bad(f"piece at {start} of shape {extent} lies outside shape {shape}")
-        chunks = tuple(_chunk(c, len(packs)) for c in chunk_recs)
-        if sum(c.raw_size for c in chunks) != math.prod(extent) * itemsize:
-            raise _Bad(f"piece at {start} of shape {extent}: chunks hold the wrong number of bytes")
-        pieces.append(Piece(start, extent, chunks))
-    if sum(math.prod(p.shape) for p in pieces) != math.prod(shape):
-        raise _Bad("pieces do not cover the leaf exactly")
-    _check_disjoint(pieces, shape)
-    return tuple(pieces)
-
-
-def _check_disjoint(pieces: list[Piece], shape: tuple[int, ...]) -> None:
-    """With volumes summing to the whole, disjoint pieces tile it (:func:`check_tiling`)."""
-    start = np.array([p.start for p in pieces], np.int64).reshape(len(pieces), len(shape))
-    extent = np.array([p.shape for p in pieces], np.int64).reshape(len(pieces), len(shape))
-    check_tiling(start, extent, shape)
 
 
 def check_tiling(start: np.ndarray, extent: np.ndarray, shape: tuple[int, ...]) -> None:
@@ -419,150 +197,3 @@ def check_tiling(start: np.ndarray, extent: np.ndarray, shape: tuple[int, ...]) 
         cover[tuple(map(slice, a, z))] += 1
     if cover.size and (cover.min() != 1 or cover.max() != 1):
         raise _Bad("pieces overlap or leave holes")
-
-
-def _leaf(rec: object, packs: tuple[ChunkRef, ...]) -> LeafEntry:
-    if not isinstance(rec, dict):
-        raise _Bad("leaf entry is not a map")
-    address = _get(rec, "address", str)
-    try:
-        try:
-            if address:
-                for segment in address.split("/"):
-                    canonical_segment(segment)
-        except TreestoreError as exc:
-            raise _Bad(f"bad address {address!r:.200}: {exc}") from None
-        kind = _get(rec, "kind", str)
-        if kind in PY_KINDS.values():
-            try:
-                value = value_from_record(kind, rec.get("value"))
-            except ValueError as exc:
-                raise _Bad(str(exc)) from None
-            return LeafEntry(address, kind, value=value)
-        if kind not in ARRAY_KINDS:
-            raise UnsupportedFormatError(f"{address or '(root)'}: unknown leaf kind {kind!r}")
-        dtype_name = _get(rec, "dtype", str)
-        dtype = dtype_from_name(dtype_name, address=address)
-        try:
-            shape = check_shape(_get(rec, "shape", list), dtype.itemsize)
-        except ValueError as exc:
-            raise _Bad(str(exc)) from None
-        pieces: tuple[Piece, ...] = ()
-        if "pieces" in rec:
-            pieces = _pieces(_get(rec, "pieces", list), shape, dtype.itemsize, packs)
-            chunks = tuple(c for p in pieces for c in p.chunks)
-        else:
-            chunks = tuple(_chunk(c, len(packs)) for c in _get(rec, "chunks", list))
-        if kind == "jax" and dtype_name in NOT_IN_JAX:
-            raise _Bad(f"a jax array cannot have dtype {dtype_name}")
-        expected = math.prod(shape) * dtype.itemsize
-        if sum(c.raw_size for c in chunks) != expected:
-            raise _Bad(
-                f"shape {shape} of {dtype_name} needs {expected} bytes, chunks hold "
-                f"{sum(c.raw_size for c in chunks)}"
-            )
-        for c in chunks:
-            if c.pack is not None and c.offset + c.raw_size > packs[c.pack].raw_size:
-                raise _Bad(f"bytes {c.offset}..{c.offset + c.raw_size} lie outside pack {c.pack}")
-        impl = rec.get("prng_impl")
-        if kind == "prng_key":
-            if not isinstance(impl, str) or impl not in PRNG_IMPLS:
-                raise UnsupportedFormatError(f"{address or '(root)'}: unknown PRNG impl {impl!r}")
-            width = PRNG_IMPLS[impl]
-            if dtype_name != "uint32" or not shape or shape[-1] != width:
-                raise _Bad(
-                    f"{impl} key data must be uint32 of shape (..., {width}), found {dtype_name}{shape}"
-                )
-        weak = rec.get("weak_type", False)
-        if type(weak) is not bool:
-            raise _Bad("field 'weak_type' should be bool")
-        return LeafEntry(address, kind, dtype_name, shape, chunks, impl, pieces=pieces, weak_type=weak)
-    except _Bad as exc:
-        raise _Bad(f"leaf {address or '(root)'}: {exc}") from None
-    except UnsupportedFormatError as exc:
-        exc.address = address
-        raise
-
-
-def _check_tree(node: object, leaves: tuple[LeafEntry, ...], seen: set[int]) -> None:
-    """Check a node record; every leaf must sit at the position its address names.
-
-    Iterative, so a tree as deep as MAX_DEPTH never meets Python's recursion limit."""
-    stack: list[tuple[object, str, int]] = [(node, "", 0)]  # (node, address, depth)
-    while stack:
-        node, address, depth = stack.pop()
-        if depth > MAX_DEPTH:
-            raise _Bad(f"tree is nested deeper than {MAX_DEPTH}")
-        if not isinstance(node, dict):
-            raise _Bad("tree node is not a map")
-        kind = _get(node, "type", str)
-        if kind == "leaf":
-            i = _count(node.get("leaf"), "leaf index", len(leaves) - 1)
-            if i in seen:
-                raise _Bad(f"leaf {i} appears twice in the tree")
-            if leaves[i].address != address:
-                raise _Bad(f"leaf {leaves[i].address!r} sits at address {address!r} in the tree")
-            seen.add(i)
-            continue
-        if kind == "none":
-            continue
-        if kind not in ("dict", "list", "tuple", "namedtuple", "ordereddict", "custom"):
-            raise UnsupportedFormatError(f"unknown tree node type {kind!r}")
-        children = _get(node, "children", list)
-        if kind in ("list", "tuple"):
-            segments = [str(i) for i in range(len(children))]
-        else:
-            records = _get(node, "keys", list)
-            if len(records) != len(children):
-                raise _Bad(f"{kind} node has {len(records)} keys for {len(children)} children")
-            try:
-                keys: list[Key] = [key_from_record(k) for k in records]
-                segments = [format_key(k) for k in keys]
-                check_node_keys(keys, segments, address)
-            except TreestoreError as exc:
-                raise _Bad(f"bad key in {kind} node at {address or '(root)'}: {exc}") from None
-            if kind in ("namedtuple", "custom"):
-                _get(node, "name", str)
-        stack.extend(
-            (child, join_address(address, segment), depth + 1)
-            for segment, child in zip(reversed(segments), reversed(children), strict=True)
-        )
-
-
-def decode_manifest(data: bytes, checkpoint: str) -> Manifest:
-    return manifest_from_record(manifest_record(data, checkpoint), checkpoint)
-
-
-def manifest_from_record(rec: dict[str, Any], checkpoint: str) -> Manifest:
-    """A version-1 manifest from its decoded msgpack map (see :func:`decode_manifest`)."""
-    what = f"manifest of checkpoint {checkpoint!r}"
-    version = _check_version(rec, MANIFEST_MAGIC, what, checkpoint)
-    with manifest_errors(what, checkpoint):
-        if version != VERSION:
-            raise _Bad(f"it is a version-{version} manifest, not the version-1 form this decodes")
-        packs = tuple(_chunk(p, 0) for p in _get(rec, "packs", list))
-        leaves = tuple(_leaf(x, packs) for x in _get(rec, "leaves", list))
-        addresses = [leaf.address for leaf in leaves]
-        if len(set(addresses)) != len(addresses):
-            raise _Bad("two leaves share an address")
-        tree = _get(rec, "tree", dict)
-        seen: set[int] = set()
-        _check_tree(tree, leaves, seen)
-        if len(seen) != len(leaves):
-            raise _Bad(f"tree references {len(seen)} of {len(leaves)} leaves")
-        codec = _get(rec, "codec", dict)
-        try:
-            check_metadata(rec.get("metadata"))  # the bound writers keep to
-        except InvalidInputError as exc:
-            raise _Bad(str(exc)) from None
-        return Manifest(
-            name=_get(rec, "name", str),
-            created=float(_get(rec, "created", float)),
-            tree=tree,
-            leaves=leaves,
-            packs=packs,
-            metadata=rec.get("metadata"),
-            codec=codec,
-            chunk_size=_count(rec.get("chunk_size"), "chunk_size", MAX_CHUNK_BYTES),
-            version=version,
-        )

@@ -1,0 +1,192 @@
+"""A manifest as public read-only records, made from its columns on demand.
+
+:class:`Manifest` is what ``Store.manifest()`` and ``Checkpoint.manifest`` return: a view of the
+one in-memory model (:class:`~treestore._format.columns.Columns`). Its header fields are the
+columns'; its tree record, packs and leaf entries are made when first asked for, and a leaf's
+:class:`~treestore._format.records.LeafEntry` only when that leaf is asked for — looking at one
+leaf of a manifest of a million makes one record.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, overload
+
+from treestore._format.columns import (
+    ARRAY_CODES,
+    DTYPE_NAMES,
+    KINDS,
+    PIECED,
+    PRNG_NAMES,
+    PRNG_SHIFT,
+    WEAK_TYPE,
+    Columns,
+)
+from treestore._format.commit_record import CommitRecord
+from treestore._format.records import ChunkRef, LeafEntry, Piece
+from treestore.errors import OutOfMemoryError
+
+
+class Manifest:
+    """A checkpoint's manifest (SPEC.md §6), read-only.
+
+    ``name``, ``created``, ``metadata``, ``codec``, ``chunk_size`` and ``version`` (of the bytes
+    it was decoded from) are the stored fields; ``tree`` is the node record of the tree
+    (SPEC.md, appendix A.3); ``leaves`` the leaf entries in the tree's flattening order, each
+    made on first use; ``packs`` the pack chunks. ``columns`` is the model it views.
+
+    >>> import numpy as np, treestore
+    >>> _ = treestore.save("memory://doc/view", {"w": np.zeros(3), "step": 7}, "a")
+    >>> m = treestore.Store("memory://doc/view").manifest("a")
+    >>> len(m.leaves), m.leaves[0].address, m.leaves[0].value
+    (2, 'step', 7)
+    """
+
+    def __init__(self, columns: Columns) -> None:
+        columns.require_pieces()  # the columns of some leaves of a manifest are not a manifest
+        self.columns = columns
+
+    def __repr__(self) -> str:
+        return f"Manifest(name={self.name!r}, leaves={len(self.columns)}, version={self.version})"
+
+    @property
+    def name(self) -> str:
+        return self.columns.name
+
+    @property
+    def created(self) -> float:
+        return self.columns.created
+
+    @property
+    def metadata(self) -> Any:
+        return self.columns.metadata
+
+    @property
+    def codec(self) -> dict[str, Any]:
+        return dict(self.columns.codec)
+
+    @property
+    def chunk_size(self) -> int:
+        return self.columns.chunk_size
+
+    @property
+    def version(self) -> int:
+        return self.columns.version
+
+    @functools.cached_property
+    def tree(self) -> dict[str, Any]:
+        with _named(self.columns):
+            return self.columns.tree_record()
+
+    @functools.cached_property
+    def leaves(self) -> LeafEntries:
+        return LeafEntries(self.columns)
+
+    @functools.cached_property
+    def packs(self) -> tuple[ChunkRef, ...]:
+        with _named(self.columns):
+            return self.columns.pack_refs()
+
+    @property
+    def nbytes(self) -> int:
+        """Raw bytes of every leaf."""
+        return self.columns.nbytes
+
+    def mismatches(self, ref: CommitRecord) -> list[str]:
+        """How a commit record disagrees with this manifest (empty when it describes it)."""
+        return self.columns.mismatches(ref)
+
+    def chunk_digests(self) -> set[bytes]:
+        """Every chunk object this checkpoint needs."""
+        return self.columns.chunk_digests()
+
+
+class LeafEntries(Sequence[LeafEntry]):
+    """The leaf entries of a :class:`Columns`, each made on first use and kept."""
+
+    def __init__(self, columns: Columns) -> None:
+        self._columns = columns
+        self._made: dict[int, LeafEntry] = {}
+
+    def __len__(self) -> int:
+        return len(self._columns)
+
+    @overload
+    def __getitem__(self, i: int) -> LeafEntry: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[LeafEntry]: ...
+    def __getitem__(self, i: int | slice) -> LeafEntry | list[LeafEntry]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(f"leaf {i} of {n}")
+        i %= n
+        entry = self._made.get(i)
+        if entry is None:
+            with _named(self._columns):
+                entry = self._made[i] = leaf_entry(self._columns, i)
+        return entry
+
+    def __iter__(self) -> Iterator[LeafEntry]:
+        return (self[i] for i in range(len(self)))
+
+
+@contextmanager
+def _named(c: Columns) -> Iterator[None]:
+    """Running out of memory while making records names the checkpoint."""
+    try:
+        yield
+    except MemoryError:
+        raise OutOfMemoryError(
+            f"out of memory making the records of the manifest of checkpoint {c.name!r}", checkpoint=c.name
+        ) from None
+
+
+def leaf_entry(c: Columns, i: int) -> LeafEntry:
+    """Leaf ``i`` of ``c`` as a :class:`LeafEntry`."""
+    row = c.leaves[i]
+    kind = KINDS[row["kind"]]
+    address = c.address(i)
+    if row["kind"] >= ARRAY_CODES:
+        return LeafEntry(address, kind, value=c.value(i))
+    c.require_pieces(i)
+    flags = int(row["flags"])
+    lo = int(c.chunk_start[i])
+    chunks = _refs(c, lo, int(c.chunk_start[i + 1]))
+    pieces: tuple[Piece, ...] = ()
+    if flags & PIECED:
+        starts, shapes, first, count = c.piece_rows(i)
+        pieces = tuple(
+            Piece(tuple(start), tuple(box), chunks[f - lo : f - lo + n])
+            for start, box, f, n in zip(
+                starts.tolist(), shapes.tolist(), first.tolist(), count.tolist(), strict=True
+            )
+        )
+    return LeafEntry(
+        address,
+        kind,
+        DTYPE_NAMES[row["dtype"]],
+        c.shape(i),
+        chunks,
+        PRNG_NAMES[flags >> PRNG_SHIFT],
+        pieces=pieces,
+        weak_type=bool(flags & WEAK_TYPE),
+    )
+
+
+def _refs(c: Columns, start: int, end: int) -> tuple[ChunkRef, ...]:
+    rows = c.chunks[start:end]
+    digests = rows["digest"].tobytes()
+    out = []
+    for j, (raw, stored, pack, offset) in enumerate(
+        zip(*(rows[f].tolist() for f in ("raw", "stored", "pack", "offset")), strict=True)
+    ):
+        d = digests[32 * j : 32 * j + 32]
+        out.append(ChunkRef(d, raw, stored) if pack < 0 else ChunkRef(d, raw, stored, pack, offset))
+    return tuple(out)
+
+
+__all__ = ["LeafEntries", "Manifest", "leaf_entry"]
