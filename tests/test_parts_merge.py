@@ -26,7 +26,7 @@ from treestore._engine import locks as _locks
 from treestore._engine import parts as parts_module
 from treestore._engine.commit import commit
 from treestore._engine.group_runtime import LocalRuntime
-from treestore._engine.parts import NOT_READ, complete
+from treestore._engine.parts import UNREAD_PART, complete
 from treestore._engine.read import read_columns, read_commit_record, read_frame, read_manifest_bytes
 from treestore._engine.write import SaveOptions, SaveResult, prepare
 from treestore._format import parted as parted_module
@@ -35,7 +35,7 @@ from treestore._format.columns_codec import decode_any, decode_columns, encode, 
 from treestore._format.encoding import digest
 from treestore._format.leaf_table import LeafTable, ref_of
 from treestore._format.part import decode_part, encode_part, leaf_range, part_from_fields
-from treestore._format.part_merge import frame_of, plan_from_fields
+from treestore._format.part_merge import frame_leaves_from_fields, frame_of
 from treestore._format.parted import Parted, PartRef
 from treestore._format.paths import manifest_path
 from treestore._format.records import ChunkRef, LeafEntry, Piece
@@ -294,12 +294,12 @@ def test_a_reader_merges_the_parts_into_the_manifest_one_process_would_write():
         shares = [part_from_fields(*_written(where, owned[k], packs[k]))[0] for k in range(len(owned))]
         parts = [encode_part(share, layout) for share in shares]
         addresses = [e.address for e in manifest.leaves]
-        plan = plan_from_fields(
+        frame_leaves = frame_leaves_from_fields(
             manifest.tree, addresses.__getitem__, _written(where, owned[0], packs[0])[0], sharded
         )
         header = {"name": "m", "created": 1.5, "metadata": manifest.metadata, "codec": {}, "chunk_size": 0}
         refs = [PartRef(digest(p), len(p), *leaf_range(s)) for p, s in zip(parts, shares, strict=True)]
-        frame = frame_of(plan, header, layout, refs)
+        frame = frame_of(frame_leaves, header, layout, refs)
         decoded = decode_columns(encode_columns(frame), "m")
         assert isinstance(decoded, Parted) and decoded.parts == frame.parts
         columns, problems = complete(decoded, [decode_part(p, layout) for p in parts])
@@ -311,7 +311,7 @@ def test_a_reader_merges_the_parts_into_the_manifest_one_process_would_write():
         needed = set(decoded.needed(chosen).tolist())
         for k, share in enumerate(shares):  # a part not needed holds no piece of a chosen leaf
             assert k in needed or not chosen[share.piece_leaves].any()
-        given = [decode_part(p, layout) if k in needed else NOT_READ for k, p in enumerate(parts)]
+        given = [decode_part(p, layout) if k in needed else UNREAD_PART for k, p in enumerate(parts)]
         some, problems = complete(decoded, given, chosen)
         assert some is not None and not problems, problems
         assert some.parts == tuple(refs[k].digest for k in sorted(needed))  # those it was given
@@ -319,7 +319,7 @@ def test_a_reader_merges_the_parts_into_the_manifest_one_process_would_write():
         picked = [leaf_entry(some, i) for i in rows]
         assert _resolved(manifest, picked, some.pack_refs()) == [_resolved(manifest)[i] for i in rows], trial
         for i in np.flatnonzero(~chosen & np.array(sharded)).tolist():
-            assert some.waiting[i]
+            assert some.unread[i]
             with pytest.raises(RuntimeError, match="parts not read"):
                 leaf_entry(some, i)
 
@@ -811,8 +811,8 @@ def test_waiting_processes_keep_their_save_locks_fresh(store_url, monkeypatch):
     results = run_job(storage, job(), "job", options=OPTIONS)
     assert all(isinstance(r, SaveResult) for r in results), results
     (began,) = storage.delayed
-    waiting = {name.split()[0] for t, name in storage.lock_writes if began + 1.0 < t < began + 1.9}
-    assert {"process-0", "process-1", "process-3"} <= waiting, storage.lock_writes
+    unread = {name.split()[0] for t, name in storage.lock_writes if began + 1.0 < t < began + 1.9}
+    assert {"process-0", "process-1", "process-3"} <= unread, storage.lock_writes
 
 
 def test_a_job_of_one_process_saves_through_the_group_path(store_url):

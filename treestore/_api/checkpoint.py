@@ -284,7 +284,7 @@ class Checkpoint:
         found = self._made.get(i, _MISSING)
         if found is _MISSING:
             columns, reader = self._source, self.reader
-            if columns.waiting[i]:  # a sharded leaf of a frame: only the parts it needs are read
+            if columns.unread[i]:  # a sharded leaf of a frame: only the parts it needs are read
                 columns, reader = self._completing(i)
             array = columns.leaves["kind"][i] < ARRAY_CODES
             found = self._made[i] = LazyLeaf(reader, columns, i) if array else columns.value(i)
@@ -300,7 +300,7 @@ class Checkpoint:
         assert self._parted is not None
         one = np.zeros(len(self._frame), bool)
         one[i] = True
-        mask = self._frame.waiting & self._parted.covered(self._parted.needed(one))
+        mask = self._frame.unread & self._parted.covered(self._parted.needed(one))
         columns = _parts.assemble(self.storage, self._parted, mask, self._parts)
         reader = _read.ChunkReader(self.storage, columns)
         self._readers.append(reader)

@@ -61,7 +61,7 @@ from treestore._format.part import (
     most_pieces,
     part_from_fields,
 )
-from treestore._format.part_merge import PACK_INDEX_END, Plan, frame_of, plan_from_fields
+from treestore._format.part_merge import PACK_INDEX_END, FrameLeaves, frame_leaves_from_fields, frame_of
 from treestore._format.parted import Parted, PartRef
 from treestore._format.records import ChunkRef
 from treestore._storage.base import Storage
@@ -198,8 +198,8 @@ def _committed_stats(
     leaves: Sequence[tuple[str, Leaf]], sharded: Sequence[bool], written: Written, partial: list[bytes | None]
 ) -> np.ndarray | None:
     """The manifest's statistics: the primary's records of the leaves that are not sharded, and
-    for each sharded leaf every process's records of its pieces combined exactly (counts and
-    sums of squares add, minima and maxima combine; each element lies in one process's pieces,
+    for each sharded leaf every process's records of its pieces gathered exactly (counts and
+    sums of squares add, minima and maxima gather; each element lies in one process's pieces,
     replicas being stored once). A sharded leaf is UNKNOWN when a process sent no statistics."""
     if not written.measured:
         return None
@@ -335,12 +335,14 @@ class Group:
                 if failure is not None:
                     raise failure
                 assert written is not None
-                plan = plan_from_fields(tree, lambda i: leaves[i][0], written.fields(), sharded)
-                parts, cover, partial = self._gather(plan, layout, coverage is not None)
+                frame_leaves = frame_leaves_from_fields(
+                    tree, lambda i: leaves[i][0], written.fields(), sharded
+                )
+                parts, cover, partial = self._gather(frame_leaves, layout, coverage is not None)
                 stats = _committed_stats(leaves, sharded, written, partial)
                 if stats is not None:
                     header = {**header, "stats": stats}
-                frame = frame_of(plan, {**header, "created": time.time()}, layout, parts)
+                frame = frame_of(frame_leaves, {**header, "created": time.time()}, layout, parts)
                 if cover != expected or empty:  # a zero-size leaf's pieces weigh nothing
                     self._merge_parts(storage, frame, cover == expected)
                 columns = frame.frame
@@ -412,7 +414,7 @@ class Group:
         return f"treestore/{self.save_id}/summary/{index}"
 
     def _gather(
-        self, plan: Plan, layout: bytes, parted: bool
+        self, frame_leaves: FrameLeaves, layout: bytes, parted: bool
     ) -> tuple[list[PartRef], int, list[bytes | None]]:
         """Every process's summary, with one request to the runtime: each process's part (none
         when the tree has no sharded leaf), the sum of their coverage fingerprints, and each
@@ -429,9 +431,9 @@ class Group:
                 problems[i] = got
             elif parted and got.part is None:
                 problems[i] = "it wrote no part"
-            elif got.end > len(plan.leaves):
+            elif got.end > len(frame_leaves.leaves):
                 problems[i] = (
-                    f"its pieces lie in leaves up to {got.end}, beyond the tree's {len(plan.leaves)}"
+                    f"its pieces lie in leaves up to {got.end}, beyond the tree's {len(frame_leaves.leaves)}"
                 )
             else:
                 summaries.append(got)
@@ -456,7 +458,7 @@ class Group:
                 f"bytes, over the {MAX_PARTS_BYTES} bytes readers accept: save fewer pieces",
                 checkpoint=self.name,
             )
-        if len(plan.packs) + sum(s.packs for s in summaries) >= PACK_INDEX_END:
+        if len(frame_leaves.packs) + sum(s.packs for s in summaries) >= PACK_INDEX_END:
             raise InvalidInputError(f"{where}: over 2**31 packs", checkpoint=self.name)
         parts = [PartRef(s.part, s.size, s.first, s.end) for s in summaries if parted and s.part is not None]
         return parts, sum(s.cover for s in summaries) % P, [s.stats for s in summaries]

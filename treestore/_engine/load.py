@@ -55,8 +55,8 @@ def load(
         rows = None if wanted is None else [i for i, a in enumerate(columns.addresses) if a in wanted]
         if like is None:
             return _rebuilt(storage, columns, wanted, rows, threads, trusted)
-        if rows is None and columns.waiting.any():  # completed for the template's leaves
-            rows = np.flatnonzero(~columns.waiting).tolist()
+        if rows is None and columns.unread.any():  # completed for the template's leaves
+            rows = np.flatnonzero(~columns.unread).tolist()
         return _like(storage, columns, rows, like, prefix, cast, partial, threads)
 
 

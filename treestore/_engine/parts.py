@@ -4,7 +4,7 @@ with the frame into the checkpoint's columns, which are checked as any manifest 
 
 A reader of every leaf reads every part. A reader of some leaves (``leaves``, a bool mask over
 the frame's) reads only the parts whose leaf range meets one of them saved in pieces, and gets
-columns in which the other sharded leaves wait for their parts (``Columns.waiting``): each leaf
+columns in which the other sharded leaves wait for their parts (``Columns.unread``): each leaf
 it reads is checked as in a whole manifest, and a frame that lists a part's range wrongly leaves
 a gap in a leaf read, which is refused.
 """
@@ -21,7 +21,7 @@ from treestore._format import paths as _paths
 from treestore._format.columns import Columns
 from treestore._format.encoding import Bad, digest
 from treestore._format.part import PART_FIELDS, Part, decode_part
-from treestore._format.part_merge import combine, merge, plan_from_frame
+from treestore._format.part_merge import frame_leaves_of, gather, merge
 from treestore._format.parted import Parted
 from treestore._storage.base import Storage
 from treestore.errors import InvalidInputError, ManifestCorruptError, OutOfMemoryError
@@ -40,7 +40,7 @@ def part_bytes(storage: Storage, found: bytes, size: int) -> bytes | str:
     return data
 
 
-NOT_READ = Part.of({key: np.zeros(0, dtype) for key, dtype in PART_FIELDS.items()})  # a part left
+UNREAD_PART = Part.of({key: np.zeros(0, dtype) for key, dtype in PART_FIELDS.items()})  # a part left
 Decoded = MutableMapping[int, "Part | str"]  # part index -> the part, decoded, or why it cannot be used
 
 
@@ -48,7 +48,7 @@ def read_parts(
     storage: Storage, parted: Parted, which: Sequence[int] | None = None, cache: Decoded | None = None
 ) -> list[Part | str]:
     """Each part of ``parted``, decoded, or (a str) why it cannot be used: those in ``which``
-    (default: every part), the others :data:`NOT_READ`. ``cache`` keeps what was read, for the
+    (default: every part), the others :data:`UNREAD_PART`. ``cache`` keeps what was read, for the
     next call. A failing storage raises StorageError."""
 
     def read(k: int) -> Part | str:
@@ -68,7 +68,7 @@ def read_parts(
         with cf.ThreadPoolExecutor(min(READERS, len(missing))) as pool:
             cache.update(zip(missing, pool.map(read, missing), strict=True))
     chosen = set(wanted)
-    return [cache[k] if k in chosen else NOT_READ for k in range(len(parted.parts))]
+    return [cache[k] if k in chosen else UNREAD_PART for k in range(len(parted.parts))]
 
 
 def named(problems: dict[int, str]) -> str:
@@ -81,14 +81,14 @@ def complete(
     parted: Parted, decoded: Sequence[Part], leaves: np.ndarray | None = None
 ) -> tuple[Columns | None, dict[int, str]]:
     """The columns of ``parted`` with its decoded parts (part k being process k's;
-    :data:`NOT_READ` for one a reader of ``leaves`` does not need): (the columns, {}) or (None,
+    :data:`UNREAD_PART` for one a reader of ``leaves`` does not need): (the columns, {}) or (None,
     what is wrong with each process's part); InvalidInputError naming the leaf (and the
     processes) when the pieces do not make a readable manifest. With ``leaves`` (a bool mask),
     only their pieces are listed; the other sharded leaves wait."""
     frame = parted.frame
-    plan = plan_from_frame(frame)
-    combined, problems = combine(plan, decoded, parted.ranges, leaves)
-    if combined is None:
+    frame_leaves = frame_leaves_of(frame)
+    gathered, problems = gather(frame_leaves, decoded, parted.ranges, leaves)
+    if gathered is None:
         return None, problems
     header = {
         "name": frame.name,
@@ -97,8 +97,8 @@ def complete(
         "codec": frame.codec,
         "chunk_size": frame.chunk_size,
     }
-    columns = merge(plan, combined, header, None if leaves is None else ~leaves)
-    read = tuple(p.digest for p, got in zip(parted.parts, decoded, strict=True) if got is not NOT_READ)
+    columns = merge(frame_leaves, gathered, header, None if leaves is None else ~leaves)
+    read = tuple(p.digest for p, got in zip(parted.parts, decoded, strict=True) if got is not UNREAD_PART)
     return replace(columns, parts=read, stats=frame.stats, stats_note=frame.stats_note), {}
 
 
@@ -151,8 +151,8 @@ def assemble(
 
 
 __all__ = [
-    "NOT_READ",
     "READERS",
+    "UNREAD_PART",
     "Decoded",
     "assemble",
     "complete",

@@ -130,7 +130,7 @@ class Columns:
     leaf_nbytes: np.ndarray = field(repr=False)  # int64 [n]: raw bytes of each leaf
     # Per leaf: saved in pieces, which are in parts not read (SPEC 8): a frame's sharded
     # leaves, or those a reader of other leaves left. Such a leaf lists no piece or chunk ref.
-    waiting: np.ndarray = field(repr=False)
+    unread: np.ndarray = field(repr=False)
     version: int = VERSION  # the version of the bytes it was decoded from
     parts: tuple[bytes, ...] = ()  # the digests of the parts its pieces were read from (SPEC 8)
     # The optional statistics of each leaf's values (STATS_DTYPE, one record per leaf; None when
@@ -154,7 +154,7 @@ class Columns:
     def _piece_index(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(rank among pieced leaves per leaf, first piece per pieced leaf, first chunk per
         piece, first dimension entry per piece)."""
-        pieced = ((self.leaves["flags"] & PIECED) != 0) & ~self.waiting
+        pieced = ((self.leaves["flags"] & PIECED) != 0) & ~self.unread
         rank = np.cumsum(pieced) - 1
         first = prefix_sums(self.piece_counts)
         owner = np.repeat(np.flatnonzero(pieced), self.piece_counts)
@@ -169,8 +169,8 @@ class Columns:
     def require_pieces(self, i: int | None = None) -> None:
         """Refuse to go on where the pieces of leaf ``i`` (None: of any leaf) are in parts not
         read: what needs them must complete the frame first (:mod:`treestore._engine.parts`)."""
-        if self.waiting[i] if i is not None else self.waiting.any():
-            j = i if i is not None else int(np.argmax(self.waiting))
+        if self.unread[i] if i is not None else self.unread.any():
+            j = i if i is not None else int(np.argmax(self.unread))
             raise RuntimeError(f"leaf {self.address(j) or '(root)'}: its pieces are in parts not read")
 
     @functools.cached_property

@@ -43,9 +43,9 @@ from treestore.errors import UnsupportedFormatError
 PIECE_FIELDS = ("piece_counts", "piece_chunks", "piece_start", "piece_shape")
 
 
-def validate(fields: dict[str, Any], nodes: Nodes, *, waiting: bool | np.ndarray = False) -> Columns:
+def validate(fields: dict[str, Any], nodes: Nodes, *, unread: bool | np.ndarray = False) -> Columns:
     """Check every column (the tree checked already) and build :class:`Columns`; Bad or
-    UnsupportedFormatError otherwise. ``waiting``: the leaves saved in pieces that are in parts
+    UnsupportedFormatError otherwise. ``unread``: the leaves saved in pieces that are in parts
     not read (SPEC.md, section 8) — True for every such leaf (the frame of a manifest stored in
     parts), or a mask — which list no piece and no chunk ref here; the others are checked as
     in any manifest."""
@@ -102,11 +102,11 @@ def validate(fields: dict[str, Any], nodes: Nodes, *, waiting: bool | np.ndarray
     _check_refs(chunks, packs)
     held = _sums(chunks["raw"], chunk_start)
     pieced = (flags & PIECED) != 0
-    parted = waiting is True
-    waiting = pieced & waiting if waiting is not False else np.zeros(n, bool)  # their parts hold them
-    if (parted and any(len(fields[key]) for key in PIECE_FIELDS)) or np.any(nchunks[waiting]):
+    parted = unread is True
+    unread = pieced & unread if unread is not False else np.zeros(n, bool)  # their parts hold them
+    if (parted and any(len(fields[key]) for key in PIECE_FIELDS)) or np.any(nchunks[unread]):
         raise Bad("a manifest in parts lists pieces or chunk refs of a leaf its parts hold")
-    if np.any(bad := (held != nbytes) & ~waiting):
+    if np.any(bad := (held != nbytes) & ~unread):
         j = int(np.argmax(bad))
         raise Bad(f"leaf {at(bad)}: its shape needs {int(nbytes[j])} bytes, chunks hold {int(held[j])}")
     values = fields["values"]
@@ -126,7 +126,7 @@ def validate(fields: dict[str, Any], nodes: Nodes, *, waiting: bool | np.ndarray
         fields["name"], fields["created"], fields["metadata"], fields["codec"], fields["chunk_size"],
         nodes, leaves, shapes, tuple(decoded), fields["piece_counts"], fields["piece_chunks"],
         fields["piece_start"], fields["piece_shape"], chunks, packs, chunk_start, shape_start, nbytes,
-        waiting, stats=stats, stats_note=note,
+        unread, stats=stats, stats_note=note,
     )  # fmt: skip
     _check_pieces(columns, at)
     return columns
@@ -183,7 +183,7 @@ def _check_refs(chunks: np.ndarray, packs: np.ndarray) -> None:
 def _check_pieces(c: Columns, at: Any) -> None:
     """Pieces tile their leaf: counts, boxes and sizes vectorised, the grid per sharded leaf."""
     leaves = c.leaves
-    pieced = np.flatnonzero(((leaves["flags"] & PIECED) != 0) & ~c.waiting)
+    pieced = np.flatnonzero(((leaves["flags"] & PIECED) != 0) & ~c.unread)
     counts = c.piece_counts.astype(np.int64)
     if len(counts) != len(pieced):
         raise Bad(f"{len(counts)} piece counts for {len(pieced)} leaves saved in pieces")

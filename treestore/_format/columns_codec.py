@@ -132,7 +132,7 @@ def _decode_record(rec: dict[str, Any], checkpoint: str) -> Columns | Parted:
         if not _get(rec, "parts", list):
             return validate(fields, nodes)
         parted = parts_from_record(rec, len(fields["leaves"]))
-        return Parted(validate(fields, nodes, waiting=True), *parted)
+        return Parted(validate(fields, nodes, unread=True), *parted)
 
 
 def encode_columns(manifest: Columns | Parted) -> bytes:
@@ -184,14 +184,14 @@ def encode(columns: Columns, version: int = FORMAT_VERSION) -> bytes:
 
 
 def columns_from_fields(
-    fields: dict[str, Any], tree: object, *, waiting: bool | np.ndarray = False
+    fields: dict[str, Any], tree: object, *, unread: bool | np.ndarray = False
 ) -> Columns:
     """A version-2 manifest assembled column by column (a multi-process save merging its
     processes' parts), checked exactly as readers check one: ``fields`` holds what
     :func:`decode_columns` reads from a manifest's bytes (the arrays of ARRAY_FIELDS but
     ``nodes`` and ``node_leaves``, in those dtypes; ``name``, ``created``, ``metadata``, ``codec``,
     ``chunk_size``; ``values`` as stored), ``tree`` the version-1 node record or a
-    :class:`~treestore._format.columns_tree.Nodes` table, ``waiting`` as :func:`validate`
+    :class:`~treestore._format.columns_tree.Nodes` table, ``unread`` as :func:`validate`
     takes it. InvalidInputError naming the checkpoint when readers would refuse it."""
     name = fields["name"]
     check_metadata(fields["metadata"])
@@ -204,7 +204,7 @@ def columns_from_fields(
         nodes = tree if isinstance(tree, Nodes) else nodes_from_tree(tree, nleaves)
         if len(nodes.leaves) != nleaves:
             raise Bad(f"the tree has {len(nodes.leaves)} leaves, the columns {nleaves}")
-        return validate({**fields, "chunk_size": chunk_size}, nodes, waiting=waiting)
+        return validate({**fields, "chunk_size": chunk_size}, nodes, unread=unread)
     except (Bad, UnsupportedFormatError) as exc:
         raise InvalidInputError(
             f"checkpoint {name!r}: its manifest would not be readable: {exc}", checkpoint=name

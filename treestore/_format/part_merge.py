@@ -1,9 +1,9 @@
 """The merge of a manifest's frame and every process's part into one version-2 manifest, with
 numpy alone (SPEC.md, section 8.7).
 
-The frame says what every leaf is (:class:`Plan`: the primary's, from its leaf entries when it
+The frame says what every leaf is (:class:`FrameLeaves`: the primary's, from its leaf entries when it
 commits, or a reader's, from a decoded frame); the parts are concatenated (process 0's first) and
-checked together (:func:`combine`); pack indices are renumbered (each part's packs follow the
+checked together (:func:`gather`); pack indices are renumbered (each part's packs follow the
 frame's and the earlier parts'), pieces are ordered by leaf and then by start, each leaf's chunk
 refs are placed among the frame's own leaves', and the resulting columns are checked exactly as
 readers check a manifest (:func:`treestore._format.columns_codec.columns_from_fields`). No piece
@@ -44,7 +44,7 @@ def _words(table: np.ndarray) -> np.ndarray:
 
 
 @dataclass(frozen=True, eq=False)
-class Plan:
+class FrameLeaves:
     """What a manifest's frame says of every leaf: the leaf rows (``chunks`` 0 and no PIECED
     flag for sharded leaves), shapes, values and the chunk refs of leaves that are not sharded,
     leaf after leaf, and the packs those refs index."""
@@ -61,10 +61,10 @@ class Plan:
     sharded: np.ndarray  # bool per leaf
 
 
-def plan_from_fields(
+def frame_leaves_from_fields(
     tree: object, address: Callable[[int], str], fields: Mapping[str, Any], sharded: Sequence[bool]
-) -> Plan:
-    """The primary's :class:`Plan`, from the manifest arrays of what it wrote (every leaf, in
+) -> FrameLeaves:
+    """The primary's :class:`FrameLeaves`, from the manifest arrays of what it wrote (every leaf, in
     leaf order, as :func:`treestore._format.part.part_from_fields` takes them) and its packs:
     a sharded leaf lists no chunk ref (its pieces are in the parts)."""
     leaves = fields["leaves"].copy()
@@ -73,7 +73,7 @@ def plan_from_fields(
     leaves["chunks"][split] = 0
     leaves["flags"] &= ~np.uint8(PIECED)
     ndim = leaves["ndim"].astype(np.int64)
-    return Plan(
+    return FrameLeaves(
         tree,
         address,
         leaves,
@@ -87,14 +87,14 @@ def plan_from_fields(
     )
 
 
-def plan_from_frame(frame: Columns) -> Plan:
-    """A reader's :class:`Plan`, from the validated frame of a manifest stored in parts."""
+def frame_leaves_of(frame: Columns) -> FrameLeaves:
+    """A reader's :class:`FrameLeaves`, from the validated frame of a manifest stored in parts."""
     sharded = (frame.leaves["flags"] & PIECED) != 0
     leaves = frame.leaves.copy()
     leaves["flags"] &= ~np.uint8(PIECED)
     values = tuple(stored_values(frame))
     ndim = leaves["ndim"].astype(np.int64)
-    return Plan(
+    return FrameLeaves(
         frame.nodes,
         frame.address,
         leaves,
@@ -108,30 +108,32 @@ def plan_from_frame(frame: Columns) -> Plan:
     )
 
 
-def frame_of(plan: Plan, header: Mapping[str, Any], layout: bytes, parts: Sequence[PartRef]) -> Parted:
-    """The frame of the manifest a multi-process save commits: ``plan`` (the primary's leaves),
+def frame_of(
+    frame_leaves: FrameLeaves, header: Mapping[str, Any], layout: bytes, parts: Sequence[PartRef]
+) -> Parted:
+    """The frame of the manifest a multi-process save commits: ``frame_leaves`` (the primary's leaves),
     ``header`` (``name``, ``created``, ``metadata``, ``codec``, ``chunk_size``) and its parts,
     checked as readers check a frame (InvalidInputError naming the checkpoint otherwise)."""
-    rows = plan.leaves.copy()
-    rows["flags"][plan.sharded] |= PIECED
+    rows = frame_leaves.leaves.copy()
+    rows["flags"][frame_leaves.sharded] |= PIECED
     none = np.zeros(0, "<u4")
     fields = {
         **header,
         "leaves": rows,
-        "shapes": plan.shapes,
-        "values": list(plan.values),
+        "shapes": frame_leaves.shapes,
+        "values": list(frame_leaves.values),
         "piece_counts": none,
         "piece_chunks": none,
         "piece_start": none.astype("<u8"),
         "piece_shape": none.astype("<u8"),
-        "chunks": plan.chunks,
-        "packs": plan.packs,
+        "chunks": frame_leaves.chunks,
+        "packs": frame_leaves.packs,
     }
-    return Parted(columns_from_fields(fields, plan.tree, waiting=True), layout, tuple(parts))
+    return Parted(columns_from_fields(fields, frame_leaves.tree, unread=True), layout, tuple(parts))
 
 
 @dataclass(frozen=True, eq=False)
-class Combined:
+class PartPieces:
     """Every process's part concatenated, process 0's first: per piece its leaf, process and
     number of chunk refs; the pieces' starts and shapes (their leaf's ndim entries each); the
     chunk refs as u4 rows, pack indices renumbered into ``packs``."""
@@ -146,18 +148,18 @@ class Combined:
     packs: np.ndarray
 
 
-def combine(
-    plan: Plan,
+def gather(
+    frame_leaves: FrameLeaves,
     parts: Sequence[Part],
     ranges: np.ndarray,
     keep: np.ndarray | None = None,
-) -> tuple[Combined | None, dict[int, str]]:
+) -> tuple[PartPieces | None, dict[int, str]]:
     """The parts (part k being process k's, each decoded; an empty part for one not
     read) concatenated and checked together: (the combination, {}) or (None, what is wrong with
     each process's part). Part k's pieces must lie in the leaves ``ranges[k]`` (int64 ``[first,
     end)``, as its frame lists it). ``keep`` (a bool mask over the leaves): only their pieces
     are kept, once every piece is checked."""
-    n = len(plan.leaves)
+    n = len(frame_leaves.leaves)
     pieces = np.array([len(s.piece_leaves) for s in parts], np.int64)
     nrefs = np.array([len(s.chunks) for s in parts], np.int64)
     npacks = np.array([len(s.packs) for s in parts], np.int64)
@@ -179,8 +181,8 @@ def combine(
     refuse(outside, process, "a piece lies outside the leaves its frame lists")
     known = np.minimum(leaf, max(n - 1, 0))
     if n:
-        refuse(~plan.sharded[known], process, "it holds a piece of a leaf that is not sharded")
-    dims = np.bincount(process, plan.ndim[known] if n else None, len(parts)).astype(np.int64)
+        refuse(~frame_leaves.sharded[known], process, "it holds a piece of a leaf that is not sharded")
+    dims = np.bincount(process, frame_leaves.ndim[known] if n else None, len(parts)).astype(np.int64)
     held = np.array([[len(s.piece_start), len(s.piece_shape)] for s in parts], np.int64).reshape(-1, 2)
     refuse(
         np.any(held != dims[:, None], axis=1),
@@ -192,20 +194,20 @@ def combine(
     refuse((pack < -1) | (pack >= npacks[owner]), owner, "a pack index is out of range")
     if problems:
         return None, problems
-    base = prefix_sums(npacks) + len(plan.packs)  # each part's packs follow the frame's
-    if base[-1] > len(plan.packs):
+    base = prefix_sums(npacks) + len(frame_leaves.packs)  # each part's packs follow the frame's
+    if base[-1] > len(frame_leaves.packs):
         moved = np.where(pack < 0, -1, np.minimum(pack + base[owner], PACK_INDEX_END - 1))
         refs[:, _PACK_WORD] = moved.astype(np.int32).view(np.uint32)
     start = np.concatenate([s.piece_start for s in parts])
     shape = np.concatenate([s.piece_shape for s in parts])
-    packs = np.concatenate([plan.packs, *(s.packs for s in parts)])
+    packs = np.concatenate([frame_leaves.packs, *(s.packs for s in parts)])
     if keep is not None:  # a reader of some leaves: the others' pieces go
         kept = keep[leaf]
-        boxes = np.repeat(kept, plan.ndim[leaf])
+        boxes = np.repeat(kept, frame_leaves.ndim[leaf])
         refs = refs[np.repeat(kept, counts)]
         leaf, process, counts = leaf[kept], process[kept], counts[kept]
         start, shape = start[boxes], shape[boxes]
-    return Combined(len(parts), leaf, process, counts, start, shape, refs, packs), {}
+    return PartPieces(len(parts), leaf, process, counts, start, shape, refs, packs), {}
 
 
 def _in_order(leaf: np.ndarray, grid: np.ndarray) -> bool:
@@ -220,14 +222,14 @@ def _in_order(leaf: np.ndarray, grid: np.ndarray) -> bool:
     return bool(np.all(before | equal | ~same))
 
 
-def _ordered(plan: Plan, c: Combined) -> tuple[Pieces, np.ndarray, np.ndarray]:
+def _ordered(frame_leaves: FrameLeaves, c: PartPieces) -> tuple[Pieces, np.ndarray, np.ndarray]:
     """The pieces ordered by leaf, then by start in lexicographic order (ties in process order),
     with each one's number of chunk refs and the chunk refs (u4 rows) in that order.
 
     Boxes are sorted as rows of their leaf's rank, rank by rank: never padded to the widest
     rank, which would let a part of many small pieces allocate their count times 64 words."""
     leaf = c.leaf
-    ndim = plan.ndim[leaf]
+    ndim = frame_leaves.ndim[leaf]
     widths = np.unique(ndim).tolist()
     if len(widths) <= 1:  # the usual case: boxes of one width are rows
         width = widths[0] if widths else 0
@@ -259,40 +261,46 @@ def _ordered(plan: Plan, c: Combined) -> tuple[Pieces, np.ndarray, np.ndarray]:
 
 
 def merge(
-    plan: Plan, combined: Combined, header: Mapping[str, Any], waiting: np.ndarray | None = None
+    frame_leaves: FrameLeaves,
+    gathered: PartPieces,
+    header: Mapping[str, Any],
+    unread: np.ndarray | None = None,
 ) -> Columns:
-    """The version-2 manifest of a multi-process save: ``plan`` (the primary's leaves), every
-    process's pieces (``combined``) and ``header`` (``name``, ``created``, ``metadata``,
-    ``codec``, ``chunk_size``), checked as readers check a manifest. ``waiting`` (a bool mask):
+    """The version-2 manifest of a multi-process save: ``frame_leaves`` (the primary's leaves), every
+    process's pieces (``gathered``) and ``header`` (``name``, ``created``, ``metadata``,
+    ``codec``, ``chunk_size``), checked as readers check a manifest. ``unread`` (a bool mask):
     the sharded leaves whose pieces were left out (a reader's of other leaves); they list none.
 
     A sharded leaf whose one piece covers all of it is stored as a plain leaf (SPEC.md, section
     6.6). InvalidInputError when readers would refuse the manifest, naming the leaf and the
     processes whose pieces make it unreadable where that is the cause.
     """
-    n = len(plan.leaves)
-    waiting = np.zeros(n, bool) if waiting is None else waiting & plan.sharded
-    pieces, piece_chunks, piece_refs = _ordered(plan, combined)
+    n = len(frame_leaves.leaves)
+    unread = np.zeros(n, bool) if unread is None else unread & frame_leaves.sharded
+    pieces, piece_chunks, piece_refs = _ordered(frame_leaves, gathered)
     leaf, ndim = pieces.leaf, pieces.ndim
     counts = np.bincount(leaf, minlength=n)
-    pieced = plan.sharded.copy()
+    pieced = frame_leaves.sharded.copy()
     single = np.flatnonzero(counts[leaf] == 1)
     if len(single):  # one piece that is the whole leaf (start 0, the leaf's shape): a plain leaf
         entries = concat_ranges(prefix_sums(ndim)[:-1][single], ndim[single])
-        dims = plan.shapes[concat_ranges(plan.shape_start[leaf[single]], ndim[single])]
+        dims = frame_leaves.shapes[concat_ranges(frame_leaves.shape_start[leaf[single]], ndim[single])]
         off = (pieces.shape[entries] != dims) | (pieces.start[entries] != 0)
         partial = np.bincount(np.repeat(np.arange(len(single)), ndim[single]), off, len(single)) > 0
         pieced[leaf[single[~partial]]] = False
-    nchunks = plan.leaves["chunks"].astype(np.int64)
-    nchunks[plan.sharded] = np.bincount(leaf, piece_chunks, n).astype(np.int64)[plan.sharded]
-    if len(plan.chunks):
+    nchunks = frame_leaves.leaves["chunks"].astype(np.int64)
+    nchunks[frame_leaves.sharded] = np.bincount(leaf, piece_chunks, n).astype(np.int64)[frame_leaves.sharded]
+    if len(frame_leaves.chunks):
         chunk_start = prefix_sums(nchunks)
         words = np.empty((int(chunk_start[-1]), _REF_WORDS), np.uint32)
-        for mask, refs in ((~plan.sharded, _words(plan.chunks)), (plan.sharded, piece_refs)):
+        for mask, refs in (
+            (~frame_leaves.sharded, _words(frame_leaves.chunks)),
+            (frame_leaves.sharded, piece_refs),
+        ):
             words[concat_ranges(chunk_start[:-1][mask], nchunks[mask])] = refs  # pieces come leaf by leaf
     else:  # every chunk ref is a piece's
         words = piece_refs
-    rows = plan.leaves.copy()
+    rows = frame_leaves.leaves.copy()
     rows["flags"][pieced] |= PIECED
     rows["chunks"] = np.minimum(nchunks, 2**32 - 1)  # beyond u32: refused as a count mismatch
     keep = pieced[leaf]
@@ -303,24 +311,26 @@ def merge(
     fields = {
         **header,
         "leaves": rows,
-        "shapes": plan.shapes,
-        "values": list(plan.values),
-        "piece_counts": np.minimum(counts[pieced & ~waiting], 2**32 - 1).astype("<u4"),
+        "shapes": frame_leaves.shapes,
+        "values": list(frame_leaves.values),
+        "piece_counts": np.minimum(counts[pieced & ~unread], 2**32 - 1).astype("<u4"),
         "piece_chunks": per_piece,
         "piece_start": start,
         "piece_shape": shape,
         "chunks": words.view(CHUNK_DTYPE).ravel(),
-        "packs": combined.packs,
+        "packs": gathered.packs,
     }
     try:
-        return columns_from_fields(fields, plan.tree, waiting=waiting)
+        return columns_from_fields(fields, frame_leaves.tree, unread=unread)
     except InvalidInputError as exc:
-        listed = pieced & ~waiting
-        found = explain(pieces, listed, counts, plan.shapes, plan.shape_start, combined.processes)
+        listed = pieced & ~unread
+        found = explain(
+            pieces, listed, counts, frame_leaves.shapes, frame_leaves.shape_start, gathered.processes
+        )
         if found is None:
             raise
         i, why = found
-        address = plan.address(i)
+        address = frame_leaves.address(i)
         raise InvalidInputError(
             f"multi-process save of checkpoint {header['name']!r}: leaf {address or '(root)'}: {why} "
             f"({exc.message})",
@@ -331,11 +341,11 @@ def merge(
 
 __all__ = [
     "PACK_INDEX_END",
-    "Combined",
-    "Plan",
-    "combine",
+    "FrameLeaves",
+    "PartPieces",
+    "frame_leaves_from_fields",
+    "frame_leaves_of",
     "frame_of",
+    "gather",
     "merge",
-    "plan_from_fields",
-    "plan_from_frame",
 ]

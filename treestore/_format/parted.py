@@ -53,7 +53,7 @@ class Parted:
     def needed(self, leaves: np.ndarray | None = None) -> np.ndarray:
         """The indices of the parts a reader of ``leaves`` (a bool mask over the frame's leaves;
         None: every leaf) reads: those whose leaf range meets one of them saved in pieces."""
-        wanted = self.frame.waiting if leaves is None else self.frame.waiting & leaves
+        wanted = self.frame.unread if leaves is None else self.frame.unread & leaves
         held = prefix_sums(wanted.astype(np.int64))
         return np.flatnonzero(held[self.ranges[:, 1]] > held[self.ranges[:, 0]])
 
