@@ -60,37 +60,37 @@ def validate(fields: dict[str, Any], nodes: Nodes, *, unread: bool | np.ndarray 
 
     kind, dtype, flags = leaves["kind"], leaves["dtype"], leaves["flags"]
     ndim, nchunks = leaves["ndim"].astype(np.int64), leaves["chunks"].astype(np.int64)
-    if np.any(bad := kind >= len(KINDS)):
+    if (bad := kind >= len(KINDS)).any():
         raise UnsupportedFormatError(f"{at(bad)}: unknown leaf kind code {int(kind.max())}", address=at(bad))
     array = kind < ARRAY_CODES
-    if np.any(bad := ~array & ((dtype != 0) | (ndim != 0) | (flags != 0) | (nchunks != 0))):
+    if (bad := ~array & ((dtype != 0) | (ndim != 0) | (flags != 0) | (nchunks != 0))).any():
         raise Bad(f"leaf {at(bad)}: a scalar leaf has a dtype, dimensions, flags or chunks")
-    if np.any(bad := flags > FLAG_BITS):
+    if (bad := flags > FLAG_BITS).any():
         raise Bad(f"leaf {at(bad)}: unknown flag bits {int(flags[np.argmax(bad)])}")
-    if np.any(bad := array & (dtype >= len(DTYPE_NAMES))):
+    if (bad := array & (dtype >= len(DTYPE_NAMES))).any():
         name = f"code {int(dtype[np.argmax(bad)])}"
         raise UnsupportedFormatError(f"{at(bad)}: unknown dtype {name}", address=at(bad))
     for code in np.unique(dtype[array]).tolist():  # a name this numpy lacks is unsupported
         dtype_from_name(DTYPE_NAMES[code], address=at(array & (dtype == code)))
     in_jax = np.array([name not in NOT_IN_JAX for name in DTYPE_NAMES])
-    if np.any(bad := (kind == KINDS.index("jax")) & ~in_jax[dtype]):
+    if (bad := (kind == KINDS.index("jax")) & ~in_jax[dtype]).any():
         raise Bad(f"leaf {at(bad)}: a jax array cannot have dtype {DTYPE_NAMES[dtype[np.argmax(bad)]]}")
     prng = (flags >> PRNG_SHIFT).astype(np.int64)
-    if np.any(bad := (kind == PRNG_KEY) != (prng != 0)):
+    if (bad := (kind == PRNG_KEY) != (prng != 0)).any():
         raise Bad(f"leaf {at(bad)}: a PRNG implementation belongs to prng_key leaves, and only to them")
-    if np.any(bad := ndim > MAX_NDIM):
+    if (bad := ndim > MAX_NDIM).any():
         raise Bad(f"leaf {at(bad)}: {int(ndim.max())} dimensions, over the limit of {MAX_NDIM}")
     shape_start = prefix_sums(ndim)
     shapes = fields["shapes"]
     if len(shapes) != shape_start[-1]:
         raise Bad(f"{len(shapes)} dimensions stored for {int(shape_start[-1])}")
-    if np.any(shapes > MAX_DIM):
+    if (shapes > MAX_DIM).any():
         raise Bad(f"a dimension is over 2**48: {int(shapes.max())}")
     key = (kind == PRNG_KEY) & ((dtype != _CODE["uint32"]) | (ndim == 0))
     last = (
         shapes[np.maximum(shape_start[1:] - 1, 0)].astype(np.int64) if len(shapes) else np.zeros(n, np.int64)
     )
-    if np.any(bad := key | ((kind == PRNG_KEY) & (last != _PRNG_WIDTH[prng]))):
+    if (bad := key | ((kind == PRNG_KEY) & (last != _PRNG_WIDTH[prng]))).any():
         j = int(np.argmax(bad))
         impl, width = PRNG_NAMES[prng[j]], _PRNG_WIDTH[prng[j]]
         raise Bad(f"leaf {at(bad)}: {impl} key data must be uint32 of shape (..., {width})")
@@ -104,9 +104,9 @@ def validate(fields: dict[str, Any], nodes: Nodes, *, unread: bool | np.ndarray 
     pieced = (flags & PIECED) != 0
     parted = unread is True
     unread = pieced & unread if unread is not False else np.zeros(n, bool)  # their parts hold them
-    if (parted and any(len(fields[key]) for key in PIECE_FIELDS)) or np.any(nchunks[unread]):
+    if (parted and any(len(fields[key]) for key in PIECE_FIELDS)) or nchunks[unread].any():
         raise Bad("a manifest in parts lists pieces or chunk refs of a leaf its parts hold")
-    if np.any(bad := (held != nbytes) & ~unread):
+    if (bad := (held != nbytes) & ~unread).any():
         j = int(np.argmax(bad))
         raise Bad(f"leaf {at(bad)}: its shape needs {int(nbytes[j])} bytes, chunks hold {int(held[j])}")
     values = fields["values"]
@@ -158,24 +158,24 @@ def _leaf_bytes(
 
 def _check_refs(chunks: np.ndarray, packs: np.ndarray) -> None:
     for what, table in (("chunk", chunks), ("pack", packs)):
-        if np.any(table["raw"] > MAX_CHUNK_BYTES):
+        if (table["raw"] > MAX_CHUNK_BYTES).any():
             found = int(table["raw"].max())
             raise Bad(f"{what} raw size should be an integer in [0, {MAX_CHUNK_BYTES}], found {found}")
-        if np.any(table["stored"] > MAX_CHUNK_BYTES + CHUNK_SLACK):
+        if (table["stored"] > MAX_CHUNK_BYTES + CHUNK_SLACK).any():
             raise Bad(
                 f"{what} stored size {int(table['stored'].max())} is over {MAX_CHUNK_BYTES + CHUNK_SLACK}"
             )
     pack, offset = chunks["pack"].astype(np.int64), chunks["offset"].astype(np.int64)
-    if np.any((pack < -1) | (pack >= len(packs))):
+    if ((pack < -1) | (pack >= len(packs))).any():
         raise Bad(f"a pack index is out of range ({len(packs)} packs)")
-    if np.any(offset > MAX_CHUNK_BYTES):
+    if (offset > MAX_CHUNK_BYTES).any():
         raise Bad(f"pack offset should be an integer in [0, {MAX_CHUNK_BYTES}], found {int(offset.max())}")
     own = pack < 0
-    if np.any(own & (offset != 0)):
+    if (own & (offset != 0)).any():
         raise Bad("a chunk ref outside a pack has a nonzero offset")
     inside = ~own
     ends = offset[inside] + chunks["raw"][inside]
-    if np.any(bad := ends > packs["raw"][pack[inside]]):
+    if (bad := ends > packs["raw"][pack[inside]]).any():
         j = int(np.argmax(bad))
         raise Bad(f"bytes {int(offset[inside][j])}..{int(ends[j])} lie outside pack {int(pack[inside][j])}")
 
@@ -187,13 +187,13 @@ def _check_pieces(c: Columns, at: Any) -> None:
     counts = c.piece_counts.astype(np.int64)
     if len(counts) != len(pieced):
         raise Bad(f"{len(counts)} piece counts for {len(pieced)} leaves saved in pieces")
-    if np.any(bad := (counts < 1) | (counts > MAX_PIECES)):
+    if (bad := (counts < 1) | (counts > MAX_PIECES)).any():
         j = int(np.argmax(bad))
         raise Bad(f"leaf {at(int(pieced[j]))}: {int(counts[j])} pieces; a sharded leaf has 1 to {MAX_PIECES}")
     first = prefix_sums(counts)
     if len(c.piece_chunks) != first[-1]:
         raise Bad(f"{len(c.piece_chunks)} piece records for {int(first[-1])} pieces")
-    if np.any(bad := _sums(c.piece_chunks, first) != leaves["chunks"][pieced]):
+    if (bad := _sums(c.piece_chunks, first) != leaves["chunks"][pieced]).any():
         raise Bad(f"leaf {at(int(pieced[np.argmax(bad)]))}: its pieces' chunk refs are not its chunk refs")
     owner = np.repeat(pieced, counts)  # the leaf of each piece
     ndim = leaves["ndim"][owner].astype(np.int64)
@@ -202,10 +202,10 @@ def _check_pieces(c: Columns, at: Any) -> None:
         raise Bad(
             f"piece boxes hold {len(c.piece_start)} and {len(c.piece_shape)} entries for {int(dims[-1])}"
         )
-    if np.any(c.piece_start > MAX_DIM) or np.any(c.piece_shape > MAX_DIM):
+    if (c.piece_start > MAX_DIM).any() or (c.piece_shape > MAX_DIM).any():
         raise Bad("a piece start or dimension is over 2**48")
     of = np.repeat(np.arange(len(owner)), ndim)  # the piece of each box entry
-    if np.any(bad := c.piece_start + c.piece_shape > c.shapes[concat_ranges(c.shape_start[owner], ndim)]):
+    if (bad := c.piece_start + c.piece_shape > c.shapes[concat_ranges(c.shape_start[owner], ndim)]).any():
         raise Bad(f"leaf {at(int(owner[of[np.argmax(bad)]]))}: a piece lies outside it")
     # Inside its leaf, a piece's dimensions multiply to at most the leaf's: no overflow.
     volume = np.ones(len(owner), np.int64)
@@ -213,7 +213,7 @@ def _check_pieces(c: Columns, at: Any) -> None:
     chunk = c._piece_index[2]
     raw = prefix_sums(c.chunks["raw"].astype(np.int64))
     held = raw[chunk + c.piece_chunks] - raw[chunk]
-    if np.any(bad := held != volume * _ITEMSIZE[leaves["dtype"][owner]]):
+    if (bad := held != volume * _ITEMSIZE[leaves["dtype"][owner]]).any():
         raise Bad(f"leaf {at(int(owner[np.argmax(bad)]))}: a piece's chunks hold the wrong number of bytes")
     # With the pieces' bytes summing to the leaf's (checked above), disjoint pieces tile it.
     # Leaves sharded alike (the usual case) have equal boxes: each distinct grid is checked once.

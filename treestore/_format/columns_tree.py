@@ -250,12 +250,12 @@ def check_nodes(
     seg_kind, seg_index, seg_value = _segment_keys(segments)
     child = np.arange(1, m)
     up, k = parent[1:], key[1:]
-    if np.any(up >= child):
+    if (up >= child).any():
         i = int(child[np.argmax(up >= child)])
         raise Bad(f"node {i} has parent {int(parent[i])}, not an earlier node")
-    if np.any(kind[up] < LIST):
+    if (kind[up] < LIST).any():
         raise Bad("a leaf or none node has children")
-    if np.any(k >= len(segments)):
+    if (k >= len(segments)).any():
         raise Bad(f"a node's key is outside the {len(segments)} segments")
     if len(segments) and np.bincount(k, minlength=len(segments)).min() == 0:
         raise Bad("a segment is used by no node")
@@ -268,12 +268,12 @@ def check_nodes(
     start = np.maximum.accumulate(np.where(first, np.arange(m - 1), 0))
     rank = np.empty(m - 1, np.int64)
     rank[order] = np.arange(m - 1) - start
-    if np.any(sequence & ((seg_kind[k] != _SEQ) | (seg_index[k] != rank))):
+    if (sequence & ((seg_kind[k] != _SEQ) | (seg_index[k] != rank))).any():
         raise Bad("a list or tuple child's key is not its position")
-    if np.any(((parent_kind == DICT) | (parent_kind == ORDEREDDICT)) & (seg_kind[k] != _DICT)):
+    if (((parent_kind == DICT) | (parent_kind == ORDEREDDICT)) & (seg_kind[k] != _DICT)).any():
         raise Bad("a dict node has a key that is not a dict key")
     pairs = np.sort(up * max(len(segments), 1) + seg_value[k])
-    if np.any(pairs[1:] == pairs[:-1]):
+    if (pairs[1:] == pairs[:-1]).any():
         raise Bad("two children of one node have the same key (as segments or as dict keys)")
     _check_depth(parent, m)
     _check_address_lengths(segments, parent, key)
@@ -304,7 +304,7 @@ def _check_address_lengths(segments: tuple[str, ...], parent: np.ndarray, key: n
         chars = np.fromiter((len(s) for s in segments), np.int64, len(segments))
         width[1:] = chars[key[1:]] + 1
     length, up = width, parent
-    while np.any(up):
+    while up.any():
         length, up = length + length[up], up[up]
     length = np.maximum(length - 1, 0)  # no "/" before the first segment
     if len(length) and int(length.max()) > MAX_ADDRESS_CHARS:
@@ -332,5 +332,5 @@ def _check_depth(parent: np.ndarray, m: int) -> None:
         steps >>= 1
         if steps:
             power = power[power]
-    if np.any(result != 0):
+    if (result != 0).any():
         raise Bad(f"tree is nested deeper than {MAX_DEPTH}")
