@@ -273,7 +273,7 @@ class Checkpoint:
 
     @functools.cached_property
     def manifest(self) -> Manifest:
-        """The whole manifest, every leaf entry made (on first use)."""
+        """The whole manifest, as a read-only view (its leaf entries made as they are read)."""
         with _read.memory_named(f"reading the manifest of checkpoint {self.name!r}", self.name):
             return Manifest(self.columns)
 

@@ -257,7 +257,8 @@ class Store:
         return _read.newest_record(self.storage).name
 
     def manifest(self, name: str | None = None) -> Manifest:
-        """The verified manifest of a checkpoint, every leaf entry made.
+        """The verified manifest of a checkpoint, as a read-only view: its leaf entries are made
+        as they are read.
 
         Args:
             name: The checkpoint (default: the newest).
