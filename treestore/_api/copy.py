@@ -198,10 +198,10 @@ def copy(
     copier = _Copier(s, d, threads or default_threads(), progress)
     plans = []
     for n in names:
-        ref = _read.read_commit_record(s, n)
-        data = _read.read_manifest_bytes(s, ref)
+        record = _read.read_commit_record(s, n)
+        data = _read.read_manifest_bytes(s, record)
         with _read.memory_named(f"reading the manifest of checkpoint {n!r}", n):
-            found = _read.read_frame(s, ref, data)
+            found = _read.read_frame(s, record, data)
             columns = assemble(s, found) if isinstance(found, Parted) else found
             objects = _distinct(chunk_objects(columns))
         parts = found.parts if isinstance(found, Parted) else ()  # copied with it, unless renamed
@@ -213,17 +213,17 @@ def copy(
         if _already_there(d, new, digest(data), overwrite):
             continue
         copier.total += sum(obj.ref.raw_size for obj in objects)
-        plans.append((ref, parts, columns, data, objects))
+        plans.append((record, parts, columns, data, objects))
     copied: list[str] = []
     if plans:
         with _locks.save_lock(d) as lock:
             known = _known.learn(d, bool(trust_previous))  # under the lock, after any gc: safe
             copier.known = set(known.stored) if known is not None else set()
-            for ref, parts, columns, data, objects in plans:
-                with _read.memory_named(f"copying checkpoint {ref.name!r}", ref.name):
+            for record, parts, columns, data, objects in plans:
+                with _read.memory_named(f"copying checkpoint {record.name!r}", record.name):
                     copier.chunks(objects, lock)
-                _copy_parts(s, d, ref.name, parts)
-                commit(d, data, columns, overwrite=overwrite, version=ref.version)
+                _copy_parts(s, d, record.name, parts)
+                commit(d, data, columns, overwrite=overwrite, version=record.version)
                 copied.append(columns.name)
                 if trust_previous:  # written or checked under this lock, and now referenced
                     copier.known.update(obj.ref.digest for obj in objects)

@@ -127,7 +127,7 @@ class _Verifier:
     def checkpoint(self, name: str, *, named: bool) -> None:
         """Check one commit record and its manifest; queue its chunks."""
         try:
-            ref = _read.read_commit_record(self.storage, name)
+            record = _read.read_commit_record(self.storage, name)
         except CheckpointNotFoundError:
             if named:
                 raise
@@ -136,7 +136,7 @@ class _Verifier:
             self.add(name, None, _kind(exc, RECORD), str(exc))
             return
         try:
-            columns = _read.read_columns(self.storage, ref)
+            columns = _read.read_columns(self.storage, record)
         except OutOfMemoryError:
             raise  # not damage: the store may be sound
         except TreestoreError as exc:

@@ -259,9 +259,9 @@ class Columns:
             )
         )
 
-    def mismatches(self, ref: CommitRecord) -> list[str]:
+    def mismatches(self, record: CommitRecord) -> list[str]:
         """How a commit record disagrees with this manifest (empty when it describes it)."""
-        return record_mismatches(ref, self.name, self.created, self.metadata, len(self), self.nbytes)
+        return record_mismatches(record, self.name, self.created, self.metadata, len(self), self.nbytes)
 
     def chunk_objects(self) -> dict[bytes, int]:
         """The stored size of each chunk object this checkpoint references (chunk refs outside

@@ -76,23 +76,23 @@ def leaf_digest(
 
 
 def record_mismatches(
-    ref: CommitRecord, name: str, created: float, metadata: Any, leaves: int, nbytes: int
+    record: CommitRecord, name: str, created: float, metadata: Any, leaves: int, nbytes: int
 ) -> list[str]:
     """How a commit record disagrees with the manifest of these fields (empty when it describes
     it); every manifest form (version 1 or 2, decoded or columnar) is checked by this."""
     pairs = {
-        "name": (ref.name, name),
-        "created": (ref.created, created),
-        "metadata": (ref.metadata, metadata),
-        "leaves": (ref.leaves, leaves),
-        "nbytes": (ref.nbytes, nbytes),
+        "name": (record.name, name),
+        "created": (record.created, created),
+        "metadata": (record.metadata, metadata),
+        "leaves": (record.leaves, leaves),
+        "nbytes": (record.nbytes, nbytes),
     }
     # Metadata is compared as encoded: NaN != NaN, and 1 == 1.0 == True, as Python values.
     # A time is compared as the float a manifest decodes it to (a record keeps an integer
     # exactly; 2**64 - 1 != float(2**64 - 1)), NaN equal to NaN.
     same = {
-        "metadata": to_msgpack(ref.metadata) == to_msgpack(metadata),
-        "created": _same_time(ref.created, created),
+        "metadata": to_msgpack(record.metadata) == to_msgpack(metadata),
+        "created": _same_time(record.created, created),
     }
     return [
         f"{k}: record {a!r:.60}, manifest {b!r:.60}" for k, (a, b) in pairs.items() if not same.get(k, a == b)

@@ -94,9 +94,9 @@ class Manifest:
         """Raw bytes of every leaf."""
         return self.columns.nbytes
 
-    def mismatches(self, ref: CommitRecord) -> list[str]:
+    def mismatches(self, record: CommitRecord) -> list[str]:
         """How a commit record disagrees with this manifest (empty when it describes it)."""
-        return self.columns.mismatches(ref)
+        return self.columns.mismatches(record)
 
     def chunk_digests(self) -> set[bytes]:
         """Every chunk object this checkpoint needs."""
