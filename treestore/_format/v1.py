@@ -235,11 +235,7 @@ def _leaf_records(c: Columns) -> list[dict[str, object]]:
     addresses = c.addresses
     out: list[dict[str, object]] = []
     value = 0
-    rank = 0  # among leaves saved in pieces
-    piece = 0  # the first piece of the next leaf saved in pieces
-    dims = 0  # its first entry in piece_start and piece_shape
-    starts, boxes = c.piece_start.tolist(), c.piece_shape.tolist()
-    for i, (kind, dtype, ndim, flags, _) in enumerate(c.leaves.tolist()):
+    for i, (kind, dtype, _, flags, _) in enumerate(c.leaves.tolist()):
         rec: dict[str, object] = {"address": addresses[i], "kind": KINDS[kind]}
         out.append(rec)
         if kind >= ARRAY_CODES:
@@ -250,16 +246,13 @@ def _leaf_records(c: Columns) -> list[dict[str, object]]:
         rec["dtype"] = DTYPE_NAMES[dtype]
         rec["shape"] = shapes[c.shape_start[i] : c.shape_start[i + 1]]
         if flags & PIECED:
-            pieces = []
-            at = lo
-            for p in range(piece, piece + int(c.piece_counts[rank])):
-                n = int(c.piece_chunks[p])
-                pieces.append([starts[dims : dims + ndim], boxes[dims : dims + ndim], refs[at : at + n]])
-                at += n
-                dims += ndim
-            piece += int(c.piece_counts[rank])
-            rank += 1
-            rec["pieces"] = pieces
+            starts, boxes, first, count = c.piece_rows(i)
+            rec["pieces"] = [
+                [start, box, refs[f : f + n]]
+                for start, box, f, n in zip(
+                    starts.tolist(), boxes.tolist(), first.tolist(), count.tolist(), strict=True
+                )
+            ]
         else:
             rec["chunks"] = refs[lo:hi]
         impl = PRNG_NAMES[flags >> PRNG_SHIFT]
