@@ -31,7 +31,7 @@ import numpy as np
 from treestore._api import file_formats as _formats
 from treestore._api.checkpoint import Checkpoint
 from treestore._format.limits import MiB
-from treestore._format.records import LeafEntry
+from treestore._format.views import Stored
 from treestore.errors import CorruptionError, InvalidInputError, StorageError, UnsupportedFormatError
 
 INDEX_SUFFIX = ".safetensors.index.json"
@@ -65,10 +65,10 @@ def parse_size(value: int | str) -> int:
 # --- export ----------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Tensor:
-    """One leaf as a safetensors tensor: its key name, manifest entry and dtype code."""
+    """One leaf as a safetensors tensor: its key name, stored leaf and dtype code."""
 
     name: str
-    entry: LeafEntry
+    entry: Stored
     code: str
 
     @property
@@ -76,7 +76,7 @@ class Tensor:
         return self.entry.nbytes
 
 
-def tensors(named: list[tuple[str, LeafEntry]]) -> list[Tensor]:
+def tensors(named: list[tuple[str, Stored]]) -> list[Tensor]:
     """The leaves as safetensors tensors, in address order; one error names every leaf whose
     dtype safetensors cannot hold."""
     bad = [f"{e.address} ({e.dtype})" for _, e in named if e.dtype not in _CODES]

@@ -28,11 +28,10 @@ from treestore._api.retention import step_name
 from treestore._api.spec import parse_spec
 from treestore._api.store import resolve
 from treestore._engine import write as _write
-from treestore._format.address import DictKey, GetAttrKey, SequenceKey
-from treestore._format.records import LeafEntry
+from treestore._format.address import DictKey, GetAttrKey, SequenceKey, parse_address
+from treestore._format.views import Stored, stored
 from treestore._storage.registry import open_storage
 from treestore._tree.lazy_jax import jax
-from treestore._tree.leaves import restore_array
 from treestore.errors import InvalidInputError, NotFoundError, StorageError
 
 Progress = Callable[[int, int], None]  # (bytes done so far, total bytes)
@@ -96,17 +95,18 @@ def _segment(key: object) -> str | None:
     return None
 
 
-def _names(
-    entries: list[LeafEntry], separator: str | None, scalars: str
-) -> list[tuple[tuple[str, ...], LeafEntry]]:
+def _names(ckpt: Checkpoint, separator: str | None, scalars: str) -> list[tuple[tuple[str, ...], Stored]]:
     """Each leaf's key segments, after checking that the target format can express it;
     ``scalars`` is the format whose Python scalars it holds (see ``_SCALARS``), if any."""
     problems: list[str] = []
-    out: list[tuple[tuple[str, ...], LeafEntry]] = []
+    out: list[tuple[tuple[str, ...], Stored]] = []
     seen: dict[tuple[str, ...], str] = {}
-    for e in entries:
+    columns = ckpt.columns
+    columns.addresses  # noqa: B018 - built in one pass, then each leaf's is looked up
+    for i in range(len(columns)):
+        e = stored(columns, i)
         where = e.address or "(root)"
-        found = [_segment(k) for k in e.path]
+        found = [_segment(k) for k in parse_address(e.address)]
         segments = tuple(s for s in found if s is not None)
         if not found:
             problems.append("the checkpoint is a single leaf without a key name")
@@ -279,7 +279,7 @@ def _counter(progress: Progress | None, total: int) -> Callable[[int], None] | N
 
 # --- writing other formats -------------------------------------------------------------------------
 def _leaves(
-    ckpt: Checkpoint, named: list[tuple[tuple[str, ...], LeafEntry]], progress: Progress | None
+    ckpt: Checkpoint, named: list[tuple[tuple[str, ...], Stored]], progress: Progress | None
 ) -> Iterator[tuple[tuple[str, ...], Any]]:
     """Each leaf's value (host numpy arrays for arrays), read one leaf at a time."""
     advance = _counter(progress, sum(e.nbytes for _, e in named))
@@ -384,7 +384,7 @@ def export_file(
     source = ckpt.metadata.get("source") if isinstance(ckpt.metadata, dict) else None
     source = source if isinstance(source, dict) else {}
     sep: str = separator or (source["separator"] if source.get("separator") in (".", "/") else ".")
-    named = _names(list(ckpt.manifest.leaves), sep if fmt in _formats.FLAT else None, fmt)
+    named = _names(ckpt, sep if fmt in _formats.FLAT else None, fmt)
     if fmt == "npz":
         bad = [e.address for _, e in named if e.dtype not in _formats.NPY_DTYPES]
         if bad:
@@ -441,15 +441,14 @@ def _write_orbax(
 ) -> None:
     """Write the checkpoint's tree as an orbax checkpoint in folder ``tmp``, then put it at
     ``out`` (replacing what is there only once the new folder is complete)."""
-    advance = _counter(progress, sum(e.nbytes for e in ckpt.manifest.leaves if e.is_array))
+    advance = _counter(progress, ckpt.columns.nbytes)
 
     def host(x: Any) -> Any:  # each leaf as treestore.load gives it: jax arrays stay jax arrays
         if not isinstance(x, LazyLeaf):
             return x
-        e = x.entry
-        array = restore_array(e.kind, np.asarray(x), e.prng_impl, weak_type=e.weak_type)
+        array = x.read()
         if advance is not None:
-            advance(e.nbytes)
+            advance(x.nbytes)
         return array
 
     old = out.with_name(f".{out.name}.old-{os.getpid()}")

@@ -5,6 +5,9 @@ one in-memory model (:class:`~treestore._format.columns.Columns`). Its header fi
 columns'; its tree record, packs and leaf entries are made when first asked for, and a leaf's
 :class:`~treestore._format.records.LeafEntry` only when that leaf is asked for — looking at one
 leaf of a manifest of a million makes one record.
+
+:class:`Stored` is the internal view of one leaf that loads and exports use: what the leaf is,
+without its chunk refs.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, overload
 
 from treestore._format.columns import (
@@ -103,6 +107,38 @@ class Manifest:
         return self.columns.chunk_digests()
 
 
+@dataclass(frozen=True)
+class Stored:
+    """Stored leaf ``index`` of a manifest's columns: its kind, dtype name, shape and raw size,
+    or its value; no chunk refs. Made only for the leaves an operation looks at (those a
+    ``like=`` load matches, those an export writes)."""
+
+    address: str
+    index: int
+    kind: str
+    dtype: str | None
+    shape: tuple[int, ...] | None
+    value: Any
+    prng_impl: str | None
+    weak_type: bool
+    nbytes: int  # raw bytes (0 for a scalar leaf)
+
+    @property
+    def is_array(self) -> bool:
+        return self.shape is not None
+
+
+def stored(columns: Columns, i: int) -> Stored:
+    """Leaf ``i`` of ``columns`` as :class:`Stored`."""
+    kind, prng_impl, weak_type = columns.restore_kind(i)
+    address = columns.addresses[i] if "addresses" in columns.__dict__ else columns.address(i)
+    if columns.leaves["kind"][i] >= ARRAY_CODES:
+        return Stored(address, i, kind, None, None, columns.value(i), None, False, 0)
+    dtype = DTYPE_NAMES[columns.leaves["dtype"][i]]
+    nbytes = int(columns.leaf_nbytes[i])
+    return Stored(address, i, kind, dtype, columns.shape(i), None, prng_impl, weak_type, nbytes)
+
+
 class LeafEntries(Sequence[LeafEntry]):
     """The leaf entries of a :class:`Columns`, each made on first use and kept."""
 
@@ -189,4 +225,4 @@ def _refs(c: Columns, start: int, end: int) -> tuple[ChunkRef, ...]:
     return tuple(out)
 
 
-__all__ = ["LeafEntries", "Manifest", "leaf_entry"]
+__all__ = ["LeafEntries", "Manifest", "Stored", "leaf_entry", "stored"]

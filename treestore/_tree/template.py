@@ -12,41 +12,13 @@ from typing import Any
 import numpy as np
 
 from treestore._format.address import format_key, join_address, key_from_record
-from treestore._format.columns import ARRAY_CODES, DTYPE_NAMES, Columns
+from treestore._format.columns import Columns
 from treestore._format.dtypes import DTYPES, JAX, NPSCALAR, NUMPY, PRNG_KEY, PY_KINDS, dtype_name
+from treestore._format.views import Stored, stored
 from treestore._tree.lazy_jax import jax
 from treestore._tree.leaves import restore_array
 from treestore._tree.structure import leaves_with_addresses
 from treestore.errors import StructureMismatchError
-
-
-@dataclass(frozen=True)
-class Stored:
-    """What a template leaf is matched against: stored leaf ``index`` of a manifest's columns
-    (its kind, dtype name and shape, or its value), made only for the leaves a load matches."""
-
-    address: str
-    index: int
-    kind: str
-    dtype: str | None
-    shape: tuple[int, ...] | None
-    value: Any
-    prng_impl: str | None
-    weak_type: bool
-
-    @property
-    def is_array(self) -> bool:
-        return self.shape is not None
-
-
-def stored(columns: Columns, i: int) -> Stored:
-    """Leaf ``i`` of ``columns`` as :class:`Stored`."""
-    kind, prng_impl, weak_type = columns.restore_kind(i)
-    address = columns.address(i)
-    if columns.leaves["kind"][i] >= ARRAY_CODES:
-        return Stored(address, i, kind, None, None, columns.value(i), None, False)
-    dtype = DTYPE_NAMES[columns.leaves["dtype"][i]]
-    return Stored(address, i, kind, dtype, columns.shape(i), None, prng_impl, weak_type)
 
 
 @dataclass(frozen=True)
