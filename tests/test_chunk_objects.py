@@ -308,3 +308,31 @@ def test_an_array_written_to_during_a_save_never_makes_a_corrupt_chunk(tmp_path:
     for name in names:
         loaded = treestore.load(url, name)["w"]
         assert loaded.dtype == arr.dtype and loaded.shape == arr.shape
+
+
+def _pack_headers(root: Path) -> list[tuple[int, int]]:
+    """(codec, plane width) of every chunk object under ``root`` (all packs here)."""
+    found = []
+    for path in (root / "chunks").rglob("*"):
+        if path.is_file():
+            _, codec, width, _, _ = struct.unpack("<4sBBHQ", path.read_bytes()[:16])
+            found.append((codec, width))
+    return found
+
+
+def test_a_pack_of_floats_of_one_width_is_stored_in_byte_planes(tmp_path: Path):
+    """Small float32 leaves share packs whose elements all lie on 4-byte boundaries: a pack of
+    them is split into byte planes as a float32 chunk is; a pack mixing widths is not."""
+    rng = np.random.default_rng(5)
+    floats = {f"w{i}": rng.standard_normal(int(rng.integers(1, 2000))).astype(np.float32) for i in range(40)}
+    mixed = {"a": np.arange(5, dtype=np.float32), "b": np.ones(7, np.float16), "c": np.arange(3)}
+    for name, tree in (("floats", floats), ("mixed", mixed)):
+        url = str(tmp_path / name)
+        treestore.save(url, tree, "c")
+        assert_tree_equal(treestore.load(url, "c"), tree)
+        assert treestore.verify(url).ok
+        headers = _pack_headers(tmp_path / name)
+        if name == "floats":
+            assert headers and all(h == (2, 4) for h in headers), headers
+        else:
+            assert [codec for codec, width in headers if width] == [], headers

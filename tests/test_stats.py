@@ -354,3 +354,53 @@ def test_derive_keeps_the_base_statistics_and_measures_what_it_sets():
     store.save({"a": np.ones(4), "b": np.ones(1)}, "plain", options=SaveOptions(stats=False))
     store.derive("plain", "plain2", set={"b": np.full(4, 2.0)})
     assert set(store.open("plain2").stats()) == {"b"}
+
+
+def test_small_leaves_sharing_packs_are_each_measured_exactly():
+    """Small leaves are measured in the pack they share: runs of leaves of one dtype at once,
+    NaN and inf among them, other dtypes between them, a leaf split by a pack boundary."""
+    rng = np.random.default_rng(11)
+    tree: dict[str, np.ndarray] = {}
+    for i in range(400):
+        x = rng.standard_normal(int(rng.integers(1, 3000))).astype(np.float32) * 10.0 ** int(
+            rng.integers(-3, 4)
+        )
+        if i % 37 == 5:
+            x[int(rng.integers(x.size))] = [np.nan, np.inf, -np.inf][i % 3]
+        tree[f"f{i:03d}"] = x
+        if i % 50 == 7:
+            tree[f"i{i:03d}"] = rng.integers(-(2**15), 2**15, int(rng.integers(1, 500))).astype(np.int16)
+        if i % 60 == 3:
+            tree[f"b{i:03d}"] = rng.standard_normal(int(rng.integers(1, 900))).astype(ml_dtypes.bfloat16)
+    store = treestore.Store("memory://stats/packs")
+    store.save(tree, "a")
+    got = store.open("a").stats()
+    for address, x in tree.items():
+        check(got[address], x)
+
+
+@pytest.mark.parametrize(
+    "dtype", ["float32", "float64", "float16", "bfloat16", "int8", "uint64", "bool", "int4"]
+)
+def test_measuring_segments_at_once_equals_measuring_each(dtype):
+    from treestore._format.stats import measure, measure_segments
+
+    rng = np.random.default_rng(3)
+    np_dtype = np.dtype(getattr(ml_dtypes, dtype, dtype))
+    if np_dtype.kind == "f" or dtype == "bfloat16":
+        values = (rng.standard_normal(5000) * 100).astype(np_dtype)
+    else:
+        info = np.iinfo(np.int8 if dtype == "int4" else np_dtype) if dtype != "bool" else None
+        lo, hi = (0, 2) if info is None else (-8, 8) if dtype == "int4" else (info.min, info.max)
+        values = rng.integers(lo, hi, 5000, dtype=np.int64 if dtype != "uint64" else np.uint64).astype(
+            np_dtype
+        )
+    starts = np.unique(np.concatenate([[0], rng.integers(1, 5000, 60)]))
+    ends = [*starts[1:].tolist(), values.size]
+    each = [measure(values[a:b]) for a, b in zip(starts.tolist(), ends, strict=True)]
+    at_once = measure_segments(values, starts)
+    assert [r[:6] for r in at_once] == [r[:6] for r in each]
+    assert [r[6] for r in at_once] == pytest.approx([r[6] for r in each], rel=1e-12)
+    if np_dtype.kind == "f" or dtype == "bfloat16":  # a NaN in one segment: each measured alone
+        values[int(starts[3])] = np.nan
+        assert measure_segments(values, starts)[3] == measure(values[starts[3] : starts[4]])

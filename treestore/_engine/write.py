@@ -22,6 +22,7 @@ from treestore._engine.chunk_writer import ChunkWriter, Measured
 from treestore._engine.chunk_writer import SaveResult as SaveResult  # the result of write()
 from treestore._engine.commit import commit
 from treestore._engine.gc_pause import paused_gc
+from treestore._engine.packs import Packer
 from treestore._engine.threads import Batch, compute_threads, default_threads, shared_pool
 from treestore._format import paths as _paths
 from treestore._format import stats as _stats
@@ -29,8 +30,7 @@ from treestore._format.codecs import Codec, plane_width
 from treestore._format.columns_codec import columns_from_fields, encode_columns
 from treestore._format.columns_tree import Nodes
 from treestore._format.dtypes import PRNG_KEY
-from treestore._format.encoding import digest
-from treestore._format.leaf_table import LeafTable, PieceRow, Ref, ref_of
+from treestore._format.leaf_table import LeafTable, PieceRow, ref_of
 from treestore._format.limits import MAX_MANIFEST_BYTES
 from treestore._format.manifest import check_metadata, check_name
 from treestore._format.records import ChunkRef
@@ -338,29 +338,10 @@ def _submit_leaves(
     primary: bool,
 ) -> list[ChunkRef]:
     """:func:`_write_leaves`, its jobs submitted to ``pool``."""
-    # Small leaves are hashed here, before any worker runs: thousands of tiny hashes interleaved
-    # with workers would spend their time handing the GIL back and forth.
     plans: list[Any] = []
-    packs: list[list[bytes]] = [[]]
-    pack_fill = 0
+    packer = Packer(options.pack_size, pool.submit, writer.put)
     small = options.small_leaf
-    # The packed bytes of each leaf whose statistics are recorded: measured together, once per
-    # leaf (a sharded leaf's small pieces one by one would cost more than packing them).
-    small_bytes: dict[int, tuple[np.dtype[Any], list[bytes]]] = {}
-
-    def pack(data: np.ndarray[Any, Any], i: int, measure: bool) -> Ref:
-        nonlocal pack_fill
-        if pack_fill + data.nbytes > options.pack_size:
-            packs.append([])
-            pack_fill = 0
-        raw = data.tobytes()  # hashed and packed from one copy, as chunks are (see _snapshot)
-        if measure:
-            small_bytes.setdefault(i, (data.dtype, []))[1].append(raw)
-        ref = (digest(raw), len(raw), 0, len(packs) - 1, pack_fill)
-        packs[-1].append(raw)
-        pack_fill += len(raw)
-        return ref
-
+    pack = packer.add
     chunked: list[tuple[int, bool]] = []  # the leaves with chunks of their own, or pieces; private
     measured: list[bool] = []
     for i, (_, leaf) in enumerate(prepared.leaves):
@@ -381,12 +362,7 @@ def _submit_leaves(
         else:
             plans.append(leaf.data)
             chunked.append((i, leaf.private))
-    pack_jobs = [
-        pool.submit(writer.put, np.frombuffer(b"".join(m), np.uint8), 0, private=True) for m in packs if m
-    ]
-    small_records = {
-        i: [_stats.measure(np.frombuffer(b"".join(raws), dtype))] for i, (dtype, raws) in small_bytes.items()
-    }
+    pack_jobs = packer.finish()
 
     def submit(
         raw: np.ndarray[Any, Any], width: int, private: bool, dtype: np.dtype[Any] | None
@@ -409,6 +385,13 @@ def _submit_leaves(
                 for start, piece, ref in plan
             ]
 
+    packs: list[ChunkRef] = []
+    small_records: dict[int, list[_stats.Record | None]] = {}
+    for job in pack_jobs:
+        ref, measured_members = job.result()
+        packs.append(ref)
+        for i, record in measured_members:
+            small_records.setdefault(i, []).append(record)
     for i, ((address, leaf), plan) in enumerate(zip(prepared.leaves, plans, strict=True)):
         if isinstance(leaf, ValueLeaf):
             sink.value(leaf.kind, leaf.value, address, i)
@@ -449,7 +432,7 @@ def _submit_leaves(
         sink.array(
             leaf.kind, leaf.dtype, leaf.shape, leaf.prng_impl, leaf.weak_type, refs, pieces, address, i, stats
         )
-    return [job.result() for job in pack_jobs]
+    return packs
 
 
 def _commit(

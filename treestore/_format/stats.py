@@ -118,19 +118,26 @@ def _as_float(x: np.ndarray) -> np.ndarray:
     return x.astype(np.float32)
 
 
+def _numeric(flat: np.ndarray, kind: int) -> np.ndarray:
+    """``flat`` as a dtype numpy reduces: floats as float32 or float64 (:func:`_as_float`),
+    bools as uint8, sub-byte integers widened to a byte."""
+    if kind == FLOAT:
+        return _as_float(flat)
+    if flat.dtype == np.bool_:
+        return flat.view(np.uint8)
+    if flat.dtype.name in _SUB_BYTE:
+        return flat.astype(_SUB_BYTE[flat.dtype.name])
+    return flat
+
+
 def measure(values: np.ndarray) -> Record:
     """The record of the elements of ``values`` (any shape; UNKNOWN for a dtype without one)."""
     kind = kind_of(values.dtype.name)
     if kind == UNKNOWN or values.size == 0:
         return empty(kind)
-    flat = values.reshape(-1)
+    x = _numeric(values.reshape(-1), kind)
     if kind != FLOAT:
-        if flat.dtype == np.bool_:
-            flat = flat.view(np.uint8)
-        elif flat.dtype.name in _SUB_BYTE:
-            flat = flat.astype(_SUB_BYTE[flat.dtype.name])
-        return (kind, 0, 0, 0, int(flat.min()), int(flat.max()), _sumsq(flat))
-    x = _as_float(flat)
+        return (kind, 0, 0, 0, int(x.min()), int(x.max()), _sumsq(x))
     lo, hi = x.min(), x.max()  # NaN when any element is NaN, ±inf when any is infinite
     if math.isfinite(lo) and math.isfinite(hi):
         return (FLOAT, 0, 0, 0, float(lo), float(hi), _sumsq(x))
@@ -142,6 +149,30 @@ def measure(values: np.ndarray) -> Record:
         return (FLOAT, nan, posinf, x.size - nan - posinf, math.inf, -math.inf, 0.0)
     neginf = x.size - kept.size - nan - posinf
     return (FLOAT, nan, posinf, neginf, float(kept.min()), float(kept.max()), _sumsq(kept))
+
+
+def measure_segments(values: np.ndarray, starts: np.ndarray) -> list[Record]:
+    """The records of the consecutive segments of ``values`` (1-D, one dtype; segment k is
+    ``values[starts[k]:starts[k + 1]]``, the last running to the end, none empty), each what
+    :func:`measure` gives it, in a few passes over all of them: a pack of thousands of small
+    leaves costs about what one leaf of its size does. Sums of squares are of float64 squares,
+    added in float64."""
+    kind = kind_of(values.dtype.name)
+    if kind == UNKNOWN:
+        return [empty(kind)] * len(starts)
+    x = _numeric(values, kind)
+    lo, hi = np.minimum.reduceat(x, starts), np.maximum.reduceat(x, starts)
+    if kind == FLOAT and not (np.isfinite(lo).all() and np.isfinite(hi).all()):
+        ends = [*starts[1:].tolist(), values.size]
+        return [measure(values[a:b]) for a, b in zip(starts.tolist(), ends, strict=True)]
+    with np.errstate(over="ignore", invalid="ignore"):
+        squares = x.astype(np.float64)
+        sumsq = np.add.reduceat(np.square(squares, out=squares), starts).tolist()
+    number = float if kind == FLOAT else int
+    return [
+        (kind, 0, 0, 0, number(a), number(b), s)
+        for a, b, s in zip(lo.tolist(), hi.tolist(), sumsq, strict=True)
+    ]
 
 
 def combine(records: Any, kind: int) -> Record:

@@ -1,0 +1,106 @@
+"""Packs: small leaves, and the small pieces of sharded leaves, copied side by side into buffers
+of ``pack_size`` bytes, each stored as one chunk object (SPEC 5, 6.5).
+
+Each member is copied straight into its pack's buffer and hashed there, on the saving thread,
+before any worker runs: thousands of tiny copies and hashes interleaved with the workers would
+spend their time handing the GIL back and forth. One copy (not a ``bytes`` per member, then a
+join) is all a pack needs. The
+statistics of the members are measured on the workers, from the pack's own bytes: the members of
+one leaf lie side by side in a pack, so a leaf costs one measurement per pack it spans however
+many pieces it has.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from treestore._format import stats as _stats
+from treestore._format.codecs import plane_width
+from treestore._format.encoding import digest
+from treestore._format.leaf_table import Ref
+from treestore._format.records import ChunkRef
+
+Span = tuple[int, np.dtype[Any], int, int]  # (leaf index, dtype, first byte, end byte) in a pack
+Packed = tuple[ChunkRef, list[tuple[int, _stats.Record]]]  # a pack's ref, its leaves' statistics
+
+
+@dataclass
+class _Pack:
+    buffer: np.ndarray[Any, Any]  # uint8, pack_size bytes, filled from the start
+    fill: int = 0
+    width: int | None = None  # the plane width of every member (0: they differ); None: empty
+    spans: list[Span] = field(default_factory=list)  # the measured leaves' bytes, in order
+
+
+class Packer:
+    """Members laid out pack after pack, in the order they are added. :meth:`finish` hands
+    each pack to ``submit(fn, *args)``, to be measured and stored with ``put(raw, width,
+    private=True)``: in byte planes when every member is a floating-point
+    array of one plane width (each member's bytes are whole elements, so every offset is a
+    multiple of it), as a chunk of one such leaf would be."""
+
+    def __init__(
+        self,
+        pack_size: int,
+        submit: Callable[..., cf.Future[Packed]],
+        put: Callable[..., ChunkRef],
+    ) -> None:
+        self._size = pack_size
+        self._submit = submit
+        self._put = put
+        self._packs: list[_Pack] = []
+
+    def add(self, data: np.ndarray[Any, Any], leaf: int, measure: bool) -> Ref:
+        """Copy ``data`` (0 < nbytes <= pack size) into the current pack, or a new one when it
+        does not fit; returns its chunk ref (digest, raw size, stored size unknown: 0, pack
+        index, offset). With ``measure``, its bytes join the leaf's span for statistics."""
+        n = data.nbytes
+        if not self._packs or self._packs[-1].fill + n > self._size:
+            self._packs.append(_Pack(np.empty(self._size, np.uint8)))
+        pack = self._packs[-1]
+        at = pack.fill
+        into = pack.buffer[at : at + n]
+        np.copyto(into.view(data.dtype).reshape(data.shape), data, casting="no")
+        pack.fill = at + n
+        width = plane_width(data.dtype)
+        pack.width = width if pack.width in (None, width) else 0
+        if measure:
+            last = pack.spans[-1] if pack.spans else None
+            if last is not None and last[0] == leaf and last[3] == at:  # the leaf's next piece
+                pack.spans[-1] = (leaf, last[1], last[2], at + n)
+            else:
+                pack.spans.append((leaf, data.dtype, at, at + n))
+        return (digest(into), n, 0, len(self._packs) - 1, at)
+
+    def finish(self) -> list[cf.Future[Packed]]:
+        """Hand every pack to the workers; their jobs, in pack order."""
+        packs, self._packs = self._packs, []
+        return [self._submit(_store, self._put, p.buffer[: p.fill], p.width or 0, p.spans) for p in packs]
+
+
+def _store(put: Callable[..., ChunkRef], raw: np.ndarray[Any, Any], width: int, spans: list[Span]) -> Packed:
+    return put(raw, width, private=True), _measure(raw, spans)
+
+
+def _measure(raw: np.ndarray[Any, Any], spans: list[Span]) -> list[tuple[int, _stats.Record]]:
+    """The statistics of each span: each run of adjacent spans of one dtype measured at once."""
+    out: list[tuple[int, _stats.Record]] = []
+    i = 0
+    while i < len(spans):
+        j = i + 1
+        while j < len(spans) and spans[j][1] == spans[i][1] and spans[j][2] == spans[j - 1][3]:
+            j += 1
+        dtype, first, end = spans[i][1], spans[i][2], spans[j - 1][3]
+        starts = np.array([s[2] - first for s in spans[i:j]], np.int64) // dtype.itemsize
+        records = _stats.measure_segments(raw[first:end].view(dtype), starts)
+        out += [(s[0], r) for s, r in zip(spans[i:j], records, strict=True)]
+        i = j
+    return out
+
+
+__all__ = ["Packed", "Packer"]
