@@ -121,7 +121,7 @@ MUTATIONS: list[Mutation] = [
     m(
         "a pack member hashed from the caller's array, not its copy",
         "treestore/_engine/packs.py",
-        "        return (digest(into), n, 0, len(self._packs) - 1, at)\n",
+        "        return (digest(raw), n, 0, len(self._packs) - 1, at)\n",
         "        return (digest(np.ascontiguousarray(data).view(np.uint8)), n, 0, len(self._packs) - 1, at)"
         "\n",
         ["tests/test_chunk_objects.py::test_small_leaves_written_to_during_a_save_never_make_a_corrupt_pack"],

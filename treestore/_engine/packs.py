@@ -1,10 +1,9 @@
 """Packs: small leaves, and the small pieces of sharded leaves, copied side by side into buffers
 of ``pack_size`` bytes, each stored as one chunk object (SPEC 5, 6.5).
 
-Each member is copied straight into its pack's buffer and hashed there, on the saving thread,
-before any worker runs: thousands of tiny copies and hashes interleaved with the workers would
-spend their time handing the GIL back and forth. One copy (not a ``bytes`` per member, then a
-join) is all a pack needs. The
+Each member is copied once (``tobytes``), hashed, and written into its pack's buffer, on the
+saving thread before any worker runs: thousands of tiny copies and hashes interleaved with the
+workers would spend their time handing the GIL back and forth. The
 statistics of the members are measured on the workers, from the pack's own bytes: the members of
 one leaf lie side by side in a pack, so a leaf costs one measurement per pack it spans however
 many pieces it has.
@@ -31,9 +30,11 @@ Packed = tuple[ChunkRef, list[tuple[int, _stats.Record]]]  # a pack's ref, its l
 
 @dataclass
 class _Pack:
-    buffer: np.ndarray[Any, Any]  # uint8, pack_size bytes, filled from the start
+    buffer: bytearray  # pack_size bytes, filled from the start
+    view: memoryview
     fill: int = 0
     width: int | None = None  # the plane width of every member (0: they differ); None: empty
+    dtype: np.dtype[Any] | None = None  # the last member's
     spans: list[Span] = field(default_factory=list)  # the measured leaves' bytes, in order
 
 
@@ -59,28 +60,34 @@ class Packer:
         """Copy ``data`` (0 < nbytes <= pack size) into the current pack, or a new one when it
         does not fit; returns its chunk ref (digest, raw size, stored size unknown: 0, pack
         index, offset). With ``measure``, its bytes join the leaf's span for statistics."""
-        n = data.nbytes
+        raw = data.tobytes()  # a snapshot: the bytes hashed are the bytes packed and measured
+        n = len(raw)
         if not self._packs or self._packs[-1].fill + n > self._size:
-            self._packs.append(_Pack(np.empty(self._size, np.uint8)))
+            buffer = bytearray(self._size)
+            self._packs.append(_Pack(buffer, memoryview(buffer)))
         pack = self._packs[-1]
         at = pack.fill
-        into = pack.buffer[at : at + n]
-        np.copyto(into.view(data.dtype).reshape(data.shape), data, casting="no")
+        pack.view[at : at + n] = raw
         pack.fill = at + n
-        width = plane_width(data.dtype)
-        pack.width = width if pack.width in (None, width) else 0
+        if data.dtype != pack.dtype:
+            width = plane_width(data.dtype)
+            pack.width = width if pack.width in (None, width) else 0
+            pack.dtype = data.dtype
         if measure:
             last = pack.spans[-1] if pack.spans else None
             if last is not None and last[0] == leaf and last[3] == at:  # the leaf's next piece
                 pack.spans[-1] = (leaf, last[1], last[2], at + n)
             else:
                 pack.spans.append((leaf, data.dtype, at, at + n))
-        return (digest(into), n, 0, len(self._packs) - 1, at)
+        return (digest(raw), n, 0, len(self._packs) - 1, at)
 
     def finish(self) -> list[cf.Future[Packed]]:
         """Hand every pack to the workers; their jobs, in pack order."""
         packs, self._packs = self._packs, []
-        return [self._submit(_store, self._put, p.buffer[: p.fill], p.width or 0, p.spans) for p in packs]
+        return [
+            self._submit(_store, self._put, np.frombuffer(p.buffer, np.uint8, p.fill), p.width or 0, p.spans)
+            for p in packs
+        ]
 
 
 def _store(put: Callable[..., ChunkRef], raw: np.ndarray[Any, Any], width: int, spans: list[Span]) -> Packed:
