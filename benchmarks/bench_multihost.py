@@ -45,8 +45,8 @@ import numpy as np
 
 import treestore
 from treestore._engine import distributed as D
+from treestore._engine.committed import read_commit_record, read_manifest_bytes
 from treestore._engine.group_runtime import LocalRuntime
-from treestore._engine.read import read_commit_record, read_manifest_bytes
 from treestore._engine.write import Prepared, SaveOptions, prepare, write
 from treestore._format.columns_codec import decode_any
 from treestore._format.parted import Parted

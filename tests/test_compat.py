@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import treestore
-from treestore._engine import read as _read
+from treestore._engine import committed as _committed
 from treestore._format import paths as _paths
 from treestore._format.columns_codec import decode_any, decode_columns, encode, encode_columns
 from treestore._format.parted import Parted
@@ -51,8 +51,8 @@ def test_checked_in_store_loads_exactly(tmp_path, version):
 def _manifests(version: int) -> list[tuple[str, bytes]]:
     storage = treestore.Store(str(DATA / f"store-v{version}")).storage
     out = []
-    for name in _read.checkpoint_names(storage):
-        ref = _read.read_commit_record(storage, name)
+    for name in _committed.checkpoint_names(storage):
+        ref = _committed.read_commit_record(storage, name)
         data = storage.read(_paths.manifest_path(ref.manifest))
         assert data is not None
         assert msgpack.unpackb(data)["version"] == version, name
@@ -92,7 +92,7 @@ def test_leaf_digests_of_leaves_in_pieces_are_the_same_from_columns_and_entries(
     """The parted store's leaves saved in pieces (four processes): the columns' digest of each
     leaf is its entry's (SPEC 6.7, pieces with their boxes)."""
     store = treestore.Store(str(DATA / "store-v2-parts"))
-    columns = _read.read_columns(store.storage, _read.read_commit_record(store.storage, "sharded"))
+    columns = _committed.read_columns(store.storage, _committed.read_commit_record(store.storage, "sharded"))
     entries = store.manifest("sharded").leaves
     assert any(e.pieces for e in entries)
     assert [columns.digest(i) for i in range(len(columns))] == [e.digest for e in entries]
@@ -110,8 +110,8 @@ def test_a_store_holds_checkpoints_of_both_versions(tmp_path):
     assert result.chunks_reused > 0
     versions = {}
     for name in ("first", "second", "third"):
-        ref = _read.read_commit_record(store.storage, name)
-        data = _read.read_manifest_bytes(store.storage, ref)
+        ref = _committed.read_commit_record(store.storage, name)
+        data = _committed.read_manifest_bytes(store.storage, ref)
         versions[name] = msgpack.unpackb(data)["version"]
     assert versions == {"first": 1, "second": 1, "third": 2}
     assert treestore.load(url, "third")["step"] == 99
@@ -126,8 +126,8 @@ def test_a_store_holds_checkpoints_of_both_versions(tmp_path):
     treestore.copy(f"{url}#third", dst)
     dst_storage = treestore.Store(dst).storage
     for name, version in (("renamed", 1), ("third", 2)):
-        ref = _read.read_commit_record(dst_storage, name)
-        data = _read.read_manifest_bytes(dst_storage, ref)
+        ref = _committed.read_commit_record(dst_storage, name)
+        data = _committed.read_manifest_bytes(dst_storage, ref)
         assert msgpack.unpackb(data)["version"] == version, name
     assert treestore.verify(dst).ok
     assert treestore.load(dst, "renamed")["step"] == 1234
@@ -142,8 +142,8 @@ def test_checked_in_store_in_parts_loads_exactly(tmp_path):
     url = str(tmp_path / "store")
     shutil.copytree(DATA / "store-v2-parts", url)
     storage = treestore.Store(url).storage
-    ref = _read.read_commit_record(storage, "sharded")
-    data = _read.read_manifest_bytes(storage, ref)
+    ref = _committed.read_commit_record(storage, "sharded")
+    data = _committed.read_manifest_bytes(storage, ref)
     frame = decode_columns(data, "sharded")
     assert isinstance(frame, Parted) and len(frame.parts) == 4
     assert encode_columns(frame) == data

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 import treestore
-from treestore._engine import read as _read
+from treestore._engine import committed as _committed
 from treestore._format import paths as _paths
 
 from .scripts import concurrent_writer as writer
@@ -64,10 +64,10 @@ def expected(name: str) -> Any:
 
 def _referenced(store: treestore.Store) -> set[str]:
     paths = set()
-    for name in _read.checkpoint_names(store.storage):
-        ref = _read.read_commit_record(store.storage, name)
+    for name in _committed.checkpoint_names(store.storage):
+        ref = _committed.read_commit_record(store.storage, name)
         paths.add(_paths.manifest_path(ref.manifest))
-        paths |= {_paths.chunk_path(d) for d in _read.read_columns(store.storage, ref).chunk_digests()}
+        paths |= {_paths.chunk_path(d) for d in _committed.read_columns(store.storage, ref).chunk_digests()}
     return paths
 
 

@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 
 import treestore
-from treestore._engine import read as _read
+from treestore._engine import committed as _committed
 from treestore._format import paths as _paths
 from treestore._format.views import Manifest
 
@@ -85,12 +85,12 @@ def store(tmp_path_factory) -> tuple[str, dict[str, Any], dict[str, Users], list
     saved = {name: s.load(name) for name in trees()}
     objects: dict[str, Users] = {}
     for name in trees():
-        ref = _read.read_commit_record(s.storage, name)
+        ref = _committed.read_commit_record(s.storage, name)
         objects[_paths.record_path(name)] = Users("record", [(name, None)])
         objects.setdefault(_paths.manifest_path(ref.manifest), Users("manifest", [])).users.append(
             (name, None)
         )
-        m = Manifest(_read.read_columns(s.storage, ref))
+        m = Manifest(_committed.read_columns(s.storage, ref))
         for leaf in m.leaves:
             for c in leaf.chunks:
                 d = m.packs[c.pack].digest if c.pack is not None else c.digest

@@ -32,9 +32,9 @@ import msgpack
 import pytest
 
 import treestore
+from treestore._engine import committed as _committed
 from treestore._engine import gc as _gc
 from treestore._engine import locks as _locks
-from treestore._engine import read as _read
 from treestore._format import paths as _paths
 
 from .scripts import crash_saver as worker
@@ -136,9 +136,9 @@ def referenced(store: treestore.Store) -> tuple[set[str], set[str]]:
     """The chunk and manifest object paths the committed checkpoints reference."""
     chunks, manifests = set(), set()
     for info in store.list():
-        ref = _read.read_commit_record(store.storage, info.name)
+        ref = _committed.read_commit_record(store.storage, info.name)
         manifests.add(_paths.manifest_path(ref.manifest))
-        chunks |= {_paths.chunk_path(d) for d in _read.read_columns(store.storage, ref).chunk_digests()}
+        chunks |= {_paths.chunk_path(d) for d in _committed.read_columns(store.storage, ref).chunk_digests()}
     return chunks, manifests
 
 

@@ -15,7 +15,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import treestore
-from treestore._engine import read as _read
+from treestore._engine import committed as _committed
 from treestore._format.columns_codec import decode_any
 from treestore._format.parted import Parted
 
@@ -72,7 +72,9 @@ def test_two_processes_save_then_restore_elsewhere(tmp_path):
     assert manifest.metadata == {"processes": 2}
     assert treestore.Store(store).storage.list("staging") == []  # the outcome record cleaned up
     storage = treestore.Store(store).storage
-    frame = decode_any(_read.read_manifest_bytes(storage, _read.read_commit_record(storage, "dist")), "dist")
+    frame = decode_any(
+        _committed.read_manifest_bytes(storage, _committed.read_commit_record(storage, "dist")), "dist"
+    )
     assert isinstance(frame, Parted) and len(frame.parts) == 2  # each process's pieces in its part
     # Each process measured its shards (replica 0 only); the primary combined them at commit,
     # into the frame: read without any part or chunk.

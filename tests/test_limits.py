@@ -195,6 +195,6 @@ def test_verify_out_of_memory_reading_a_manifest_is_raised_not_reported_as_damag
     def out_of_memory(storage, record, data=None):
         raise treestore.errors.OutOfMemoryError("manifest of checkpoint 'big': out of memory decoding it")
 
-    monkeypatch.setattr(verify_module._read, "read_columns", out_of_memory)
+    monkeypatch.setattr(verify_module._committed, "read_columns", out_of_memory)
     with pytest.raises(treestore.errors.OutOfMemoryError, match="'big'"):
         treestore.verify(url)

@@ -25,9 +25,9 @@ from treestore._engine import distributed as D
 from treestore._engine import locks as _locks
 from treestore._engine import parts as parts_module
 from treestore._engine.commit import commit
+from treestore._engine.committed import read_columns, read_commit_record, read_frame, read_manifest_bytes
 from treestore._engine.group_runtime import LocalRuntime
 from treestore._engine.parts import UNREAD_PART, complete
-from treestore._engine.read import read_columns, read_commit_record, read_frame, read_manifest_bytes
 from treestore._engine.write import SaveOptions, SaveResult, prepare
 from treestore._format import parted as parted_module
 from treestore._format.columns import CHUNK_DTYPE

@@ -13,7 +13,7 @@ import pytest
 
 import treestore
 from treestore._api.checkpoint import Checkpoint
-from treestore._engine import read as _read
+from treestore._engine import committed as _committed
 from treestore._engine.write import SaveOptions, prepare
 from treestore._format.columns_codec import decode_any, decode_columns, encode_columns
 from treestore._format.stats import STATS_DTYPE
@@ -120,14 +120,14 @@ def test_stats_select_healthy_and_nonfinite():
 
 
 def manifest_record(store: treestore.Store, name: str) -> dict:
-    data = _read.read_manifest_bytes(store.storage, _read.read_commit_record(store.storage, name))
+    data = _committed.read_manifest_bytes(store.storage, _committed.read_commit_record(store.storage, name))
     return msgpack.unpackb(data, raw=False)
 
 
 def test_a_manifest_with_stats_reencodes_byte_exact():
     store = treestore.Store("memory://stats/exact")
     store.save(values(), "a", options=SMALL)
-    data = _read.read_manifest_bytes(store.storage, _read.read_commit_record(store.storage, "a"))
+    data = _committed.read_manifest_bytes(store.storage, _committed.read_commit_record(store.storage, "a"))
     columns = decode_any(data, "a")
     assert columns.stats is not None and encode_columns(columns) == data
 

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from treestore._api.health import ValueStats, health, leaf_stats, nonfinite_leaves
+from treestore._engine import memory as _memory
 from treestore._engine import parts as _parts
 from treestore._engine import read as _read
 from treestore._engine import region as _region
@@ -274,7 +275,7 @@ class Checkpoint:
     @functools.cached_property
     def manifest(self) -> Manifest:
         """The whole manifest, as a read-only view (its leaf entries made as they are read)."""
-        with _read.memory_named(f"reading the manifest of checkpoint {self.name!r}", self.name):
+        with _memory.memory_named(f"reading the manifest of checkpoint {self.name!r}", self.name):
             return Manifest(self.columns)
 
     def __repr__(self) -> str:
@@ -334,13 +335,13 @@ class Checkpoint:
     @property
     def leaves(self) -> dict[str, Any]:
         """Address -> LazyLeaf (arrays) or value (Python scalars), in tree order."""
-        with _read.memory_named(f"listing the leaves of checkpoint {self.name!r}", self.name):
+        with _memory.memory_named(f"listing the leaves of checkpoint {self.name!r}", self.name):
             return {a: self._leaf(i) for i, a in enumerate(self.columns.addresses)}
 
     @property
     def tree(self) -> Any:
         """The checkpoint's tree with LazyLeaf handles in place of arrays."""
-        with _read.memory_named(f"building the tree of checkpoint {self.name!r}", self.name):
+        with _memory.memory_named(f"building the tree of checkpoint {self.name!r}", self.name):
             return rebuild(self.columns.tree_record(), self._leaf)
 
     def __getitem__(self, address: str) -> Any:

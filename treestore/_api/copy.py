@@ -26,9 +26,10 @@ import numpy as np
 
 from treestore._api.spec import parse_spec
 from treestore._api.verify import Progress
+from treestore._engine import committed as _committed
 from treestore._engine import known as _known
 from treestore._engine import locks as _locks
-from treestore._engine import read as _read
+from treestore._engine import memory as _memory
 from treestore._engine.chunk_writer import reusable_size
 from treestore._engine.commit import commit
 from treestore._engine.objects import ChunkObject, chunk_objects
@@ -128,11 +129,11 @@ def _names(src: Storage, name: str | None, all_checkpoints: bool) -> list[str]:
     if all_checkpoints:
         if name is not None:
             raise InvalidInputError("copy every checkpoint (all_checkpoints=True) or one named one, not both")
-        refs = [_read.read_commit_record(src, n) for n in _read.checkpoint_names(src)]
+        refs = [_committed.read_commit_record(src, n) for n in _committed.checkpoint_names(src)]
         if not refs:
             raise CheckpointNotFoundError(f"no checkpoints in {src.url}")
         return [r.name for r in sorted(refs, key=lambda r: (r.created, r.name))]
-    return [check_name(name) if name is not None else _read.newest_record(src).name]
+    return [check_name(name) if name is not None else _committed.newest_record(src).name]
 
 
 def copy(
@@ -198,10 +199,10 @@ def copy(
     copier = _Copier(s, d, threads or default_threads(), progress)
     plans = []
     for n in names:
-        record = _read.read_commit_record(s, n)
-        data = _read.read_manifest_bytes(s, record)
-        with _read.memory_named(f"reading the manifest of checkpoint {n!r}", n):
-            found = _read.read_frame(s, record, data)
+        record = _committed.read_commit_record(s, n)
+        data = _committed.read_manifest_bytes(s, record)
+        with _memory.memory_named(f"reading the manifest of checkpoint {n!r}", n):
+            found = _committed.read_frame(s, record, data)
             columns = assemble(s, found) if isinstance(found, Parted) else found
             objects = _distinct(chunk_objects(columns))
         parts = found.parts if isinstance(found, Parted) else ()  # copied with it, unless renamed
@@ -220,7 +221,7 @@ def copy(
             known = _known.learn(d, bool(trust_previous))  # under the lock, after any gc: safe
             copier.known = set(known.stored) if known is not None else set()
             for record, parts, columns, data, objects in plans:
-                with _read.memory_named(f"copying checkpoint {record.name!r}", record.name):
+                with _memory.memory_named(f"copying checkpoint {record.name!r}", record.name):
                     copier.chunks(objects, lock)
                 _copy_parts(s, d, record.name, parts)
                 commit(d, data, columns, overwrite=overwrite, version=record.version)
@@ -275,7 +276,7 @@ def _already_there(dst: Storage, name: str, manifest_digest: bytes, overwrite: b
     if not dst.exists(_paths.record_path(name)):
         return False
     try:
-        if _read.read_commit_record(dst, name).manifest == manifest_digest:
+        if _committed.read_commit_record(dst, name).manifest == manifest_digest:
             return True
     except TreestoreError:
         pass  # an unreadable record: overwrite it only when asked

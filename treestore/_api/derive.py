@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 
 from treestore._api.derive_tree import EditTree, Node, canonical, emit, loose, node_of, overlap, under
+from treestore._engine import committed as _committed
 from treestore._engine import known as _known
 from treestore._engine import locks as _locks
-from treestore._engine import read as _read
 from treestore._engine import write as _write
 from treestore._engine.chunk_writer import ChunkWriter
 from treestore._engine.commit import commit
@@ -94,8 +94,8 @@ def derive(
     with _locks.save_lock(storage) as lock:
         # Read under the lock: from now until the commit no gc runs, so every chunk the base
         # references (it is committed) stays in the store.
-        record = _read.read_commit_record(storage, base)
-        columns = _read.read_columns(storage, record)
+        record = _committed.read_commit_record(storage, base)
+        columns = _committed.read_columns(storage, record)
         known = _known.KnownChunks(record.name, columns.chunk_objects())  # no request for them
         tree = EditTree(node_of(columns.tree_record()), base)
         moving = _resolve_moves(tree, moves)

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from treestore._engine.read import physical_memory
+from treestore._engine.memory import physical_memory
 from treestore._format.dtypes import DTYPES, NUMPY_NAMES
 from treestore._format.limits import MAX_MANIFEST_BYTES, MAX_METADATA_BYTES, MiB
 from treestore._format.manifest import check_metadata

@@ -14,10 +14,11 @@ from treestore._api import diff as _diff
 from treestore._api import timeline as _timeline
 from treestore._api.checkpoint import Checkpoint
 from treestore._api.spec import Spec, parse_spec
+from treestore._engine import committed as _committed
 from treestore._engine import gc as _gc
 from treestore._engine import load as _load
 from treestore._engine import locks as _locks
-from treestore._engine import read as _read
+from treestore._engine import memory as _memory
 from treestore._engine import write as _write
 from treestore._engine.gc_pause import paused_gc
 from treestore._format import paths as _paths
@@ -170,7 +171,7 @@ class Store:
         check_name(name)
         path = _paths.record_path(name)
         if not self.storage.exists(path):  # a damaged record can still be deleted
-            raise _read.not_found(self.storage, name)
+            raise _committed.not_found(self.storage, name)
         self.storage.delete(path)
 
     def gc(
@@ -224,10 +225,10 @@ class Store:
             StorageError: The listing failed.
         """
         if not damaged:
-            refs = _read.readable_records(self.storage)
+            refs = _committed.readable_records(self.storage)
             bad: dict[str, TreestoreError] = {}
         else:
-            found, unread = _read.committed_records(self.storage)
+            found, unread = _committed.committed_records(self.storage)
             refs, bad = found, dict(unread)
         infos = [
             CheckpointInfo(r.name, r.created, r.leaves, r.nbytes, r.metadata)
@@ -254,7 +255,7 @@ class Store:
         Raises:
             CheckpointNotFoundError: The store has no checkpoint.
         """
-        return _read.newest_record(self.storage).name
+        return _committed.newest_record(self.storage).name
 
     def manifest(self, name: str | None = None) -> Manifest:
         """The verified manifest of a checkpoint, as a read-only view: its leaf entries are made
@@ -270,13 +271,13 @@ class Store:
             CheckpointNotFoundError: No such checkpoint.
         """
         record = self._record(name)
-        with _read.memory_named(f"reading the manifest of checkpoint {record.name!r}", record.name):
-            return Manifest(_read.read_columns(self.storage, record))
+        with _memory.memory_named(f"reading the manifest of checkpoint {record.name!r}", record.name):
+            return Manifest(_committed.read_columns(self.storage, record))
 
     def _record(self, name: str | None) -> CommitRecord:
         if name is None:
-            return _read.newest_record(self.storage)
-        return _read.read_commit_record(self.storage, name)
+            return _committed.newest_record(self.storage)
+        return _committed.read_commit_record(self.storage, name)
 
     def open(self, name: str | None = None) -> Checkpoint:
         """A lazy, read-only view of a checkpoint; its leaves are made as they are asked for.
@@ -295,8 +296,8 @@ class Store:
             CheckpointNotFoundError: No checkpoint of that name (or none at all).
         """
         record = self._record(name)
-        with _read.memory_named(f"opening checkpoint {record.name!r}", record.name):
-            return Checkpoint(self.storage, _read.read_frame(self.storage, record))
+        with _memory.memory_named(f"opening checkpoint {record.name!r}", record.name):
+            return Checkpoint(self.storage, _committed.read_frame(self.storage, record))
 
     def load(
         self,
@@ -360,7 +361,7 @@ class Store:
             raise InvalidInputError("types= applies without like=: a template gives every node its type")
         trusted = trusted_types(types)
         record = self._record(name)
-        with _read.memory_named(f"loading checkpoint {record.name!r}", record.name):
+        with _memory.memory_named(f"loading checkpoint {record.name!r}", record.name):
             return _load.load(
                 self.storage,
                 record,
@@ -681,7 +682,7 @@ def diff(
         True
     """
     left, right = resolve(a, storage_options), resolve(b, storage_options)
-    with _read.memory_named(f"comparing checkpoints {left.name!r} and {right.name!r}", right.name):
+    with _memory.memory_named(f"comparing checkpoints {left.name!r} and {right.name!r}", right.name):
         return _diff.diff_checkpoints(left, right, stats=stats, select=select)
 
 

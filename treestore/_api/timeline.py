@@ -21,7 +21,7 @@ from treestore._api import diff as _diff
 from treestore._api import health as _health
 from treestore._api import timeline_html as _html
 from treestore._api.checkpoint import Checkpoint
-from treestore._engine import read as _read
+from treestore._engine import committed as _committed
 from treestore._format import select as _select
 from treestore._format.columns import ARRAY_CODES as _ARRAY_CODES
 from treestore._format.columns import Columns
@@ -354,14 +354,14 @@ def _readable(storage: Storage) -> tuple[list[Checkpoint], tuple[tuple[str, str]
     """The checkpoints of a store whose commit record and manifest can be read, oldest first,
     and (name, problem) of the others, in name order; one of a format this version cannot read
     raises UnsupportedFormatError (as listing does: upgrade treestore)."""
-    records, bad = _read.committed_records(storage)
+    records, bad = _committed.committed_records(storage)
     if not records and not bad:
         raise CheckpointNotFoundError(f"no checkpoints in {storage.url}")
     problems: dict[str, TreestoreError] = dict(bad)
     views = []
     for r in sorted(records, key=lambda r: (r.created, r.name)):
         try:
-            views.append(Checkpoint(storage, _read.read_columns(storage, r)))
+            views.append(Checkpoint(storage, _committed.read_columns(storage, r)))
         except CheckpointNotFoundError:
             continue  # deleted since the listing
         except (CorruptionError, UnsupportedFormatError) as exc:

@@ -17,8 +17,9 @@ from typing import Any
 import numpy as np
 
 from treestore._api.spec import parse_spec
+from treestore._engine import committed as _committed
 from treestore._engine import locks as _locks
-from treestore._engine import read as _read
+from treestore._engine import memory as _memory
 from treestore._engine.objects import ChunkObject, chunk_objects
 from treestore._engine.read import fetch_chunk, member_mismatch, pack_member
 from treestore._engine.threads import default_threads, run_all
@@ -127,7 +128,7 @@ class _Verifier:
     def checkpoint(self, name: str, *, named: bool) -> None:
         """Check one commit record and its manifest; queue its chunks."""
         try:
-            record = _read.read_commit_record(self.storage, name)
+            record = _committed.read_commit_record(self.storage, name)
         except CheckpointNotFoundError:
             if named:
                 raise
@@ -136,7 +137,7 @@ class _Verifier:
             self.add(name, None, _kind(exc, RECORD), str(exc))
             return
         try:
-            columns = _read.read_columns(self.storage, record)
+            columns = _committed.read_columns(self.storage, record)
         except OutOfMemoryError:
             raise  # not damage: the store may be sound
         except TreestoreError as exc:
@@ -237,7 +238,7 @@ def verify(
     if name is not None:
         names = [check_name(name)]
     else:
-        names = _read.checkpoint_names(storage)
+        names = _committed.checkpoint_names(storage)
         if not names:
             raise CheckpointNotFoundError(f"no checkpoints in {storage.url}")
     v = _checked(storage, names, name is not None, threads or default_threads(), progress)
@@ -257,9 +258,9 @@ def _checked(
 ) -> _Verifier:
     v = _Verifier(storage, threads, progress)
     for n in names:
-        with _read.memory_named(f"verifying checkpoint {n!r}", n):
+        with _memory.memory_named(f"verifying checkpoint {n!r}", n):
             v.checkpoint(n, named=named)
-    with _read.memory_named(f"verifying the chunks of {storage.url}"):
+    with _memory.memory_named(f"verifying the chunks of {storage.url}"):
         v.run_jobs()
     return v
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from treestore._api.checkpoint import Checkpoint
 from treestore._api.spec import parse_spec
-from treestore._engine import read as _read
+from treestore._engine import committed as _committed
 from treestore._format import paths as _paths
 from treestore._format.commit_record import CommitRecord
 from treestore._format.manifest import check_name
@@ -75,7 +75,7 @@ class _Poller:
             except TreestoreError:
                 continue  # not a commit record (SPEC.md, section 3.1)
             try:
-                record = _read.read_commit_record(self.storage, name)
+                record = _committed.read_commit_record(self.storage, name)
             except CheckpointNotFoundError:
                 continue  # deleted since the listing
             except (CorruptionError, UnsupportedFormatError) as exc:
@@ -93,7 +93,7 @@ class _Poller:
     def open(self, record: CommitRecord) -> Checkpoint | None:
         """The verified view of a new checkpoint, or None (with a warning) when it is damaged."""
         try:
-            columns = _read.read_columns(self.storage, record)
+            columns = _committed.read_columns(self.storage, record)
         except (CorruptionError, UnsupportedFormatError) as exc:
             self._skip(record.name, record.manifest, exc)
             return None
@@ -164,7 +164,7 @@ def watch(
     storage = open_storage(base, storage_options)
     after = None
     if since is not None:
-        record = _read.read_commit_record(storage, since)
+        record = _committed.read_commit_record(storage, since)
         after = (record.created, record.name)
     return _follow(_Poller(storage, after), timeout, min_poll, max_poll, stop)
 

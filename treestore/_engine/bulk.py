@@ -20,7 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from treestore._engine.read import ChunkReader, allocate
+from treestore._engine.memory import allocate
+from treestore._engine.read import ChunkReader
 from treestore._engine.region import copy_members, leaf_pieces, plan_regions, run_in_threads
 from treestore._format.columns import ARRAY_CODES, DTYPE_NAMES, PIECED, Columns
 from treestore._format.dtypes import dtype_from_name

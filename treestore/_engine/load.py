@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from treestore._engine import bulk as _bulk
+from treestore._engine import committed as _committed
 from treestore._engine import parts as _parts
 from treestore._engine import read as _read
 from treestore._engine import region as _region
@@ -44,7 +45,7 @@ def load(
 ) -> Any:
     """The checkpoint ``record`` commits, restored as :meth:`treestore.Store.load` documents
     (the caller has checked that its arguments go together)."""
-    found = _read.read_frame(storage, record)
+    found = _committed.read_frame(storage, record)
     frame = found.frame if isinstance(found, Parted) else found
     wanted = None if select is None else chosen(frame, select)
     columns = (

@@ -14,7 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from treestore._engine.read import IN_PLACE_UP_TO, ChunkReader, allocate, allocate_many
+from treestore._engine.memory import allocate, allocate_many
+from treestore._engine.read import IN_PLACE_UP_TO, ChunkReader
 from treestore._engine.threads import default_threads, run_all
 from treestore._format.codecs import scratch
 from treestore._format.columns import DTYPE_NAMES, PIECED, Columns

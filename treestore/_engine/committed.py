@@ -1,0 +1,179 @@
+"""What a store has committed: its checkpoint names, their commit records and the manifests those
+name, each verified before use (a damaged record or manifest is an error naming its checkpoint)."""
+
+from __future__ import annotations
+
+import difflib
+import logging
+
+from treestore._engine.parts import assemble
+from treestore._format import paths as _paths
+from treestore._format.columns import Columns
+from treestore._format.columns_codec import decode_any
+from treestore._format.commit_record import CommitRecord, decode_commit_record
+from treestore._format.encoding import digest
+from treestore._format.limits import MAX_MANIFEST_BYTES, MAX_RECORD_BYTES
+from treestore._format.manifest import check_name
+from treestore._format.parted import Parted
+from treestore._storage.base import Storage
+from treestore.errors import (
+    CheckpointNotFoundError,
+    CorruptionError,
+    ManifestCorruptError,
+    TreestoreError,
+    UnsupportedFormatError,
+)
+
+_log = logging.getLogger("treestore")
+
+
+def read_commit_record(storage: Storage, name: str) -> CommitRecord:
+    check_name(name)
+    data = storage.read_range(_paths.record_path(name), 0, MAX_RECORD_BYTES + 1)
+    if data is None:
+        raise not_found(storage, name)
+    return decode_commit_record(data, name)
+
+
+def not_found(storage: Storage, name: str | None) -> CheckpointNotFoundError:
+    """The error for a checkpoint ``name`` (None: any checkpoint) that is not in ``storage``, in
+    the one wording every reader uses: "no treestore store at URL" when nothing of a store is
+    there, else "no checkpoint 'NAME' in store URL (did you mean 'N1'?)" or "no checkpoints in
+    store URL". Only this error path lists the store (a listing that fails adds nothing)."""
+    if not _is_store(storage):
+        wanted = f" (looking for checkpoint {name!r})" if name is not None else " (no checkpoints in it)"
+        return CheckpointNotFoundError(f"no treestore store at {storage.url}{wanted}", checkpoint=name)
+    if name is None:
+        return CheckpointNotFoundError(f"no checkpoints in store {storage.url}")
+    try:
+        names = checkpoint_names(storage)
+    except TreestoreError:  # a read-only store that cannot be listed: no suggestions
+        names = None
+    close = difflib.get_close_matches(name, names or [], n=3, cutoff=0.6)
+    hint = f" (did you mean {' or '.join(repr(n) for n in close)}?)" if close else ""
+    if names == []:
+        hint = " (it has no checkpoints)"
+    return CheckpointNotFoundError(f"no checkpoint {name!r} in store {storage.url}{hint}", checkpoint=name)
+
+
+def _is_store(storage: Storage) -> bool:
+    """Whether anything of a store is at ``storage``'s URL; a store that cannot tell (a server
+    that answers no folder URL) counts as one."""
+    if storage.read_only:
+        return True
+    try:
+        return any(storage.exists(folder) for folder in _paths.FOLDERS)
+    except TreestoreError:
+        return True
+
+
+def checkpoint_names(storage: Storage) -> list[str]:
+    """Names of the committed checkpoints: objects directly in ``checkpoints/`` whose names are
+    valid checkpoint names (anything else there is ignored)."""
+    names = []
+    prefix = _paths.CHECKPOINTS + "/"
+    for obj in storage.list(_paths.CHECKPOINTS):
+        name = obj.path[len(prefix) :] if obj.path.startswith(prefix) else ""
+        try:
+            names.append(check_name(name))
+        except TreestoreError:
+            continue
+    return sorted(set(names))
+
+
+def committed_records(
+    storage: Storage,
+) -> tuple[list[CommitRecord], dict[str, CorruptionError | UnsupportedFormatError]]:
+    """The commit records of every checkpoint, and the checkpoints whose record cannot be used:
+    name -> the error reading it raised (damaged, or of a format this version cannot read).
+
+    One deleted while listing is in neither. A listing or read that fails raises StorageError.
+    """
+    refs = []
+    damaged: dict[str, CorruptionError | UnsupportedFormatError] = {}
+    for name in checkpoint_names(storage):
+        try:
+            refs.append(read_commit_record(storage, name))
+        except CheckpointNotFoundError:
+            continue  # deleted since the listing: it needs no protection and no entry
+        except (CorruptionError, UnsupportedFormatError) as exc:
+            damaged[name] = exc
+    return refs, damaged
+
+
+def readable_records(storage: Storage) -> list[CommitRecord]:
+    """The commit records a listing shows: a damaged one is left out, with a warning (logger
+    ``treestore``) naming it, so one bad checkpoint does not hide the others; one of a format
+    this version cannot read raises UnsupportedFormatError (upgrade treestore)."""
+    refs, damaged = committed_records(storage)
+    for exc in damaged.values():
+        if isinstance(exc, UnsupportedFormatError):
+            raise exc
+    if damaged:
+        _log.warning(
+            "%s: %d damaged checkpoint(s) left out (verify names what is wrong; delete them to "
+            "let gc free space): %s",
+            storage.url,
+            len(damaged),
+            "; ".join(str(exc) for exc in damaged.values()),
+        )
+    return refs
+
+
+def newest_record(storage: Storage) -> CommitRecord:
+    """The newest readable commit record (see :func:`readable_records`)."""
+    refs = readable_records(storage)
+    if not refs:
+        raise not_found(storage, None)
+    return max(refs, key=lambda r: (r.created, r.name))
+
+
+def read_manifest_bytes(storage: Storage, record: CommitRecord) -> bytes:
+    """The manifest a commit record names, after checking its size and digest."""
+    path = _paths.manifest_path(record.manifest)
+    data = storage.read_range(path, 0, min(record.manifest_size, MAX_MANIFEST_BYTES) + 1)
+    if data is None:
+        raise ManifestCorruptError(
+            f"manifest of checkpoint {record.name!r} is missing from {storage.url}",
+            checkpoint=record.name,
+        )
+    if len(data) != record.manifest_size or digest(data) != record.manifest:
+        raise ManifestCorruptError(
+            f"manifest of checkpoint {record.name!r} does not match its digest "
+            f"({len(data)} bytes read, {record.manifest_size} expected)",
+            checkpoint=record.name,
+        )
+    return data
+
+
+def read_columns(storage: Storage, record: CommitRecord, data: bytes | None = None) -> Columns:
+    """The verified manifest of a commit record, of either format version, as :class:`Columns`:
+    what readers that need a few leaves, or whole columns, use (no per-leaf object is made).
+    One stored in parts is completed with its parts."""
+    found = read_frame(storage, record, data)
+    return assemble(storage, found) if isinstance(found, Parted) else found
+
+
+def read_frame(storage: Storage, record: CommitRecord, data: bytes | None = None) -> Columns | Parted:
+    """The verified manifest of a commit record as :func:`read_columns` gives it, except that
+    one stored in parts stays its frame (checked against the record; its parts not read): for
+    readers of some leaves, which complete it with the parts they need
+    (:func:`treestore._engine.parts.assemble`)."""
+    data = data if data is not None else read_manifest_bytes(storage, record)
+    found = decode_any(data, record.name)
+    if isinstance(found, Parted):
+        _described(record, found.frame)
+        return found
+    return _described(record, found)
+
+
+def _described(record: CommitRecord, manifest: Columns) -> Columns:
+    """``manifest``, once the commit record naming it is checked to describe it."""
+    differences = manifest.mismatches(record)
+    if differences:
+        raise ManifestCorruptError(
+            f"commit record of checkpoint {record.name!r} does not match its manifest: "
+            + "; ".join(differences),
+            checkpoint=record.name,
+        )
+    return manifest
