@@ -128,6 +128,17 @@ MUTATIONS: list[Mutation] = [
         "a small leaf changed during a save is packed with bytes its digest does not name",
     ),
     m(
+        "a reopened manifest not read again",
+        "treestore/_engine/committed.py",
+        "    data = data if data is not None else read_manifest_bytes(storage, record)\n"
+        "    found = _decoded.get(record.manifest)\n",
+        "    found = _decoded.get(record.manifest)\n"
+        "    data = data if data is not None or found is not None else "
+        "read_manifest_bytes(storage, record)\n",
+        ["tests/test_integrity.py::test_a_manifest_damaged_after_it_was_opened_is_refused_when_reopened"],
+        "a manifest damaged after a first open goes unnoticed by every later open and load",
+    ),
+    m(
         "memory put-if-absent without its lock",
         "treestore/_storage/local.py",
         "        with self._lock:\n            if self.exists(path):",

@@ -317,3 +317,23 @@ def test_leaves_naming_the_same_packed_bytes_load_as_separate_arrays(store_url, 
             assert not np.shares_memory(x, y)
     tree["a"][:] = -1
     assert tree["b"].tolist() == expected_b.tolist()
+
+
+def test_a_manifest_damaged_after_it_was_opened_is_refused_when_reopened(saved):
+    """Reopening reuses the columns decoded from a manifest of the same digest, but its bytes
+    are read and checked every time: damage after the first open is still found."""
+    first = treestore.open(saved, "ckpt")
+    again = treestore.open(saved, "ckpt")
+    assert again.columns is first.columns  # decoded and validated once
+    ref = hostile.ref_record(saved, "ckpt")
+    hostile.truncate(saved, _paths.manifest_path(ref["manifest"]), 50)
+    for read in (lambda: treestore.open(saved, "ckpt"), lambda: treestore.load(saved)):
+        with pytest.raises(treestore.errors.ManifestCorruptError, match="manifest of checkpoint 'ckpt'"):
+            read()
+
+
+def test_a_checkpoint_saved_again_under_its_name_is_read_anew(store_url):
+    treestore.save(store_url, {"w": np.zeros(3)}, "c")
+    assert treestore.open(store_url, "c")["w"][0] == 0.0
+    treestore.save(store_url, {"w": np.ones(3)}, "c", overwrite=True)
+    assert treestore.open(store_url, "c")["w"][0] == 1.0

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import difflib
 import logging
+import threading
+from collections import OrderedDict
 
 from treestore._engine.parts import assemble
 from treestore._format import paths as _paths
@@ -158,13 +160,58 @@ def read_frame(storage: Storage, record: CommitRecord, data: bytes | None = None
     """The verified manifest of a commit record as :func:`read_columns` gives it, except that
     one stored in parts stays its frame (checked against the record; its parts not read): for
     readers of some leaves, which complete it with the parts they need
-    (:func:`treestore._engine.parts.assemble`)."""
+    (:func:`treestore._engine.parts.assemble`). ``data``: its bytes as
+    :func:`read_manifest_bytes` gives them, when the caller has them.
+
+    The bytes are always read and checked against the record's digest; a manifest decoded
+    before in this process (same digest, so same bytes) is not decoded and validated again
+    (:class:`_Decoded`)."""
     data = data if data is not None else read_manifest_bytes(storage, record)
-    found = decode_any(data, record.name)
+    found = _decoded.get(record.manifest)
+    if found is None:
+        found = decode_any(data, record.name)
+        _decoded.put(record.manifest, found, len(data))
     if isinstance(found, Parted):
         _described(record, found.frame)
         return found
     return _described(record, found)
+
+
+class _Decoded:
+    """Manifests this process decoded, by digest: a manifest is immutable and named by the
+    digest of its bytes, and what decoding makes of it (:class:`Columns`, :class:`Parted`) is
+    immutable too, so reopening a checkpoint reuses it. Only manifests of at most
+    ``MAX_BYTES`` are kept, at most ``MAX_COUNT`` of them, the least recently used leaving
+    first: a training loop's checkpoints come and go without growing it."""
+
+    MAX_COUNT = 32
+    MAX_BYTES = 1 << 20
+
+    def __init__(self) -> None:
+        self._found: OrderedDict[bytes, Columns | Parted] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: bytes) -> Columns | Parted | None:
+        with self._lock:
+            found = self._found.get(key)
+            if found is not None:
+                self._found.move_to_end(key)
+            return found
+
+    def put(self, key: bytes, found: Columns | Parted, size: int) -> None:
+        if size > self.MAX_BYTES:
+            return
+        with self._lock:
+            self._found[key] = found
+            while len(self._found) > self.MAX_COUNT:
+                self._found.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._found.clear()
+
+
+_decoded = _Decoded()
 
 
 def _described(record: CommitRecord, manifest: Columns) -> Columns:
