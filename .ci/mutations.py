@@ -119,15 +119,6 @@ MUTATIONS: list[Mutation] = [
         "an array the caller changes during a save is hashed and encoded from different bytes",
     ),
     m(
-        "a pack member hashed from the caller's array, not its copy",
-        "treestore/_engine/packs.py",
-        "        return (digest(raw), n, 0, len(self._packs) - 1, at)\n",
-        "        return (digest(np.ascontiguousarray(data).view(np.uint8)), n, 0, len(self._packs) - 1, at)"
-        "\n",
-        ["tests/test_chunk_objects.py::test_small_leaves_written_to_during_a_save_never_make_a_corrupt_pack"],
-        "a small leaf changed during a save is packed with bytes its digest does not name",
-    ),
-    m(
         "a reopened manifest not read again",
         "treestore/_engine/committed.py",
         "    data = data if data is not None else read_manifest_bytes(storage, record)\n"
