@@ -351,7 +351,7 @@ def test_orbax_metadata_that_is_no_regular_file(tmp_path):
 
 
 def test_orbax_metadata_over_its_cap(tmp_path):
-    formats = treestore._api.file_formats
+    formats = treestore._api.orbax_folders
     with orbax.StandardCheckpointer() as checkpointer:
         checkpointer.save(tmp_path / "ck", {"w": np.ones(2)})
     for name in ("_CHECKPOINT_METADATA", "_METADATA"):
@@ -419,7 +419,7 @@ def test_export_to_orbax_leaves_the_old_folder_when_orbax_fails(tmp_path, monkey
         Path(tmp).mkdir()
         raise treestore.UnsupportedFormatError("orbax cannot write this checkpoint: boom")
 
-    monkeypatch.setattr(treestore._api.file_formats, "write_orbax", fail)
+    monkeypatch.setattr(treestore._api.orbax_folders, "write_orbax", fail)
     with pytest.raises(treestore.UnsupportedFormatError, match="boom"):
         treestore.export_file(url, out, format="orbax", overwrite=True)
     assert sorted(p.name for p in out.iterdir()) == before

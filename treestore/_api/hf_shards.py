@@ -240,7 +240,7 @@ def load_index(index: Path) -> tuple[dict[str, str], int | None]:
     """The weight map and total_size (None when absent) of an index file, its size capped and
     its structure checked; every file name a plain name in the index's folder."""
     st = _formats.check_kind(index, "a regular file")
-    _formats._check_size(index, st, INDEX_BYTES)
+    _formats.check_size(index, st, INDEX_BYTES)
     try:
         record = json.loads(index.read_bytes())
     except ValueError as exc:

@@ -22,6 +22,7 @@ import numpy as np
 
 from treestore._api import file_formats as _formats
 from treestore._api import hf_shards as _shards
+from treestore._api import orbax_folders as _orbax
 from treestore._api import remote_source as _remote
 from treestore._api.checkpoint import Checkpoint, LazyLeaf
 from treestore._api.retention import step_name
@@ -153,7 +154,7 @@ def read_file(
     else:
         fmt = _formats.detect_format(p, format)
         _formats.check_kind(p, "a folder" if fmt == "orbax" else "a regular file", InvalidInputError)
-        tree, extra = _formats.READERS[fmt](p)
+        tree, extra = (_orbax.read_orbax if fmt == "orbax" else _formats.READERS[fmt])(p)
     source: dict[str, Any] = {"format": fmt, "file": p.name, **extra}
     if fmt in _formats.FLAT and nest_keys:
         tree, source["separator"] = nest(tree, source=str(p))
@@ -455,7 +456,7 @@ def _write_orbax(
     if Path(tmp).is_dir():  # left by an export of this process id that was killed
         shutil.rmtree(tmp)
     try:
-        _formats.write_orbax(tmp, jax.tree.map(host, ckpt.tree), custom)
+        _orbax.write_orbax(tmp, jax.tree.map(host, ckpt.tree), custom)
         try:
             moved = out.is_dir() and not out.is_symlink()
             if moved:
