@@ -8,7 +8,8 @@ listing reports, and the manifest a checkpoint's view exposes (``Checkpoint.mani
 """
 
 from treestore._api.copy import CopyReport
-from treestore._api.diff import Diff, LeafDiff, LeafStats
+from treestore._api.diff import Diff, LeafDiff
+from treestore._api.diff_values import LeafStats
 from treestore._api.health import ValueStats
 from treestore._api.interop import ExportResult
 from treestore._api.retention import StepInfo
