@@ -6,7 +6,6 @@ are stored as values in the manifest and restored as the same type."""
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -142,10 +141,7 @@ def prepare_leaf(value: object, address: str, *, copy: bool = False) -> Leaf:
             data = _host(whole, copy)
             return ArrayLeaf(kind, name, data, impl, weak_type=weak, private=jax_copy or data is not whole)
         shards = tuple((s, _host(d, copy)) for s, d in owned)
-        # Shards of a whole copied to the host (one process holds every shard) are that copy's.
-        copied = value.is_fully_addressable or all(
-            h is not d for (_, h), (_, d) in zip(shards, owned, strict=True)
-        )
+        copied = all(h is not d for (_, h), (_, d) in zip(shards, owned, strict=True))
         private = jax_copy or copied
         return ArrayLeaf(kind, name, None, impl, shards, tuple(value.shape), weak, private)
     if isinstance(value, (np.matrix, np.ma.MaskedArray)):
@@ -184,13 +180,12 @@ def _whole(x: jax.Array) -> np.ndarray[Any, Any]:
 
 def _owned_shards(x: jax.Array) -> list[tuple[tuple[int, ...], np.ndarray[Any, Any]]] | None:
     """(start, host data) of the shards of ``x`` this process writes, or None when ``x`` is
-    not sharded (one device, or every device holds all of it)."""
+    not sharded (one device, or every device holds all of it). Each distinct shard is read from
+    the device holding its replica 0, never gathered: one process holding every shard reads
+    each once, as each process of a multi-process save reads its own."""
     sharding = x.sharding
     if sharding.is_fully_replicated or len(sharding.device_set) == 1:
         return None
-    if x.is_fully_addressable:  # one process holds it all: one copy to host, shards as views
-        whole = np.asarray(x)
-        return [(start, whole[box]) for start, box in _distinct_boxes(sharding, tuple(x.shape))]
     parts = []
     for shard in x.addressable_shards:
         if shard.replica_id != 0:  # one replica owner writes each distinct shard
@@ -198,19 +193,6 @@ def _owned_shards(x: jax.Array) -> list[tuple[tuple[int, ...], np.ndarray[Any, A
         start = tuple(0 if s.start is None else int(s.start) for s in shard.index)
         parts.append((start, np.asarray(shard.data)))
     return parts
-
-
-@functools.lru_cache(maxsize=256)
-def _distinct_boxes(sharding: Any, shape: tuple[int, ...]) -> tuple[tuple[tuple[int, ...], Any], ...]:
-    """(start, index) of each distinct shard of ``shape`` on ``sharding``, in device order (the
-    order of ``addressable_shards``, whose replica 0 of each is the first device holding it);
-    leaves sharded alike (the usual case) work it out once."""
-    out: dict[tuple[int, ...], Any] = {}
-    for index in sharding.devices_indices_map(shape).values():
-        box = tuple(slice(*s.indices(n)[:2]) for s, n in zip(index, shape, strict=False))
-        box += tuple(slice(0, n) for n in shape[len(box) :])
-        out.setdefault(tuple(s.start for s in box), box)
-    return tuple(out.items())
 
 
 _SHAPES_OK: set[tuple[tuple[int, ...], int]] = set()  # (shape, itemsize) pairs check_shape accepted
