@@ -9,7 +9,8 @@ Timing mode (:func:`run_timings`): for every tree x adapter, ``runs`` times
 * **save** = ``adapter.save(tree, path); os.sync()``  (durability included);
 * **load** = ``adapter.load(path, like)`` + convert leaves to ``np.ndarray``
   and touch one byte per 4 KiB page (so lazy/mmapped loads pay for their I/O);
-* **one-leaf** = ``adapter.load_one(path, key, like)`` (+ same touch);
+* **one-leaf** = ``adapter.load_one(path, key, like)`` (+ same touch), for the largest leaf;
+* **median-leaf** = the same for the median-size leaf (fixed costs show there);
 * ``adapter.files_and_bytes(path)``; then the run directory is deleted.
 
 Warm page cache: nothing is dropped, loads read what was just written.  Each
@@ -154,7 +155,7 @@ def _median(xs: list[float]) -> float:
 # --------------------------------------------------------------------------
 
 
-def _one_run(adapter, tree, like, key, tmp_root, tag, verify: bool) -> dict[str, Any]:
+def _one_run(adapter, tree, like, key, median, tmp_root, tag, verify: bool) -> dict[str, Any]:
     run_dir = tempfile.mkdtemp(prefix=tag + "-", dir=tmp_root)
     path = os.path.join(run_dir, "ckpt")
     try:
@@ -180,8 +181,23 @@ def _one_run(adapter, tree, like, key, tmp_root, tag, verify: bool) -> dict[str,
             err = leaf_mismatch(T.get_leaf(tree, key), leaf, f"load_one({key})")
         del leaf
 
+        t0 = time.perf_counter()
+        leaf = touch(adapter.load_one(path, median, like))
+        median_s = time.perf_counter() - t0
+        if verify and err is None:
+            err = leaf_mismatch(T.get_leaf(tree, median), leaf, f"load_one({median})")
+        del leaf
+
         files, nbytes = adapter.files_and_bytes(path)
-        return dict(save_s=save_s, load_s=load_s, one_s=one_s, files=files, bytes=nbytes, verify_error=err)
+        return dict(
+            save_s=save_s,
+            load_s=load_s,
+            one_s=one_s,
+            median_s=median_s,
+            files=files,
+            bytes=nbytes,
+            verify_error=err,
+        )
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
 
@@ -201,12 +217,15 @@ def run_timings(
         tree = T.build(tname)
         like = T.spec(tname)
         key = T.one_leaf_key(tname)
+        median = T.median_leaf_key(tree)
         raw = T.nbytes(tree)
         tree_info[tname] = dict(
             raw_bytes=raw,
             leaves=T.num_leaves(tree),
             one_leaf_key=key,
             one_leaf_bytes=T.get_leaf(tree, key).nbytes,
+            median_leaf_key=median,
+            median_leaf_bytes=T.get_leaf(tree, median).nbytes,
             build_s=time.perf_counter() - t0,
         )
         assert T.nbytes(like) == raw and T.flatten(like).keys() == T.flatten(tree).keys()
@@ -219,7 +238,9 @@ def run_timings(
             per[a.name] = dict(samples=[], error=None, verify_error=None, verified=False)
         limit_samples: list[dict[str, float]] = []
         for r in range(runs):
-            limit_samples.append(L.limits(tree, key, tmp_root))  # in the same round as the formats
+            limit_samples.append(
+                L.limits(tree, key, tmp_root, median=median)
+            )  # in the same round as the formats
             log(
                 f"[{tname}] run {r + 1}/{runs} {'LIMIT':>13}: save {limit_samples[-1]['save_s']:.3f}s "
                 f"load {limit_samples[-1]['load_s']:.3f}s one {limit_samples[-1]['one_s']:.4f}s"
@@ -230,7 +251,14 @@ def run_timings(
                     continue
                 try:
                     s = _one_run(
-                        a, tree, like, key, tmp_root, f"{tname}-{a.name}-r{r}", verify and not st["verified"]
+                        a,
+                        tree,
+                        like,
+                        key,
+                        median,
+                        tmp_root,
+                        f"{tname}-{a.name}-r{r}",
+                        verify and not st["verified"],
                     )
                 except Exception as e:  # keep going with the other formats
                     st["error"] = f"{type(e).__name__}: {e}"
@@ -257,6 +285,7 @@ def run_timings(
                 save_s=_median([s["save_s"] for s in sm]),
                 load_s=_median([s["load_s"] for s in sm]),
                 one_s=_median([s["one_s"] for s in sm]),
+                median_s=_median([s["median_s"] for s in sm]),
                 bytes=int(_median([s["bytes"] for s in sm])) if sm else 0,
                 files=int(_median([s["files"] for s in sm])) if sm else 0,
             )
@@ -323,7 +352,8 @@ def environment_header(
             + "; ".join(
                 f"{n} = {i['raw_bytes'] / MB:.1f} MB raw, {i['leaves']} leaves, "
                 f"one-leaf `{i['one_leaf_key']}` "
-                f"({i['one_leaf_bytes'] / MB:.3g} MB)"
+                f"({i['one_leaf_bytes'] / MB:.3g} MB), median-leaf `{i['median_leaf_key']}` "
+                f"({i['median_leaf_bytes'] / 1024:.3g} KiB)"
                 for n, i in tree_info.items()
             )
         )
@@ -337,6 +367,7 @@ def timing_table(res: dict[str, Any], ref: str = "safetensors") -> str:
         "save s",
         "load s",
         "one-leaf s",
+        "median-leaf s",
         "size MB",
         "size/raw",
         "files",
@@ -344,6 +375,8 @@ def timing_table(res: dict[str, Any], ref: str = "safetensors") -> str:
         f"load vs {ref}",
         "save vs limit",
         "load vs limit",
+        f"median leaf vs {ref}",
+        "median leaf vs limit",
     ]
     rows = ["| " + " | ".join(hdr) + " |", "|" + "|".join(["---", "---"] + ["---:"] * (len(hdr) - 2)) + "|"]
     for tname, per in res["results"].items():
@@ -353,6 +386,8 @@ def timing_table(res: dict[str, Any], ref: str = "safetensors") -> str:
         rl = r["load_s"] if r and r["samples"] else None
         lim = res["trees"][tname].get("limit")
         ls, ll = (lim["save_s"], lim["load_s"]) if lim else (None, None)
+        rm = r["median_s"] if r and r["samples"] else None
+        lm = lim.get("median_s") if lim else None
         for fmt, st in per.items():
             note = ""
             if st["error"] and not st["samples"]:
@@ -369,6 +404,7 @@ def timing_table(res: dict[str, Any], ref: str = "safetensors") -> str:
                         _fmt_s(st["save_s"]),
                         _fmt_s(st["load_s"]),
                         _fmt_s(st["one_s"]),
+                        _fmt_s(st["median_s"]),
                         f"{st['bytes'] / MB:.1f}",
                         f"{st['bytes'] / raw:.2f}",
                         str(st["files"]),
@@ -376,6 +412,8 @@ def timing_table(res: dict[str, Any], ref: str = "safetensors") -> str:
                         _ratio(st["load_s"], rl),
                         _ratio(st["save_s"], ls),
                         _ratio(st["load_s"], ll),
+                        _ratio(st["median_s"], rm),
+                        _ratio(st["median_s"], lm),
                     ]
                 )
                 + " |"
@@ -390,6 +428,7 @@ def timing_table(res: dict[str, Any], ref: str = "safetensors") -> str:
                         _fmt_s(lim["save_s"]),
                         _fmt_s(lim["load_s"]),
                         _fmt_s(lim["one_s"]),
+                        _fmt_s(lm) if lm is not None else "",
                         "",
                         "",
                         "",
@@ -397,6 +436,8 @@ def timing_table(res: dict[str, Any], ref: str = "safetensors") -> str:
                         _ratio(lim["load_s"], rl),
                         "1.00×",
                         "1.00×",
+                        _ratio(lm, rm) if lm is not None else "",
+                        "1.00×" if lm is not None else "",
                     ]
                 )
                 + " |"
@@ -405,7 +446,7 @@ def timing_table(res: dict[str, Any], ref: str = "safetensors") -> str:
         f"- LIMIT {t}: components on one core (s): "
         + ", ".join(f"{k[2:]} {v:.3f}" for k, v in i["limit"].items() if k.startswith("c."))
         + f"; save = ({' + '.join(L.SAVE)}) / {os.cpu_count()} cores, "
-        f"load and one-leaf = ({' + '.join(L.LOAD)}) / {os.cpu_count()} cores"
+        f"load and one-leaf and median-leaf = ({' + '.join(L.LOAD)}) / {os.cpu_count()} cores"
         for t, i in res["trees"].items()
         if i.get("limit")
     ]

@@ -138,9 +138,12 @@ SAVE = ("hash", "transform", "compress", "write")
 LOAD = ("read", "decompress", "untransform", "verify")
 
 
-def limits(tree: T.Tree, key: str, tmp_dir: str, cores: int | None = None) -> dict[str, float]:
-    """The LIMIT row for ``tree``: ``save_s``, ``load_s``, ``one_s`` (the leaf ``key``), and
-    each component's seconds (``save.hash`` ...)."""
+def limits(
+    tree: T.Tree, key: str, tmp_dir: str, cores: int | None = None, median: str | None = None
+) -> dict[str, float]:
+    """The LIMIT row for ``tree``: ``save_s``, ``load_s``, ``one_s`` (the leaf ``key``),
+    ``median_s`` (the leaf ``median``, when given), and each component's seconds
+    (``save.hash`` ...)."""
     cores = cores or os.cpu_count() or 1
     whole = components(list(T.flatten(tree).values()), tmp_dir)
     one = components([T.get_leaf(tree, key)], tmp_dir)
@@ -149,5 +152,8 @@ def limits(tree: T.Tree, key: str, tmp_dir: str, cores: int | None = None) -> di
         "load_s": sum(whole.get(k, 0.0) for k in LOAD) / cores,
         "one_s": sum(one.get(k, 0.0) for k in LOAD) / cores,
     }
+    if median is not None:
+        small = components([T.get_leaf(tree, median)], tmp_dir)
+        out["median_s"] = sum(small.get(k, 0.0) for k in LOAD) / cores
     out.update({f"c.{k}": v for k, v in whole.items()})
     return out

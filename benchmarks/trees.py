@@ -303,3 +303,10 @@ def spec(name: str) -> Tree:
 
 def one_leaf_key(name: str) -> str:
     return TREES[name][2]()
+
+
+def median_leaf_key(tree: Tree) -> str:
+    """The key of the median-size leaf (the leaves ordered by bytes, then key): an ordinary
+    leaf, where fixed costs show, beside the largest one."""
+    sizes = sorted((int(np.asarray(x).nbytes), k) for k, x in flatten(tree).items())
+    return sizes[(len(sizes) - 1) // 2][1]
