@@ -178,7 +178,7 @@ MUTATIONS: list[Mutation] = [
     ),
     m(
         "manifest digest check removed",
-        "treestore/_engine/read.py",
+        "treestore/_engine/committed.py",
         "if len(data) != record.manifest_size or digest(data) != record.manifest:",
         "if len(data) != record.manifest_size:",
         ["tests/attacks/test_foreign_chunks.py::test_manifest_object_rewritten_in_place"],
