@@ -164,6 +164,10 @@ class Columns:
         return rank, first, chunk, dims
 
     def address(self, i: int) -> str:
+        """Leaf ``i``'s address: from :attr:`addresses` once that is built, else walked up
+        the node table (without building every address)."""
+        if "addresses" in self.__dict__:
+            return self.addresses[i]
         return self.nodes.address(int(self.nodes.leaf_node[i]))
 
     def require_pieces(self, i: int | None = None) -> None:

@@ -131,7 +131,7 @@ class Stored:
 def stored(columns: Columns, i: int) -> Stored:
     """Leaf ``i`` of ``columns`` as :class:`Stored`."""
     kind, prng_impl, weak_type = columns.restore_kind(i)
-    address = columns.addresses[i] if "addresses" in columns.__dict__ else columns.address(i)
+    address = columns.address(i)
     if columns.leaves["kind"][i] >= ARRAY_CODES:
         return Stored(address, i, kind, None, None, columns.value(i), None, False, 0)
     dtype = DTYPE_NAMES[columns.leaves["dtype"][i]]
