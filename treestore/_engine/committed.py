@@ -206,10 +206,6 @@ class _Decoded:
             while len(self._found) > self.MAX_COUNT:
                 self._found.popitem(last=False)
 
-    def clear(self) -> None:
-        with self._lock:
-            self._found.clear()
-
 
 _decoded = _Decoded()
 
