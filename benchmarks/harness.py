@@ -155,6 +155,14 @@ def _median(xs: list[float]) -> float:
 # --------------------------------------------------------------------------
 
 
+def _time_one(adapter, path: str, tree, like, key: str, verify: bool) -> tuple[float, str | None]:
+    """Seconds of ``adapter.load_one`` of leaf ``key`` (touched), and what it got wrong."""
+    t0 = time.perf_counter()
+    leaf = touch(adapter.load_one(path, key, like))
+    seconds = time.perf_counter() - t0
+    return seconds, leaf_mismatch(T.get_leaf(tree, key), leaf, f"load_one({key})") if verify else None
+
+
 def _one_run(adapter, tree, like, key, median, tmp_root, tag, verify: bool) -> dict[str, Any]:
     run_dir = tempfile.mkdtemp(prefix=tag + "-", dir=tmp_root)
     path = os.path.join(run_dir, "ckpt")
@@ -174,19 +182,9 @@ def _one_run(adapter, tree, like, key, median, tmp_root, tag, verify: bool) -> d
         del out
         gc.collect()
 
-        t0 = time.perf_counter()
-        leaf = touch(adapter.load_one(path, key, like))
-        one_s = time.perf_counter() - t0
-        if verify and err is None:
-            err = leaf_mismatch(T.get_leaf(tree, key), leaf, f"load_one({key})")
-        del leaf
-
-        t0 = time.perf_counter()
-        leaf = touch(adapter.load_one(path, median, like))
-        median_s = time.perf_counter() - t0
-        if verify and err is None:
-            err = leaf_mismatch(T.get_leaf(tree, median), leaf, f"load_one({median})")
-        del leaf
+        one_s, one_err = _time_one(adapter, path, tree, like, key, verify)
+        median_s, median_err = _time_one(adapter, path, tree, like, median, verify)
+        err = err or one_err or median_err
 
         files, nbytes = adapter.files_and_bytes(path)
         return dict(
