@@ -406,6 +406,14 @@ MUTATIONS: list[Mutation] = [
         ["tests/test_two_tier.py::test_one_store_as_both_tiers_is_refused_however_it_is_spelt"],
         "a symlinked spelling of the local tier is taken for another store",
     ),
+    m(
+        "jobs start without headroom",
+        "treestore/_engine/memory.py",
+        "        probe = mmap.mmap(-1, HEADROOM)  # address space only: no page is touched",
+        "        probe = mmap.mmap(-1, 1)",
+        ["tests/test_threads.py::test_a_read_near_an_address_space_limit_refuses_before_native_code_runs"],
+        "a read job starts with the last bytes of an address-space limit, where BLAKE3 aborts",
+    ),
     # --- copy ----------------------------------------------------------------------------------
     m(
         "copy trusts pack members",

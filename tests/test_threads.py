@@ -5,8 +5,11 @@ one that used them saves and loads with threads of its own."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -169,3 +172,43 @@ def test_threads_that_cannot_start_are_out_of_memory_and_leave_no_pool(monkeypat
     with pytest.raises(OutOfMemoryError, match="cannot start 13 read thread"):
         threads_module.run_all([lambda: None] * 20, 13, "read")
     assert ("read", 13) not in threads_module._pools
+
+
+NEAR_THE_LIMIT = """
+import resource, sys, treestore
+from treestore._engine.memory import HEADROOM, check_headroom
+store = sys.argv[1]
+check_headroom()  # no limit: nothing to check
+treestore.verify(store)  # threads, imports and caches in place first
+treestore.load(store + "#c")
+size = int(open("/proc/self/statm").read().split()[0]) * resource.getpagesize()
+limit = size + HEADROOM // 2  # less than the headroom a job starts with
+resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+calls = (("verify", lambda: treestore.verify(store)), ("load", lambda: treestore.load(store + "#c")))
+for name, call in calls:
+    try:
+        call()
+        print(name, "done")
+    except treestore.errors.OutOfMemoryError as exc:
+        print(name, "OutOfMemoryError", exc)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="address-space limits as Linux counts them")
+def test_a_read_near_an_address_space_limit_refuses_before_native_code_runs(tmp_path):
+    """BLAKE3's native code aborts the process when an allocation of its own fails, which Python
+    cannot catch. Under an address-space limit (RLIMIT_AS) each job of a verify or a load
+    starts only with room to spare, so running short is an OutOfMemoryError, not an abort."""
+    store = str(tmp_path / "s")
+    treestore.save(store, tree(1), "c", options=OPTIONS)
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
+    child = subprocess.run(
+        [sys.executable, "-c", NEAR_THE_LIMIT, store], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert child.returncode == 0, child.stderr
+    lines = child.stdout.splitlines()
+    assert [line.split()[:2] for line in lines] == [
+        ["verify", "OutOfMemoryError"],
+        ["load", "OutOfMemoryError"],
+    ], child.stdout

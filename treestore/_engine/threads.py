@@ -15,6 +15,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+from treestore._engine.memory import check_headroom
 from treestore.errors import OutOfMemoryError
 
 T = TypeVar("T")
@@ -103,9 +104,11 @@ def run_all(jobs: Sequence[Callable[[], object]], threads: int, role: str) -> No
     """Run ``jobs`` on up to ``threads`` threads of the ``role`` pool, each thread taking the
     next job not yet taken, so a call costs a handful of hand-offs rather than one per job (a
     load's 50 chunk futures cost more than the waiting they saved). The first error propagates
-    once the running jobs end; jobs not yet taken are skipped."""
+    once the running jobs end; jobs not yet taken are skipped. Each job starts only with room
+    to spare under an address-space limit (:func:`~treestore._engine.memory.check_headroom`)."""
     if threads <= 1 or len(jobs) <= 1:
         for job in jobs:
+            check_headroom()
             job()
         return
     todo = iter(jobs)
@@ -119,6 +122,7 @@ def run_all(jobs: Sequence[Callable[[], object]], threads: int, role: str) -> No
             if job is None:
                 return
             try:
+                check_headroom()
                 job()
             except BaseException:
                 failed.set()
