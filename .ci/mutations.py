@@ -407,12 +407,12 @@ MUTATIONS: list[Mutation] = [
         "a symlinked spelling of the local tier is taken for another store",
     ),
     m(
-        "jobs start without headroom",
-        "treestore/_engine/memory.py",
-        "        probe = mmap.mmap(-1, HEADROOM)  # address space only: no page is touched",
-        "        probe = mmap.mmap(-1, 1)",
-        ["tests/test_threads.py::test_a_read_near_an_address_space_limit_refuses_before_native_code_runs"],
-        "a read job starts with the last bytes of an address-space limit, where BLAKE3 aborts",
+        "BLAKE3 runs without kept room",
+        "treestore/_format/encoding.py",
+        "    if not _limited():",
+        "    if True:",
+        ["tests/test_threads.py::test_blake3_keeps_room_under_an_address_space_limit"],
+        "under an address-space limit BLAKE3's own allocations meet the limit first and abort",
     ),
     # --- copy ----------------------------------------------------------------------------------
     m(

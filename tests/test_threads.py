@@ -176,14 +176,33 @@ def test_threads_that_cannot_start_are_out_of_memory_and_leave_no_pool(monkeypat
 
 NEAR_THE_LIMIT = """
 import resource, sys, treestore
-from treestore._engine.memory import HEADROOM, check_headroom
+from treestore._format import encoding
 store = sys.argv[1]
-check_headroom()  # no limit: nothing to check
 treestore.verify(store)  # threads, imports and caches in place first
 treestore.load(store + "#c")
-size = int(open("/proc/self/statm").read().split()[0]) * resource.getpagesize()
-limit = size + HEADROOM // 2  # less than the headroom a job starts with
-resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+encoding._limit[0] = -1.0  # look at the limit again at the next digest
+def limit_to(extra):
+    size = int(open("/proc/self/statm").read().split()[0]) * resource.getpagesize()
+    hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+    resource.setrlimit(resource.RLIMIT_AS, (size + extra, hard))  # soft: raised again below
+    return size
+
+# With room to spare, each thread that hashed keeps room for BLAKE3: Python runs out first,
+# and hashing still works after it did.
+limit_to(4 * encoding.NATIVE_ROOM)
+encoding.digest(b"x")
+try:
+    held = bytearray(3 * encoding.NATIVE_ROOM + encoding.NATIVE_ROOM // 2)
+    print("python", "allocated")
+except MemoryError:
+    print("python", "MemoryError")
+print("digest", encoding.digest(b"x").hex()[:8])
+resource.setrlimit(resource.RLIMIT_AS, (resource.getrlimit(resource.RLIMIT_AS)[1],) * 2)
+encoding._limit[0] = -1.0
+
+# Less than that room left: reads refuse before BLAKE3 runs.
+limit_to(encoding.NATIVE_ROOM // 2)
+encoding._limit[0] = -1.0
 calls = (("verify", lambda: treestore.verify(store)), ("load", lambda: treestore.load(store + "#c")))
 for name, call in calls:
     try:
@@ -195,10 +214,11 @@ for name, call in calls:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="address-space limits as Linux counts them")
-def test_a_read_near_an_address_space_limit_refuses_before_native_code_runs(tmp_path):
+def test_blake3_keeps_room_under_an_address_space_limit(tmp_path):
     """BLAKE3's native code aborts the process when an allocation of its own fails, which Python
-    cannot catch. Under an address-space limit (RLIMIT_AS) each job of a verify or a load
-    starts only with room to spare, so running short is an OutOfMemoryError, not an abort."""
+    cannot catch. Under an address-space limit (RLIMIT_AS) each thread that hashes keeps room
+    for it, so Python's allocations run out first; and a read with less than that room left
+    is an OutOfMemoryError, not an abort."""
     store = str(tmp_path / "s")
     treestore.save(store, tree(1), "c", options=OPTIONS)
     root = Path(__file__).resolve().parent.parent
@@ -207,8 +227,10 @@ def test_a_read_near_an_address_space_limit_refuses_before_native_code_runs(tmp_
         [sys.executable, "-c", NEAR_THE_LIMIT, store], capture_output=True, text=True, timeout=120, env=env
     )
     assert child.returncode == 0, child.stderr
-    lines = child.stdout.splitlines()
-    assert [line.split()[:2] for line in lines] == [
+    lines = [line.split()[:2] for line in child.stdout.splitlines()]
+    assert lines == [
+        ["python", "MemoryError"],
+        ["digest", "3ae7d805"],  # BLAKE3 of b"x"
         ["verify", "OutOfMemoryError"],
         ["load", "OutOfMemoryError"],
     ], child.stdout

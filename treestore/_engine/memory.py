@@ -12,11 +12,6 @@ import math
 import mmap
 import os
 import sys
-
-try:
-    import resource
-except ImportError:  # not a POSIX system: no address-space limit to respect
-    resource = None  # type: ignore[assignment]
 from typing import Any
 
 import numpy as np
@@ -62,28 +57,6 @@ def _small_pages(buf: np.ndarray[Any, Any]) -> None:
     length = (buf.ctypes.data + buf.nbytes - start) // page * page
     if madvise is not None and length > 0:
         madvise(start, length, _MADV_NOHUGEPAGE)
-
-
-HEADROOM = 16 * 2**20  # bytes of address space a job of a read starts with to spare
-
-
-def check_headroom() -> None:
-    """Raise MemoryError unless :data:`HEADROOM` bytes of address space can be mapped now, where
-    the process runs under an address-space limit (``RLIMIT_AS``); otherwise do nothing.
-
-    Native code a read calls (BLAKE3's bindings, in Rust) aborts the whole process when one of
-    its own small allocations fails, which Python cannot catch. Under such a limit the last
-    bytes go to whichever allocation comes first; a job that starts only with room to spare
-    leaves them to the small allocations, and fails where Python sees it, so that
-    :class:`memory_named` reports it. Without a limit, Linux does not refuse an allocation
-    that size; it kills the process later, and no check helps."""
-    if resource is None or resource.getrlimit(resource.RLIMIT_AS)[0] == resource.RLIM_INFINITY:
-        return
-    try:
-        probe = mmap.mmap(-1, HEADROOM)  # address space only: no page is touched
-    except OSError:
-        raise MemoryError(f"less than {HEADROOM:,} bytes of address space left") from None
-    probe.close()
 
 
 def allocate(

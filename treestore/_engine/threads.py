@@ -15,7 +15,6 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from treestore._engine.memory import check_headroom
 from treestore.errors import OutOfMemoryError
 
 T = TypeVar("T")
@@ -104,11 +103,9 @@ def run_all(jobs: Sequence[Callable[[], object]], threads: int, role: str) -> No
     """Run ``jobs`` on up to ``threads`` threads of the ``role`` pool, each thread taking the
     next job not yet taken, so a call costs a handful of hand-offs rather than one per job (a
     load's 50 chunk futures cost more than the waiting they saved). The first error propagates
-    once the running jobs end; jobs not yet taken are skipped. Each job starts only with room
-    to spare under an address-space limit (:func:`~treestore._engine.memory.check_headroom`)."""
+    once the running jobs end; jobs not yet taken are skipped."""
     if threads <= 1 or len(jobs) <= 1:
         for job in jobs:
-            check_headroom()
             job()
         return
     todo = iter(jobs)
@@ -122,7 +119,6 @@ def run_all(jobs: Sequence[Callable[[], object]], threads: int, role: str) -> No
             if job is None:
                 return
             try:
-                check_headroom()
                 job()
             except BaseException:
                 failed.set()

@@ -4,12 +4,20 @@ format version, typed fields with bounds, and BLAKE3 digests."""
 from __future__ import annotations
 
 import contextlib
+import mmap
 import os
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import blake3
 import msgpack
+
+try:
+    import resource
+except ImportError:  # not a POSIX system: no address-space limit
+    resource = None  # type: ignore[assignment]
 
 from treestore.errors import ManifestCorruptError, OutOfMemoryError, UnsupportedFormatError
 
@@ -25,9 +33,55 @@ def digest(data: Any, *, spread: bool = False) -> bytes:
     """BLAKE3 of any buffer (bytes, memoryview, contiguous numpy array); with ``spread``, on
     every core (for a big chunk that no other work overlaps). Those threads are the call's own,
     gone when it returns: a pool kept for the process (BLAKE3's ``AUTO``) would leave a process
-    forked later hanging on threads it does not have."""
+    forked later hanging on threads it does not have.
+
+    Under an address-space limit the call runs in room kept for it (:func:`_free_room`): BLAKE3's
+    bindings abort the process when an allocation of their own fails, and Python cannot catch
+    that. Raises MemoryError when there is no such room."""
     threads = (os.cpu_count() or 1) if spread else 1
-    return blake3.blake3(data, max_threads=threads).digest()
+    if not _limited():
+        return blake3.blake3(data, max_threads=threads).digest()
+    _free_room()
+    try:
+        return blake3.blake3(data, max_threads=threads).digest()
+    finally:
+        _keep_room()
+
+
+NATIVE_ROOM = 16 * 2**20  # bytes of address space each thread keeps for BLAKE3's allocations
+_room = threading.local()
+_limit = [-1.0, False]  # when the address-space limit was last looked at, and whether one is set
+
+
+def _limited() -> bool:
+    """Whether the process runs under an address-space limit (``RLIMIT_AS``), looked at again
+    at most once a second (a system call per digest would cost a save of many small leaves)."""
+    now = time.monotonic()
+    if now - _limit[0] > 1.0:
+        limited = resource is not None and resource.getrlimit(resource.RLIMIT_AS)[0] != resource.RLIM_INFINITY
+        _limit[:] = [now, limited]
+    return bool(_limit[1])
+
+
+def _free_room() -> None:
+    """Hand this thread's kept room (an untouched anonymous mapping) to the native call about to
+    run. Under a limit the last bytes go to whichever allocation comes first; while a thread
+    keeps :data:`NATIVE_ROOM` mapped, Python's allocations run out first, where a MemoryError is
+    reported, and the native call's own allocations find room. Raises MemoryError when the
+    thread has no room and none can be mapped."""
+    kept = _room.__dict__.pop("kept", None)
+    if kept is None:
+        try:
+            kept = mmap.mmap(-1, NATIVE_ROOM)
+        except OSError:
+            raise MemoryError(f"less than {NATIVE_ROOM:,} bytes of address space left for BLAKE3") from None
+    kept.close()
+
+
+def _keep_room() -> None:
+    """Map this thread's room again after a native call; without it, the next call refuses."""
+    with contextlib.suppress(OSError):
+        _room.kept = mmap.mmap(-1, NATIVE_ROOM)
 
 
 def to_msgpack(obj: object) -> bytes:
