@@ -395,8 +395,19 @@ def read_region(
 
     The chunks it needs are read, decoded and verified concurrently on ``threads`` of the
     process's reading threads (0: :func:`default_threads`), decoded straight into the result
-    when the region is a whole piece.
+    when the region is a whole piece. A whole leaf packed with others is copied out of its
+    pack, with nothing to plan or hand to another thread.
     """
+    first = int(pieces.first[0])
+    if (
+        len(pieces.first) == 1
+        and pieces.count[0] == 1
+        and pieces.columns.chunks["pack"][first] >= 0
+        and all(r.start == 0 and r.stop == dim for r, dim in zip(region, pieces.shape, strict=True))
+    ):
+        out = allocate(pieces.shape, pieces.address, reader.name, pieces.dtype)
+        copy_members(reader, pieces.columns, pieces.address, np.array([first]), [out])
+        return out
     return read_many(reader, [(pieces, [region])], threads)[0][0]
 
 
