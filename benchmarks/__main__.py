@@ -9,7 +9,8 @@ devices (``bench_sharding``), restores onto meshes of up to 64 devices (``bench_
 checkpoints (``bench_derive``), many small leaves and leaves in pieces (``bench_scaling``),
 verify, copy, derive and timeline over many leaves (``bench_store_ops``),
 multi-process commits (``bench_multihost``), the Hugging Face sharded layout (``bench_hf``), the
-cost of recording statistics (``bench_stats``), start-up (``bench_startup``; ``--fresh`` alone
+cost of recording statistics (``bench_stats``), where a save's and a load's CPU goes
+(``bench_profile``), start-up (``bench_startup``; ``--fresh`` alone
 makes a new virtualenv) and, when its server is installed, S3 (``bench_s3``). ``--quick``
 takes fewer runs. Tables go to stdout, progress to stderr.
 """
@@ -39,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         ["benchmarks.bench_multihost"],
         ["benchmarks.bench_hf", "--runs", "3"],
         ["benchmarks.bench_stats", "--runs", runs],
+        ["benchmarks.bench_profile", "--runs", runs],
         ["benchmarks.bench_startup", "--runs", "7"],
     ]
     if importlib.util.find_spec("benchmarks.bench_s3") and importlib.util.find_spec("moto"):
