@@ -3,6 +3,10 @@
 Every class derives from :class:`TreestoreError` and from the builtin that matches it, so
 ``except KeyError`` or ``except ValueError`` keep working for callers who do not know treestore.
 Messages name the checkpoint and the address, what was expected and what was found.
+
+Every class takes the arguments of :class:`TreestoreError` (``message``, ``checkpoint``,
+``address``), except :class:`StructureMismatchError` and :class:`BarrierTimeoutError`, whose
+docstrings list theirs.
 """
 
 from __future__ import annotations
@@ -11,7 +15,32 @@ from collections.abc import Sequence
 
 
 class TreestoreError(Exception):
-    """Base class of every error treestore raises."""
+    """Base class of every error treestore raises.
+
+    Each argument is kept as the attribute of the same name, so a handler can tell which
+    checkpoint and which leaf an error concerns without parsing its message.
+
+    Args:
+        message: What went wrong, as ``str()`` of the error gives it.
+        checkpoint: The name of the checkpoint the error concerns; None when it concerns no one
+            checkpoint (or the name is not known where it is raised).
+        address: The address of the leaf the error concerns (such as ``params/0/.w``), or
+            ``"the root"`` for the tree's root; None when it concerns no one leaf.
+
+    Examples:
+        >>> import numpy as np, treestore
+        >>> _ = treestore.save("memory://doc/errors", {"w": np.zeros(2)}, "a")
+        >>> try:
+        ...     treestore.open("memory://doc/errors#a")["w"][5]
+        ... except IndexError as e:  # OutOfBoundsError is an IndexError too
+        ...     print(type(e).__name__, e.address, "|", e)
+        OutOfBoundsError w | w: index 5 is out of bounds for axis 0 with size 2
+        >>> try:
+        ...     treestore.load("memory://doc/errors#b")
+        ... except treestore.NotFoundError as e:
+        ...     print(type(e).__name__, e.checkpoint)
+        CheckpointNotFoundError b
+    """
 
     def __init__(self, message: str, *, checkpoint: str | None = None, address: str | None = None) -> None:
         super().__init__(message)
@@ -60,7 +89,21 @@ class UnsupportedKeyError(TreestoreError, TypeError):
 class StructureMismatchError(TreestoreError, ValueError):
     """The stored tree does not match the structure the caller expected (``like=``).
 
-    ``problems`` lists every mismatch, one line each.
+    The message counts the mismatches and lists them, one line each; ``problems`` holds the
+    lines. There is no ``address``: each line starts with the address it concerns.
+
+    Args:
+        problems: Every mismatch found, one line each (kept as a tuple in ``problems``).
+        checkpoint: The name of the checkpoint compared with the template; None when unknown.
+
+    Examples:
+        >>> import numpy as np, treestore
+        >>> _ = treestore.save("memory://doc/mismatch", {"w": np.zeros(2)}, "a")
+        >>> try:
+        ...     treestore.load("memory://doc/mismatch#a", like={"w": np.zeros(3)})
+        ... except treestore.StructureMismatchError as e:
+        ...     print(e.checkpoint, e.problems)
+        a ('w: expected shape (3,), found (2,)',)
     """
 
     def __init__(self, problems: Sequence[str], *, checkpoint: str | None = None) -> None:
@@ -115,6 +158,12 @@ class BarrierTimeoutError(StorageError, TimeoutError):
     was the late one). The primary commits only after every process has arrived, so nothing is
     committed, except when a process stops waiting for the primary's outcome: the message then
     says that the primary may still commit.
+
+    Args:
+        message: What the process waited for, for how long, and whether anything was committed.
+        missing: The indices of the processes that did not arrive (kept as a tuple in
+            ``missing``).
+        checkpoint: The name of the checkpoint being saved.
     """
 
     def __init__(self, message: str, *, missing: Sequence[int] = (), checkpoint: str | None = None) -> None:

@@ -36,6 +36,14 @@ class LazyLeaf:
     Basic numpy indexing (ints, slices, ``...``) reads and decodes only the chunks that hold the
     rows the index touches along the first axis; ``np.asarray(leaf)`` reads it all.
 
+    A :class:`Checkpoint` makes its leaves (``ckpt[address]``, ``ckpt.leaves``, ``ckpt.tree``);
+    the constructor's arguments are the checkpoint's own internal objects.
+
+    Args:
+        reader: The checkpoint's chunk reader, kept as ``reader``.
+        columns: The checkpoint's decoded manifest, which holds the leaf.
+        i: The leaf's index in the manifest (the tree's flattening order).
+
     Attributes:
         address: The leaf's address.
         shape: Its shape.
@@ -81,14 +89,17 @@ class LazyLeaf:
 
     @property
     def ndim(self) -> int:
+        """Its number of dimensions."""
         return len(self.shape)
 
     @property
     def size(self) -> int:
+        """Its number of elements."""
         return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:
+        """Its raw bytes (before compression)."""
         return int(self._columns.leaf_nbytes[self._i])
 
     @property
@@ -123,7 +134,14 @@ class LazyLeaf:
         return self.shape[0]
 
     def read(self) -> Any:
-        """The whole leaf, as the type it was saved as (numpy, jax array or PRNG key)."""
+        """Read the whole leaf, as the type it was saved as.
+
+        Returns:
+            A numpy array (or numpy scalar), a jax array, or a jax PRNG key array, as saved.
+
+        Raises:
+            CorruptionError: A chunk of the leaf is missing or does not match its digest.
+        """
         return restore_array(self.kind, self.region(), self._prng_impl, weak_type=self._weak_type)
 
     def region(self, region: Any = ()) -> np.ndarray[Any, Any]:
@@ -137,6 +155,7 @@ class LazyLeaf:
 
         Raises:
             OutOfBoundsError: A slice with a step other than 1.
+            CorruptionError: A chunk of the leaf is missing or does not match its digest.
         """
         box = _region.normalize(region, self.shape, self.address)
         return _region.read_region(self.reader, self._pieces, box)
@@ -219,6 +238,14 @@ class Checkpoint:
     Nothing but its manifest is read up front (of one stored in parts, its frame: a sharded
     leaf's parts are read when it is asked for). ``ckpt[address]`` is the leaf at ``address``: a
     :class:`LazyLeaf` for an array, the value for a Python scalar.
+
+    Make one with :func:`treestore.open` or :meth:`Store.open`: the constructor's arguments are
+    internal objects those functions read from the store.
+
+    Args:
+        storage: The storage of the checkpoint's store, kept as ``storage``.
+        columns: The checkpoint's decoded manifest; of one stored in parts, its frame (the
+            parts are read when a leaf needs them).
 
     Attributes:
         name: The checkpoint's name.
@@ -310,6 +337,7 @@ class Checkpoint:
 
     @property
     def metadata(self) -> Any:
+        """The metadata it was saved with (None when none was given)."""
         return self._frame.metadata
 
     @property
@@ -413,12 +441,23 @@ class Checkpoint:
         return health(self._frame)
 
     def nonfinite(self) -> list[str]:
-        """The addresses of the leaves whose recorded statistics (or, for a Python float, value)
-        say they hold NaN or ±inf, in tree order; from the manifest alone."""
+        """The leaves that hold NaN or ±inf, from the manifest alone (no chunk is read).
+
+        A leaf counts when its recorded statistics (for a Python float, its value) say so;
+        leaves without statistics are left out.
+
+        Returns:
+            Their addresses, in tree order (empty when there is none).
+        """
         return [self._frame.address(int(i)) for i in nonfinite_leaves(self._frame)]
 
     def chunk_objects(self) -> dict[bytes, int]:
-        """The stored size of each chunk object this checkpoint references, by digest."""
+        """The chunk objects this checkpoint references (of one stored in parts, every part's).
+
+        Returns:
+            ``{digest: stored size in bytes}``, each object once (a pack once for all the leaves
+            it holds).
+        """
         return self.columns.chunk_objects()
 
     @property

@@ -57,7 +57,20 @@ from treestore.errors import (
 @dataclass(frozen=True)
 class CopyReport:
     """What :func:`copy` did: the checkpoints it committed at the destination, those that were
-    already there unchanged, and how many chunks it transferred or found present."""
+    already there unchanged, and how many chunks it transferred or found present.
+
+    Attributes:
+        src: The source store's URL.
+        dst: The destination store's URL.
+        copied: The names of the checkpoints committed at the destination, in copy order.
+        unchanged: The names of those the destination already held with the same contents
+            (nothing was written for them).
+        chunks_copied: Chunk objects transferred.
+        bytes_copied: Stored bytes transferred.
+        chunks_present: Chunk objects the destination already held (not transferred).
+        chunks_known: Of those, the ones a checkpoint at the destination references, taken as
+            present without a request.
+    """
 
     src: str
     dst: str

@@ -28,7 +28,20 @@ ADDED, REMOVED, CHANGED, SHAPE, DTYPE, UNCHANGED = (
 
 @dataclass(frozen=True)
 class LeafDiff:
-    """How one address differs: its status, its type in a and b, the share of chunks that differ."""
+    """How one address differs: its status, its type in a and b, the share of chunks that differ.
+
+    Attributes:
+        address: The address compared.
+        status: ``"added"`` (only b has it), ``"removed"`` (only a has it), ``"changed"``
+            (its value differs), ``"shape_changed"``, ``"dtype_changed"`` (its dtype, or the
+            kind of a Python scalar, differs) or ``"unchanged"``.
+        a: Its type in a: ``"float32[3, 4]"`` for an array, the kind (``"int"``, ``"float"``,
+            ...) for a Python scalar; None when a lacks it.
+        b: Its type in b, the same way.
+        chunks_changed: The fraction of the leaf's chunks whose digests differ; None unless it
+            is an array in both, of one shape and dtype, chunked alike.
+        stats: The numeric change, with ``diff(stats=True)``, of a changed array leaf; else None.
+    """
 
     address: str
     status: str
@@ -53,8 +66,14 @@ def _array_type(dtype: str | None, shape: tuple[int, ...]) -> str:
 class Diff:
     """The difference between checkpoints ``a`` and ``b``: one :class:`LeafDiff` per address.
 
-    Falsy when the checkpoints hold identical trees. ``str()`` is a table; :meth:`to_json` gives
-    plain data.
+    Falsy when the checkpoints hold identical trees. Iterating (and ``len()``) gives the leaves
+    that differ; ``str()`` is a table; :meth:`to_json` gives plain data.
+
+    Attributes:
+        a: The first checkpoint, as ``URL#NAME``.
+        b: The second checkpoint, as ``URL#NAME``.
+        leaves: A :class:`LeafDiff` for every address compared, unchanged ones too: a's
+            addresses in tree order, then those only b has.
     """
 
     a: str
@@ -73,6 +92,15 @@ class Diff:
         return sum(1 for _ in self)
 
     def by_status(self, status: str) -> tuple[LeafDiff, ...]:
+        """The leaves of one status.
+
+        Args:
+            status: A :attr:`LeafDiff.status`: ``"added"``, ``"removed"``, ``"changed"``,
+                ``"shape_changed"``, ``"dtype_changed"`` or ``"unchanged"``.
+
+        Returns:
+            Their :class:`LeafDiff`, in the order of ``leaves`` (empty for any other status).
+        """
         if status != UNCHANGED:
             return tuple(d for d in self if d.status == status)
         return tuple(d for d in self.leaves if d.status == status)
@@ -86,22 +114,34 @@ class Diff:
 
     @property
     def added(self) -> tuple[str, ...]:
+        """The addresses only b has."""
         return tuple(d.address for d in self.by_status(ADDED))
 
     @property
     def removed(self) -> tuple[str, ...]:
+        """The addresses only a has."""
         return tuple(d.address for d in self.by_status(REMOVED))
 
     @property
     def changed(self) -> tuple[str, ...]:
+        """The addresses whose value changed (same shape and dtype)."""
         return tuple(d.address for d in self.by_status(CHANGED))
 
     @property
     def unchanged(self) -> tuple[str, ...]:
+        """The addresses equal in both."""
         return tuple(d.address for d in self.by_status(UNCHANGED))
 
     def filter(self, patterns: str | Sequence[str]) -> Diff:
-        """Only the addresses matching any of the patterns (none need match)."""
+        """Only the addresses matching any of the patterns.
+
+        Args:
+            patterns: Glob patterns over addresses (one or a list); unlike ``select``, a
+                pattern that matches nothing is no error.
+
+        Returns:
+            A :class:`Diff` of the matching addresses, in the same order.
+        """
         if isinstance(self.leaves, DiffLeaves):
             addresses = self.leaves.addresses()
         else:
@@ -113,6 +153,14 @@ class Diff:
         return replace(self, leaves=tuple(self.leaves[k] for k in kept))
 
     def to_json(self) -> dict[str, Any]:
+        """The diff as plain data, ready for :func:`json.dumps`.
+
+        Returns:
+            ``{"a", "b", "identical", "counts", "leaves"}``: ``counts`` maps each status to its
+            number of addresses, ``leaves`` holds every :class:`LeafDiff` as a dict (non-finite
+            statistics as the strings "nan" and "inf").
+        """
+
         def clean(v: Any) -> Any:
             if isinstance(v, float) and not math.isfinite(v):
                 return str(v)
@@ -133,8 +181,14 @@ class Diff:
         """A human-readable table of what differs: one row per added, removed or changed
         address; with stats, each leaf's max |a-b|, relative L2 change and share of elements
         changed, NaN/Inf counts when there are any, and the relative change of floating-point
-        leaves drawn as a bar scaled to the largest (of ``#`` with ``ascii=True``); then a
-        one-line summary."""
+        leaves drawn as a bar scaled to the largest; then a one-line summary.
+
+        Args:
+            ascii: Draw the bars with ``#`` instead of block characters.
+
+        Returns:
+            The table, its lines joined by newlines.
+        """
         shown = list(self)
         stats = any(d.stats is not None for d in shown)
         barred = {

@@ -22,6 +22,20 @@ class LeafStats:
     the change of the others (‖inf‖ made every change 0.0, a NaN made it NaN); the elements
     it leaves out that changed (to, from or between non-finite values) are counted in
     ``nonfinite_changed``, and the NaN and Inf elements of each side in ``nan_a`` to ``inf_b``.
+
+    Attributes:
+        max_abs: The largest ``|b - a|`` of an element; inf when an element changed to, from or
+            between NaN and ±inf.
+        mean_abs: ``|b - a|`` summed over the elements that differ, divided by the number of
+            elements (inf as for ``max_abs``).
+        rel_l2: ``‖b - a‖ / ‖a‖`` over the elements finite in both; inf when that ``‖a‖`` is 0
+            and b differs there.
+        frac_changed: The fraction of elements that differ (NaN equals NaN).
+        nan_a: NaN elements in a.
+        nan_b: NaN elements in b.
+        inf_a: ±inf elements in a.
+        inf_b: ±inf elements in b.
+        nonfinite_changed: Elements that differ and are NaN or ±inf in a or b.
     """
 
     max_abs: float

@@ -30,6 +30,17 @@ class ValueStats:
     non-finite elements. They are read from the manifest alone and are advisory: shown, and used
     to decide retention, never to check data.
 
+    Attributes:
+        address: The leaf's address.
+        dtype: Its numpy dtype name; ``"float"``, ``"int"`` or ``"bool"`` for a Python scalar.
+        size: Its number of elements.
+        nan: NaN elements.
+        posinf: +inf elements.
+        neginf: -inf elements.
+        min: The smallest finite element (None when there is none).
+        max: The largest finite element (None when there is none).
+        l2: The L2 norm of the finite elements.
+
     Examples:
         >>> import numpy as np, treestore
         >>> w = np.array([3.0, np.nan, 4.0, -np.inf], np.float32)
@@ -56,6 +67,7 @@ class ValueStats:
 
     @property
     def finite(self) -> int:
+        """Elements that are neither NaN nor ±inf."""
         return self.size - self.nonfinite
 
     @property
@@ -69,7 +81,12 @@ class ValueStats:
         return self.l2 / math.sqrt(self.finite) if self.finite else None
 
     def to_json(self) -> dict[str, object]:
-        """A JSON-ready dict (non-finite floats never occur: min and max are finite or None)."""
+        """The statistics as plain data, ready for :func:`json.dumps`.
+
+        Returns:
+            A dict of the fields by name; min and max are finite or None, and an ``l2`` that
+            overflowed to inf is None.
+        """
         return {
             "address": self.address,
             "dtype": self.dtype,

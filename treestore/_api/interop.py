@@ -44,7 +44,16 @@ _SCALARS = {"msgpack": ("bool", "int", "float", "complex", "str", "bytes"), "orb
 @dataclass(frozen=True)
 class ExportResult:
     """What :func:`export_file` wrote: the file (the index of a sharded safetensors export), its
-    format, how many tensors and raw bytes, and in how many safetensors shards."""
+    format, how many tensors and raw bytes, and in how many safetensors shards.
+
+    Attributes:
+        path: The file or orbax folder written; of a sharded safetensors export, its
+            ``model.safetensors.index.json``.
+        format: ``"safetensors"``, ``"npz"``, ``"msgpack"`` or ``"orbax"``.
+        tensors: How many leaves were written.
+        nbytes: Raw bytes of the arrays written.
+        shards: How many safetensors files hold the tensors (1 unless sharded).
+    """
 
     path: str
     format: str

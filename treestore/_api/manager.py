@@ -292,7 +292,10 @@ class CheckpointManager:
             Whether it saved (with ``async_save``, whether a save was started).
 
         Raises:
-            InvalidInputError: A bad step, metric or leaf (nothing saved).
+            InvalidInputError: A bad step, metric or leaf, or the manager is closed (nothing
+                saved).
+            CheckpointExistsError: ``step`` is already saved (or in flight) and ``force`` is
+                False.
             TreestoreError: The previous background save or replication failed, as it failed.
         """
         self._check_open()
@@ -407,16 +410,24 @@ class CheckpointManager:
             raise error
 
     def wait(self) -> None:
-        """Wait for the save in flight and the replications asked for; raise the error of a
-        save or an upload that failed."""
+        """Wait for the save in flight and the replications asked for.
+
+        Raises:
+            TreestoreError: A background save or an upload failed (the error it raised).
+        """
         self._collect(block=True)
         if self._replicator is not None:
             self._replicator.drain()
         self._raise_replication_error()
 
     def close(self) -> None:
-        """Finish the save in flight (raising its error), stop the worker, and put back the
-        SIGTERM handler this manager replaced. Closing twice is harmless."""
+        """Finish the save in flight, stop the worker, and put back the SIGTERM handler this
+        manager replaced. Closing twice is harmless.
+
+        Raises:
+            TreestoreError: The save in flight or an upload failed (the error it raised); the
+                manager is closed all the same.
+        """
         if self._closed:
             return
         self._closed = True
@@ -451,6 +462,13 @@ class CheckpointManager:
 
         Args:
             step: The step the loop has just saved.
+
+        Returns:
+            True when a SIGTERM arrived and ``step`` is committed (after waiting for its save,
+            when it is the one in flight).
+
+        Raises:
+            InvalidInputError: ``step`` is not an int of at least 0.
         """
         step = check_step(step)
         if not self._preempted:
@@ -484,7 +502,11 @@ class CheckpointManager:
         return out
 
     def steps(self) -> list[int]:
-        """The committed steps (of either tier), oldest first."""
+        """The committed steps of either tier (a step in flight is not one until it commits).
+
+        Returns:
+            The steps, oldest first.
+        """
         return sorted(self._tiers())
 
     def latest_step(self, *, healthy: bool = False) -> int | None:

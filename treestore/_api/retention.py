@@ -34,7 +34,15 @@ def step_name(step: int) -> str:
 @dataclass(frozen=True)
 class StepInfo:
     """One saved step: its checkpoint name, when it was saved (seconds since the epoch), its
-    metrics and the caller's data."""
+    metrics and the caller's data.
+
+    Attributes:
+        step: The training step.
+        name: Its checkpoint's name, such as ``step-000000123``.
+        created: When it was saved (seconds since the epoch).
+        metrics: The metrics passed to :meth:`CheckpointManager.save`, as floats by name.
+        user: The ``user`` data passed to :meth:`CheckpointManager.save` (None when none was).
+    """
 
     step: int
     name: str

@@ -38,7 +38,17 @@ Patterns = _select.Patterns
 @dataclass(frozen=True)
 class CheckpointInfo:
     """A committed checkpoint as listed by :meth:`Store.list`; with ``damaged=True``, one whose
-    commit record cannot be read has ``problem`` set (and NaN, 0, 0, None for what it would say)."""
+    commit record cannot be read has ``problem`` set (and NaN, 0, 0, None for what it would say).
+
+    Attributes:
+        name: The checkpoint's name.
+        created: When it was saved (seconds since the epoch; NaN when its record cannot be read).
+        leaves: How many leaves its tree holds.
+        nbytes: Raw bytes of its array leaves.
+        metadata: The metadata it was saved with.
+        problem: Why its commit record cannot be read (it is damaged, or of a newer format);
+            None for a readable one.
+    """
 
     name: str
     created: float  # seconds since the epoch
@@ -100,6 +110,10 @@ class Store:
 
         Returns:
             The :class:`Store` and the checkpoint name (None for a bare URL).
+
+        Raises:
+            InvalidInputError: ``spec`` is none of those forms, or the name is not a valid
+                checkpoint name.
         """
         url, name = parse_spec(spec)
         if name is not None:
@@ -167,6 +181,7 @@ class Store:
 
         Raises:
             CheckpointNotFoundError: No checkpoint of that name.
+            InvalidInputError: ``name`` is not a valid checkpoint name.
         """
         check_name(name)
         path = _paths.record_path(name)
@@ -239,18 +254,33 @@ class Store:
     def exists(self, name: str) -> bool:
         """Whether a checkpoint is committed.
 
+        Only the presence of its commit record is checked; nothing is read or verified.
+
         Args:
             name: The checkpoint's name.
+
+        Returns:
+            True when the store holds a commit record of that name (damaged or not).
+
+        Raises:
+            InvalidInputError: ``name`` is not a valid checkpoint name.
         """
         check_name(name)
         return self.storage.exists(_paths.record_path(name))
 
     def is_store(self) -> bool:
-        """Whether anything of a treestore store is at this URL (a mistyped URL is not)."""
+        """Whether anything of a treestore store is at this URL (a mistyped URL is not).
+
+        Returns:
+            True when the URL holds a ``checkpoints``, ``chunks`` or ``manifests`` folder.
+        """
         return any(self.storage.exists(folder) for folder in _paths.FOLDERS)
 
     def latest(self) -> str:
         """The name of the newest committed checkpoint.
+
+        Returns:
+            The name of the readable checkpoint saved last (by ``created``, then by name).
 
         Raises:
             CheckpointNotFoundError: The store has no checkpoint.
@@ -577,6 +607,10 @@ def load(
     Raises:
         CheckpointNotFoundError: No such checkpoint.
         StructureMismatchError: The checkpoint does not match ``like``.
+        NoMatchError: A ``select`` pattern matches no leaf.
+        InvalidInputError: ``spec`` is not a checkpoint spec, or an argument is refused as by
+            :meth:`Store.load`.
+        CorruptionError: A chunk or manifest fails its digest or is missing.
 
     Examples:
         >>> import numpy as np, treestore
@@ -623,6 +657,7 @@ def open(spec: Spec, name: str | None = None, *, storage_options: dict[str, Any]
 
     Raises:
         CheckpointNotFoundError: No such checkpoint.
+        InvalidInputError: ``spec`` is not a checkpoint spec.
 
     Examples:
         >>> import numpy as np, treestore

@@ -61,6 +61,17 @@ class Timeline:
     (equal to ‖Δ‖/‖w‖ of the group when its leaves have equal root-mean-square values).
     ``damaged`` names each checkpoint left out because its commit record or manifest cannot be
     read, with the problem: one damaged checkpoint does not hide the others.
+
+    Attributes:
+        url: The store's URL.
+        checkpoints: The names of the checkpoints compared, oldest first.
+        addresses: The leaves (or groups) compared, one row each.
+        values: The relative changes, ``values[i][j]`` for ``addresses[i]`` at step ``j``.
+        sizes: The number of elements of each row's leaf (or group).
+        depth: The number of address segments the rows are grouped by (None: one row a leaf).
+        nonfinite: Elements changed to, from or between NaN and ±inf, like ``values``; empty
+            when there are none.
+        damaged: ``(name, problem)`` of each checkpoint left out.
     """
 
     url: str
@@ -78,16 +89,38 @@ class Timeline:
         return tuple(itertools.pairwise(self.checkpoints))
 
     def nonfinite_at(self, i: int, j: int) -> int:
-        """Elements of ``addresses[i]`` that changed to, from or between non-finite values at
-        step ``j`` (0 when ``nonfinite`` is empty)."""
+        """How many elements of a row changed to, from or between non-finite values at a step.
+
+        Args:
+            i: The row: an index into ``addresses``.
+            j: The step: an index into ``steps``.
+
+        Returns:
+            The count (0 when ``nonfinite`` is empty).
+        """
         return self.nonfinite[i][j] if self.nonfinite else 0
 
     def to_numpy(self) -> np.ndarray[Any, Any]:
-        """``values`` as a float64 array of shape (addresses, steps)."""
+        """The relative changes as an array.
+
+        Returns:
+            ``values`` as a float64 array of shape ``(len(addresses), len(steps))``.
+        """
         return np.array(self.values, np.float64).reshape(len(self.addresses), len(self.steps))
 
     def grouped(self, depth: int) -> Timeline:
-        """The same changes pooled by the first ``depth`` segments of each address."""
+        """The same changes pooled by the first ``depth`` segments of each address.
+
+        Args:
+            depth: How many leading address segments name a group (at least 1).
+
+        Returns:
+            A :class:`Timeline` with one row per group, whose values pool its leaves'
+            changes weighted by size (see the class).
+
+        Raises:
+            InvalidInputError: ``depth`` is not an int of at least 1.
+        """
         if type(depth) is not int or depth < 1:
             raise InvalidInputError(f"depth must be an int of at least 1, got {depth!r}")
         groups: dict[str, list[int]] = {}
@@ -115,7 +148,13 @@ class Timeline:
         )
 
     def to_json(self) -> dict[str, Any]:
-        """Plain data; non-finite values as the strings "nan" and "inf"."""
+        """The timeline as plain data, ready for :func:`json.dumps`.
+
+        Returns:
+            ``{"url", "checkpoints", "depth", "rows", "damaged"}``: one row per address with its
+            size, values and non-finite counts; non-finite values as the strings "nan" and
+            "inf".
+        """
 
         def clean(v: float) -> float | str:
             return v if math.isfinite(v) else str(v)
@@ -143,12 +182,26 @@ class Timeline:
         ±inf; then the row's largest change (of the finite elements) and the steps with such
         non-finite changes. With ``ascii=True`` the levels are `` .:-=+*#@`` and absence is ``x``.
 
-        >>> from treestore.types import Timeline
-        >>> t = Timeline("memory://x", ("a", "b", "c"), ("w", "b"), ((0.5, 1.0), (0.0, float("nan"))), (4, 2))
-        >>> print(t.heatmap())
-        3 checkpoints, 2 steps: a -> c; relative L2 change of leaves, scaled per row
-        w  ▄█  max 1
-        b   ·  max 0
+        Args:
+            scale: ``"row"`` or ``"global"``: what the levels are relative to.
+            ascii: Draw with ASCII characters only.
+
+        Returns:
+            The heatmap, its lines joined by newlines, after a heading line; a line for each
+            damaged checkpoint follows.
+
+        Raises:
+            InvalidInputError: ``scale`` is neither ``"row"`` nor ``"global"``.
+
+        Examples:
+            >>> from treestore.types import Timeline
+            >>> t = Timeline(
+            ...     "memory://x", ("a", "b", "c"), ("w", "b"), ((0.5, 1.0), (0.0, float("nan"))), (4, 2)
+            ... )
+            >>> print(t.heatmap())
+            3 checkpoints, 2 steps: a -> c; relative L2 change of leaves, scaled per row
+            w  ▄█  max 1
+            b   ·  max 0
         """
         top = _top(self.values, scale)
         levels, absent = (ASCII_BLOCKS, ASCII_ABSENT) if ascii else (BLOCKS, ABSENT)
@@ -174,7 +227,18 @@ class Timeline:
     def to_html(self, *, scale: str = "row", title: str | None = None) -> str:
         """A self-contained HTML page (no external scripts, styles or fonts): the heatmap as
         inline SVG, one line per top-level group, and a table of every value (each cell's exact
-        value also in its ``data-value`` attribute)."""
+        value also in its ``data-value`` attribute).
+
+        Args:
+            scale: ``"row"`` or ``"global"``: what the heatmap's levels are relative to.
+            title: The page's title (default: ``treestore timeline: URL``).
+
+        Returns:
+            The page, as HTML text.
+
+        Raises:
+            InvalidInputError: ``scale`` is neither ``"row"`` nor ``"global"``.
+        """
         _top(self.values, scale)  # checks scale
         lines = self if self.depth == 1 else self.grouped(1)
         return _html.page(self, lines, _top(self.values, scale), title or f"treestore timeline: {self.url}")
@@ -190,6 +254,15 @@ class Norms:
     them). ``nonfinite[i][j]`` counts its NaN and ±inf elements there. With ``depth`` set, each
     address is a group, the first ``depth`` segments of its leaves' addresses, and its norm is
     √(Σ‖wᵢ‖²) over the leaves with statistics. ``damaged`` is as in :class:`Timeline`.
+
+    Attributes:
+        url: The store's URL.
+        checkpoints: The names of the checkpoints read, oldest first.
+        addresses: The leaves (or groups), one row each.
+        values: The norms, ``values[i][j]`` for ``addresses[i]`` at ``checkpoints[j]``.
+        nonfinite: NaN and ±inf elements, like ``values``.
+        depth: The number of address segments the rows are grouped by (None: one row a leaf).
+        damaged: ``(name, problem)`` of each checkpoint left out.
 
     Examples:
         >>> import numpy as np, treestore
@@ -211,7 +284,19 @@ class Norms:
     def heatmap(self, *, scale: str = "row", ascii: bool = False) -> str:
         """One line per address, one character per checkpoint: `` ▁▂▃▄▅▆▇█`` up to the row's
         largest norm (``scale="row"``) or the map's (``scale="global"``), ``·`` where absent or
-        unknown, ``!`` where the leaf holds NaN or ±inf; then the row's largest norm."""
+        unknown, ``!`` where the leaf holds NaN or ±inf; then the row's largest norm.
+
+        Args:
+            scale: ``"row"`` or ``"global"``: what the levels are relative to.
+            ascii: Draw with ASCII characters only (levels `` .:-=+*#@``, ``x`` where absent).
+
+        Returns:
+            The heatmap, its lines joined by newlines, after a heading line; a line for each
+            damaged checkpoint follows.
+
+        Raises:
+            InvalidInputError: ``scale`` is neither ``"row"`` nor ``"global"``.
+        """
         top = _top(self.values, scale)
         levels, absent = (ASCII_BLOCKS, ASCII_ABSENT) if ascii else (BLOCKS, ABSENT)
         width = max((len(a or "(root)") for a in self.addresses), default=0)
@@ -234,7 +319,13 @@ class Norms:
         return "\n".join(lines)
 
     def to_json(self) -> dict[str, Any]:
-        """Plain data; non-finite values as the strings "nan" and "inf"."""
+        """The norms as plain data, ready for :func:`json.dumps`.
+
+        Returns:
+            ``{"url", "checkpoints", "depth", "measure", "rows", "damaged"}``: one row per
+            address with its values and non-finite counts; non-finite values as the strings
+            "nan" and "inf".
+        """
         return {
             "url": self.url,
             "checkpoints": list(self.checkpoints),

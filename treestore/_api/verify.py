@@ -54,7 +54,16 @@ RECORD, MANIFEST, CHUNK_MISSING, CHUNK_CORRUPT, STORAGE, UNSUPPORTED = (
 @dataclass(frozen=True)
 class VerifyProblem:
     """One thing wrong in a store: which checkpoint, which leaf address (None when the problem
-    is not a leaf's), what kind of problem, and a message that says all of it."""
+    is not a leaf's), what kind of problem, and a message that says all of it.
+
+    Attributes:
+        checkpoint: The checkpoint affected (None when the problem is not one checkpoint's).
+        address: The leaf affected (None when the problem is not a leaf's).
+        kind: ``"commit_record"``, ``"manifest"``, ``"chunk_missing"``, ``"chunk_corrupt"``,
+            ``"storage"`` (a read failed) or ``"unsupported"`` (a format, codec or dtype this
+            version does not know).
+        message: What is wrong, naming the checkpoint and the address.
+    """
 
     checkpoint: str | None
     address: str | None
@@ -67,6 +76,14 @@ class VerifyReport:
     """The result of :func:`verify`: what was checked and every problem found.
 
     ``ok`` is True when nothing is wrong; :meth:`to_json` gives plain data.
+
+    Attributes:
+        url: The store's URL.
+        checkpoints: The names of the checkpoints checked.
+        chunks_checked: Chunk objects read and checked.
+        bytes_checked: Raw bytes decoded and hashed.
+        problems: Every problem found (empty when there is none).
+        repaired: Hex digests of the chunks rewritten from ``repair_from``.
     """
 
     url: str
@@ -78,9 +95,15 @@ class VerifyReport:
 
     @property
     def ok(self) -> bool:
+        """Whether no problem was found."""
         return not self.problems
 
     def to_json(self) -> dict[str, Any]:
+        """The report as plain data, ready for :func:`json.dumps`.
+
+        Returns:
+            Its fields by name (each problem as a dict), and ``"ok"``.
+        """
         out = asdict(self)
         out["checkpoints"] = list(self.checkpoints)
         out["problems"] = [asdict(p) for p in self.problems]

@@ -141,6 +141,8 @@ def watch(
 
     Raises:
         CheckpointNotFoundError: ``since`` names no checkpoint.
+        InvalidInputError: ``url`` names a checkpoint (``URL#NAME``), or the poll intervals or
+            ``timeout`` are out of range (``0 < min_poll <= max_poll``, ``timeout >= 0``).
 
     Examples:
         >>> import numpy as np, treestore

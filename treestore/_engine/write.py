@@ -50,16 +50,18 @@ class SaveOptions:
         codec: How chunks are compressed (see :class:`Codec`).
         chunk_size: Big leaves are cut into chunks of about this many raw bytes (4 KiB to
             256 MiB; default 4 MiB).
-        small_leaf: Leaves under this many bytes are packed together (default 64 KiB).
-        pack_size: Raw bytes per pack of small leaves (default 1 MiB).
+        small_leaf: Leaves under this many bytes are packed together (0 to ``chunk_size``;
+            default 64 KiB).
+        pack_size: Raw bytes per pack of small leaves (``small_leaf`` to 256 MiB; default
+            1 MiB).
         threads: Threads that write chunks (1 to 256; default: chosen from the cores).
         stats: Record each array leaf's statistics in the manifest — NaN, +inf and -inf counts,
             min and max of the finite elements, L2 norm (float64) — measured while its chunks are
             hashed, so that health checks, ``treestore show --stats`` and retention read
-            manifests only (default True; see :meth:`Checkpoint.stats`).
+            manifests only (True or False; default True; see :meth:`Checkpoint.stats`).
 
     Raises:
-        InvalidInputError: A value is out of its range.
+        InvalidInputError: A value is out of its range (or ``stats`` is not a bool).
 
     Examples:
         >>> import numpy as np, treestore

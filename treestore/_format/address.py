@@ -264,6 +264,12 @@ def format_address(path: Sequence[object]) -> str:
     Returns:
         The address, such as ``params/layers/0/w``; :func:`parse_address` gives the path back.
 
+    Raises:
+        UnsupportedKeyError: A key entry no address can name: a dict key that is not a str,
+            int or bool (or an int outside 64 bits, a str that is not valid Unicode), an index
+            outside [0, 2**31), an attribute name that is not an identifier, or another type
+            of key entry.
+
     Examples:
         >>> from jax.tree_util import DictKey, SequenceKey, GetAttrKey
         >>> format_address((DictKey("params"), SequenceKey(0), GetAttrKey("w")))

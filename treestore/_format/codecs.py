@@ -51,7 +51,7 @@ class Codec:
 
     Attributes:
         name: ``"zstd"`` or ``"raw"`` (no compression).
-        level: The zstd level, -7 to 22.
+        level: The zstd level, -7 to 22 (checked with ``"raw"`` too, where it is not used).
         byte_planes: Split floating-point chunks into byte planes before compressing (the
             exponent bytes compress well, mantissa bytes hardly at all).
 
@@ -76,6 +76,15 @@ class Codec:
             raise InvalidInputError(f"zstd level must be between -7 and 22, got {self.level!r}")
 
     def to_record(self) -> dict[str, object]:
+        """The codec as a manifest records it (what :attr:`Checkpoint.codec` gives back).
+
+        Returns:
+            ``{"name": ..., "level": ..., "byte_planes": ...}``.
+
+        Examples:
+            >>> Codec(level=3).to_record()
+            {'name': 'zstd', 'level': 3, 'byte_planes': True}
+        """
         return {"name": self.name, "level": self.level, "byte_planes": self.byte_planes}
 
 
