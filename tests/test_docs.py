@@ -210,29 +210,9 @@ def _docstring_problems(qualname: str, obj: Any) -> list[str]:
     return problems
 
 
-# Public names whose docstrings do not list their arguments yet: each is expected to fail until it
-# does (strictly: one that passes fails here until it leaves this set).
-_UNLISTED = {
-    "treestore.types.ChunkRef",
-    "treestore.types.GcReport",
-    "treestore.types.LeafEntry",
-    "treestore.types.Manifest",
-    "treestore.types.Manifest.chunk_digests",
-    "treestore.types.Manifest.mismatches",
-    "treestore.types.Piece",
-    "treestore.types.SaveResult",
-}
-
-
-_PENDING = pytest.mark.xfail(strict=True, reason="its docstring lacks Args: or Returns: entries")
-
-
 @pytest.mark.parametrize(
     ("qualname", "obj"),
-    [
-        pytest.param(q, o, id=q, marks=[_PENDING] if q in _UNLISTED else [])
-        for q, o in _public_callables().items()
-    ],
+    [pytest.param(q, o, id=q) for q, o in _public_callables().items()],
 )
 def test_public_docstrings_list_every_argument_and_the_return(qualname: str, obj: Any) -> None:
     problems = _docstring_problems(qualname, obj)

@@ -35,12 +35,37 @@ class SaveResult:
     read of its first bytes. ``chunk_requests`` adds those up; learning the known chunks took up
     to three more (a listing, the commit record, the manifest).
 
-    >>> import numpy as np, treestore
-    >>> store = treestore.Store("memory://doc/save-result")
-    >>> _ = store.save({"w": np.zeros(9000), "b": np.ones(9000)}, "a")
-    >>> r = store.save({"w": np.zeros(9000), "b": np.full(9000, 2.0)}, "b")
-    >>> r.chunks_written, r.chunks_known, r.known_from, r.existence_checks, r.reuse_reads
-    (1, 1, 'a', 1, 0)
+    In a save by every process of a jax.distributed job, each process reports the chunks it
+    stored itself; ``leaves`` and ``nbytes`` are the checkpoint's on the process that committed
+    it, 0 on the others.
+
+    Attributes:
+        name: The checkpoint's name.
+        leaves: The checkpoint's number of leaves.
+        nbytes: Raw bytes of all array leaves (Python scalars count 0).
+        chunks_written: Chunk objects (packs included) the save wrote, one write request each.
+        bytes_written: Stored bytes (headers and compressed bodies) of the chunk objects the save
+            wrote.
+        chunks_reused: Chunk objects the store already held, referenced instead of written
+            (``chunks_known`` included). A chunk the save met more than once counts once, in
+            this count or in ``chunks_written``.
+        chunks_known: Of ``chunks_reused``, those taken as present because checkpoint
+            ``known_from`` references them, with no request.
+        existence_checks: Requests for the size of a chunk object (a HEAD each on object
+            stores).
+        reuse_reads: Reads of the first bytes of an existing chunk object, checking it before
+            reusing it.
+        known_from: The committed checkpoint whose chunks the save took as present (by default
+            the store's newest); None when it took none (a save told not to trust one, a store
+            with no checkpoint, or one whose records could not be read).
+
+    Examples:
+        >>> import numpy as np, treestore
+        >>> store = treestore.Store("memory://doc/save-result")
+        >>> _ = store.save({"w": np.zeros(9000), "b": np.ones(9000)}, "a")
+        >>> r = store.save({"w": np.zeros(9000), "b": np.full(9000, 2.0)}, "b")
+        >>> r.chunks_written, r.chunks_known, r.known_from, r.existence_checks, r.reuse_reads
+        (1, 1, 'a', 1, 0)
     """
 
     name: str

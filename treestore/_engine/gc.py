@@ -45,6 +45,25 @@ class GcReport:
     there is one, gc cannot tell what it references and removes no chunk and no manifest (only
     stale locks, outcome and staging records and temporary files). Delete or repair it to free
     space again.
+
+    Attributes:
+        chunks_removed: Chunk objects (packs included) that no committed checkpoint references
+            and that are at least ``grace`` seconds old, removed; 0 while ``damaged`` is not
+            empty.
+        bytes_freed: Stored bytes of the chunk objects, manifests and half-written temporary
+            files removed (staging records and locks are not counted).
+        manifests_removed: Manifest objects (parts of manifests included) that no committed
+            checkpoint references and that are at least ``grace`` seconds old, removed; 0 while
+            ``damaged`` is not empty.
+        locks_removed: Save and gc locks of other processes older than ``stale_after`` seconds
+            (left by processes that died), removed.
+        kept_young: Unreferenced chunk objects kept because they are younger than ``grace``
+            seconds (they may belong to a save still running); 0 while ``damaged`` is not empty.
+        dry_run: Whether the run only reported what it would remove (and keep), deleting
+            nothing.
+        damaged: The names, sorted, of the checkpoints whose commit record or manifest could not
+            be read (damaged, or of a format this version cannot read); empty when every
+            checkpoint was read.
     """
 
     chunks_removed: int

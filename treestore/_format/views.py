@@ -41,11 +41,34 @@ class Manifest:
     (SPEC.md, appendix A.3); ``leaves`` the leaf entries in the tree's flattening order, each
     made on first use; ``packs`` the pack chunks. ``columns`` is the model it views.
 
-    >>> import numpy as np, treestore
-    >>> _ = treestore.save("memory://doc/view", {"w": np.zeros(3), "step": 7}, "a")
-    >>> m = treestore.Store("memory://doc/view").manifest("a")
-    >>> len(m.leaves), m.leaves[0].address, m.leaves[0].value
-    (2, 'step', 7)
+    Attributes:
+        name: The checkpoint's name.
+        created: When the checkpoint was saved, in seconds since the Unix epoch.
+        metadata: The metadata the save was given (any msgpack value); None when it was given
+            none.
+        codec: The compression settings the writer asked for, a dict with the keys ``name``,
+            ``level`` and ``byte_planes`` (informational: each chunk's header says how it is
+            encoded); a copy.
+        chunk_size: The writer's chunk size in bytes (informational).
+        version: The format version of the manifest's bytes (1 or 2).
+        tree: The node record of the tree (SPEC.md, appendix A.3): nested dicts whose
+            ``"leaf"`` entries are indices into ``leaves``.
+        leaves: The :class:`~treestore.types.LeafEntry` of each leaf, in the tree's flattening
+            order: a sequence that makes an entry when it is first asked for.
+        packs: The pack chunks, the chunk refs that a pack member's ``pack`` indexes.
+        nbytes: Raw bytes of all array leaves (Python scalars count 0).
+        columns: The in-memory model of the manifest that this object views.
+
+    Args:
+        columns: The decoded manifest to view, with every leaf's pieces read (a manifest stored
+            in parts, read for some leaves only, is refused with RuntimeError).
+
+    Examples:
+        >>> import numpy as np, treestore
+        >>> _ = treestore.save("memory://doc/view", {"w": np.zeros(3), "step": 7}, "a")
+        >>> m = treestore.Store("memory://doc/view").manifest("a")
+        >>> len(m.leaves), m.leaves[0].address, m.leaves[0].value
+        (2, 'step', 7)
     """
 
     def __init__(self, columns: Columns) -> None:
@@ -99,11 +122,26 @@ class Manifest:
         return self.columns.nbytes
 
     def mismatches(self, record: CommitRecord) -> list[str]:
-        """How a commit record disagrees with this manifest (empty when it describes it)."""
+        """How a commit record disagrees with this manifest (empty when it describes it).
+
+        Args:
+            record: The commit record that names this manifest (``checkpoints/<name>``).
+
+        Returns:
+            One line for each of ``name``, ``created``, ``metadata``, ``leaves`` and ``nbytes``
+            on which the two differ, such as ``"leaves: record 3, manifest 2"`` (values cut to
+            60 characters); empty when they agree. Metadata is compared as encoded, and times as
+            floats, NaN equal to NaN.
+        """
         return self.columns.mismatches(record)
 
     def chunk_digests(self) -> set[bytes]:
-        """Every chunk object this checkpoint needs."""
+        """Every chunk object this checkpoint needs.
+
+        Returns:
+            The 32-byte digests, which name the chunk objects, of the chunk refs outside packs
+            and of the packs (a pack member's own digest names no object and is left out).
+        """
         return self.columns.chunk_digests()
 
 
