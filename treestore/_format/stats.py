@@ -114,7 +114,9 @@ def _as_float(x: np.ndarray) -> np.ndarray:
     if x.dtype in (np.float32, np.float64):
         return x
     if x.dtype.name == "bfloat16":
-        return (x.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+        bits = x.view(np.uint16).astype(np.uint32)
+        bits <<= 16  # in place: one float32-sized array, not two
+        return bits.view(np.float32)
     return x.astype(np.float32)
 
 
