@@ -409,7 +409,7 @@ MUTATIONS: list[Mutation] = [
     m(
         "BLAKE3 runs without kept room",
         "treestore/_format/encoding.py",
-        "    if not _limited():",
+        "    if not _is_limited:",
         "    if True:",
         ["tests/test_threads.py::test_blake3_keeps_room_under_an_address_space_limit"],
         "under an address-space limit BLAKE3's own allocations meet the limit first and abort",

@@ -180,7 +180,7 @@ from treestore._format import encoding
 store = sys.argv[1]
 treestore.verify(store)  # threads, imports and caches in place first
 treestore.load(store + "#c")
-encoding._limit[0] = -1.0  # look at the limit again at the next digest
+encoding._next_look = -1.0  # look at the limit again at the next digest
 def limit_to(extra):
     size = int(open("/proc/self/statm").read().split()[0]) * resource.getpagesize()
     hard = resource.getrlimit(resource.RLIMIT_AS)[1]
@@ -198,11 +198,11 @@ except MemoryError:
     print("python", "MemoryError")
 print("digest", encoding.digest(b"x").hex()[:8])
 resource.setrlimit(resource.RLIMIT_AS, (resource.getrlimit(resource.RLIMIT_AS)[1],) * 2)
-encoding._limit[0] = -1.0
+encoding._next_look = -1.0
 
 # Less than that room left: reads refuse before BLAKE3 runs.
 limit_to(encoding.NATIVE_ROOM // 2)
-encoding._limit[0] = -1.0
+encoding._next_look = -1.0
 calls = (("verify", lambda: treestore.verify(store)), ("load", lambda: treestore.load(store + "#c")))
 for name, call in calls:
     try:

@@ -7,8 +7,8 @@ import contextlib
 import mmap
 import os
 import threading
-import time
 from collections.abc import Iterator
+from time import monotonic
 from typing import Any
 
 import blake3
@@ -39,7 +39,9 @@ def digest(data: Any, *, spread: bool = False) -> bytes:
     bindings abort the process when an allocation of their own fails, and Python cannot catch
     that. Raises MemoryError when there is no such room."""
     threads = (os.cpu_count() or 1) if spread else 1
-    if not _limited():
+    if monotonic() >= _next_look:
+        _look()
+    if not _is_limited:
         return blake3.blake3(data, max_threads=threads).digest()
     _free_room()
     try:
@@ -50,17 +52,17 @@ def digest(data: Any, *, spread: bool = False) -> bytes:
 
 NATIVE_ROOM = 16 * 2**20  # bytes of address space each thread keeps for BLAKE3's allocations
 _room = threading.local()
-_limit = [-1.0, False]  # when the address-space limit was last looked at, and whether one is set
+_next_look = -1.0  # when to look at the address-space limit again
+_is_limited = False  # whether the process runs under one (``RLIMIT_AS``)
 
 
-def _limited() -> bool:
-    """Whether the process runs under an address-space limit (``RLIMIT_AS``), looked at again
-    at most once a second (a system call per digest would cost a save of many small leaves)."""
-    now = time.monotonic()
-    if now - _limit[0] > 1.0:
-        limited = resource is not None and resource.getrlimit(resource.RLIMIT_AS)[0] != resource.RLIM_INFINITY
-        _limit[:] = [now, limited]
-    return bool(_limit[1])
+def _look() -> None:
+    """Look at the address-space limit, and again a second later at the earliest: a system call
+    per digest would cost a save of many small leaves."""
+    global _next_look, _is_limited
+    limit = resource.getrlimit(resource.RLIMIT_AS)[0] if resource is not None else None
+    _is_limited = limit is not None and limit != resource.RLIM_INFINITY
+    _next_look = monotonic() + 1.0
 
 
 def _free_room() -> None:
