@@ -22,6 +22,8 @@ from typing import Any
 import numpy as np
 
 import treestore
+from treestore._engine.committed import read_commit_record
+from treestore._format.paths import manifest_path
 
 from . import harness as H
 from . import trees as T
@@ -62,14 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         ckpt = treestore.open(url, "a")
         np.asarray(ckpt["wte"])
         one_read = ckpt.bytes_read
-        msize = (
-            store.storage.object_size(
-                treestore._format.paths.manifest_path(
-                    treestore._engine.read.read_commit_record(store.storage, "a").manifest
-                )
-            )
-            or 0
-        )
+        msize = store.storage.object_size(manifest_path(read_commit_record(store.storage, "a").manifest)) or 0
 
         ckpt = treestore.open(url, "a")
         ckpt["wte"][20000:20100]
