@@ -196,11 +196,6 @@ def _plan_chunks(
     return [submit(raw[i : i + step], width, private, dtype) for i in range(0, raw.nbytes, step)]
 
 
-def _measured(leaf: ArrayLeaf, options: SaveOptions) -> bool:
-    """Whether a save records statistics of ``leaf``: of real numbers, not PRNG key data."""
-    return options.stats and leaf.kind != PRNG_KEY and _stats.kind_of(leaf.dtype) != _stats.UNKNOWN
-
-
 def write(
     storage: Storage,
     prepared: Prepared,
@@ -346,8 +341,16 @@ def _submit_leaves(
     pack = packer.add
     chunked: list[tuple[int, bool]] = []  # the leaves with chunks of their own, or pieces; private
     measured: list[bool] = []
+    # Statistics of real numbers, not of PRNG key data (looked up inline: at 100k leaves a
+    # function call per leaf shows).
+    kinds = _stats.KIND_OF if options.stats else None
     for i, (_, leaf) in enumerate(prepared.leaves):
-        measure = isinstance(leaf, ArrayLeaf) and _measured(leaf, options)
+        measure = (
+            kinds is not None
+            and isinstance(leaf, ArrayLeaf)
+            and leaf.kind != PRNG_KEY
+            and kinds.get(leaf.dtype, _stats.UNKNOWN) != _stats.UNKNOWN
+        )
         measured.append(measure)
         if isinstance(leaf, ValueLeaf) or not (primary or leaf.sharded):
             plans.append(None)
@@ -428,9 +431,14 @@ def _submit_leaves(
                     records.append(record)
             lock.refresh(_locks.STALE_AFTER)  # after waiting for chunks: keep the save's lock fresh
         stats = None
-        if options.stats:
-            kind = _stats.kind_of(leaf.dtype) if measured[i] else _stats.UNKNOWN
-            stats = _stats.combine(records, kind)
+        if kinds is not None:
+            kind = kinds.get(leaf.dtype, _stats.UNKNOWN) if measured[i] else _stats.UNKNOWN
+            one = records[0] if len(records) == 1 else None
+            # A leaf in one chunk or pack member (most leaves of a big tree): its record is the
+            # leaf's, what combine would make of it.
+            stats = (
+                one if one is not None and one[0] == kind != _stats.UNKNOWN else _stats.combine(records, kind)
+            )
         sink.array(
             leaf.kind, leaf.dtype, leaf.shape, leaf.prng_impl, leaf.weak_type, refs, pieces, address, i, stats
         )
