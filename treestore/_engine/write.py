@@ -340,18 +340,19 @@ def _submit_leaves(
     small = options.small_leaf
     pack = packer.add
     chunked: list[tuple[int, bool]] = []  # the leaves with chunks of their own, or pieces; private
-    measured: list[bool] = []
+    kinds: list[int] = []  # each leaf's statistics kind; UNKNOWN where none is recorded
     # Statistics of real numbers, not of PRNG key data (looked up inline: at 100k leaves a
     # function call per leaf shows).
-    kinds = _stats.KIND_OF if options.stats else None
+    kind_of = _stats.KIND_OF.get
+    unknown = _stats.UNKNOWN
     for i, (_, leaf) in enumerate(prepared.leaves):
-        measure = (
-            kinds is not None
-            and isinstance(leaf, ArrayLeaf)
-            and leaf.kind != PRNG_KEY
-            and kinds.get(leaf.dtype, _stats.UNKNOWN) != _stats.UNKNOWN
+        kind = (
+            kind_of(leaf.dtype, unknown)
+            if options.stats and isinstance(leaf, ArrayLeaf) and leaf.kind != PRNG_KEY
+            else unknown
         )
-        measured.append(measure)
+        kinds.append(kind)
+        measure = kind != unknown
         if isinstance(leaf, ValueLeaf) or not (primary or leaf.sharded):
             plans.append(None)
         elif leaf.data is None:  # sharded: small pieces packed now, big ones chunked below
@@ -375,17 +376,15 @@ def _submit_leaves(
         return pool.submit(writer.put_measured, raw, width, dtype, private=private)
 
     for i, private in chunked:
-        plan = plans[i]
+        plan, measure = plans[i], kinds[i] != unknown
         if type(plan) is np.ndarray:
-            plans[i] = _plan_chunks(plan, options, submit, private, measured[i]) if plan.nbytes else plan
+            plans[i] = _plan_chunks(plan, options, submit, private, measure) if plan.nbytes else plan
         else:
             plans[i] = [
                 (
                     start,
                     piece.shape,
-                    [ref]
-                    if type(ref) is tuple
-                    else _plan_chunks(piece, options, submit, private, measured[i]),
+                    [ref] if type(ref) is tuple else _plan_chunks(piece, options, submit, private, measure),
                 )
                 for start, piece, ref in plan
             ]
@@ -431,14 +430,8 @@ def _submit_leaves(
                     records.append(record)
             lock.refresh(_locks.STALE_AFTER)  # after waiting for chunks: keep the save's lock fresh
         stats = None
-        if kinds is not None:
-            kind = kinds.get(leaf.dtype, _stats.UNKNOWN) if measured[i] else _stats.UNKNOWN
-            one = records[0] if len(records) == 1 else None
-            # A leaf in one chunk or pack member (most leaves of a big tree): its record is the
-            # leaf's, what combine would make of it.
-            stats = (
-                one if one is not None and one[0] == kind != _stats.UNKNOWN else _stats.combine(records, kind)
-            )
+        if options.stats:
+            stats = _stats.combine(records, kinds[i])
         sink.array(
             leaf.kind, leaf.dtype, leaf.shape, leaf.prng_impl, leaf.weak_type, refs, pieces, address, i, stats
         )

@@ -183,6 +183,8 @@ def combine(records: Any, kind: int) -> Record:
     out = empty(kind)
     if kind == UNKNOWN:
         return out
+    if type(records) is list and len(records) == 1 and records[0] is not None and records[0][0] == kind:
+        return records[0]  # a leaf in one chunk or pack member (most leaves of a big tree)
     for r in records:
         if r is None or r[0] != kind:
             return UNKNOWN_RECORD
