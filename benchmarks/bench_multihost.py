@@ -1,6 +1,7 @@
 """Multi-process saves: the primary's commit as the job grows, in a job of threads.
 
     python -m benchmarks.bench_multihost [--runs 3] [--leaves 1000] [--processes 1 8 64 256] [--stages 8]
+        [--stats on off]
 
 Each job size N runs N threads in this process, each saving as one process of a multi-process
 save (``treestore._engine.distributed.joined``, synchronised by a ``LocalRuntime`` as JAX's runtime
@@ -27,6 +28,13 @@ and model parallel layout, where a reader of one leaf needs every part), and ``-
 pipeline stages (leaf i in stage ``i * stages // leaves``, sharded over that stage's processes
 alone, where a reader of one leaf reads only its stage's parts). Issue 13's target: the commit at
 256 processes within 2× its time at 8, in the first layout.
+
+Each configuration runs with statistics recorded (``--stats on``) and without (``off``). With them,
+the processes other than 0 combine their children's records before the first barrier
+(:mod:`treestore._engine.stats_gather`), on hosts of their own in a real job: the table gives
+the longest such combine in CPU time of its thread (decode and combine, not the wait for the
+children, nor the other threads' turns on this machine's cores), which adds to the job's time
+once per level of the tree below process 0, besides process 0's commit.
 """
 
 from __future__ import annotations
@@ -45,6 +53,7 @@ import numpy as np
 
 import treestore
 from treestore._engine import distributed as D
+from treestore._engine import stats_gather
 from treestore._engine.committed import read_commit_record, read_manifest_bytes
 from treestore._engine.group_runtime import LocalRuntime
 from treestore._engine.write import Prepared, SaveOptions, prepare, write
@@ -89,15 +98,28 @@ class Watched:
 
 
 class Clock:
-    """Times process 0's commit: from its first barrier to its commit record."""
+    """Times process 0's commit: from its first barrier to its commit record; and the longest
+    combine of statistics by another process (``gathered``, reset before each save)."""
 
     def __init__(self) -> None:
         self.watched: Watched | None = None
         self.start = self.end = 0.0
         self.committed = threading.Event()  # cleared before each save
+        self.gathered = 0.0
+        self._lock = threading.Lock()
 
     def install(self) -> None:
-        barrier, commit = D.Group.barrier, D.commit
+        barrier, commit, combine = D.Group.barrier, D.commit, stats_gather.combine
+
+        def timed_combine(*args: Any, **kwargs: Any) -> Any:
+            started = time.thread_time()  # its CPU: the threads share this process's cores
+            try:
+                return combine(*args, **kwargs)
+            finally:
+                took = time.thread_time() - started
+                if threading.current_thread().name != "process-0":
+                    with self._lock:
+                        self.gathered = max(self.gathered, took)
 
         def timed_barrier(group: D.Group, step: str, lock: Any = None) -> None:
             barrier(group, step, lock)
@@ -122,6 +144,7 @@ class Clock:
 
         D.Group.barrier = timed_barrier  # type: ignore[method-assign]
         D.commit = timed_commit  # type: ignore[assignment]
+        stats_gather.combine = timed_combine  # type: ignore[assignment]
 
 
 def shares_of(leaves: int, count: int, stages: int = 1) -> list[Prepared]:
@@ -177,7 +200,9 @@ class CountedRuntime(LocalRuntime):
             return None if self._arrived[barrier] >= self.count else "process 0 did not commit"
 
 
-def save_job(storage: Watched, prepared: list[Prepared], name: str, committed: threading.Event) -> None:
+def save_job(
+    storage: Watched, prepared: list[Prepared], name: str, committed: threading.Event, stats: bool
+) -> None:
     count = len(prepared)
     runtime = CountedRuntime(count)
     runtime.watched = storage
@@ -187,7 +212,8 @@ def save_job(storage: Watched, prepared: list[Prepared], name: str, committed: t
     def process(i: int) -> None:
         with D.joined(runtime, i, count):
             try:
-                write(storage, prepared[i], name, options=SaveOptions(threads=1))  # type: ignore[arg-type]
+                options = SaveOptions(threads=1, stats=stats)
+                write(storage, prepared[i], name, options=options)  # type: ignore[arg-type]
             except BaseException as exc:
                 failures.append(exc)
 
@@ -207,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--leaves", type=int, default=1000)
     ap.add_argument("--processes", type=int, nargs="+", default=[1, 8, 64, 256])
     ap.add_argument("--stages", type=int, default=8, help="pipeline stages of the second layout")
+    ap.add_argument("--stats", nargs="+", choices=["on", "off"], default=["on", "off"])
     args = ap.parse_args(argv)
     rows = []
     clock = Clock()
@@ -217,21 +244,27 @@ def main(argv: list[str] | None = None) -> int:
                 for stages in sorted({1, args.stages}):
                     if stages > 1 and (count < stages or count % stages):
                         continue
-                    log(f"{where}: {count} processes, {args.leaves} leaves, {stages} stage(s)")
-                    rows.append(measure(where, count, stages, args, tmp, clock))
+                    for stats in args.stats:
+                        log(f"{where}: {count} processes, {args.leaves} leaves, {stages} stage(s), {stats}")
+                        rows.append(measure(where, count, stages, stats == "on", args, tmp, clock))
     print(f"\nprocess 0's commit, {args.leaves} sharded leaves, one piece per process holding it ", end="")
     print(f"(medians of {args.runs}); a reader's open, and open + one leaf\n")
-    print("| store | processes | stages | pieces | commit ms | store requests, one after another ", end="")
+    print(
+        "| store | processes | stages | statistics | pieces | commit ms | others' longest combine ms ", end=""
+    )
+    print("| store requests, one after another ", end="")
     print("| store requests at once | runtime requests | frame KiB | part KiB | reader's open ms ", end="")
     print("| open + one leaf ms | parts it reads |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for row in rows:
         (
             where,
             count,
             stages,
+            stats,
             pieces,
             ms,
+            combine_ms,
             own_n,
             pooled_n,
             asked_n,
@@ -242,30 +275,41 @@ def main(argv: list[str] | None = None) -> int:
             read,
         ) = row
         print(
-            f"| {where} | {count} | {stages} | {pieces} | {ms:.1f} | {own_n:.0f} | {pooled_n:.0f} "
+            f"| {where} | {count} | {stages} | {stats} | {pieces} | {ms:.1f} | {combine_ms:.1f} "
+            f"| {own_n:.0f} | {pooled_n:.0f} "
             f"| {asked_n:.0f} | {frame_k:.1f} | {part_k:.1f} | {open_ms:.1f} | {leaf_ms:.1f} | {read} |"
         )
     for where in ("local", "memory"):
-        by = {count: ms for w, count, stages, _, ms, *_ in rows if w == where and stages == 1}
-        if 8 in by and 256 in by:
-            print(f"\n{where}: 256 processes / 8 processes = {by[256] / by[8]:.2f}× (target ≤ 2×)")
+        for stats in args.stats:
+            by = {c: ms for w, c, st, s, _, ms, *_ in rows if w == where and st == 1 and s == stats}
+            if 8 in by and 256 in by:
+                ratio = by[256] / by[8]
+                print(
+                    f"\n{where}, statistics {stats}: 256 processes / 8 processes = {ratio:.2f}× (target ≤ 2×)"
+                )
     return 0
 
 
 def measure(
-    where: str, count: int, stages: int, args: argparse.Namespace, tmp: str, clock: Clock
+    where: str, count: int, stages: int, stats: bool, args: argparse.Namespace, tmp: str, clock: Clock
 ) -> tuple[Any, ...]:
     """One row of the table: ``args.runs`` saves of a job of ``count`` processes, then reads."""
     prepared = shares_of(args.leaves, count, stages)
-    url = f"{tmp}/{where}-{count}-{stages}" if where == "local" else f"memory://bench-{uuid.uuid4().hex}"
+    url = (
+        f"{tmp}/{where}-{count}-{stages}-{stats}"
+        if where == "local"
+        else f"memory://bench-{uuid.uuid4().hex}"
+    )
     watched = Watched(open_storage(url))
     clock.watched = watched
-    times, own, pooled, asked = [], [], [], []
+    times, combines, own, pooled, asked = [], [], [], [], []
     for run in range(args.runs):
         watched.own = watched.pooled = CountedRuntime.reads = 0
         clock.committed.clear()
-        save_job(watched, prepared, f"run{run}", clock.committed)
+        clock.gathered = 0.0
+        save_job(watched, prepared, f"run{run}", clock.committed, stats)
         times.append(clock.end - clock.start)
+        combines.append(clock.gathered)
         own.append(watched.own)
         pooled.append(watched.pooled)
         asked.append(CountedRuntime.reads)
@@ -288,8 +332,10 @@ def measure(
         where,
         count,
         stages,
+        "on" if stats else "off",
         args.leaves * count // stages,
         statistics.median(times) * 1000,
+        statistics.median(combines) * 1000,
         statistics.median(own),
         statistics.median(pooled),
         statistics.median(asked),

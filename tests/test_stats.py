@@ -14,6 +14,8 @@ import pytest
 import treestore
 from treestore._api.checkpoint import Checkpoint
 from treestore._engine import committed as _committed
+from treestore._engine import stats_gather
+from treestore._engine.group_runtime import LocalRuntime
 from treestore._engine.write import SaveOptions, prepare
 from treestore._format.columns_codec import decode_any, decode_columns, encode_columns
 from treestore._format.stats import STATS_DTYPE
@@ -167,6 +169,58 @@ def test_a_process_without_statistics_leaves_the_sharded_leaves_unknown():
     trees = [prepared({"w": w, "r": np.ones(3)}, {"w": rows(16, 2, 4)}, i) for i in range(2)]
     run_job(storage, trees, "job", options=SMALL)
     assert set(treestore.open("memory://stats/job-off#job").stats()) == {"w", "r"}
+
+
+def test_a_job_of_many_processes_gathers_statistics_up_a_tree_exactly():
+    """40 processes: the primary combines the records of processes 1-16, each of which has
+    combined its own children's first (17-39); every element counted once, extremes in any
+    process's rows found."""
+    count = 40
+    assert max(stats_gather.children(1, count)) > 16  # the tree is two steps deep here
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((count * 2, 3))
+    w[2 * 33, 1] = np.nan  # a grandchild's rows
+    w[2 * 39 + 1, 2] = 1e9  # the last process's
+    w[2 * 17, 0] = -np.inf
+    v = rng.integers(-(2**40), 2**40, count * 4)
+    v[4 * 25 + 3] = -(2**62)
+    tree = {"w": w, "v": v, "r": np.arange(5.0)}
+    boxes = {"w": rows(count * 2, count, 3), "v": rows(count * 4, count)}
+    storage = treestore.Store("memory://stats/tree").storage
+    options = SaveOptions(threads=1)
+    results = run_job(storage, [prepared(tree, boxes, i) for i in range(count)], "job", options=options)
+    assert not any(isinstance(r, BaseException) for r in results), results
+    got = treestore.open("memory://stats/tree#job").stats()
+    for address, x in tree.items():
+        check(got[address], x)
+
+
+@pytest.mark.parametrize("count", [1, 2, 16, 17, 40, 300, 4097])
+def test_every_process_but_the_primary_has_one_parent_that_lists_it(count):
+    seen = [i for p in range(count) for i in stats_gather.children(p, count)]
+    assert sorted(seen) == list(range(1, count))
+    assert all(i in stats_gather.children(stats_gather.parent(i), count) for i in range(1, count))
+
+
+@pytest.mark.parametrize("sent", ["!!not base64", "AAAA", ""], ids=["not-base64", "short", "none"])
+def test_a_child_sending_bad_records_leaves_the_sharded_leaves_unknown_and_the_save_commits(sent):
+    """Statistics are advisory: records lost or damaged on the way up make the sharded leaves
+    unknown; the leaves that are not sharded keep theirs and the checkpoint commits."""
+    runtime = LocalRuntime(3)
+    real = runtime.set
+
+    def damaged(key: str, value: str) -> None:
+        real(key, sent if "/stats/0/2" in key else value)
+
+    runtime.set = damaged  # type: ignore[method-assign]
+    w = np.arange(48.0).reshape(12, 4)
+    storage = treestore.Store(f"memory://stats/bad-child-{len(sent)}").storage
+    trees = [prepared({"w": w, "r": np.array([np.nan, 1.0])}, {"w": rows(12, 3, 4)}, i) for i in range(3)]
+    results = run_job(storage, trees, "job", runtime=runtime, options=SMALL)
+    assert not any(isinstance(r, BaseException) for r in results), results
+    got = treestore.open(f"memory://stats/bad-child-{len(sent)}#job").stats()
+    assert set(got) == {"r"} and got["r"].nan == 1
+    assert treestore.open(f"memory://stats/bad-child-{len(sent)}#job")["w"][...].tolist() == w.tolist()
 
 
 # --- hostile records ------------------------------------------------------------------------------

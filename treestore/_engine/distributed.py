@@ -35,11 +35,11 @@ import msgpack
 import numpy as np
 
 from treestore._engine import locks as _locks
+from treestore._engine import stats_gather
 from treestore._engine.commit import commit
 from treestore._engine.group_runtime import JaxRuntime, Runtime
 from treestore._engine.parts import merged, named
 from treestore._format import paths as _paths
-from treestore._format import stats as _stats
 from treestore._format.columns_codec import encode_columns
 from treestore._format.coverage import Coverage, P
 from treestore._format.encoding import digest
@@ -171,52 +171,6 @@ class Written(NamedTuple):
         return self.table.fields(self.packs)
 
 
-def _partial_stats(
-    leaves: Sequence[tuple[str, Leaf]], sharded: Sequence[bool], written: Written
-) -> bytes | None:
-    """This process's statistics of its pieces: one record per sharded leaf of the tree, in leaf
-    order (the record of no elements for a leaf it holds no piece of); None without statistics."""
-    if not written.measured:
-        return None
-    rank = {i: r for r, i in enumerate(i for i, split in enumerate(sharded) if split)}
-    records = [_stats.empty(_leaf_kind(leaves[i][1])) for i in rank]
-    for i, record in zip(written.table.index, written.table.stats, strict=True):
-        r = rank.get(i)
-        if r is not None:
-            records[r] = record
-    return _stats.column(records).tobytes()
-
-
-def _leaf_kind(leaf: Leaf) -> int:
-    """The statistics kind of a sharded leaf (UNKNOWN for PRNG key data and complex numbers)."""
-    if not isinstance(leaf, ArrayLeaf) or leaf.kind == "prng_key":
-        return _stats.UNKNOWN
-    return _stats.kind_of(leaf.dtype)
-
-
-def _committed_stats(
-    leaves: Sequence[tuple[str, Leaf]], sharded: Sequence[bool], written: Written, partial: list[bytes | None]
-) -> np.ndarray | None:
-    """The manifest's statistics: the primary's records of the leaves that are not sharded, and
-    for each sharded leaf every process's records of its pieces gathered exactly (counts and
-    sums of squares add, minima and maxima gather; each element lies in one process's pieces,
-    replicas being stored once). A sharded leaf is UNKNOWN when a process sent no statistics."""
-    if not written.measured:
-        return None
-    out = _stats.column(written.table.stats)
-    split = np.flatnonzero(np.array(sharded, bool))
-    if not len(split):
-        return out
-    kinds = np.array([_leaf_kind(leaves[i][1]) for i in split.tolist()], np.uint8)
-    size = len(split) * _stats.STATS_DTYPE.itemsize
-    if any(p is None or len(p) != size for p in partial):
-        out[split] = np.zeros(1, _stats.STATS_DTYPE)
-        return out
-    tables = [np.frombuffer(p, _stats.STATS_DTYPE) for p in partial if p is not None]
-    out[split] = _stats.combine_columns(tables, kinds)
-    return out
-
-
 @dataclass(frozen=True)
 class Group:
     """This process's place in a multi-process save; ``save_id`` and ``name`` are set by
@@ -315,6 +269,16 @@ class Group:
                 self._publish(storage, layout, leaves, sharded, written, failure, coverage)
             except Exception as exc:
                 failure = failure or exc
+            kinds = stats_gather.kinds(leaves, sharded)
+            mine = None
+            if written is not None and written.measured and failure is None:
+                mine = stats_gather.own(written.table, sharded, kinds)
+            if len(kinds) and not self.primary:
+                deadline = time.monotonic() + self.timeout / 2  # to reach the barrier in time
+                with contextlib.suppress(Exception):  # the primary then finds no records
+                    stats_gather.send(
+                        self.runtime, self.save_id, self.index, self.count, mine, kinds, deadline
+                    )
             expected = 0
             if self.primary and failure is None and coverage is not None:  # while the others write
                 expected = coverage.sum((i, (0,) * len(shape), shape) for i, shape in shapes)
@@ -338,10 +302,12 @@ class Group:
                 frame_leaves = frame_leaves_from_fields(
                     tree, lambda i: leaves[i][0], written.fields(), sharded
                 )
-                parts, cover, partial = self._gather(frame_leaves, layout, coverage is not None)
-                stats = _committed_stats(leaves, sharded, written, partial)
-                if stats is not None:
-                    header = {**header, "stats": stats}
+                parts, cover = self._gather(frame_leaves, layout, coverage is not None)
+                if written.measured:
+                    gathered = None
+                    if len(kinds):
+                        gathered = stats_gather.gather(self.runtime, self.save_id, self.count, mine, kinds)
+                    header = {**header, "stats": stats_gather.committed(written.table, sharded, gathered)}
                 frame = frame_of(frame_leaves, {**header, "created": time.time()}, layout, parts)
                 if cover != expected or empty:  # a zero-size leaf's pieces weigh nothing
                     self._merge_parts(storage, frame, cover == expected)
@@ -383,7 +349,7 @@ class Group:
         if failure is not None or written is None:
             summary = f"{type(failure).__name__}: {failure}"
         elif coverage is None:  # every leaf is the primary's: no part
-            summary = Summary(layout, None, 0, 0, 0, 0, 0, stats=_partial_stats(leaves, sharded, written))
+            summary = Summary(layout, None, 0, 0, 0, 0, 0)
         else:
             part, cover = part_from_fields(written.fields(), np.array(written.table.index), coverage)
             data = encode_part(part, layout)
@@ -399,8 +365,7 @@ class Group:
                 found = digest(data)
                 pieces, packs = len(part.piece_leaves), len(part.packs)
                 most, (first, end) = most_pieces(part), leaf_range(part)
-                stats = _partial_stats(leaves, sharded, written)
-                summary = Summary(layout, found, len(data), pieces, packs, most, cover, first, end, stats)
+                summary = Summary(layout, found, len(data), pieces, packs, most, cover, first, end)
                 try:
                     storage.write(_paths.manifest_path(found), [data])
                     storage.sync()
@@ -413,12 +378,9 @@ class Group:
     def _summary_key(self, index: int) -> str:
         return f"treestore/{self.save_id}/summary/{index}"
 
-    def _gather(
-        self, frame_leaves: FrameLeaves, layout: bytes, parted: bool
-    ) -> tuple[list[PartRef], int, list[bytes | None]]:
+    def _gather(self, frame_leaves: FrameLeaves, layout: bytes, parted: bool) -> tuple[list[PartRef], int]:
         """Every process's summary, with one request to the runtime: each process's part (none
-        when the tree has no sharded leaf), the sum of their coverage fingerprints, and each
-        process's statistics of its pieces.
+        when the tree has no sharded leaf) and the sum of their coverage fingerprints.
         StorageError naming every process that failed or whose summary is missing or malformed;
         InvalidInputError when the parts together are beyond what readers accept."""
         found = self.runtime.items(f"treestore/{self.save_id}/summary/")
@@ -461,7 +423,7 @@ class Group:
         if len(frame_leaves.packs) + sum(s.packs for s in summaries) >= PACK_INDEX_END:
             raise InvalidInputError(f"{where}: over 2**31 packs", checkpoint=self.name)
         parts = [PartRef(s.part, s.size, s.first, s.end) for s in summaries if parted and s.part is not None]
-        return parts, sum(s.cover for s in summaries) % P, [s.stats for s in summaries]
+        return parts, sum(s.cover for s in summaries) % P
 
     def _merge_parts(self, storage: Storage, frame: Parted, covered: bool) -> None:
         """Read the parts and merge them as readers do: when the coverage fingerprints say the

@@ -12,8 +12,6 @@ parts. Readers decode each part without trusting it (:func:`decode_part`) and me
 
 from __future__ import annotations
 
-import base64
-import contextlib
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -80,9 +78,6 @@ class Summary:
     cover: int
     first: int = 0
     end: int = 0
-    # The statistics of its pieces' values: one STATS_DTYPE record per sharded leaf of the tree,
-    # in leaf order (a leaf it holds no piece of has the record of no elements); None without.
-    stats: bytes | None = None
 
 
 def part_from_fields(
@@ -186,7 +181,6 @@ def encode_summary(summary: Summary | str) -> str:
             "most": s.most,
             "cover": to_text(s.cover),
             "leaves": [s.first, s.end],
-            **({} if s.stats is None else {"stats": base64.b64encode(s.stats).decode("ascii")}),
         }
     )
 
@@ -225,11 +219,7 @@ def decode_summary(text: str, layout: bytes) -> Summary | str:
             "(the same structure, and each sharded leaf with the same kind, dtype and shape)"
         )
     size, pieces, packs, most = counts
-    stats = None
-    if isinstance(rec.get("stats"), str):  # optional; anything else leaves the statistics unknown
-        with contextlib.suppress(ValueError):
-            stats = base64.b64decode(rec["stats"], validate=True)
-    return Summary(found, part, size, pieces, packs, most, cover, first, end, stats)
+    return Summary(found, part, size, pieces, packs, most, cover, first, end)
 
 
 __all__ = [
