@@ -19,7 +19,7 @@ from safetensors import safe_open
 
 import treestore
 from treestore._api import hf_shards
-from treestore._api.interop import read_file
+from treestore._api.importing import read_file
 from treestore_cli.main import cli
 
 from .support.helpers import same_bytes

@@ -83,7 +83,7 @@ def test_safetensors_keys_nest_and_come_back(tmp_path):
 
 
 def _read_st(path: Path) -> dict[str, np.ndarray]:
-    tree, _ = treestore._api.interop.read_file(path, nest_keys=False)
+    tree, _ = treestore._api.importing.read_file(path, nest_keys=False)
     return tree
 
 

@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 import treestore
-from treestore._api import timeline as _timeline_module
+from treestore._api import heatmap as _heatmap
 from treestore.errors import CheckpointNotFoundError, NoMatchError
 from treestore_cli.main import cli
 
@@ -280,4 +280,4 @@ def test_timeline_on_s3(s3_backend):
 
 
 def test_levels() -> None:
-    assert _timeline_module.level(math.nan, 1.0) == -1 and _timeline_module.level(1e-9, 1.0) == 1
+    assert _heatmap.level(math.nan, 1.0) == -1 and _heatmap.level(1e-9, 1.0) == 1

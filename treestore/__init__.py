@@ -28,11 +28,14 @@ from treestore.errors import (
 
 if TYPE_CHECKING:
     from treestore import types
-    from treestore._api.checkpoint import Checkpoint, LazyLeaf
+    from treestore._api.checkpoint import Checkpoint
     from treestore._api.copy import copy
-    from treestore._api.interop import export_file, import_file
+    from treestore._api.exporting import export_file
+    from treestore._api.functions import diff, load, open, save
+    from treestore._api.importing import import_file
+    from treestore._api.lazy_leaf import LazyLeaf
     from treestore._api.manager import CheckpointManager
-    from treestore._api.store import Store, diff, load, open, save
+    from treestore._api.store import Store
     from treestore._api.verify import verify
     from treestore._api.watch import watch
     from treestore._engine.write import SaveOptions
@@ -48,16 +51,16 @@ __version__ = "0.2.0"
 # only the modules it calls, never numpy's heavier neighbours it has no use for.
 _LAZY = {
     "Checkpoint": "treestore._api.checkpoint",
-    "LazyLeaf": "treestore._api.checkpoint",
+    "LazyLeaf": "treestore._api.lazy_leaf",
     "copy": "treestore._api.copy",
-    "export_file": "treestore._api.interop",
-    "import_file": "treestore._api.interop",
+    "export_file": "treestore._api.exporting",
+    "import_file": "treestore._api.importing",
     "CheckpointManager": "treestore._api.manager",
     "Store": "treestore._api.store",
-    "diff": "treestore._api.store",
-    "load": "treestore._api.store",
-    "open": "treestore._api.store",
-    "save": "treestore._api.store",
+    "diff": "treestore._api.functions",
+    "load": "treestore._api.functions",
+    "open": "treestore._api.functions",
+    "save": "treestore._api.functions",
     "verify": "treestore._api.verify",
     "watch": "treestore._api.watch",
     "SaveOptions": "treestore._engine.write",

@@ -10,11 +10,12 @@ listing reports, and the manifest a checkpoint's view exposes (``Checkpoint.mani
 from treestore._api.copy import CopyReport
 from treestore._api.diff import Diff, LeafDiff
 from treestore._api.diff_values import LeafStats
+from treestore._api.exporting import ExportResult
 from treestore._api.health import ValueStats
-from treestore._api.interop import ExportResult
+from treestore._api.norms import Norms
 from treestore._api.retention import StepInfo
 from treestore._api.store import CheckpointInfo
-from treestore._api.timeline import Norms, Timeline
+from treestore._api.timeline import Timeline
 from treestore._api.verify import VerifyProblem, VerifyReport
 from treestore._engine.gc import GcReport
 from treestore._engine.write import SaveResult

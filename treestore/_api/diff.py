@@ -11,8 +11,9 @@ from typing import Any, overload
 import numpy as np
 
 from treestore._api import diff_values as _values
-from treestore._api.checkpoint import Checkpoint, LazyLeaf
+from treestore._api.checkpoint import Checkpoint
 from treestore._api.diff_values import LeafStats
+from treestore._api.lazy_leaf import LazyLeaf
 from treestore._format import select as _select
 from treestore._format.columns import ARRAY_CODES, DTYPE_NAMES, KINDS, PRNG_SHIFT, Columns
 

@@ -10,7 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from treestore._api.checkpoint import Checkpoint, LazyLeaf
+from treestore._api.checkpoint import Checkpoint
+from treestore._api.lazy_leaf import LazyLeaf
 from treestore._engine.region import chunk_bytes, leaf_pieces
 
 

@@ -23,18 +23,17 @@ from treestore._api.retention import (
     check_metrics,
     check_step,
     kept_healthy,
-    newest_healthy,
     step_infos,
     step_name,
 )
 from treestore._api.store import Store
+from treestore._api.tiers import Tiers
 from treestore._engine import write as _write
 from treestore._engine.snapshot import Background, HostSnapshot
 from treestore._format.manifest import check_metadata
 from treestore.errors import (
     CheckpointExistsError,
     CheckpointNotFoundError,
-    CorruptionError,
     InvalidInputError,
     StoreBusyError,
     TreestoreError,
@@ -227,6 +226,7 @@ class CheckpointManager:
                 self.remote,
                 self._remote_policy,
             )
+        self._tiers = Tiers(self.store, self.remote)
         self._options = options or _write.SaveOptions()
         self._clock = clock
         self._last_save = clock()
@@ -482,32 +482,13 @@ class CheckpointManager:
         """The steps committed in the local tier."""
         return step_infos(self.store)
 
-    def _tiers(self) -> dict[int, tuple[StepInfo, Store]]:
-        """Each step committed in either tier, with the store to load it from (the local one
-        when both have it). A remote that cannot be listed is logged and left out."""
-        out = {step: (info, self.store) for step, info in self._infos().items()}
-        if self.remote is not None:
-            try:
-                remote = step_infos(self.remote)
-            except TreestoreError as exc:
-                _log.warning(
-                    "%s: listing the remote tier failed (%s: %s); using the local tier only",
-                    self.remote.url,
-                    type(exc).__name__,
-                    exc,
-                )
-                remote = {}
-            for step, info in remote.items():
-                out.setdefault(step, (info, self.remote))
-        return out
-
     def steps(self) -> list[int]:
         """The committed steps of either tier (a step in flight is not one until it commits).
 
         Returns:
             The steps, oldest first.
         """
-        return sorted(self._tiers())
+        return sorted(self._tiers.steps())
 
     def latest_step(self, *, healthy: bool = False) -> int | None:
         """The newest committed step of either tier.
@@ -520,14 +501,7 @@ class CheckpointManager:
         Returns:
             The step, or None when there is none.
         """
-        tiers = self._tiers()
-        if not healthy:
-            return max(tiers, default=None)
-        for step in sorted(tiers, reverse=True):
-            info, store = tiers[step]
-            if newest_healthy(store, {step: info}, self._policy.healthy) is not None:
-                return step
-        return None
+        return self._tiers.latest(self._policy.healthy, only_healthy=healthy)
 
     def info(self, step: int | None = None) -> StepInfo:
         """What was stored with a step.
@@ -541,7 +515,7 @@ class CheckpointManager:
         Raises:
             CheckpointNotFoundError: No such step.
         """
-        return self._find(step)[0]
+        return self._tiers.find(step)[0]
 
     def restore(
         self,
@@ -588,37 +562,10 @@ class CheckpointManager:
                 raise CheckpointNotFoundError(
                     f"no healthy step in {self.store.url}: every step holds NaN/inf"
                 )
-        info, store = self._find(step)
         kwargs: dict[str, Any] = {"like": like, "select": select, "cast": cast, "partial": partial}
         if types is not None:
             kwargs["types"] = types
-        try:
-            return store.load(info.name, **kwargs)
-        except CorruptionError as exc:
-            if store is not self.store or self.remote is None or info.step not in step_infos(self.remote):
-                raise
-            _log.warning(
-                "%s: %s is damaged locally (%s); loading it from the remote tier %s",
-                self.store.url,
-                info.name,
-                exc,
-                self.remote.url,
-            )
-            return self.remote.load(info.name, **kwargs)
-
-    def _find(self, step: int | None) -> tuple[StepInfo, Store]:
-        tiers = self._tiers()
-        step = max(tiers, default=None) if step is None else check_step(step)
-        where = self.store.url if self.remote is None else f"{self.store.url} or {self.remote.url}"
-        if step is None:
-            raise CheckpointNotFoundError(f"no steps saved in {where}")
-        if step not in tiers:
-            shown = ", ".join(map(str, sorted(tiers)[-10:])) or "none"
-            raise CheckpointNotFoundError(
-                f"step {step} is not saved in {where}; saved steps: {shown}",
-                checkpoint=step_name(step),
-            )
-        return tiers[step]
+        return self._tiers.load(step, **kwargs)
 
 
 # The doctests of the methods: the classes report themselves as treestore.X (or treestore.types.X),

@@ -11,14 +11,14 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from treestore._api import diff as _diff
-from treestore._api import health as _health
+from treestore._api import heatmap as _heatmap
 from treestore._api import timeline_html as _html
 from treestore._api.checkpoint import Checkpoint
 from treestore._engine import committed as _committed
@@ -37,11 +37,6 @@ from treestore.errors import (
 _log = logging.getLogger("treestore")
 
 Progress = Callable[[int, int], None]  # (bytes compared so far, bytes to compare)
-
-BLOCKS = " ▁▂▃▄▅▆▇█"  # no change, then eighths of the row's (or the whole map's) largest change
-ASCII_BLOCKS = " .:-=+*#@"
-ABSENT, ASCII_ABSENT = "·", "x"  # the leaf is missing (or changed shape or dtype) at that step
-NONFINITE = "!"  # elements changed to, from or between NaN and ±inf at that step
 
 
 @dataclass(frozen=True)
@@ -203,24 +198,15 @@ class Timeline:
             w  ▄█  max 1
             b   ·  max 0
         """
-        top = _top(self.values, scale)
-        levels, absent = (ASCII_BLOCKS, ASCII_ABSENT) if ascii else (BLOCKS, ABSENT)
-        width = max((len(a or "(root)") for a in self.addresses), default=0)
+        marked = [[self.nonfinite_at(i, j) > 0 for j in range(len(row))] for i, row in enumerate(self.values)]
+        body = _heatmap.rows(
+            self.addresses, self.values, marked, scale, ascii, "  non-finite changes in {} step(s)"
+        )
         span = f"{self.checkpoints[0]} -> {self.checkpoints[-1]}" if self.checkpoints else "no checkpoints"
         scaled = "per row" if scale == "row" else "to the largest change of all"
         rows = f"groups of depth {self.depth}" if self.depth else "leaves"
         what = f"relative L2 change of {rows}, scaled {scaled}"
-        lines = [f"{len(self.checkpoints)} checkpoints, {len(self.steps)} steps: {span}; {what}"]
-        for i, (address, row) in enumerate(zip(self.addresses, self.values, strict=True)):
-            marked = [self.nonfinite_at(i, j) > 0 for j in range(len(row))]
-            cells = "".join(
-                NONFINITE if m else _level(v, top[i], levels, absent)
-                for v, m in zip(row, marked, strict=True)
-            )
-            finite = [v for v in row if not math.isnan(v)]
-            peak = _num(max(finite)) if finite else "-"
-            odd = f"  non-finite changes in {sum(marked)} step(s)" if any(marked) else ""
-            lines.append(f"{(address or '(root)').ljust(width)}  {cells}  max {peak}{odd}")
+        lines = [f"{len(self.checkpoints)} checkpoints, {len(self.steps)} steps: {span}; {what}", *body]
         lines += [f"damaged, left out: {name}: {problem}" for name, problem in self.damaged]
         return "\n".join(lines)
 
@@ -239,179 +225,9 @@ class Timeline:
         Raises:
             InvalidInputError: ``scale`` is neither ``"row"`` nor ``"global"``.
         """
-        _top(self.values, scale)  # checks scale
+        tops = _heatmap.top(self.values, scale)  # checks scale
         lines = self if self.depth == 1 else self.grouped(1)
-        return _html.page(self, lines, _top(self.values, scale), title or f"treestore timeline: {self.url}")
-
-
-@dataclass(frozen=True)
-class Norms:
-    """The L2 norm of each array leaf (or group of leaves) at each checkpoint of a store, from
-    the statistics its saves recorded: only manifests are read, no chunk.
-
-    ``values[i][j]`` is the norm of the finite elements of ``addresses[i]`` at
-    ``checkpoints[j]``; NaN where the leaf is absent there or has no statistics (saved without
-    them). ``nonfinite[i][j]`` counts its NaN and ±inf elements there. With ``depth`` set, each
-    address is a group, the first ``depth`` segments of its leaves' addresses, and its norm is
-    √(Σ‖wᵢ‖²) over the leaves with statistics. ``damaged`` is as in :class:`Timeline`.
-
-    Attributes:
-        url: The store's URL.
-        checkpoints: The names of the checkpoints read, oldest first.
-        addresses: The leaves (or groups), one row each.
-        values: The norms, ``values[i][j]`` for ``addresses[i]`` at ``checkpoints[j]``.
-        nonfinite: NaN and ±inf elements, like ``values``.
-        depth: The number of address segments the rows are grouped by (None: one row a leaf).
-        damaged: ``(name, problem)`` of each checkpoint left out.
-
-    Examples:
-        >>> import numpy as np, treestore
-        >>> store = treestore.Store("memory://doc/norms")
-        >>> for step in range(3):
-        ...     _ = store.save({"w": np.full(4, 2.0**step)}, f"step-{step}")
-        >>> store.norms().values
-        ((2.0, 4.0, 8.0),)
-    """
-
-    url: str
-    checkpoints: tuple[str, ...]
-    addresses: tuple[str, ...]
-    values: tuple[tuple[float, ...], ...]
-    nonfinite: tuple[tuple[int, ...], ...]
-    depth: int | None = None
-    damaged: tuple[tuple[str, str], ...] = ()
-
-    def heatmap(self, *, scale: str = "row", ascii: bool = False) -> str:
-        """One line per address, one character per checkpoint: `` ▁▂▃▄▅▆▇█`` up to the row's
-        largest norm (``scale="row"``) or the map's (``scale="global"``), ``·`` where absent or
-        unknown, ``!`` where the leaf holds NaN or ±inf; then the row's largest norm.
-
-        Args:
-            scale: ``"row"`` or ``"global"``: what the levels are relative to.
-            ascii: Draw with ASCII characters only (levels `` .:-=+*#@``, ``x`` where absent).
-
-        Returns:
-            The heatmap, its lines joined by newlines, after a heading line; a line for each
-            damaged checkpoint follows.
-
-        Raises:
-            InvalidInputError: ``scale`` is neither ``"row"`` nor ``"global"``.
-        """
-        top = _top(self.values, scale)
-        levels, absent = (ASCII_BLOCKS, ASCII_ABSENT) if ascii else (BLOCKS, ABSENT)
-        width = max((len(a or "(root)") for a in self.addresses), default=0)
-        span = f"{self.checkpoints[0]} -> {self.checkpoints[-1]}" if self.checkpoints else "no checkpoints"
-        rows = f"groups of depth {self.depth}" if self.depth else "leaves"
-        scaled = "per row" if scale == "row" else "to the largest norm of all"
-        lines = [
-            f"{len(self.checkpoints)} checkpoints: {span}; L2 norm of {rows}, scaled {scaled}, "
-            "from the statistics recorded at save (manifests only)"
-        ]
-        for i, (address, row) in enumerate(zip(self.addresses, self.values, strict=True)):
-            cells = "".join(
-                NONFINITE if self.nonfinite[i][j] else _level(v, top[i], levels, absent)
-                for j, v in enumerate(row)
-            )
-            finite = [v for v in row if not math.isnan(v)]
-            peak = _num(max(finite)) if finite else "-"
-            lines.append(f"{(address or '(root)').ljust(width)}  {cells}  max {peak}")
-        lines += [f"damaged, left out: {name}: {problem}" for name, problem in self.damaged]
-        return "\n".join(lines)
-
-    def to_json(self) -> dict[str, Any]:
-        """The norms as plain data, ready for :func:`json.dumps`.
-
-        Returns:
-            ``{"url", "checkpoints", "depth", "measure", "rows", "damaged"}``: one row per
-            address with its values and non-finite counts; non-finite values as the strings
-            "nan" and "inf".
-        """
-        return {
-            "url": self.url,
-            "checkpoints": list(self.checkpoints),
-            "depth": self.depth,
-            "measure": "l2",
-            "rows": [
-                {
-                    "address": a,
-                    "values": [v if math.isfinite(v) else str(v) for v in row],
-                    "nonfinite": list(n),
-                }
-                for a, row, n in zip(self.addresses, self.values, self.nonfinite, strict=True)
-            ],
-            "damaged": [{"name": name, "problem": problem} for name, problem in self.damaged],
-        }
-
-
-def norms(storage: Storage, *, select: _select.Patterns = None, depth: int | None = None) -> Norms:
-    """The :class:`Norms` of every checkpoint of a store, oldest first, from manifests alone
-    (see :meth:`treestore.Store.norms`)."""
-    if depth is not None and (type(depth) is not int or depth < 1):
-        raise InvalidInputError(f"depth must be an int of at least 1, got {depth!r}")
-    views, damaged = _readable(storage)
-    leaves = [_array_leaves(v.columns) for v in views]
-    arrays = [_health.leaf_stats(v.columns, which) for v, which in zip(views, leaves, strict=True)]
-    every = list(
-        dict.fromkeys(v.columns.addresses[i] for v, which in zip(views, leaves, strict=True) for i in which)
-    )
-    chosen = _select.select(every, select, where=f"the checkpoints of {storage.url}")
-    groups: dict[str, list[str]] = {}
-    for a in chosen:
-        key = a if depth is None else "/".join(a.split("/")[:depth])
-        groups.setdefault(key, []).append(a)
-    values, nonfinite = [], []
-    for members in groups.values():
-        row, bad = [], []
-        for found in arrays:
-            known = [found[a] for a in members if a in found]
-            row.append(math.sqrt(sum(s.l2 * s.l2 for s in known)) if known else math.nan)
-            bad.append(sum(s.nonfinite for s in known))
-        values.append(tuple(row))
-        nonfinite.append(tuple(bad))
-    return Norms(
-        storage.url,
-        tuple(v.name for v in views),
-        tuple(groups),
-        tuple(values),
-        tuple(nonfinite),
-        depth,
-        damaged,
-    )
-
-
-def _array_leaves(columns: Any) -> list[int]:
-    return np.flatnonzero(columns.leaves["kind"] < _ARRAY_CODES).tolist()
-
-
-def _top(values: Sequence[Sequence[float]], scale: str) -> list[float]:
-    """What each row's levels are scaled to: its largest finite change, or the map's."""
-    if scale not in ("row", "global"):
-        raise InvalidInputError(f"scale must be 'row' or 'global', got {scale!r}")
-    tops = [max((v for v in row if math.isfinite(v)), default=0.0) for row in values]
-    if scale == "global":
-        return [max(tops, default=0.0)] * len(tops)
-    return tops
-
-
-def level(value: float, top: float) -> int:
-    """0 for no change, 1..8 for a change up to ``top`` (any change shows as at least 1), 8 for
-    inf; -1 for NaN."""
-    if math.isnan(value):
-        return -1
-    if value == 0:
-        return 0
-    if math.isinf(value) or top <= 0:
-        return 8
-    return max(1, min(8, math.ceil(value / top * 8)))
-
-
-def _level(value: float, top: float, levels: str, absent: str) -> str:
-    n = level(value, top)
-    return absent if n < 0 else levels[n]
-
-
-def _num(x: float) -> str:
-    return "inf" if math.isinf(x) else f"{x:.3g}"
+        return _html.page(self, lines, tops, title or f"treestore timeline: {self.url}")
 
 
 def _pool(pairs: list[tuple[int, float]]) -> float:
@@ -441,7 +257,7 @@ def _changed_bytes(a: Columns, b: Columns, chosen: set[str]) -> int:
     )
 
 
-def _readable(storage: Storage) -> tuple[list[Checkpoint], tuple[tuple[str, str], ...]]:
+def readable(storage: Storage) -> tuple[list[Checkpoint], tuple[tuple[str, str], ...]]:
     """The checkpoints of a store whose commit record and manifest can be read, oldest first,
     and (name, problem) of the others, in name order; one of a format this version cannot read
     raises UnsupportedFormatError (as listing does: upgrade treestore)."""
@@ -476,7 +292,7 @@ def timeline(
     :meth:`treestore.Store.timeline`)."""
     if depth is not None and (type(depth) is not int or depth < 1):
         raise InvalidInputError(f"depth must be an int of at least 1, got {depth!r}")
-    views, damaged = _readable(storage)
+    views, damaged = readable(storage)
     arrays = [_arrays(v.columns) for v in views]
     every = list(dict.fromkeys(a for leaves in arrays for a in leaves))
     chosen = _select.select(every, select, where=f"the checkpoints of {storage.url}")
@@ -537,7 +353,7 @@ def timeline(
 # which hides their methods from doctest's search of this module.
 __test__ = {
     f"{cls.__name__}.{name}": getattr(cls, name)
-    for cls in (Timeline, Norms)
+    for cls in (Timeline,)
     for name, value in vars(cls).items()
     if not name.startswith("__") and ">>>" in (getattr(value, "__doc__", None) or "")
 }

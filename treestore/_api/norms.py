@@ -1,0 +1,158 @@
+"""The L2 norm of each leaf over a store's checkpoints, from the statistics its saves recorded
+(SPEC.md, section 6.8): manifests alone are read, no chunk."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from treestore._api import health as _health
+from treestore._api import heatmap as _heatmap
+from treestore._api.timeline import readable
+from treestore._format import select as _select
+from treestore._format.columns import ARRAY_CODES as _ARRAY_CODES
+from treestore._storage.base import Storage
+from treestore.errors import InvalidInputError
+
+
+@dataclass(frozen=True)
+class Norms:
+    """The L2 norm of each array leaf (or group of leaves) at each checkpoint of a store, from
+    the statistics its saves recorded: only manifests are read, no chunk.
+
+    ``values[i][j]`` is the norm of the finite elements of ``addresses[i]`` at
+    ``checkpoints[j]``; NaN where the leaf is absent there or has no statistics (saved without
+    them). ``nonfinite[i][j]`` counts its NaN and ±inf elements there. With ``depth`` set, each
+    address is a group, the first ``depth`` segments of its leaves' addresses, and its norm is
+    √(Σ‖wᵢ‖²) over the leaves with statistics. ``damaged`` is as in :class:`Timeline`.
+
+    Attributes:
+        url: The store's URL.
+        checkpoints: The names of the checkpoints read, oldest first.
+        addresses: The leaves (or groups), one row each.
+        values: The norms, ``values[i][j]`` for ``addresses[i]`` at ``checkpoints[j]``.
+        nonfinite: NaN and ±inf elements, like ``values``.
+        depth: The number of address segments the rows are grouped by (None: one row a leaf).
+        damaged: ``(name, problem)`` of each checkpoint left out.
+
+    Examples:
+        >>> import numpy as np, treestore
+        >>> store = treestore.Store("memory://doc/norms")
+        >>> for step in range(3):
+        ...     _ = store.save({"w": np.full(4, 2.0**step)}, f"step-{step}")
+        >>> store.norms().values
+        ((2.0, 4.0, 8.0),)
+    """
+
+    url: str
+    checkpoints: tuple[str, ...]
+    addresses: tuple[str, ...]
+    values: tuple[tuple[float, ...], ...]
+    nonfinite: tuple[tuple[int, ...], ...]
+    depth: int | None = None
+    damaged: tuple[tuple[str, str], ...] = ()
+
+    def heatmap(self, *, scale: str = "row", ascii: bool = False) -> str:
+        """One line per address, one character per checkpoint: `` ▁▂▃▄▅▆▇█`` up to the row's
+        largest norm (``scale="row"``) or the map's (``scale="global"``), ``·`` where absent or
+        unknown, ``!`` where the leaf holds NaN or ±inf; then the row's largest norm.
+
+        Args:
+            scale: ``"row"`` or ``"global"``: what the levels are relative to.
+            ascii: Draw with ASCII characters only (levels `` .:-=+*#@``, ``x`` where absent).
+
+        Returns:
+            The heatmap, its lines joined by newlines, after a heading line; a line for each
+            damaged checkpoint follows.
+
+        Raises:
+            InvalidInputError: ``scale`` is neither ``"row"`` nor ``"global"``.
+        """
+        marked = [[n > 0 for n in row] for row in self.nonfinite]
+        body = _heatmap.rows(self.addresses, self.values, marked, scale, ascii)
+        span = f"{self.checkpoints[0]} -> {self.checkpoints[-1]}" if self.checkpoints else "no checkpoints"
+        rows = f"groups of depth {self.depth}" if self.depth else "leaves"
+        scaled = "per row" if scale == "row" else "to the largest norm of all"
+        lines = [
+            f"{len(self.checkpoints)} checkpoints: {span}; L2 norm of {rows}, scaled {scaled}, "
+            "from the statistics recorded at save (manifests only)",
+            *body,
+        ]
+        lines += [f"damaged, left out: {name}: {problem}" for name, problem in self.damaged]
+        return "\n".join(lines)
+
+    def to_json(self) -> dict[str, Any]:
+        """The norms as plain data, ready for :func:`json.dumps`.
+
+        Returns:
+            ``{"url", "checkpoints", "depth", "measure", "rows", "damaged"}``: one row per
+            address with its values and non-finite counts; non-finite values as the strings
+            "nan" and "inf".
+        """
+        return {
+            "url": self.url,
+            "checkpoints": list(self.checkpoints),
+            "depth": self.depth,
+            "measure": "l2",
+            "rows": [
+                {
+                    "address": a,
+                    "values": [v if math.isfinite(v) else str(v) for v in row],
+                    "nonfinite": list(n),
+                }
+                for a, row, n in zip(self.addresses, self.values, self.nonfinite, strict=True)
+            ],
+            "damaged": [{"name": name, "problem": problem} for name, problem in self.damaged],
+        }
+
+
+def norms(storage: Storage, *, select: _select.Patterns = None, depth: int | None = None) -> Norms:
+    """The :class:`Norms` of every checkpoint of a store, oldest first, from manifests alone
+    (see :meth:`treestore.Store.norms`)."""
+    if depth is not None and (type(depth) is not int or depth < 1):
+        raise InvalidInputError(f"depth must be an int of at least 1, got {depth!r}")
+    views, damaged = readable(storage)
+    leaves = [_array_leaves(v.columns) for v in views]
+    arrays = [_health.leaf_stats(v.columns, which) for v, which in zip(views, leaves, strict=True)]
+    every = list(
+        dict.fromkeys(v.columns.addresses[i] for v, which in zip(views, leaves, strict=True) for i in which)
+    )
+    chosen = _select.select(every, select, where=f"the checkpoints of {storage.url}")
+    groups: dict[str, list[str]] = {}
+    for a in chosen:
+        key = a if depth is None else "/".join(a.split("/")[:depth])
+        groups.setdefault(key, []).append(a)
+    values, nonfinite = [], []
+    for members in groups.values():
+        row, bad = [], []
+        for found in arrays:
+            known = [found[a] for a in members if a in found]
+            row.append(math.sqrt(sum(s.l2 * s.l2 for s in known)) if known else math.nan)
+            bad.append(sum(s.nonfinite for s in known))
+        values.append(tuple(row))
+        nonfinite.append(tuple(bad))
+    return Norms(
+        storage.url,
+        tuple(v.name for v in views),
+        tuple(groups),
+        tuple(values),
+        tuple(nonfinite),
+        depth,
+        damaged,
+    )
+
+
+def _array_leaves(columns: Any) -> list[int]:
+    return np.flatnonzero(columns.leaves["kind"] < _ARRAY_CODES).tolist()
+
+
+# The doctests of the methods: the class reports itself as treestore.types.Norms, which hides its
+# methods from doctest's search of this module.
+__test__ = {
+    f"Norms.{name}": value
+    for name, value in vars(Norms).items()
+    if not name.startswith("__") and ">>>" in (getattr(value, "__doc__", None) or "")
+}

@@ -1,0 +1,91 @@
+"""The steps of a checkpoint manager's two tiers as one: which steps either tier holds, the store
+to load each from (the local one when both have it), the newest healthy one, and a load that falls
+back to the remote copy of a step damaged locally."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from treestore._api.retention import HealthCheck, StepInfo, check_step, newest_healthy, step_infos, step_name
+from treestore._api.store import Store
+from treestore.errors import CheckpointNotFoundError, CorruptionError, TreestoreError
+
+_log = logging.getLogger("treestore")
+
+
+@dataclass(frozen=True)
+class Tiers:
+    """A local store and, optionally, the remote store its steps are replicated to."""
+
+    local: Store
+    remote: Store | None = None
+
+    def steps(self) -> dict[int, tuple[StepInfo, Store]]:
+        """Each step committed in either tier, with the store to load it from (the local one
+        when both have it). A remote that cannot be listed is logged and left out."""
+        out = {step: (info, self.local) for step, info in step_infos(self.local).items()}
+        if self.remote is not None:
+            try:
+                remote = step_infos(self.remote)
+            except TreestoreError as exc:
+                _log.warning(
+                    "%s: listing the remote tier failed (%s: %s); using the local tier only",
+                    self.remote.url,
+                    type(exc).__name__,
+                    exc,
+                )
+                remote = {}
+            for step, info in remote.items():
+                out.setdefault(step, (info, self.remote))
+        return out
+
+    def latest(self, healthy: HealthCheck | None = None, *, only_healthy: bool = False) -> int | None:
+        """The newest step of either tier; with ``only_healthy``, the newest whose statistics show
+        no NaN/inf and that ``healthy`` accepts (read from manifests alone, newest first)."""
+        tiers = self.steps()
+        if not only_healthy:
+            return max(tiers, default=None)
+        for step in sorted(tiers, reverse=True):
+            info, store = tiers[step]
+            if newest_healthy(store, {step: info}, healthy) is not None:
+                return step
+        return None
+
+    def find(self, step: int | None) -> tuple[StepInfo, Store]:
+        """``step`` (default: the newest) and the store to load it from; CheckpointNotFoundError
+        listing the newest saved steps when no tier has it."""
+        tiers = self.steps()
+        step = max(tiers, default=None) if step is None else check_step(step)
+        where = self.local.url if self.remote is None else f"{self.local.url} or {self.remote.url}"
+        if step is None:
+            raise CheckpointNotFoundError(f"no steps saved in {where}")
+        if step not in tiers:
+            shown = ", ".join(map(str, sorted(tiers)[-10:])) or "none"
+            raise CheckpointNotFoundError(
+                f"step {step} is not saved in {where}; saved steps: {shown}",
+                checkpoint=step_name(step),
+            )
+        return tiers[step]
+
+    def load(self, step: int | None, **kwargs: Any) -> Any:
+        """The tree of ``step`` (as :meth:`Store.load` with ``kwargs``), from the remote tier when
+        the local copy is damaged and the remote has the step."""
+        info, store = self.find(step)
+        try:
+            return store.load(info.name, **kwargs)
+        except CorruptionError as exc:
+            if store is not self.local or self.remote is None or info.step not in step_infos(self.remote):
+                raise
+            _log.warning(
+                "%s: %s is damaged locally (%s); loading it from the remote tier %s",
+                self.local.url,
+                info.name,
+                exc,
+                self.remote.url,
+            )
+            return self.remote.load(info.name, **kwargs)
+
+
+__all__ = ["Tiers"]
