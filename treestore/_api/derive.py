@@ -1,13 +1,14 @@
 """Derived checkpoints: a base checkpoint with subtrees replaced, added, dropped or renamed, written
 as a new manifest that references the base's chunks; only the new leaves' chunks are written.
 
-The base's tree is edited as node records (:mod:`treestore._api.derive_tree`), so nodes that are
-not touched keep their type, keys and type name and load with the same template as before.
-Leaves that are kept keep their chunk refs (with
-their pack indices renumbered, keeping only the packs still referenced) under their new addresses;
-new subtrees go through the one write path (:func:`treestore._engine.write.prepare`, the chunk
-writer) and the result through the one commit, under a save lock taken before the base is read,
-so no gc can remove the base's chunks before the derived checkpoint references them.
+The base's tree is edited as its node table (:mod:`treestore._format.nodes_edit`: numpy arrays,
+no object per node), so nodes that are not touched keep their type, keys and type name and load
+with the same template as before; the edited table is the derived manifest's. Leaves that are
+kept keep their chunk refs (with their pack indices renumbered, keeping only the packs still
+referenced) under their new addresses; new subtrees go through the one write path
+(:func:`treestore._engine.write.prepare`, the chunk writer) and the result through the one
+commit, under a save lock taken before the base is read, so no gc can remove the base's chunks
+before the derived checkpoint references them.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from typing import Any
 
 import numpy as np
 
-from treestore._api.derive_tree import EditTree, Node, canonical, emit, loose, node_of, overlap, under
 from treestore._engine import committed as _committed
 from treestore._engine import known as _known
 from treestore._engine import locks as _locks
@@ -27,14 +27,17 @@ from treestore._engine.chunk_writer import ChunkWriter
 from treestore._engine.commit import commit
 from treestore._format import paths as _paths
 from treestore._format import select as _select
+from treestore._format.address import format_address, parse_address
 from treestore._format.columns import Columns
 from treestore._format.columns_codec import columns_from_fields, encode
 from treestore._format.columns_take import take_leaves
-from treestore._format.columns_tree import nodes_from_tree
+from treestore._format.columns_tree import Nodes, nodes_from_tree
+from treestore._format.encoding import Bad
 from treestore._format.leaf_table import LeafTable
 from treestore._format.manifest import check_metadata, check_name
+from treestore._format.nodes_edit import Derived, NodesEdit
 from treestore._storage.base import Storage
-from treestore.errors import CheckpointExistsError, InvalidInputError, TreestoreError
+from treestore.errors import CheckpointExistsError, InvalidInputError, TreestoreError, UnsupportedFormatError
 
 KEEP: Any = ...  # metadata=KEEP (the default) keeps the base's metadata
 
@@ -45,6 +48,35 @@ def _pairs(value: Mapping[str, Any] | None, what: str) -> list[tuple[str, Any]]:
     if not isinstance(value, Mapping):
         raise InvalidInputError(f"{what} must be a dict of address -> ..., got {type(value).__name__}")
     return list(value.items())
+
+
+def canonical(address: object, what: str) -> str:
+    """``address`` as its canonical spelling (InvalidInputError naming ``what`` otherwise)."""
+    if not isinstance(address, str):
+        raise InvalidInputError(f"{what}: an address is a str, got {type(address).__name__}")
+    try:
+        return format_address(parse_address(address))
+    except TreestoreError as exc:
+        raise InvalidInputError(f"{what}: {address!r} is not an address: {exc}") from None
+
+
+def loose(address: str) -> str:
+    """``address`` with its quoted digit-only dict keys unquoted (``h/"3"`` -> ``h/3``)."""
+    return "/".join(
+        s[1:-1] if len(s) > 2 and s[0] == s[-1] == '"' and s[1:-1].isdigit() else s
+        for s in address.split("/")
+    )
+
+
+def under(a: str, b: str) -> bool:
+    """Whether address ``a`` lies strictly under address ``b``."""
+    return loose(a).startswith(loose(b) + "/")
+
+
+def overlap(a: str, b: str) -> bool:
+    """Whether one of two addresses is the other or lies under it."""
+    a, b = loose(a), loose(b)
+    return a == b or not a or not b or b.startswith(a + "/") or a.startswith(b + "/")
 
 
 def derive(
@@ -72,7 +104,7 @@ def derive(
     _check_conflicts(sets, moves)
     # Validate the new subtrees and copy them to host before any write (as a save does).
     new_leaves: list[Any] = []
-    grafts: list[tuple[str, Node]] = []
+    grafts: list[tuple[str, Nodes]] = []
     for address, tree in sets:
         try:
             prepared = _write.prepare(tree)
@@ -82,7 +114,7 @@ def derive(
             exc.args = (exc.message,)
             exc.address = where
             raise
-        grafts.append((address, node_of(prepared.tree, new_offset=len(new_leaves))))
+        grafts.append((address, prepared.nodes))
         new_leaves.extend(leaf for _, leaf in prepared.leaves)
     if metadata is not KEEP:
         check_metadata(metadata)
@@ -97,35 +129,28 @@ def derive(
         record = _committed.read_commit_record(storage, base)
         columns = _committed.read_columns(storage, record)
         known = _known.KnownChunks(record.name, columns.chunk_objects())  # no request for them
-        tree = EditTree(node_of(columns.tree_record()), base)
+        tree = NodesEdit(columns.nodes, base, [nodes for _, nodes in grafts])
         moving = _resolve_moves(tree, moves)
         if drop is not None:
             removed = tree.drop(drop)
-            for src, _, _, _ in moving:
+            for src, _, _ in moving:
                 gone = [r for r in removed if loose(src) == loose(r) or under(src, r)]
                 if gone:
                     raise InvalidInputError(
                         f"rename {src!r} conflicts with drop: {gone[0]!r} is dropped", address=src
                     )
         _apply_moves(tree, moving)
-        for address, node in grafts:
-            tree.attach(address, node, f"set {address!r}")
-        tree.prune()
-        placed: list[tuple[str, Node]] = []
-        node_record = emit(tree.root, "", placed)
+        for (address, _), root in zip(grafts, tree.grafts, strict=True):
+            tree.attach(address, root, f"set {address!r}")
+        try:
+            derived = tree.result()
+        except (Bad, UnsupportedFormatError) as exc:  # as columns_from_fields says it
+            raise InvalidInputError(
+                f"checkpoint {new!r}: its manifest would not be readable: {exc}", checkpoint=new
+            ) from None
         meta = columns.metadata if metadata is KEEP else metadata
         return _write_derived(
-            storage,
-            columns,
-            new,
-            node_record,
-            placed,
-            new_leaves,
-            meta,
-            options,
-            lock,
-            overwrite,
-            known,
+            storage, columns, new, derived, new_leaves, meta, options, lock, overwrite, known
         )
 
 
@@ -154,30 +179,30 @@ def _check_conflicts(sets: list[tuple[str, Any]], moves: list[tuple[str, str]]) 
                 )
 
 
-Move = tuple[str, str, Node, Node]  # source, target, the subtree, its parent in the base
+Move = tuple[str, str, int]  # source, target, the node of the subtree
 
 
-def _resolve_moves(tree: EditTree, moves: list[tuple[str, str]]) -> list[Move]:
+def _resolve_moves(tree: NodesEdit, moves: list[tuple[str, str]]) -> list[Move]:
     """The subtree each rename moves, found at its address in the base."""
     moving = []
     for src, dst in moves:
-        path = tree.find(src)
-        if path is None:
+        node = tree.find(src)
+        if node is None:
             raise tree.missing(src, f"rename {src!r}")
-        moving.append((src, dst, path[-1], path[-2]))
+        moving.append((src, dst, node))
     return moving
 
 
-def _apply_moves(tree: EditTree, moving: list[Move]) -> None:
+def _apply_moves(tree: NodesEdit, moving: list[Move]) -> None:
     """Detach every source, then attach each at its target: a subtree renamed within its
     parent keeps its position there (its dict key order)."""
-    places = [(parent, tree.detach(node, parent)) for _, _, node, parent in moving]
-    for (src, dst, node, _), place in reversed(list(zip(moving, places, strict=True))):
+    places = [tree.detach(node) for _, _, node in moving]
+    for (src, dst, node), place in reversed(list(zip(moving, places, strict=True))):
         if tree.find(dst) is not None:
             raise InvalidInputError(
-                f"rename {src!r} -> {dst!r}: checkpoint {tree.base!r} already has {dst!r} "
+                f"rename {src!r} -> {dst!r}: checkpoint {tree.checkpoint!r} already has {dst!r} "
                 "(drop it, or rename it too)",
-                checkpoint=tree.base,
+                checkpoint=tree.checkpoint,
                 address=dst,
             )
         tree.attach(dst, node, f"rename {src!r} -> {dst!r}", place)
@@ -187,8 +212,7 @@ def _write_derived(
     storage: Storage,
     base: Columns,
     name: str,
-    node_record: dict[str, Any],
-    placed: list[tuple[str, Node]],
+    tree: Derived,
     new_leaves: list[Any],
     metadata: Any,
     options: _write.SaveOptions,
@@ -200,7 +224,8 @@ def _write_derived(
     read under ``lock``, as known), then commit. The derived manifest's columns are the kept
     leaves' rows of the base (statistics included) and the new leaves' as a save records them,
     in the order of the new tree."""
-    addresses = {n.new: a for a, n in placed if n.new is not None}
+    placed = np.flatnonzero(tree.source == 1)
+    addresses = dict(zip(tree.leaf[placed].tolist(), tree.nodes.leaf_addresses(placed), strict=True))
     prepared = _write.Prepared(  # only its leaves are written: the tree is the one built here
         nodes_from_tree({"type": "none"}, 0),
         tuple((addresses.get(i, ""), leaf) for i, leaf in enumerate(new_leaves)),
@@ -217,9 +242,7 @@ def _write_derived(
     }
     flat = {"type": "list", "children": [{"type": "leaf", "leaf": k} for k in range(len(table))]}
     fresh = columns_from_fields({**table.fields(new_packs), **header}, flat)
-    source = np.array([0 if n.leaf is not None else 1 for _, n in placed], np.int64)
-    leaf = np.array([n.leaf if n.leaf is not None else n.new for _, n in placed], np.int64)
-    fields = {**take_leaves((base, fresh), source, leaf), **header}
-    columns = columns_from_fields(fields, node_record)  # the reader's checks, before anything refers to it
+    fields = {**take_leaves((base, fresh), tree.source, tree.leaf), **header}
+    columns = columns_from_fields(fields, tree.nodes)  # the reader's checks, before anything refers to it
     commit(storage, encode(columns), columns, overwrite=overwrite)
     return writer.result(name, len(columns), columns.nbytes)

@@ -102,7 +102,7 @@ class Prepared:
 
     @functools.cached_property
     def tree(self) -> dict[str, Any]:
-        """The tree's version-1 node record (what multi-process saves share, derive grafts)."""
+        """The tree's version-1 node record (what multi-process saves share)."""
         return self.nodes.tree_record()
 
 

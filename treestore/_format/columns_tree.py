@@ -72,6 +72,14 @@ class Nodes:
             out[i] = segs[i] if p == 0 else out[p] + "/" + segs[i]
         return [out[n] for n in self.leaf_node.tolist()]
 
+    def leaf_addresses(self, leaves: np.ndarray) -> list[str]:
+        """The addresses of the leaves ``leaves`` (leaf indices): each walked up the node table
+        when they are few, else picked from one pass over every node."""
+        if 16 * len(leaves) < len(self.table):
+            return [self.address(n) for n in self.leaf_node[leaves].tolist()]
+        every = self.addresses()
+        return [every[i] for i in np.asarray(leaves).tolist()]
+
     def same_addresses(self, other: Nodes) -> bool:
         """Whether leaf i has the same address in both trees, for every i (and no other leaf)."""
         return (
