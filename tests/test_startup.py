@@ -102,6 +102,32 @@ def test_diff_and_verify_load_no_jax(store):
     assert "checked 2 checkpoints" in command("verify", store)
 
 
+# What reading a store never needs: the save, load and derive engines, timelines.
+WRITERS = (
+    "treestore._engine.write",
+    "treestore._engine.load",
+    "treestore._api.derive",
+    "treestore._format.nodes_edit",
+    "treestore._api.timeline",
+    "treestore._api.norms",
+)
+
+
+@pytest.mark.parametrize("args", [("ls",), ("show",), ("diff",)], ids=["ls", "show", "diff"])
+def test_reading_commands_import_no_save_load_or_derive_engine(store, args):
+    """ls, show and diff of a store run as the first command of a shell: they pay for reading
+    manifests, not for importing the engines that write, load or derive checkpoints."""
+    spec = [store] if args == ("ls",) else [f"{store}#step-1"] * (2 if args == ("diff",) else 1)
+    code = (
+        "import json, sys\nfrom treestore_cli.main import main\n"
+        f"main({[*args, *spec]!r})\n"
+        f"print(json.dumps(sorted(m for m in sys.modules if m in {WRITERS!r})))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == []
+
+
 def test_gc_rm_and_cp_load_no_jax(store, tmp_path):
     assert "would remove 0 chunk(s)" in command("gc", store, "--dry-run")
     dst = str(tmp_path / "copy")

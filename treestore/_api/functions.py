@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from treestore._api import diff as _diff
 from treestore._api.checkpoint import Checkpoint
 from treestore._api.spec import Spec, parse_spec
 from treestore._api.store import Store
 from treestore._engine import memory as _memory
-from treestore._engine import write as _write
 from treestore._format import select as _select
-from treestore._format.codecs import Codec
+
+if TYPE_CHECKING:
+    from treestore._engine import write as _write
+    from treestore._format.codecs import Codec
 
 Patterns = _select.Patterns
 

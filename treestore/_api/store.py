@@ -8,30 +8,31 @@ import math
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from treestore._api import derive as _derive
-from treestore._api import norms as _norms
-from treestore._api import timeline as _timeline
-from treestore._api.checkpoint import Checkpoint
 from treestore._api.spec import Spec, parse_spec
 from treestore._engine import committed as _committed
 from treestore._engine import gc as _gc
-from treestore._engine import load as _load
 from treestore._engine import locks as _locks
 from treestore._engine import memory as _memory
-from treestore._engine import write as _write
-from treestore._engine.gc_pause import paused_gc
 from treestore._format import paths as _paths
 from treestore._format import select as _select
-from treestore._format.codecs import Codec
 from treestore._format.commit_record import CommitRecord
 from treestore._format.manifest import check_name
-from treestore._format.views import Manifest
 from treestore._storage.base import Storage
 from treestore._storage.registry import open_storage
-from treestore._tree.structure import trusted_types
 from treestore.errors import InvalidInputError, TreestoreError
+
+if TYPE_CHECKING:
+    from treestore._api import norms as _norms
+    from treestore._api import timeline as _timeline
+    from treestore._api.checkpoint import Checkpoint
+    from treestore._engine import write as _write
+    from treestore._format.codecs import Codec
+    from treestore._format.views import Manifest
+
+# Each method imports the engine it alone uses (saving, loading, opening, deriving, timelines):
+# listing a store or reading one record, as the first command of a shell does, pays for none.
 
 Patterns = _select.Patterns
 
@@ -158,6 +159,9 @@ class Store:
             InvalidInputError: A leaf or key is unsupported (before anything is written).
             CheckpointExistsError: ``name`` exists and ``overwrite`` is False.
         """
+        from treestore._engine import write as _write
+        from treestore._engine.gc_pause import paused_gc
+
         options = options or _write.SaveOptions()
         if codec is not None:
             options = dataclasses.replace(options, codec=codec)
@@ -301,6 +305,8 @@ class Store:
         Raises:
             CheckpointNotFoundError: No such checkpoint.
         """
+        from treestore._format.views import Manifest
+
         record = self._record(name)
         with _memory.memory_named(f"reading the manifest of checkpoint {record.name!r}", record.name):
             return Manifest(_committed.read_columns(self.storage, record))
@@ -326,6 +332,8 @@ class Store:
         Raises:
             CheckpointNotFoundError: No checkpoint of that name (or none at all).
         """
+        from treestore._api.checkpoint import Checkpoint
+
         record = self._record(name)
         with _memory.memory_named(f"opening checkpoint {record.name!r}", record.name):
             return Checkpoint(self.storage, _committed.read_frame(self.storage, record))
@@ -390,6 +398,9 @@ class Store:
             raise InvalidInputError(f"{'prefix=' if prefix else 'partial='} only applies with like=")
         if types is not None and like is not None:
             raise InvalidInputError("types= applies without like=: a template gives every node its type")
+        from treestore._engine import load as _load
+        from treestore._tree.structure import trusted_types
+
         trusted = trusted_types(types)
         record = self._record(name)
         with _memory.memory_named(f"loading checkpoint {record.name!r}", record.name):
@@ -414,7 +425,7 @@ class Store:
         set: dict[str, Any] | None = None,
         drop: Patterns = None,
         rename: dict[str, str] | None = None,
-        metadata: Any = _derive.KEEP,
+        metadata: Any = ...,  # derive's KEEP: the base's metadata
         overwrite: bool = False,
         options: _write.SaveOptions | None = None,
     ) -> _write.SaveResult:
@@ -459,6 +470,8 @@ class Store:
             >>> r.chunks_written, sorted(store.load("new"))
             (1, ['encoder', 'head'])
         """
+        from treestore._api import derive as _derive
+
         return _derive.derive(
             self.storage,
             base,
@@ -500,6 +513,8 @@ class Store:
             >>> t.addresses, t.values
             (('b', 'w'), ((0.0, 0.0), (1.0, 1.0)))
         """
+        from treestore._api import timeline as _timeline
+
         return _timeline.timeline(self.storage, select=select, depth=depth, progress=progress)
 
     def norms(self, select: Patterns = None, depth: int | None = None) -> _norms.Norms:
@@ -514,6 +529,8 @@ class Store:
             A :class:`treestore.types.Norms` (NaN where a leaf is absent or has no statistics),
             with ``heatmap()`` and ``to_json()``.
         """
+        from treestore._api import norms as _norms
+
         return _norms.norms(self.storage, select=select, depth=depth)
 
 
