@@ -21,8 +21,11 @@ damages nothing.
 from __future__ import annotations
 
 import contextlib
+import functools
+import importlib
 import os
 import pickle
+import pkgutil
 import sys
 import threading
 import traceback
@@ -182,11 +185,22 @@ def _no_unpickling(*args: Any, **kwargs: Any) -> Any:
     raise AssertionError("treestore unpickled something")
 
 
+@functools.cache
+def _load_treestore() -> None:
+    """Import every module of treestore: the guard watches what a store makes the code do, and
+    the code imports some of its own modules on first use (a ``Store`` method its engine)."""
+    for found in pkgutil.walk_packages(treestore.__path__, "treestore."):
+        if not found.name.endswith(".__main__"):  # that one runs the command line
+            importlib.import_module(found.name)
+
+
 @contextlib.contextmanager
 def guarded(roots: list[str] | tuple[str, ...], *, may_modify: bool = False) -> Iterator[Guard]:
-    """Arm the audit hook for the block; afterwards the guard holds what it found."""
+    """Arm the audit hook for the block; afterwards the guard holds what it found (treestore's
+    own modules are imported before: any other import in the block is a violation)."""
     global _armed
     _install()
+    _load_treestore()
     guard = Guard(tuple(os.path.realpath(os.fspath(r)) for r in roots), may_modify)
     saved = pickle.loads, pickle.load, pickle.Unpickler
     pickle.loads = pickle.load = pickle.Unpickler = _no_unpickling  # type: ignore[assignment,misc]
