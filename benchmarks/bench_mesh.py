@@ -8,7 +8,9 @@ StandardCheckpointer in the same run: save sharded, and the same bytes saved fro
 restore onto the saving sharding, onto a different mesh (the other half of the devices, as a
 2-D mesh over both axes, so every shard is cut from several saved pieces), and onto one device.
 Targets: restore onto the saving mesh and onto a different mesh ≤ 1.3× the same tree onto one
-device; the 128k-shard case ≤ 3 s; sharded save ≤ 1.2× the unsharded save.
+device; the 128k-shard case ≤ 3 s; sharded save ≤ 1.2× the unsharded save. Each library runs
+each case in a fresh process of its own, so neither's memory, threads or kernel work (reclaiming
+what the other allocated) lands in the other's timings; the figures are printed side by side.
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ import os
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=64")
 
 import argparse
+import json
 import logging
 import shutil
+import subprocess
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -49,7 +53,8 @@ def _ready(tree: Any) -> Any:
     return jax.block_until_ready(tree)
 
 
-def run_case(name: str, root: str, runs: int, ckptr: Any) -> list[tuple[str, float, float]]:
+def run_case(name: str, root: str, runs: int, library: str) -> list[tuple[str, float]]:
+    """One library's rows of case ``name``: (operation, median seconds)."""
     n, shape, devices = CASES[name]
     mesh = Mesh(np.array(jax.devices()[:devices]), ("d",))
     saved = NamedSharding(mesh, P("d"))
@@ -61,46 +66,56 @@ def run_case(name: str, root: str, runs: int, ckptr: Any) -> list[tuple[str, flo
     sharded = {k: jax.device_put(v, saved) for k, v in host.items()}
     single = {k: jax.device_put(v, one) for k, v in host.items()}
     jax.block_until_ready((sharded, single))
+    if library == "treestore":
 
-    def ts_save(tree: Any) -> Callable[[], None]:
-        return lambda: (treestore.save(os.path.join(root, f"ts{next(_COUNTER)}"), tree, "c"), os.sync())
+        def save(path: str, tree: Any) -> None:
+            treestore.save(path, tree, "c")
 
-    def ob_save(tree: Any) -> Callable[[], None]:
-        def go() -> None:
-            ckptr.save(os.path.join(root, f"ob{next(_COUNTER)}"), tree)
+        def restore(path: str, like: Any) -> Any:
+            return treestore.load(path, "c", like=like)
+
+    else:
+        import orbax.checkpoint as ocp
+
+        ckptr = ocp.StandardCheckpointer()
+
+        def save(path: str, tree: Any) -> None:
+            ckptr.save(path, tree)
             ckptr.wait_until_finished()
-            os.sync()
 
-        return go
+        def restore(path: str, like: Any) -> Any:
+            return ckptr.restore(path, like)
+
+    def saving(tree: Any) -> Callable[[], None]:
+        return lambda: (save(os.path.join(root, f"{library}{next(_COUNTER)}"), tree), os.sync())
 
     rows = [
-        ("save sharded", H.median_time(ts_save(sharded), runs), H.median_time(ob_save(sharded), runs)),
-        ("save from one device", H.median_time(ts_save(single), runs), H.median_time(ob_save(single), runs)),
+        ("save sharded", H.median_time(saving(sharded), runs)),
+        ("save from one device", H.median_time(saving(single), runs)),
     ]
-    ts_path, ob_path = os.path.join(root, f"ts-{devices}"), os.path.join(root, f"ob-{devices}")
-    shutil.rmtree(ts_path, ignore_errors=True)
-    shutil.rmtree(ob_path, ignore_errors=True)
-    treestore.save(ts_path, sharded, "c")
-    ckptr.save(ob_path, sharded)
-    ckptr.wait_until_finished()
-    check = treestore.load(ts_path, "c", like=_like(shape, n, other))
+    path = os.path.join(root, f"{library}-{devices}")
+    shutil.rmtree(path, ignore_errors=True)
+    save(path, sharded)
+    check = restore(path, _like(shape, n, other))
     assert all(np.asarray(check[k]).tobytes() == host[k].tobytes() for k in host)
-    for what, sharding in (("restore onto the saving mesh", saved), ("restore onto another mesh", other)):
+    del check
+    for what, sharding in (
+        ("restore onto the saving mesh", saved),
+        ("restore onto another mesh", other),
+        ("restore onto one device", one),
+    ):
         like = _like(shape, n, sharding)
-        ts = H.median_time(
-            lambda like=like: jax.block_until_ready(treestore.load(ts_path, "c", like=like)), runs
-        )
-        ob = H.median_time(lambda like=like: jax.block_until_ready(ckptr.restore(ob_path, like)), runs)
-        rows.append((what, ts, ob))
-    like = _like(shape, n, one)
-    rows.append(
-        (
-            "restore onto one device",
-            H.median_time(lambda: _ready(treestore.load(ts_path, "c", like=like)), runs),
-            H.median_time(lambda: _ready(ckptr.restore(ob_path, like)), runs),
-        )
-    )
+        rows.append((what, H.median_time(lambda like=like: _ready(restore(path, like)), runs)))
     return rows
+
+
+def measured(name: str, runs: int, library: str, tmp_root: str | None) -> dict[str, float]:
+    """Case ``name`` for one library, in a process of its own (``--library``): neither library's
+    memory, threads or page cache is left to the other's timings."""
+    argv = [sys.executable, "-m", "benchmarks.bench_mesh", "--library", library, "--cases", name]
+    argv += ["--runs", str(runs)] + (["--tmp-root", tmp_root] if tmp_root else [])
+    done = subprocess.run(argv, capture_output=True, text=True, check=True)
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -108,48 +123,43 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--tmp-root", default=None)
     ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--library", choices=["treestore", "orbax"], help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if len(jax.devices()) < 64:
         print("needs 64 devices: run as its own process (XLA_FLAGS is set on import)", file=sys.stderr)
         return 2
     logging.getLogger("absl").setLevel(logging.ERROR)
-    import orbax.checkpoint as ocp
-
-    root = H.make_tmp_root(args.tmp_root)
-    ckptr = ocp.StandardCheckpointer()
-    print("## Restoring onto many devices (CPU devices, one process)\n")
+    if args.library:  # one library's rows, as JSON, for the process that prints the table
+        root = H.make_tmp_root(args.tmp_root)
+        try:
+            for name in args.cases.split(","):
+                print(json.dumps(run_case(name, root, args.runs, args.library)))
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+        return 0
+    print("## Restoring onto many devices (CPU devices, one process per library and case)\n")
     print(f"- median of {args.runs} runs; save includes os.sync(); warm page cache; local disk\n")
     print("| case | operation | treestore | orbax | vs orbax | vs one device | target |")
     print("|---|---|---:|---:|---:|---:|---|")
-    try:
-        for name in args.cases.split(","):
-            rows = run_case(name, root, args.runs, ckptr)
-            times = {what: ts for what, ts, _ in rows}
-            for what, ts, ob in rows:
-                if what.startswith("restore onto") and what != "restore onto one device":
-                    base = times["restore onto one device"]
-                    limit = 3.0 if name.startswith("2000x") else None
-                    ok = ts <= 1.3 * base or (limit is not None and ts <= limit)
-                    target = "≤ 1.3× one device" + (" or ≤ 3 s" if limit else "")
-                elif what == "save sharded":
-                    base = times["save from one device"]
-                    ok, target = ts <= 1.2 * base, "≤ 1.2× one device"
-                else:
-                    base, ok, target = ts, True, ""
-                status = (f"{target}: {'met' if ok else '**not met**'}") if target else ""
-                cells = [
-                    name,
-                    what,
-                    f"{ts:.3f} s",
-                    f"{ob:.3f} s",
-                    f"{ts / ob:.2f}×",
-                    f"{ts / base:.2f}×",
-                    status,
-                ]
-                print("| " + " | ".join(cells) + " |")
-            sys.stdout.flush()
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    for name in args.cases.split(","):
+        ours = measured(name, args.runs, "treestore", args.tmp_root)
+        theirs = measured(name, args.runs, "orbax", args.tmp_root)
+        for what, ts in ours.items():
+            ob = theirs[what]
+            if what.startswith("restore onto") and what != "restore onto one device":
+                base = ours["restore onto one device"]
+                limit = 3.0 if name.startswith("2000x") else None
+                ok = ts <= 1.3 * base or (limit is not None and ts <= limit)
+                target = "≤ 1.3× one device" + (" or ≤ 3 s" if limit else "")
+            elif what == "save sharded":
+                base = ours["save from one device"]
+                ok, target = ts <= 1.2 * base, "≤ 1.2× one device"
+            else:
+                base, ok, target = ts, True, ""
+            status = (f"{target}: {'met' if ok else '**not met**'}") if target else ""
+            cells = [name, what, f"{ts:.3f} s", f"{ob:.3f} s", f"{ts / ob:.2f}×", f"{ts / base:.2f}×", status]
+            print("| " + " | ".join(cells) + " |")
+        sys.stdout.flush()
     return 0
 
 
