@@ -270,8 +270,8 @@ class Group:
             except Exception as exc:
                 failure = failure or exc
             kinds = stats_gather.kinds(leaves, sharded)
-            mine = None
-            if written is not None and written.measured and failure is None:
+            mine = None  # this process's records of its pieces, when the tree has sharded leaves
+            if len(kinds) and written is not None and written.measured and failure is None:
                 mine = stats_gather.own(written.table, sharded, kinds)
             if len(kinds) and not self.primary:
                 deadline = time.monotonic() + self.timeout / 2  # to reach the barrier in time

@@ -28,6 +28,7 @@ import numpy as np
 
 from treestore._engine.group_runtime import Runtime
 from treestore._format import stats as _stats
+from treestore._format.dtypes import PRNG_KEY
 from treestore._format.leaf_table import LeafTable
 from treestore._tree.leaves import ArrayLeaf, Leaf
 
@@ -51,7 +52,7 @@ def kinds(leaves: Sequence[tuple[str, Leaf]], sharded: Sequence[bool]) -> np.nda
     complex numbers)."""
     out = [
         _stats.UNKNOWN
-        if not isinstance(leaf, ArrayLeaf) or leaf.kind == "prng_key"
+        if not isinstance(leaf, ArrayLeaf) or leaf.kind == PRNG_KEY
         else _stats.kind_of(leaf.dtype)
         for (_, leaf), split in zip(leaves, sharded, strict=True)
         if split
