@@ -226,7 +226,7 @@ class CheckpointManager:
                 self.remote,
                 self._remote_policy,
             )
-        self._tiers = Tiers(self.store, self.remote)
+        self._tiers = Tiers(self.store, self.remote, self._policy.healthy)
         self._options = options or _write.SaveOptions()
         self._clock = clock
         self._last_save = clock()
@@ -501,7 +501,7 @@ class CheckpointManager:
         Returns:
             The step, or None when there is none.
         """
-        return self._tiers.latest(self._policy.healthy, only_healthy=healthy)
+        return self._tiers.latest(healthy=healthy)
 
     def info(self, step: int | None = None) -> StepInfo:
         """What was stored with a step.

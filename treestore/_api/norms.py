@@ -7,13 +7,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from treestore._api import health as _health
 from treestore._api import heatmap as _heatmap
-from treestore._api.timeline import readable
+from treestore._api.timeline import array_leaves, readable
 from treestore._format import select as _select
-from treestore._format.columns import ARRAY_CODES as _ARRAY_CODES
 from treestore._storage.base import Storage
 from treestore.errors import InvalidInputError
 
@@ -115,11 +112,11 @@ def norms(storage: Storage, *, select: _select.Patterns = None, depth: int | Non
     if depth is not None and (type(depth) is not int or depth < 1):
         raise InvalidInputError(f"depth must be an int of at least 1, got {depth!r}")
     views, damaged = readable(storage)
-    leaves = [_array_leaves(v.columns) for v in views]
-    arrays = [_health.leaf_stats(v.columns, which) for v, which in zip(views, leaves, strict=True)]
-    every = list(
-        dict.fromkeys(v.columns.addresses[i] for v, which in zip(views, leaves, strict=True) for i in which)
-    )
+    leaves = [array_leaves(v.columns) for v in views]
+    arrays = [
+        _health.leaf_stats(v.columns, list(which.values())) for v, which in zip(views, leaves, strict=True)
+    ]
+    every = list(dict.fromkeys(a for which in leaves for a in which))
     chosen = _select.select(every, select, where=f"the checkpoints of {storage.url}")
     groups: dict[str, list[str]] = {}
     for a in chosen:
@@ -143,10 +140,6 @@ def norms(storage: Storage, *, select: _select.Patterns = None, depth: int | Non
         depth,
         damaged,
     )
-
-
-def _array_leaves(columns: Any) -> list[int]:
-    return np.flatnonzero(columns.leaves["kind"] < _ARRAY_CODES).tolist()
 
 
 # The doctests of the methods: the class reports itself as treestore.types.Norms, which hides its

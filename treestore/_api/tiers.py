@@ -17,10 +17,12 @@ _log = logging.getLogger("treestore")
 
 @dataclass(frozen=True)
 class Tiers:
-    """A local store and, optionally, the remote store its steps are replicated to."""
+    """A local store and, optionally, the remote store its steps are replicated to; ``healthy``
+    is the manager's own test of a step's statistics and metadata, beside NaN/inf."""
 
     local: Store
     remote: Store | None = None
+    healthy: HealthCheck | None = None
 
     def steps(self) -> dict[int, tuple[StepInfo, Store]]:
         """Each step committed in either tier, with the store to load it from (the local one
@@ -41,15 +43,15 @@ class Tiers:
                 out.setdefault(step, (info, self.remote))
         return out
 
-    def latest(self, healthy: HealthCheck | None = None, *, only_healthy: bool = False) -> int | None:
-        """The newest step of either tier; with ``only_healthy``, the newest whose statistics show
-        no NaN/inf and that ``healthy`` accepts (read from manifests alone, newest first)."""
+    def latest(self, *, healthy: bool = False) -> int | None:
+        """The newest step of either tier; with ``healthy``, the newest whose statistics show no
+        NaN/inf and that :attr:`healthy` accepts (read from manifests alone, newest first)."""
         tiers = self.steps()
-        if not only_healthy:
+        if not healthy:
             return max(tiers, default=None)
         for step in sorted(tiers, reverse=True):
             info, store = tiers[step]
-            if newest_healthy(store, {step: info}, healthy) is not None:
+            if newest_healthy(store, {step: info}, self.healthy) is not None:
                 return step
         return None
 

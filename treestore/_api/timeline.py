@@ -239,7 +239,7 @@ def _pool(pairs: list[tuple[int, float]]) -> float:
     return math.sqrt(sum(n * v * v for n, v in present) / sum(n for n, _ in present))
 
 
-def _arrays(c: Columns) -> dict[str, int]:
+def array_leaves(c: Columns) -> dict[str, int]:
     """The array leaves of a checkpoint: leaf index by address."""
     return {c.addresses[i]: i for i in np.flatnonzero(c.leaves["kind"] < _ARRAY_CODES).tolist()}
 
@@ -293,7 +293,7 @@ def timeline(
     if depth is not None and (type(depth) is not int or depth < 1):
         raise InvalidInputError(f"depth must be an int of at least 1, got {depth!r}")
     views, damaged = readable(storage)
-    arrays = [_arrays(v.columns) for v in views]
+    arrays = [array_leaves(v.columns) for v in views]
     every = list(dict.fromkeys(a for leaves in arrays for a in leaves))
     chosen = _select.select(every, select, where=f"the checkpoints of {storage.url}")
     row = {a: i for i, a in enumerate(chosen)}
