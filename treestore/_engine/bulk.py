@@ -72,7 +72,7 @@ def read_leaves(reader: ChunkReader, columns: Columns, which: np.ndarray, *, thr
 
 
 def _decoded(reader: ChunkReader, pack: int, address: str) -> None:
-    reader.pack(pack, address)  # read, decoded and verified once; kept by the reader
+    reader.pack(pack, address)  # read and decoded once, kept by the reader; members checked on use
 
 
 def _read_pack(reader: ChunkReader, columns: Columns, pack: int, leaves: np.ndarray, out: Arrays) -> None:

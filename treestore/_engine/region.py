@@ -223,7 +223,7 @@ def _queue_packs(
 
 
 def _decode_pack(reader: ChunkReader, pack: int, address: str) -> None:
-    reader.pack(pack, address)  # read, decoded and verified once; kept by the reader
+    reader.pack(pack, address)  # read and decoded once, kept by the reader; members checked on use
 
 
 def _cut_from_whole(
