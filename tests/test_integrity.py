@@ -337,3 +337,22 @@ def test_a_checkpoint_saved_again_under_its_name_is_read_anew(store_url):
     assert treestore.open(store_url, "c")["w"][0] == 0.0
     treestore.save(store_url, {"w": np.ones(3)}, "c", overwrite=True)
     assert treestore.open(store_url, "c")["w"][0] == 1.0
+
+
+def test_a_load_hashes_packed_bytes_once(store_url, monkeypatch):
+    """Each pack member is checked against its own digest; the pack is not hashed again."""
+    from treestore._engine import read as _read
+
+    tree = {f"b{i}": np.full(100 + i, i, np.float32) for i in range(40)}
+    treestore.save(store_url, tree, "packed")
+    hashed = []
+    real = _read.digest
+
+    def counting(data, **kw):
+        hashed.append(memoryview(data).nbytes)
+        return real(data, **kw)
+
+    monkeypatch.setattr(_read, "digest", counting)
+    got = treestore.load(store_url, "packed")
+    assert all(np.array_equal(got[k], v) for k, v in tree.items())
+    assert sum(hashed) == sum(v.nbytes for v in tree.values())
