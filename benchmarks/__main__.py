@@ -10,9 +10,9 @@ checkpoints (``bench_derive``), many small leaves and leaves in pieces (``bench_
 verify, copy, derive and timeline over many leaves (``bench_store_ops``),
 multi-process commits (``bench_multihost``), the Hugging Face sharded layout (``bench_hf``), the
 cost of recording statistics (``bench_stats``), where a save's and a load's CPU goes
-(``bench_profile``), what a file per chunk object costs a save (``bench_layout``), start-up (``bench_startup``; ``--fresh`` alone
-makes a new virtualenv) and, when its server is installed, S3 (``bench_s3``). ``--quick``
-takes fewer runs. Tables go to stdout, progress to stderr.
+(``bench_profile``), what a file per chunk object costs a save (``bench_files``), start-up
+(``bench_startup``; ``--fresh`` alone makes a new virtualenv) and, when its server is installed,
+S3 (``bench_s3``). ``--quick`` takes fewer runs. Tables go to stdout, progress to stderr.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         ["benchmarks.bench_hf", "--runs", "3"],
         ["benchmarks.bench_stats", "--runs", runs],
         ["benchmarks.bench_profile", "--runs", runs],
-        ["benchmarks.bench_layout", "--runs", runs],
+        ["benchmarks.bench_files", "--runs", runs],
         ["benchmarks.bench_startup", "--runs", "7"],
     ]
     if importlib.util.find_spec("benchmarks.bench_s3") and importlib.util.find_spec("moto"):

@@ -1,7 +1,7 @@
-"""What the object layout costs a save: the kernel's per-file work, measured on a tree's own
+"""What a file per chunk object costs a save: the kernel's per-file work, measured on a tree's own
 chunk objects.
 
-    python -m benchmarks.bench_layout [--runs 5] [--trees minilm-fp32,minilm-bf16,gpt2]
+    python -m benchmarks.bench_files [--runs 5] [--trees minilm-fp32,minilm-bf16,gpt2]
 
 For each tree, treestore saves it once; its chunk objects (the bytes a save writes, one file each)
 are then written again, timed, in three ways that keep SPEC §8's crash guarantee (a name never
@@ -12,12 +12,12 @@ holds a short or empty object) — each ending with every byte and name durable:
 * **a file per object, one sync**: every temporary file created and written, then one
   ``syncfs`` of the filesystem, then every link and unlink, then each folder fsynced — the
   kernel batches the writeback and the journal commits once;
-* **one file** (the save LIMIT's write, and safetensors' layout): all objects appended to one
+* **one file** (the save LIMIT's write, as safetensors stores a tree): all objects appended to one
   temporary file, fsynced once, renamed, its folder fsynced.
 
 Single-threaded, medians of --runs, a fresh folder per run; ``os.sync()`` before each run so that
-no earlier writeback lands in it. The difference between the first and the last row is what the
-object layout costs; the middle row is what batching durability would win back.
+no earlier writeback lands in it. The difference between the first and the last row is what a file
+per object costs; the middle row is what batching durability would win back.
 
 A second table asks whether that shows in a real save, whose threads overlap each fsync with the
 other chunks' hashing and compression: ``treestore.save`` (with ``os.sync()``, as the side-by-side
@@ -129,7 +129,7 @@ def one_file(dest: str, objects: list[tuple[str, bytes]]) -> None:
     _fsync(dest)
 
 
-LAYOUTS: dict[str, Callable[[str, list[tuple[str, bytes]]], None]] = {
+WAYS: dict[str, Callable[[str, list[tuple[str, bytes]]], None]] = {
     "a file per object (a save)": file_per_object,
     "a file per object, one sync": file_per_object_one_sync,
     "one file (LIMIT's write)": one_file,
@@ -167,11 +167,11 @@ def _save_times(root: str, tree: T.Tree, runs: int) -> tuple[float, float]:
 
 
 def _times(root: str, objects: list[tuple[str, bytes]], runs: int) -> dict[str, tuple[float, float]]:
-    """Per layout: (median wall seconds, median kernel seconds), the layouts alternated."""
-    walls: dict[str, list[float]] = {name: [] for name in LAYOUTS}
-    kernel: dict[str, list[float]] = {name: [] for name in LAYOUTS}
+    """Per way of writing: (median wall seconds, median kernel seconds), the ways alternated."""
+    walls: dict[str, list[float]] = {name: [] for name in WAYS}
+    kernel: dict[str, list[float]] = {name: [] for name in WAYS}
     for _ in range(runs):
-        for name, write in LAYOUTS.items():
+        for name, write in WAYS.items():
             dest = tempfile.mkdtemp(dir=root)
             os.sync()
             c0, t0 = os.times(), time.perf_counter()
@@ -180,11 +180,11 @@ def _times(root: str, objects: list[tuple[str, bytes]], runs: int) -> dict[str, 
             walls[name].append(t1 - t0)
             kernel[name].append(c1.system - c0.system)
             shutil.rmtree(dest)
-    return {n: (statistics.median(walls[n]), statistics.median(kernel[n])) for n in LAYOUTS}
+    return {n: (statistics.median(walls[n]), statistics.median(kernel[n])) for n in WAYS}
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_layout")
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_files")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--trees", default="minilm-fp32,minilm-bf16,gpt2")
     ap.add_argument("--tmp-root", default=None)
@@ -192,20 +192,20 @@ def main(argv: list[str] | None = None) -> int:
     root = H.make_tmp_root(args.tmp_root)
     try:
         print(f"medians of {args.runs} runs, one thread, local disk ({H.fs_type(root)})\n")
-        print("| tree | objects | MB | layout | wall s | kernel s | ÷ one file |")
+        print("| tree | objects | MB | written as | wall s | kernel s | ÷ one file |")
         print("|---|---:|---:|---|---:|---:|---:|")
         saves = {}
         for name in args.trees.split(","):
-            H.log(f"[layout] {name}")
+            H.log(f"[files] {name}")
             tree = T.build(name)
             saves[name] = _save_times(root, tree, args.runs)
             objects = _objects(tree, root)
             size = sum(len(d) for _, d in objects) / 1e6
             times = _times(root, objects, args.runs)
             base = times["one file (LIMIT's write)"][0]
-            for layout, (wall, sys_s) in times.items():
+            for way, (wall, sys_s) in times.items():
                 print(
-                    f"| {name} | {len(objects)} | {size:.1f} | {layout} | {wall:.3f} | {sys_s:.3f} "
+                    f"| {name} | {len(objects)} | {size:.1f} | {way} | {wall:.3f} | {sys_s:.3f} "
                     f"| {wall / base:.2f}× |"
                 )
         print("\n| tree | save s | save, one syncfs s | ÷ save |")
