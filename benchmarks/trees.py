@@ -234,7 +234,7 @@ def gpt2_small_spec() -> Tree:
 # --------------------------------------------------------------------------
 
 
-def _small_layout(n: int, nbytes: int):
+def _small_keys(n: int, nbytes: int):
     assert nbytes % 4 == 0, "nbytes must be a multiple of 4 (float32 leaves)"
     groups = max(1, round(n**0.5 / 1.41))  # 5000 -> 50 groups of 100
     per = -(-n // groups)
@@ -246,7 +246,7 @@ def _small_layout(n: int, nbytes: int):
 
 def small_leaves(n: int = 5000, nbytes: int = 256, seed: int = 0) -> Tree:
     """``n`` float32 leaves of ``nbytes`` bytes each, nested two levels deep."""
-    keys, size = _small_layout(n, nbytes)
+    keys, size = _small_keys(n, nbytes)
     data = np.random.default_rng(seed).standard_normal((n, size), dtype=np.float32)
     out: Tree = {}
     for i, (g, leaf) in enumerate(keys):
@@ -257,7 +257,7 @@ def small_leaves(n: int = 5000, nbytes: int = 256, seed: int = 0) -> Tree:
 def small_leaves_spec(n: int = 5000, nbytes: int = 256) -> Tree:
     import jax
 
-    keys, size = _small_layout(n, nbytes)
+    keys, size = _small_keys(n, nbytes)
     out: Tree = {}
     for g, leaf in keys:
         out.setdefault(g, {})[leaf] = jax.ShapeDtypeStruct((size,), np.dtype(np.float32))
@@ -271,7 +271,7 @@ def small_leaves_spec(n: int = 5000, nbytes: int = 256) -> Tree:
 
 def _small_one_leaf_key() -> str:
     # "one random leaf", fixed so every format reads the same one.
-    keys, _ = _small_layout(5000, 256)
+    keys, _ = _small_keys(5000, 256)
     g, leaf = keys[int(np.random.default_rng(1234).integers(len(keys)))]
     return f"{g}{SEP}{leaf}"
 

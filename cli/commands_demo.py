@@ -14,7 +14,7 @@ import treestore
 from . import render
 from .commands_inspect import leaf_record, open_store, show_lines
 
-LAYOUT = {"checkpoints", "chunks", "manifests", "locks"}
+FOLDERS = {"checkpoints", "chunks", "manifests", "locks"}
 WIDTH = 512  # a 512x512 float32 layer is 1 MiB: four chunks of 256 KiB
 CHUNK_SIZE = 256 * 1024
 
@@ -52,7 +52,7 @@ def fresh_store(folder: Path) -> treestore.Store:
     if folder.exists():
         if not folder.is_dir():
             raise treestore.InvalidInputError(f"{folder} is a file, not a folder for the demo store")
-        other = sorted(p.name for p in folder.iterdir() if p.name not in LAYOUT)
+        other = sorted(p.name for p in folder.iterdir() if p.name not in FOLDERS)
         if other:
             raise treestore.InvalidInputError(
                 f"{folder} is not empty and not a treestore store (it holds {', '.join(other[:3])}); "

@@ -116,6 +116,6 @@ def test_a_process_that_never_saves_is_named_when_the_barrier_times_out(tmp_path
     store = str(tmp_path / "store")
     outputs = run_job(store, "absent")
     assert "raised BarrierTimeoutError: multi-process save of checkpoint 'absent'" in outputs[0]
-    assert "step 'written': process 1 (of 2) did not arrive within 3 s" in outputs[0], outputs[0][-3000:]
+    assert "barrier 'written': process 1 (of 2) did not arrive within 3 s" in outputs[0], outputs[0][-3000:]
     s = treestore.Store(store)
     assert s.list() == [] and s.storage.list("locks") == []

@@ -784,7 +784,7 @@ def test_a_process_that_never_arrives_is_named_when_the_others_give_up(store_url
     for i in (0, 1, 3):
         r = results[i]
         assert isinstance(r, BarrierTimeoutError) and r.missing == (2,), r
-        assert "step 'written': process 2 (of 4) did not arrive within 1 s" in str(r), r
+        assert "barrier 'written': process 2 (of 4) did not arrive within 1 s" in str(r), r
         assert "nothing was committed" in str(r)
     store = treestore.Store(store_url)
     assert store.list() == [] and store.storage.list("locks") == []

@@ -225,7 +225,7 @@ class Group:
         with contextlib.suppress(Exception):
             arrived = {k.rsplit("/", 1)[-1] for k in self.runtime.items(f"{root}/")}
         missing = [i for i in range(self.count) if str(i) not in arrived]
-        where = f"multi-process save of checkpoint {self.name!r}, step {step!r}"
+        where = f"multi-process save of checkpoint {self.name!r}, barrier {step!r}"
         if not missing:
             text = f"{where}: process {self.index} arrived after the others had stopped waiting"
         else:
@@ -355,7 +355,7 @@ class Group:
             data = encode_part(part, layout)
             if len(data) > MAX_PART_BYTES:
                 summary = (
-                    f"its part of the manifest takes {len(data)} bytes, over the "
+                    f"its part takes {len(data)} bytes, over the "
                     f"{MAX_PART_BYTES} bytes a part may hold: save fewer pieces"
                 )
                 problem = StorageError(

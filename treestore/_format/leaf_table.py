@@ -6,7 +6,7 @@ manifest (SPEC.md §6), which :func:`treestore._format.columns_codec.columns_fro
 exactly as readers do. The same table takes a derived checkpoint's new leaves and a version-1
 manifest's leaf entries as it is decoded; a process of a multi-process save keeps its table as
 written, and the primary's frame and each process's part are made from it
-(:mod:`treestore._format.part`, :mod:`.shares_merge`).
+(:mod:`treestore._format.part`, :mod:`treestore._format.part_merge`).
 """
 
 from __future__ import annotations
