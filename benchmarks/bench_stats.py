@@ -24,6 +24,7 @@ import numpy as np
 
 import treestore
 from treestore._format import stats as _stats
+from treestore._format.encoding import digest
 
 from . import trees
 
@@ -67,6 +68,25 @@ def _measure_time(tree: Any) -> float:
 WIDTHS = (-14, 8, 16, 13, 10, 13, 8)
 
 
+def _parts(runs: int) -> list[tuple[str, float]]:
+    """Microseconds per 1 MiB float32 chunk (normal values), one thread, best of ``runs`` x 50:
+    each pass the statistics make, beside BLAKE3 of the same bytes and a float32 dot product,
+    which the statistics do not use (its error breaks SPEC section 6.8's check on some leaves)."""
+    import timeit
+
+    x = np.random.default_rng(0).standard_normal(2**18).astype(np.float32)
+    blocks = _stats._sumsq_blocks
+    passes = [
+        ("min", lambda: x.min()),
+        ("max", lambda: x.max()),
+        ("sum of squares in float64 (as saved)", lambda: blocks(x)),
+        ("all statistics (as saved)", lambda: _stats.measure(x)),
+        ("BLAKE3 (as saved)", lambda: digest(x)),
+        ("float32 dot product (not used)", lambda: float(np.dot(x, x))),
+    ]
+    return [(what, min(timeit.repeat(fn, number=50, repeat=runs)) / 50 * 1e6) for what, fn in passes]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
@@ -92,6 +112,9 @@ def main(argv: list[str] | None = None) -> None:
     print("".join(f"{h:>{w}}" if w > 0 else f"{h:<{-w}}" for h, w in zip(head, WIDTHS, strict=True)))
     for name, mib, off, on, extra, alone, share in rows:
         print(f"{name:<14}{mib:>8.0f}{off:>15.3f}s{on:>12.3f}s{extra:>9.1f}%{alone:>12.3f}s{share:>7.1f}%")
+    print("\nper 1 MiB float32 chunk, one thread (best of runs):")
+    for what, us in _parts(max(args.runs, 5)):
+        print(f"  {what:<38}{us:>8.1f} µs")
     if not args.store:
         shutil.rmtree(root, ignore_errors=True)
 
