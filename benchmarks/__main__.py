@@ -8,7 +8,7 @@ the format comparison (``run_peers``: save, load, one leaf, size, files), partia
 devices (``bench_sharding``), restores onto meshes of up to 64 devices (``bench_mesh``), derived
 checkpoints (``bench_derive``), many small leaves and leaves in pieces (``bench_scaling``),
 verify, copy, derive and timeline over many leaves (``bench_store_ops``),
-multi-process commits (``bench_multihost``), the Hugging Face sharded layout (``bench_hf``), the
+multi-process commits (``bench_multihost``), the Hugging Face shard set (``bench_hf``), the
 cost of recording statistics (``bench_stats``), where a save's and a load's CPU goes
 (``bench_profile``), what a file per chunk object costs a save (``bench_files``), start-up
 (``bench_startup``; ``--fresh`` alone makes a new virtualenv) and, when its server is installed,

@@ -1,4 +1,4 @@
-"""The Hugging Face sharded layout: treestore's export and import beside safetensors' own.
+"""The Hugging Face shard set: treestore's export and import beside safetensors' own.
 
     python -m benchmarks.bench_hf [--runs 3] [--shard-size 100MB]
 
@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
                     results.setdefault(op, []).append(spawn(op, store, folder, args.shard_size))
                 shutil.rmtree(folder)
         size = json.loads(Path(tmp, "plan.json").read_text())["metadata"]["total_size"]
-        print(f"\nHugging Face sharded layout: GPT-2-small shapes ({size / MB:.0f} MB fp32), ", end="")
+        print(f"\nHugging Face shard set: GPT-2-small shapes ({size / MB:.0f} MB fp32), ", end="")
         print(f"{shards} shards of {args.shard_size}, medians of {args.runs} fresh processes\n")
         print("| operation | wall (s) | peak RSS above baseline (MB) | of it anonymous (MB) |")
         print("|---|---:|---:|---:|")

@@ -23,11 +23,11 @@ other threads at once (part reads, which only a failed check makes), and to the 
 sizes of the frame and of one part, a reader's ``open`` of the checkpoint (the frame alone is
 read), and its ``open`` and read of one leaf (the parts holding pieces of it read and merged).
 
-Each job size runs in two layouts: every process holding a piece of every leaf (the usual data
-and model parallel layout, where a reader of one leaf needs every part), and ``--stages``
+Each job size runs in two shardings: every process holding a piece of every leaf (the usual data
+and model parallel sharding, where a reader of one leaf needs every part), and ``--stages``
 pipeline stages (leaf i in stage ``i * stages // leaves``, sharded over that stage's processes
 alone, where a reader of one leaf reads only its stage's parts). Issue 13's target: the commit at
-256 processes within 2× its time at 8, in the first layout.
+256 processes within 2× its time at 8, in the first sharding.
 
 Each configuration runs with statistics recorded (``--stats on``) and without (``off``). With them,
 the processes other than 0 combine their children's records before the first barrier
@@ -58,7 +58,7 @@ from treestore._engine.committed import read_commit_record, read_manifest_bytes
 from treestore._engine.group_runtime import LocalRuntime
 from treestore._engine.write import Prepared, SaveOptions, prepare, write
 from treestore._format.columns_codec import decode_any
-from treestore._format.parted import Parted
+from treestore._format.frame import Frame
 from treestore._storage.base import Storage
 from treestore._storage.registry import open_storage
 from treestore._tree.leaves import ArrayLeaf
@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--leaves", type=int, default=1000)
     ap.add_argument("--processes", type=int, nargs="+", default=[1, 8, 64, 256])
-    ap.add_argument("--stages", type=int, default=8, help="pipeline stages of the second layout")
+    ap.add_argument("--stages", type=int, default=8, help="pipeline stages of the second sharding")
     ap.add_argument("--stats", nargs="+", choices=["on", "off"], default=["on", "off"])
     args = ap.parse_args(argv)
     rows = []
@@ -318,9 +318,9 @@ def measure(
     record = read_commit_record(storage, "run0")
     frame = decode_any(read_manifest_bytes(storage, record), "run0")
     part, read = 0, 0
-    if isinstance(frame, Parted):
+    if isinstance(frame, Frame):
         part = max((p.size for p in frame.parts), default=0)
-        read = len(frame.needed(np.arange(len(frame.frame)) == 0))
+        read = len(frame.needed(np.arange(len(frame.columns)) == 0))
     opened, leaf = [], []
     for _ in range(args.runs):
         started = time.perf_counter()

@@ -89,7 +89,7 @@ def demo(folder: str) -> int:
     click.echo(saved_line("step-2", second) + "  <- only layer 2 changed")
     loaded = store.load("step-2")
     if not same(loaded, params(2)):
-        raise treestore.CorruptionError("step-2 did not load back bit-exactly")
+        raise treestore.DamagedError("step-2 did not load back bit-exactly")
     click.echo("loaded step-2 back: bit-exact")
     click.echo(f"\n$ treestore show {url}#step-2")
     ckpt = store.open("step-2")

@@ -78,7 +78,7 @@ def derive(
         return 0
     click.echo(
         f"derived {store.url}#{result.name} from {name}: {result.leaves} leaves, "
-        f"{render.size(result.nbytes)} logical; {result.chunks_written} chunk(s) written "
+        f"{render.size(result.nbytes)} raw; {result.chunks_written} chunk(s) written "
         f"({render.size(result.bytes_written)})"
     )
     return 0

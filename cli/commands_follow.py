@@ -22,7 +22,7 @@ def _record(ckpt: treestore.Checkpoint) -> dict[str, Any]:
         "name": ckpt.name,
         "created": ckpt.created,
         "leaves": ckpt.num_leaves,
-        "logical_bytes": ckpt.nbytes,
+        "raw_bytes": ckpt.nbytes,
         "metadata": ckpt.metadata,
     }
 
@@ -45,7 +45,7 @@ def _record(ckpt: treestore.Checkpoint) -> dict[str, Any]:
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 def watch(url: str, timeout: float | None, since: str | None, as_json: bool) -> int:
     """Print one line per checkpoint of the store at URL, in commit order, as each is committed
-    (never a partial one): name, time, leaves, logical size and metadata. The store need not
+    (never a partial one): name, time, leaves, raw size and metadata. The store need not
     exist yet. A damaged checkpoint is skipped with a warning on stderr."""
     for ckpt in treestore.watch(
         url, since=since, timeout=timeout, storage_options=settings().storage_options
@@ -57,7 +57,7 @@ def watch(url: str, timeout: float | None, since: str | None, as_json: bool) -> 
         meta = "" if r["metadata"] is None else "  " + render.compact(r["metadata"])
         click.echo(
             f"{r['name']}  {render.when(r['created'])}  {r['leaves']} leaves  "
-            f"{render.size(r['logical_bytes'])}{meta}"
+            f"{render.size(r['raw_bytes'])}{meta}"
         )
     return 0
 

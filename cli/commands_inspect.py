@@ -35,7 +35,7 @@ def open_checkpoint(spec: str) -> treestore.Checkpoint:
 @click.argument("url")
 @JSON
 def ls(url: str, as_json: bool) -> int:
-    """List the checkpoints of the store at URL: name, time, leaf count, logical size, stored
+    """List the checkpoints of the store at URL: name, time, leaf count, raw size, stored
     size (its chunk objects), bytes shared with other checkpoints, and metadata. A checkpoint
     whose commit record or manifest cannot be read is still listed, with the problem (its
     ``problem`` field with --json); the exit status is then 1."""
@@ -56,7 +56,7 @@ def ls(url: str, as_json: bool) -> int:
             objects[i.name] = ckpt.chunk_objects()
         except treestore.errors.CheckpointNotFoundError:
             objects[i.name] = {}  # deleted since the listing: it has no chunks of its own
-        except (treestore.CorruptionError, treestore.UnsupportedFormatError) as exc:
+        except (treestore.DamagedError, treestore.UnsupportedFormatError) as exc:
             objects[i.name] = {}
             problems[i.name] = str(exc)
     users = Counter(d for objs in objects.values() for d in objs)
@@ -67,7 +67,7 @@ def ls(url: str, as_json: bool) -> int:
     total = {
         "checkpoints": len(rows),
         "damaged": len(problems),
-        "logical_bytes": sum(r["logical_bytes"] or 0 for r in rows),
+        "raw_bytes": sum(r["raw_bytes"] or 0 for r in rows),
         "stored_bytes": sum(unique.values()),
     }
     status = 1 if problems else 0
@@ -88,14 +88,14 @@ def _ls_row(
 ) -> dict[str, Any]:
     """One checkpoint of ``ls``; a damaged one (``problem`` set) has no stored or shared size
     (None), since its manifest, which names its chunks, cannot be read, and one whose commit
-    record is damaged no time, leaf count or logical size either. ``nonfinite``: the leaves its
+    record is damaged no time, leaf count or raw size either. ``nonfinite``: the leaves its
     manifest's statistics say hold NaN or inf."""
     unknown = info.problem is not None  # the commit record itself is damaged
     return {
         "name": info.name,
         "created": None if unknown else info.created,
         "leaves": None if unknown else info.leaves,
-        "logical_bytes": None if unknown else info.nbytes,
+        "raw_bytes": None if unknown else info.nbytes,
         "stored_bytes": None if problem else sum(objs.values()),
         "shared_bytes": None if problem else sum(s for d, s in objs.items() if users[d] > 1),
         "metadata": info.metadata,
@@ -106,13 +106,13 @@ def _ls_row(
 
 def _ls_lines(rows: list[dict[str, Any]], total: dict[str, int]) -> list[str]:
     """The human view of ``ls``: the table, the totals, then one line per damaged checkpoint."""
-    header = ["name", "created", "leaves", "logical", "stored", "shared", "metadata"]
+    header = ["name", "created", "leaves", "raw", "stored", "shared", "metadata"]
     cells = [
         [
             r["name"] + (" !" if r["nonfinite"] else ""),
             "?" if r["created"] is None else render.when(r["created"]),
             "?" if r["leaves"] is None else str(r["leaves"]),
-            "?" if r["logical_bytes"] is None else render.size(r["logical_bytes"]),
+            "?" if r["raw_bytes"] is None else render.size(r["raw_bytes"]),
             "damaged" if r["problem"] else render.size(r["stored_bytes"]),
             "?" if r["problem"] else render.size(r["shared_bytes"]),
             "" if r["metadata"] is None else render.compact(r["metadata"]),
@@ -122,7 +122,7 @@ def _ls_lines(rows: list[dict[str, Any]], total: dict[str, int]) -> list[str]:
     lines = render.table(header, cells, right=[2, 3, 4, 5])
     damaged = f", {total['damaged']} damaged" if total["damaged"] else ""
     lines.append(
-        f"{total['checkpoints']} checkpoint(s){damaged}, {render.size(total['logical_bytes'])} logical, "
+        f"{total['checkpoints']} checkpoint(s){damaged}, {render.size(total['raw_bytes'])} raw, "
         f"{render.size(total['stored_bytes'])} stored in chunks"
     )
     lines += [f"damaged: {r['name']}: {r['problem']}" for r in rows if r["problem"]]
@@ -146,7 +146,7 @@ def leaf_record(ckpt: treestore.Checkpoint, address: str) -> dict[str, Any]:
         "kind": leaf.kind,
         "dtype": leaf.dtype.name,
         "shape": list(leaf.shape),
-        "logical_bytes": leaf.nbytes,
+        "raw_bytes": leaf.nbytes,
         "stored_bytes": leaf.stored_bytes,
         "packed": leaf.packed,
         "chunks": leaf.chunks,
@@ -164,7 +164,7 @@ def header_lines(ckpt: treestore.Checkpoint, shown: int) -> list[str]:
     count = f"  ({shown} of {n} leaves shown)" if shown != n else ""
     lines = [
         f"{ckpt.url}#{ckpt.name}  created {render.when(ckpt.created)}{count}",
-        f"{n} leaves, {render.size(ckpt.nbytes)} logical, {render.size(stored)} stored ({codec})",
+        f"{n} leaves, {render.size(ckpt.nbytes)} raw, {render.size(stored)} stored ({codec})",
     ]
     if ckpt.metadata is not None:
         lines.append(f"metadata: {render.compact(ckpt.metadata, 100)}")
@@ -183,7 +183,7 @@ def header_lines(ckpt: treestore.Checkpoint, shown: int) -> list[str]:
 @JSON
 def show(spec: str, patterns: tuple[str, ...], flat: bool, stats: bool, as_json: bool) -> int:
     """Show the tree of a checkpoint (the newest when no #NAME): each leaf's address, dtype,
-    shape, logical and stored size and codec, as a compact tree. PATTERNS (globs over addresses,
+    shape, raw and stored size and codec, as a compact tree. PATTERNS (globs over addresses,
     like 'encoder/*/bias') keep only the leaves that match. --stats shows instead the
     statistics each leaf's values had when saved, read from the manifest alone ("?": none
     recorded)."""
@@ -200,7 +200,7 @@ def show(spec: str, patterns: tuple[str, ...], flat: bool, stats: bool, as_json:
                 "created": ckpt.created,
                 "metadata": ckpt.metadata,
                 "codec": ckpt.codec,
-                "logical_bytes": ckpt.nbytes,
+                "raw_bytes": ckpt.nbytes,
                 "stored_bytes": ckpt.stored_bytes,
                 "leaves": records,
             }
@@ -227,10 +227,10 @@ def show_lines(ckpt: treestore.Checkpoint, records: list[dict[str, Any]], flat: 
         if "dtype" in r:
             stored = "packed" if r["packed"] else render.size(r["stored_bytes"])
             shape = "[" + ", ".join(map(str, r["shape"])) + "]"
-            rows.append([label, r["dtype"], shape, render.size(r["logical_bytes"]), stored, r["codec"]])
+            rows.append([label, r["dtype"], shape, render.size(r["raw_bytes"]), stored, r["codec"]])
         else:
             rows.append([label, r["kind"], "", "", "", f"= {render.compact(r['value'], 40)}"])
-    header = ["address" if flat else "tree", "dtype", "shape", "logical", "stored", "codec"]
+    header = ["address" if flat else "tree", "dtype", "shape", "raw", "stored", "codec"]
     return [*header_lines(ckpt, len(records)), "", *render.table(header, rows, right=[3, 4])]
 
 

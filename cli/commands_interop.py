@@ -41,12 +41,12 @@ def import_(
     its step and metrics kept in the metadata; the manager's folder (mgr) imports its newest
     step. To import every step: for d in mgr/*/; do treestore import "$d" URL; done
 
-    A Hugging Face sharded safetensors layout is imported from its folder (the one holding
+    A Hugging Face shard set is imported from its folder (the one holding
     model.safetensors.index.json, such as a Hub download) or from the index file; the whole
-    layout is checked before anything is saved.
+    shard set is checked before anything is saved.
 
-    FILE may be an fsspec URL (s3://bucket/model, https://...) of a file or of a sharded
-    layout: it is copied to a temporary folder first; -o options apply to it and to URL."""
+    FILE may be an fsspec URL (s3://bucket/model, https://...) of a file or of a shard
+    set: it is copied to a temporary folder first; -o options apply to it and to URL."""
     meta = None
     if metadata is not None:
         try:
@@ -89,7 +89,7 @@ def import_(
 @click.option(
     "--max-shard-size",
     metavar="SIZE",
-    help="Write Hugging Face's sharded safetensors layout: shards of at most SIZE bytes of "
+    help="Write Hugging Face's shard set: shards of at most SIZE bytes of "
     "tensors (e.g. 5GB, 500MB; decimal units). A FOLDER/ with --format safetensors gets 5GB.",
 )
 @click.option("--overwrite", is_flag=True, help="Replace FILE if it exists.")
@@ -109,7 +109,7 @@ def export(
     scalars, orbax Python int, float and bool) under dict keys or list indices; one error lists
     every leaf that cannot be written.
 
-    Hugging Face's layout (model-00001-of-0000N.safetensors + model.safetensors.index.json, or
+    Hugging Face's shard set (model-00001-of-0000N.safetensors + model.safetensors.index.json, or
     one model.safetensors when the tensors fit in one shard): give a FOLDER/ and
     --max-shard-size, or --format safetensors for 5GB shards."""
     with progress("export") as bar:

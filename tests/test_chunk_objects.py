@@ -95,7 +95,7 @@ def test_a_save_rewrites_a_bad_object_under_a_chunk_name(tmp_path: Path, address
     assert codec_of(good) == {"raw": 0, "zstd": 1, "planes": 2}[address]
     path.write_bytes(_damaged(good, how))
     # Damaged after "first" committed it: a save trusting "first" would not look at it again
-    # (tests/test_known_chunks.py); one that checks every chunk repairs it.
+    # (tests/test_trusted_chunks.py); one that checks every chunk repairs it.
     result = store.save(data, "again", trust_previous=False)
     assert result.chunks_written == 1, f"the {how} object was reused"
     assert path.read_bytes() == good
@@ -303,7 +303,7 @@ def test_an_array_written_to_during_a_save_never_makes_a_corrupt_chunk(tmp_path:
         stop.set()
         writer.join()
     report = treestore.verify(url)
-    corrupt = [p for p in report.problems if p.kind == "chunk_corrupt"]
+    corrupt = [p for p in report.problems if p.kind == "chunk_damaged"]
     assert corrupt == [], "\n".join(p.message for p in corrupt)
     for name in names:
         loaded = treestore.load(url, name)["w"]

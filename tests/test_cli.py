@@ -85,7 +85,7 @@ def test_ls(store):
     result = run("ls", store)
     assert result.exit_code == 0
     lines = result.stdout.splitlines()
-    assert lines[0].split() == ["name", "created", "leaves", "logical", "stored", "shared", "metadata"]
+    assert lines[0].split() == ["name", "created", "leaves", "raw", "stored", "shared", "metadata"]
     assert lines[1].startswith("step-1 ") and '{"step": 1}' in lines[1] and "1.0 MiB" in lines[1]
     assert lines[-1].startswith("2 checkpoint(s)")
     data = json.loads(run("ls", store, "--json").stdout)
@@ -143,7 +143,7 @@ def test_verify(store):
     hostile.flip_byte(store, path, -1)
     bad = run("verify", store)
     assert bad.exit_code == 1
-    assert "chunk_corrupt" in bad.stdout and "params/layers/1/w" in bad.stdout
+    assert "chunk_damaged" in bad.stdout and "params/layers/1/w" in bad.stdout
     data = json.loads(run("verify", store, "--json").stdout)
     assert data["ok"] is False
     assert [(p["checkpoint"], p["address"]) for p in data["problems"]] == [("step-2", "params/layers/1/w")]
@@ -275,7 +275,7 @@ def test_process_demo_verify_and_diff(tmp_path):
     assert verify.returncode == 1, verify.stderr
     problems = json.loads(verify.stdout)["problems"]
     assert {(p["checkpoint"], p["address"], p["kind"]) for p in problems} == {
-        ("step-2", "params/layers/2/w", "chunk_corrupt")
+        ("step-2", "params/layers/2/w", "chunk_damaged")
     }
     diff = proc("diff", f"{url}#step-1", f"{url}#step-1")
     assert diff.returncode == 0 and "identical" in diff.stdout

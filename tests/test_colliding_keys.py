@@ -88,7 +88,7 @@ def test_hostile_keys_one_and_true_are_not_aliased(tmp_path, node_type):
     hostile.mutate_manifest(url, "c", _one_and_true(node_type))
     try:
         out = treestore.load(url, "c")
-    except treestore.errors.ManifestCorruptError:
+    except treestore.errors.ManifestDamagedError:
         report = treestore.verify(url)
         assert not report.ok, "load refuses the checkpoint but verify passes it"
         return

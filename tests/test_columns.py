@@ -22,10 +22,11 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import treestore
-from treestore._format.columns import ARRAY_FIELDS, LEAF_DTYPE, PIECED, Columns
+from treestore._format.columns import ARRAY_FIELDS, IN_PIECES, LEAF_DTYPE, Columns
 from treestore._format.columns_codec import decode_any, decode_columns, encode, encode_columns
 from treestore._format.dtypes import DTYPES
 from treestore._format.encoding import to_msgpack
+from treestore._format.frame import Frame
 from treestore._format.limits import (
     CHUNK_SLACK,
     INT_END,
@@ -42,11 +43,10 @@ from treestore._format.limits import (
     MAX_PARTS,
     MAX_PIECES,
 )
-from treestore._format.parted import Parted
 from treestore._format.records import ChunkRef, LeafEntry, Piece
 from treestore._format.views import Manifest
 from treestore.errors import (
-    ManifestCorruptError,
+    ManifestDamagedError,
     OutOfMemoryError,
     TreestoreError,
     UnsupportedFormatError,
@@ -123,7 +123,7 @@ def record(m: Hand) -> dict[str, Any]:
     return msgpack.unpackb(encode_columns(columns_of(m)), raw=False)
 
 
-def decode(rec: dict[str, Any]) -> Columns | Parted:
+def decode(rec: dict[str, Any]) -> Columns | Frame:
     return decode_columns(to_msgpack(rec), NAME)
 
 
@@ -144,7 +144,7 @@ def edited(rec: dict[str, Any], name: str, f: str | None, value: Any, at: Any = 
 
 
 def refused(
-    rec: dict[str, Any], match: str | None = None, kind: type[TreestoreError] = ManifestCorruptError
+    rec: dict[str, Any], match: str | None = None, kind: type[TreestoreError] = ManifestDamagedError
 ) -> None:
     with pytest.raises(kind, match=match) as info:
         decode(rec)
@@ -154,7 +154,7 @@ def refused(
 def bounded(accepted: Hand, rejected: Hand, match: str | None = None) -> None:
     """Readers of either version accept one side of a bound and refuse the other."""
     decode_columns(encode_columns(columns_of(accepted)), NAME)
-    with pytest.raises(ManifestCorruptError, match=match):
+    with pytest.raises(ManifestDamagedError, match=match):
         columns_of(rejected)
 
 
@@ -408,7 +408,7 @@ def mutations(draw: st.DrawFn) -> bytes:
 def test_hostile_manifests_raise_only_treestore_errors(data):
     try:
         c = decode_columns(data, NAME)
-    except (ManifestCorruptError, UnsupportedFormatError, OutOfMemoryError) as exc:
+    except (ManifestDamagedError, UnsupportedFormatError, OutOfMemoryError) as exc:
         assert "malformation" not in str(exc), exc  # every refusal comes from a check, not by accident
         return
     # What version 2 accepts, every part of treestore can use, and version 1 accepts too.
@@ -459,11 +459,11 @@ def test_refused_trees():
     refused({**rec, "segments": ["0", "0"]}, "repeats")
     refused({**rec, "segments": ["0", "1", "2"]}, "used by no node")
     attr = {"type": "dict", "keys": [["attr", "a"]], "children": [{"type": "leaf", "leaf": 0}]}
-    with pytest.raises(ManifestCorruptError, match="not a dict key"):
+    with pytest.raises(ManifestDamagedError, match="not a dict key"):
         columns_of(hand(entry(".a", "uint8", (1,), 1), tree=attr))
     for keys in ([["dict", 1], ["dict", True]], [["attr", "a"], ["dict", "a"]], [["seq", 1], ["flat", 1]]):
         node = {"type": "custom", "name": "C", "keys": keys, "children": [{"type": "none"}, {"type": "none"}]}
-        with pytest.raises(ManifestCorruptError, match="same key"):
+        with pytest.raises(ManifestDamagedError, match="same key"):
             columns_of(hand(tree=node))
 
 
@@ -604,7 +604,7 @@ def test_big_int_values():
     decode({**rec, "values": [str(INT_START - 1)]})
     refused({**rec, "values": [str(INT_START)]}, "canonical decimal")
     refused({**rec, "values": ["0" + str(INT_END)]}, "canonical decimal")
-    with pytest.raises(ManifestCorruptError, match="4300"):  # version 1 holds the same bound
+    with pytest.raises(ManifestDamagedError, match="4300"):  # version 1 holds the same bound
         columns_of(hand(LeafEntry("a", "int", value="1" + "0" * MAX_INT_DIGITS)))
 
 
@@ -624,7 +624,7 @@ def test_key_indices_and_int_keys():
 
 
 def test_manifest_size():
-    with pytest.raises(ManifestCorruptError, match="size limit"):
+    with pytest.raises(ManifestDamagedError, match="size limit"):
         decode_columns(bytes(MAX_MANIFEST_BYTES + 1), NAME)
 
 
@@ -640,7 +640,7 @@ def _frame() -> dict[str, Any]:
 
 def test_a_frame_decodes_and_bad_frames_are_refused():
     rec = _frame()
-    assert isinstance(decode(rec), Parted)
+    assert isinstance(decode(rec), Frame)
     one = rec["parts"][0]
     refused({**rec, "layout": bytes(31)}, "its layout is 31 bytes, not 32")
     refused({**rec, "parts": [[one[0], -1, *one[2:]], *rec["parts"][1:]]}, "a size outside")
@@ -651,7 +651,7 @@ def test_a_frame_decodes_and_bad_frames_are_refused():
     for first, end in ((2, 1), (-1, 1), (0, leaves + 1)):
         refused({**rec, "parts": [[*one[:2], first, end], *rec["parts"][1:]]}, "are not a range")
     refused({**rec, "parts": [one] * (MAX_PARTS + 1)}, f"over the limit of {MAX_PARTS}")
-    pieced = int(np.flatnonzero(np.frombuffer(rec["leaves"], LEAF_DTYPE)["flags"] & PIECED)[0])
-    refused(edited(rec, "leaves", "chunks", 1, pieced), "1 chunk refs stored for 2")
+    in_pieces = int(np.flatnonzero(np.frombuffer(rec["leaves"], LEAF_DTYPE)["flags"] & IN_PIECES)[0])
+    refused(edited(rec, "leaves", "chunks", 1, in_pieces), "1 chunk refs stored for 2")
     refused({**rec, "piece_counts": np.ones(1, "<u4").tobytes()}, "lists pieces or chunk refs")
     refused({**rec, "parts": [], "layout": b""}, "its shape needs")  # a frame alone is not a manifest

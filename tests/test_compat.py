@@ -14,7 +14,7 @@ import treestore
 from treestore._engine import committed as _committed
 from treestore._format import paths as _paths
 from treestore._format.columns_codec import decode_any, decode_columns, encode, encode_columns
-from treestore._format.parted import Parted
+from treestore._format.frame import Frame
 from treestore._format.v1 import decode_v1
 from treestore._format.views import Manifest
 
@@ -145,7 +145,7 @@ def test_checked_in_store_in_parts_loads_exactly(tmp_path):
     ref = _committed.read_commit_record(storage, "sharded")
     data = _committed.read_manifest_bytes(storage, ref)
     frame = decode_columns(data, "sharded")
-    assert isinstance(frame, Parted) and len(frame.parts) == 4
+    assert isinstance(frame, Frame) and len(frame.parts) == 4
     assert encode_columns(frame) == data
     out = treestore.load(url, "sharded")
     for key, want in sharded_tree().items():

@@ -335,16 +335,16 @@ class StoreConformance:
         other = store.storage.read(paths[2])
         assert other is not None
         store.storage.write(paths[1], [other])
-        with pytest.raises(treestore.errors.ChunkCorruptError, match="does not match its digest") as exc:
+        with pytest.raises(treestore.errors.ChunkDamagedError, match="does not match its digest") as exc:
             target.reader().load("a")
         assert exc.value.address == "big" and "big" in str(exc.value)
         assert exc.value.checkpoint == "a"
         ckpt = treestore.open(target.read_url, "a", storage_options=target.read_options)
         np.testing.assert_array_equal(ckpt["big"][:256], tree["big"][:256])  # chunk 0 is fine
-        with pytest.raises(treestore.errors.ChunkCorruptError, match="big"):
+        with pytest.raises(treestore.errors.ChunkDamagedError, match="big"):
             ckpt["big"][300]
         store.storage.write(paths[1], [b"TSC1 garbage"])
-        with pytest.raises(treestore.errors.ChunkCorruptError, match="big"):
+        with pytest.raises(treestore.errors.ChunkDamagedError, match="big"):
             target.reader().load("a", select="big")
         store.storage.delete(paths[1])
         with pytest.raises(treestore.errors.ChunkMissingError, match="big"):

@@ -1,4 +1,4 @@
-"""Corruption detection: 1,000 random single-byte changes and truncations of stored objects.
+"""Damage is detected: 1,000 random single-byte changes and truncations of stored objects.
 
 Each trial damages one object of a small store (a chunk, a pack, a manifest or a commit record),
 then, for every checkpoint that depends on it:

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 import treestore
 from treestore._format import codecs as C
 from treestore._format.paths import chunk_path
-from treestore.errors import ChunkCorruptError
+from treestore.errors import ChunkDamagedError
 
 SIZE = 256 * 1024  # a chunk as big as the in-place path starts at
 
@@ -75,8 +75,8 @@ def test_weights_take_the_in_place_path(case, monkeypatch):
 def _outcome(fn: Any, obj: bytes, size: int) -> Any:
     try:
         return fn(obj, size).tobytes()
-    except ChunkCorruptError:
-        return ChunkCorruptError
+    except ChunkDamagedError:
+        return ChunkDamagedError
 
 
 @settings(max_examples=200, deadline=None)
@@ -108,5 +108,5 @@ def test_a_big_chunk_damaged_on_disk_is_refused_naming_its_leaf(tmp_path):
     data[100] ^= 0xFF  # a raw mantissa byte: decodes, but to other bytes
     with open(path, "wb") as f:
         f.write(data)
-    with pytest.raises(ChunkCorruptError, match=r"^w: chunk .* does not match its digest"):
+    with pytest.raises(ChunkDamagedError, match=r"^w: chunk .* does not match its digest"):
         treestore.load(url, "c")

@@ -76,7 +76,7 @@ def test_a_new_leaf_equal_to_a_base_chunk_costs_no_request(local):
     already holds is referenced without an existence check (and reported as known)."""
     store, _ = local
     r = store.derive("base", "copied", set={"extra": ENC["w"].copy()})
-    assert (r.chunks_known, r.chunks_written, r.existence_checks, r.known_from) == (1, 0, 0, "base")
+    assert (r.chunks_trusted, r.chunks_written, r.existence_checks, r.trusted_from) == (1, 0, 0, "base")
     assert_tree_equal(store.load("copied")["extra"], ENC["w"])
 
 
@@ -314,9 +314,9 @@ def test_a_base_as_deep_as_save_allows(tmp_path):
 DATA = Path(__file__).parent / "data"
 
 
-def _layout(e) -> list:
+def _cut(e) -> list:
     """A leaf's chunks and pieces, as the objects they name (pack numbers aside)."""
-    return [(p.start, p.shape, [(c.digest, c.raw_size, c.offset) for c in p.chunks]) for p in e.layout]
+    return [(p.start, p.shape, [(c.digest, c.raw_size, c.offset) for c in p.chunks]) for p in e.all_pieces]
 
 
 @pytest.mark.parametrize(
@@ -337,7 +337,7 @@ def test_derives_from_every_format_and_from_leaves_in_pieces(tmp_path, store, ba
     derived = {e.address: e for e in s.manifest("d").leaves}
     assert set(derived) == {*middle, "renamed", "zz_new/inserted", "zz_new/tiny"}
     for address, source in [("renamed", first), *((a, a) for a in middle)]:
-        assert _layout(derived[address]) == _layout(old[source]), address
+        assert _cut(derived[address]) == _cut(old[source]), address
         assert derived[address].digest == old[source].digest
         np.testing.assert_array_equal(
             np.asarray(s.open("d")[address]), np.asarray(s.open(base)[source]), err_msg=address

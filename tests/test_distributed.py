@@ -17,7 +17,7 @@ from jax.sharding import PartitionSpec as P
 import treestore
 from treestore._engine import committed as _committed
 from treestore._format.columns_codec import decode_any
-from treestore._format.parted import Parted
+from treestore._format.frame import Frame
 
 from .scripts.distributed_worker import expected
 from .test_stats import check as check_stats
@@ -75,7 +75,7 @@ def test_two_processes_save_then_restore_elsewhere(tmp_path):
     frame = decode_any(
         _committed.read_manifest_bytes(storage, _committed.read_commit_record(storage, "dist")), "dist"
     )
-    assert isinstance(frame, Parted) and len(frame.parts) == 2  # each process's pieces in its part
+    assert isinstance(frame, Frame) and len(frame.parts) == 2  # each process's pieces in its part
     # Each process measured its shards (replica 0 only); the primary combined them at commit,
     # into the frame: read without any part or chunk.
     stats = treestore.open(f"{store}#dist").stats()

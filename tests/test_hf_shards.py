@@ -1,4 +1,4 @@
-"""Hugging Face's sharded safetensors layout: export with max_shard_size, import of the folder."""
+"""Hugging Face's shard set: export with max_shard_size, import of the folder."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def shards_of(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if p.name != INDEX)
 
 
-def check_layout(folder: Path, limit: int) -> dict:
+def check_shard_set(folder: Path, limit: int) -> dict:
     """The index of ``folder``, after checking it against the shards: every tensor in exactly
     one shard, the one it names; total_size right; every shard within ``limit`` unless alone."""
     index = json.loads((folder / INDEX).read_text())
@@ -78,7 +78,7 @@ def test_minilm_sharded_export_and_import_are_bit_exact(minilm, tmp_path):
     )
     assert r.shards == 5 and r.tensors == 104 and r.path == str(folder / INDEX)
     assert seen[-1] == (r.nbytes, r.nbytes)
-    index = check_layout(folder, 20_000_000)
+    index = check_shard_set(folder, 20_000_000)
     assert set(index["weight_map"]) == set(original)
     assert index["metadata"]["total_size"] == r.nbytes == sum(a.nbytes for a in original.values())
     ckpt = treestore.open(minilm, "m")
@@ -124,7 +124,7 @@ def test_overwrite_replaces_every_file_of_the_earlier_export(minilm, tmp_path):
         treestore.export_file(f"{minilm}#m", f"{tmp_path}/", max_shard_size="30MB")
     r = treestore.export_file(f"{minilm}#m", f"{tmp_path}/", max_shard_size="30MB", overwrite=True)
     assert r.shards == 4 and len(shards_of(tmp_path)) == 4  # the five old shards are gone
-    check_layout(tmp_path, 30_000_000)
+    check_shard_set(tmp_path, 30_000_000)
     treestore.export_file(f"{minilm}#m", f"{tmp_path}/", max_shard_size="1GB", overwrite=True)
     assert os.listdir(tmp_path) == ["model.safetensors"]  # index and shards gone
 
@@ -187,8 +187,8 @@ def test_bf16_and_extended_floats_are_exact(tmp_path):
     assert all(same_bytes(loaded[k], np.asarray(tree[k])) for k in flat if k != "a.bf16")
 
 
-# --- hostile layouts -------------------------------------------------------------------------------
-def layout(folder: Path, shards: dict[str, dict[str, np.ndarray]], weight_map=None, total=None) -> Path:
+# --- hostile shard sets -------------------------------------------------------------------------------
+def shard_set(folder: Path, shards: dict[str, dict[str, np.ndarray]], weight_map=None, total=None) -> Path:
     """Shards written by the safetensors package and an index (by default, the true one)."""
     folder.mkdir(exist_ok=True)
     for file, arrays in shards.items():
@@ -215,45 +215,45 @@ def refused(folder: Path, error: type, match: str) -> None:
     assert treestore.Store(url).list() == []  # nothing saved
 
 
-def test_hostile_layouts_are_refused_naming_file_and_tensor(tmp_path):
-    ok = layout(tmp_path / "ok", two())
+def test_hostile_shard_sets_are_refused_naming_file_and_tensor(tmp_path):
+    ok = shard_set(tmp_path / "ok", two())
     treestore.import_file(ok, memory() + "#t")  # the baseline imports
-    f = layout(tmp_path / "missing", two(), {"x": A, "y": B, "z": C})
-    refused(f, treestore.CorruptionError, rf"names shard {C}, which is missing")
-    f = layout(tmp_path / "twice", {A: {"x": np.ones(2), "y": np.ones(2)}, B: {"y": np.ones(2)}})
-    refused(f, treestore.CorruptionError, rf"tensor 'y' is in two shards, {A} and {B}")
-    f = layout(
+    f = shard_set(tmp_path / "missing", two(), {"x": A, "y": B, "z": C})
+    refused(f, treestore.DamagedError, rf"names shard {C}, which is missing")
+    f = shard_set(tmp_path / "twice", {A: {"x": np.ones(2), "y": np.ones(2)}, B: {"y": np.ones(2)}})
+    refused(f, treestore.DamagedError, rf"tensor 'y' is in two shards, {A} and {B}")
+    f = shard_set(
         tmp_path / "moved",
         {A: {"x": np.ones(2), "z": np.ones(2)}, B: {"y": np.ones(2)}},
         {"x": B, "y": B, "z": A},
     )
-    refused(f, treestore.CorruptionError, rf"tensor 'x' should be in {B}, but it is in {A}")
-    f = layout(tmp_path / "absent", two(), {"x": A, "y": B, "w": A})
-    refused(f, treestore.CorruptionError, rf"tensor 'w' should be in {A}, but no shard holds it")
-    f = layout(
+    refused(f, treestore.DamagedError, rf"tensor 'x' should be in {B}, but it is in {A}")
+    f = shard_set(tmp_path / "absent", two(), {"x": A, "y": B, "w": A})
+    refused(f, treestore.DamagedError, rf"tensor 'w' should be in {A}, but no shard holds it")
+    f = shard_set(
         tmp_path / "extra", {A: {"x": np.ones(2), "q": np.ones(2)}, B: {"y": np.ones(2)}}, {"x": A, "y": B}
     )
-    refused(f, treestore.CorruptionError, rf"{A}: holds tensor 'q', which {INDEX} does not name")
-    f = layout(tmp_path / "unnamed", two(), {"x": B, "y": B})  # x is in A, not in the index
-    refused(f, treestore.CorruptionError, rf"{A}: a shard file .* that the index does not name")
-    f = layout(tmp_path / "unnamed2", two())
+    refused(f, treestore.DamagedError, rf"{A}: holds tensor 'q', which {INDEX} does not name")
+    f = shard_set(tmp_path / "unnamed", two(), {"x": B, "y": B})  # x is in A, not in the index
+    refused(f, treestore.DamagedError, rf"{A}: a shard file .* that the index does not name")
+    f = shard_set(tmp_path / "unnamed2", two())
     safetensors.numpy.save_file({"z": np.ones(2)}, f / C)
-    refused(f, treestore.CorruptionError, rf"{C}: a shard file .* that the index does not name")
-    f = layout(tmp_path / "total", two(), total=29)
-    refused(f, treestore.CorruptionError, r"total_size is 29 bytes, but its tensors hold 28")
-    f = layout(tmp_path / "escape", two(), {"x": "../ok/" + A, "y": B})
+    refused(f, treestore.DamagedError, rf"{C}: a shard file .* that the index does not name")
+    f = shard_set(tmp_path / "total", two(), total=29)
+    refused(f, treestore.DamagedError, r"total_size is 29 bytes, but its tensors hold 28")
+    f = shard_set(tmp_path / "escape", two(), {"x": "../ok/" + A, "y": B})
     refused(f, treestore.UnsupportedFormatError, r"tensor 'x' is in '../ok/.*not a file name")
-    f = layout(tmp_path / "offsets", two())
+    f = shard_set(tmp_path / "offsets", two())
     data = (f / B).read_bytes()
     n = int.from_bytes(data[:8], "little")
     header = data[8 : 8 + n].replace(b"[0,12]", b"[0,9999]")
     (f / B).write_bytes(len(header).to_bytes(8, "little") + header + data[8 + n :])
     refused(f, treestore.UnsupportedFormatError, rf"{B}: tensor 'y' declares 12 bytes at offsets \[0, 9999\)")
-    f = layout(tmp_path / "device", two())
+    f = shard_set(tmp_path / "device", two())
     (f / B).unlink()
     (f / B).symlink_to("/dev/zero")
     refused(f, treestore.UnsupportedFormatError, rf"{B}: expected a regular file, found a character device")
-    f = layout(tmp_path / "junk", two())
+    f = shard_set(tmp_path / "junk", two())
     (f / INDEX).write_text("{not json")
     refused(f, treestore.UnsupportedFormatError, rf"{INDEX} is not JSON")
     (f / INDEX).write_text('{"weight_map": {"x": 1}}')
@@ -261,13 +261,13 @@ def test_hostile_layouts_are_refused_naming_file_and_tensor(tmp_path):
 
 
 def test_index_over_its_cap(tmp_path, monkeypatch):
-    f = layout(tmp_path / "big", two())
+    f = shard_set(tmp_path / "big", two())
     monkeypatch.setattr(hf_shards, "INDEX_BYTES", 50)
     refused(f, treestore.UnsupportedFormatError, r"more than the 50 bytes treestore reads")
 
 
 def test_two_indexes_in_a_folder(tmp_path):
-    f = layout(tmp_path / "two", two())
+    f = shard_set(tmp_path / "two", two())
     (f / "other.safetensors.index.json").write_text((f / INDEX).read_text())
     refused(f, treestore.InvalidInputError, r"holds 2 safetensors indexes .*import one of them")
 
@@ -341,7 +341,7 @@ def test_cli_export_max_shard_size_and_import_folder(minilm, tmp_path):
     r = CliRunner().invoke(cli, ["export", f"{minilm}#m", f"{folder}/", "--max-shard-size", "20MB", "--json"])
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["shards"] == 5
-    check_layout(folder, 20_000_000)
+    check_shard_set(folder, 20_000_000)
     r = CliRunner().invoke(cli, ["export", f"{minilm}#m", f"{folder}/", "--max-shard-size", "30000000"])
     assert r.exit_code == 2 and "exists" in r.stderr
     r = CliRunner().invoke(cli, ["import", str(folder), f"{minilm}#cli"])
@@ -356,7 +356,7 @@ def test_cli_export_max_shard_size_and_import_folder(minilm, tmp_path):
     assert r.exit_code == 2 and "not a size" in r.stderr
 
 
-def test_sharded_layout_to_and_from_a_store_on_s3(s3_backend, tmp_path):
+def test_shard_set_to_and_from_a_store_on_s3(s3_backend, tmp_path):
     """The store may be on any backend: export from a store on S3 (moto) to a local folder of
     shards, import the folder into another S3 store, and the tensors come back exactly."""
     opts = s3_backend.storage_options
@@ -374,7 +374,7 @@ def test_sharded_layout_to_and_from_a_store_on_s3(s3_backend, tmp_path):
 
 
 def test_import_from_an_fsspec_url(minilm, tmp_path, s3_backend):
-    """A sharded layout (its folder or its index) or a single file at an fsspec URL is copied
+    """A shard set (its folder or its index) or a single file at an fsspec URL is copied
     to a temporary folder, streamed, and imported as a local one: from memory:// and from S3."""
     import fsspec
 

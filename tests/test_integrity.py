@@ -1,4 +1,4 @@
-"""Corruption is always detected, with a distinct error naming the checkpoint and the address."""
+"""Damage is always detected, with a distinct error naming the checkpoint and the address."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def saved(store_url):
 def test_flipped_byte_in_a_chunk(saved, where):
     (path,) = hostile.chunk_paths(saved, "ckpt")["layer/w"]
     hostile.flip_byte(saved, path, where)
-    with pytest.raises(treestore.errors.ChunkCorruptError) as info:
+    with pytest.raises(treestore.errors.ChunkDamagedError) as info:
         treestore.load(saved)
     assert info.value.address == "layer/w" and info.value.checkpoint == "ckpt"
     assert "layer/w: chunk" in str(info.value) and "'ckpt'" in str(info.value)
@@ -34,7 +34,7 @@ def test_flipped_byte_in_a_chunk(saved, where):
 def test_flipped_byte_in_a_pack(saved):
     (path,) = hostile.chunk_paths(saved, "ckpt")["<pack 0>"]
     hostile.flip_byte(saved, path, -1)
-    with pytest.raises(treestore.errors.ChunkCorruptError, match="layer/b: chunk"):
+    with pytest.raises(treestore.errors.ChunkDamagedError, match="layer/b: chunk"):
         treestore.load(saved)
 
 
@@ -42,7 +42,7 @@ def test_flipped_byte_in_a_pack(saved):
 def test_truncated_chunk(saved, keep):
     (path,) = hostile.chunk_paths(saved, "ckpt")["layer/w"]
     hostile.truncate(saved, path, keep)
-    with pytest.raises(treestore.errors.ChunkCorruptError, match="layer/w"):
+    with pytest.raises(treestore.errors.ChunkDamagedError, match="layer/w"):
         treestore.load(saved)
 
 
@@ -61,7 +61,7 @@ def test_oversized_chunk_object_is_not_read_whole(saved):
     (path,) = hostile.chunk_paths(saved, "ckpt")["layer/w"]
     s = hostile.storage(saved)
     s.write(path, [s.read(path) + b"\0" * (4 << 20)])
-    with pytest.raises(treestore.errors.ChunkCorruptError, match="larger than its raw size allows"):
+    with pytest.raises(treestore.errors.ChunkDamagedError, match="larger than its raw size allows"):
         treestore.load(saved)
 
 
@@ -69,19 +69,19 @@ def test_truncated_manifest(saved):
     ref = hostile.ref_record(saved, "ckpt")
     path = _paths.manifest_path(ref["manifest"])
     hostile.truncate(saved, path, 50)
-    with pytest.raises(treestore.errors.ManifestCorruptError, match="manifest of checkpoint 'ckpt'"):
+    with pytest.raises(treestore.errors.ManifestDamagedError, match="manifest of checkpoint 'ckpt'"):
         treestore.load(saved)
 
 
 def test_garbage_manifest_with_matching_digest(saved):
     hostile.write_manifest(saved, "ckpt", None, raw=b"\xc1 not msgpack at all")
-    with pytest.raises(treestore.errors.ManifestCorruptError, match="not valid msgpack"):
+    with pytest.raises(treestore.errors.ManifestDamagedError, match="not valid msgpack"):
         treestore.load(saved)
 
 
 def test_garbage_commit_record(saved):
     hostile.storage(saved).write(_paths.record_path("ckpt"), [b"\x92\x01"])
-    with pytest.raises(treestore.errors.ManifestCorruptError, match="commit record of checkpoint 'ckpt'"):
+    with pytest.raises(treestore.errors.ManifestDamagedError, match="commit record of checkpoint 'ckpt'"):
         treestore.load(saved, "ckpt")
 
 
@@ -134,7 +134,7 @@ def test_missing_checkpoint(store_url):
 def test_hostile_leaf_fields(saved, fields, message):
     hostile.mutate_manifest(saved, "ckpt", hostile.set_leaf("layer/b", **fields))
     with pytest.raises(
-        (treestore.errors.ManifestCorruptError, treestore.UnsupportedFormatError), match=message
+        (treestore.errors.ManifestDamagedError, treestore.UnsupportedFormatError), match=message
     ) as info:
         treestore.load(saved)
     assert "'ckpt'" in str(info.value)
@@ -155,7 +155,7 @@ def test_hostile_leaf_fields(saved, fields, message):
 )
 def test_hostile_manifest_structure(saved, change):
     hostile.mutate_manifest(saved, "ckpt", change)
-    with pytest.raises((treestore.errors.ManifestCorruptError, treestore.UnsupportedFormatError)):
+    with pytest.raises((treestore.errors.ManifestDamagedError, treestore.UnsupportedFormatError)):
         treestore.load(saved)
 
 
@@ -169,7 +169,7 @@ def test_deeply_nested_tree_record(saved, depth):
     deep = level * depth + msgpack.packb({"type": "leaf", "leaf": 0})
     data = msgpack.packb(rec, use_bin_type=True).replace(msgpack.packb("PLACEHOLDER"), deep)
     hostile.write_manifest(saved, "ckpt", None, raw=data)
-    with pytest.raises(treestore.errors.ManifestCorruptError, match=r"deeper than|not valid msgpack"):
+    with pytest.raises(treestore.errors.ManifestDamagedError, match=r"deeper than|not valid msgpack"):
         treestore.load(saved)
 
 
@@ -206,7 +206,7 @@ def test_int_leaf_text_must_be_canonical(saved, value):
     """A big int is stored as its canonical decimal text, only when outside [-2**63, 2**64):
     readers refuse any other text int() would accept, so one value has one encoding."""
     hostile.mutate_manifest(saved, "ckpt", hostile.set_leaf("step", value=value))
-    with pytest.raises(treestore.errors.ManifestCorruptError, match="leaf step: an int leaf holds"):
+    with pytest.raises(treestore.errors.ManifestDamagedError, match="leaf step: an int leaf holds"):
         treestore.load(saved)
     assert not treestore.verify(saved).ok
 
@@ -214,7 +214,7 @@ def test_int_leaf_text_must_be_canonical(saved, value):
 def test_metadata_over_the_writers_limit_is_refused(saved):
     """Writers keep metadata within 1 MiB encoded; readers check the same bound."""
     hostile.mutate_manifest(saved, "ckpt", lambda m: m.update(metadata=bytes(2**20)))
-    with pytest.raises(treestore.errors.ManifestCorruptError, match="over the 1 MiB limit"):
+    with pytest.raises(treestore.errors.ManifestDamagedError, match="over the 1 MiB limit"):
         treestore.load(saved)
     assert not treestore.verify(saved).ok
 
@@ -226,7 +226,7 @@ def test_chunk_of_another_checkpoint_is_caught(saved):
     mine = hostile.chunk_paths(saved, "ckpt")["layer/w"][0]
     s = hostile.storage(saved)
     s.write(mine, [s.read(other)])
-    with pytest.raises(treestore.errors.ChunkCorruptError, match="layer/w"):
+    with pytest.raises(treestore.errors.ChunkDamagedError, match="layer/w"):
         treestore.load(saved, "ckpt")
 
 
@@ -247,7 +247,7 @@ def test_pack_member_whose_digest_lies(store_url, member):
         lambda: treestore.load(store_url, select=f"p{member}"),
         lambda: np.asarray(treestore.open(store_url)[f"p{member}"]),
     ):
-        with pytest.raises(treestore.errors.ChunkCorruptError, match=f"p{member}: chunk 0101") as info:
+        with pytest.raises(treestore.errors.ChunkDamagedError, match=f"p{member}: chunk 0101") as info:
             read()
         assert info.value.address == f"p{member}" and info.value.checkpoint == "ckpt"
     other = f"p{2 - member}"
@@ -282,7 +282,7 @@ def test_packed_pieces_whose_digest_lies(store_url, lie):
         if lie is None:
             assert read().tolist() == values.tolist()
             continue
-        with pytest.raises(treestore.errors.ChunkCorruptError, match="p: chunk 0101") as info:
+        with pytest.raises(treestore.errors.ChunkDamagedError, match="p: chunk 0101") as info:
             read()
         assert info.value.address == "p" and info.value.checkpoint == "ckpt"
     assert treestore.load(store_url, select="q")["q"].tolist() == [1, 1, 1]
@@ -328,7 +328,7 @@ def test_a_manifest_damaged_after_it_was_opened_is_refused_when_reopened(saved):
     ref = hostile.ref_record(saved, "ckpt")
     hostile.truncate(saved, _paths.manifest_path(ref["manifest"]), 50)
     for read in (lambda: treestore.open(saved, "ckpt"), lambda: treestore.load(saved)):
-        with pytest.raises(treestore.errors.ManifestCorruptError, match="manifest of checkpoint 'ckpt'"):
+        with pytest.raises(treestore.errors.ManifestDamagedError, match="manifest of checkpoint 'ckpt'"):
             read()
 
 

@@ -29,14 +29,14 @@ from treestore._engine.committed import read_columns, read_commit_record, read_f
 from treestore._engine.group_runtime import LocalRuntime
 from treestore._engine.parts import UNREAD_PART, complete
 from treestore._engine.write import SaveOptions, SaveResult, prepare
-from treestore._format import parted as parted_module
+from treestore._format import frame as frame_module
 from treestore._format.columns import CHUNK_DTYPE
 from treestore._format.columns_codec import decode_any, decode_columns, encode, encode_columns
 from treestore._format.encoding import digest
+from treestore._format.frame import Frame, ListedPart
 from treestore._format.leaf_table import LeafTable, ref_of
 from treestore._format.part import decode_part, encode_part, leaf_range, part_from_fields
 from treestore._format.part_merge import frame_leaves_from_fields, frame_of
-from treestore._format.parted import Parted, PartRef
 from treestore._format.paths import manifest_path
 from treestore._format.records import ChunkRef, LeafEntry, Piece
 from treestore._format.views import Manifest, leaf_entry
@@ -44,9 +44,9 @@ from treestore._storage.registry import open_storage
 from treestore._tree.leaves import ArrayLeaf
 from treestore.errors import (
     BarrierTimeoutError,
-    ChunkCorruptError,
+    ChunkDamagedError,
     InvalidInputError,
-    ManifestCorruptError,
+    ManifestDamagedError,
     OutOfMemoryError,
     StorageError,
     StructureMismatchError,
@@ -161,8 +161,8 @@ def test_every_process_trusts_the_previous_checkpoints_chunks(store_url):
     again = run_job(storage, job(), "two", options=OPTIONS)
     assert all(isinstance(r, SaveResult) for r in first + again), first + again
     assert sum(r.existence_checks for r in first) > 0
-    assert [(r.existence_checks, r.chunks_written, r.known_from) for r in again] == [(0, 0, "one")] * 4
-    assert sum(r.chunks_known for r in again) == sum(r.chunks_written + r.chunks_reused for r in first)
+    assert [(r.existence_checks, r.chunks_written, r.trusted_from) for r in again] == [(0, 0, "one")] * 4
+    assert sum(r.chunks_trusted for r in again) == sum(r.chunks_written + r.chunks_reused for r in first)
     assert treestore.verify(f"{store_url}#two").ok
 
 
@@ -298,10 +298,10 @@ def test_a_reader_merges_the_parts_into_the_manifest_one_process_would_write():
             manifest.tree, addresses.__getitem__, _written(where, owned[0], packs[0])[0], sharded
         )
         header = {"name": "m", "created": 1.5, "metadata": manifest.metadata, "codec": {}, "chunk_size": 0}
-        refs = [PartRef(digest(p), len(p), *leaf_range(s)) for p, s in zip(parts, shares, strict=True)]
+        refs = [ListedPart(digest(p), len(p), *leaf_range(s)) for p, s in zip(parts, shares, strict=True)]
         frame = frame_of(frame_leaves, header, layout, refs)
         decoded = decode_columns(encode_columns(frame), "m")
-        assert isinstance(decoded, Parted) and decoded.parts == frame.parts
+        assert isinstance(decoded, Frame) and decoded.parts == frame.parts
         columns, problems = complete(decoded, [decode_part(p, layout) for p in parts])
         assert columns is not None and not problems, problems
         assert _resolved(Manifest(columns)) == _resolved(manifest), trial
@@ -459,7 +459,7 @@ def test_the_primary_commits_without_reading_a_part(store_url):
     store = treestore.Store(store_url)
     record = read_commit_record(store.storage, "job")
     frame = decode_any(read_manifest_bytes(store.storage, record), "job")
-    assert isinstance(frame, Parted) and len(frame.parts) == 4
+    assert isinstance(frame, Frame) and len(frame.parts) == 4
     assert not {manifest_path(p.digest) for p in frame.parts} & set(storage.reads)
     assert read_columns(store.storage, record).parts == tuple(p.digest for p in frame.parts)
 
@@ -470,7 +470,7 @@ def test_a_reader_of_some_leaves_reads_only_the_parts_holding_them(store_url):
     saved(store_url)
     storage = Spied(open_storage(store_url))
     frame = read_frame(storage, read_commit_record(storage, "job"))
-    assert isinstance(frame, Parted)
+    assert isinstance(frame, Frame)
     assert [(p.first, p.end) for p in frame.parts] == [(0, 7), (0, 7), (0, 7), (0, 8)]
     parts = [manifest_path(p.digest) for p in frame.parts]
     ckpt = Checkpoint(storage, frame)
@@ -527,19 +527,19 @@ def test_a_frame_that_lists_a_part_s_leaves_wrongly_is_refused(store_url):
     storage = open_storage(store_url)
     record = read_commit_record(storage, "job")
     frame = decode_any(read_manifest_bytes(storage, record), "job")
-    assert isinstance(frame, Parted)
+    assert isinstance(frame, Frame)
     parts = list(frame.parts)
     parts[1] = parts[1]._replace(first=1)
-    commit(storage, encode_columns(replace(frame, parts=tuple(parts))), frame.frame, overwrite=True)
+    commit(storage, encode_columns(replace(frame, parts=tuple(parts))), frame.columns, overwrite=True)
     with pytest.raises(
-        ManifestCorruptError, match=r"process 1: .*a piece lies outside the leaves its frame lists"
+        ManifestDamagedError, match=r"process 1: .*a piece lies outside the leaves its frame lists"
     ):
         treestore.load(store_url, "job")
     for read in (
         lambda: treestore.load(store_url, "job", select="big"),
         lambda: treestore.open(store_url + "#job")["big"],
     ):
-        with pytest.raises(ManifestCorruptError, match=r"leaf big: .*process"):
+        with pytest.raises(ManifestDamagedError, match=r"leaf big: .*process"):
             read()
     np.testing.assert_array_equal(
         treestore.load(store_url, "job", select="whole")["whole"], tree_of()["whole"]
@@ -559,7 +559,7 @@ def _reparted(store_url: str, name: str, k: int, change: Any, *, keep_digest: bo
     storage = open_storage(store_url)
     record = read_commit_record(storage, name)
     frame = decode_any(read_manifest_bytes(storage, record), name)
-    assert isinstance(frame, Parted)
+    assert isinstance(frame, Frame)
     found = frame.parts[k].digest
     data = change(storage.read(manifest_path(found)))
     if data is None:
@@ -571,7 +571,7 @@ def _reparted(store_url: str, name: str, k: int, change: Any, *, keep_digest: bo
     storage.write(manifest_path(digest(data)), [data])
     parts = list(frame.parts)
     parts[k] = parts[k]._replace(digest=digest(data), size=len(data))
-    commit(storage, encode_columns(replace(frame, parts=tuple(parts))), frame.frame, overwrite=True)
+    commit(storage, encode_columns(replace(frame, parts=tuple(parts))), frame.columns, overwrite=True)
 
 
 def _moved_piece(data: bytes) -> bytes:
@@ -638,7 +638,7 @@ def test_a_hostile_part_is_refused_by_readers_naming_its_process(store_url, atta
         lambda: store.manifest("job"),
     )
     for read in reads:
-        with pytest.raises(ManifestCorruptError) as caught:
+        with pytest.raises(ManifestDamagedError) as caught:
             read()
         assert "is stored in parts" in str(caught.value) and expected in str(caught.value), str(caught.value)
         if attack != "pieces that overlap":
@@ -668,10 +668,10 @@ def test_a_packed_piece_a_load_refuses_is_not_copied(store_url):
     naming the leaf, and commits nothing."""
     saved(store_url)
     _reparted(store_url, "job", 1, _packed_digest_flipped)
-    with pytest.raises(ChunkCorruptError):
+    with pytest.raises(ChunkDamagedError):
         treestore.load(store_url, "job")
     dst = f"memory://treestore-tests/copy-{time.monotonic_ns()}"
-    with pytest.raises(ChunkCorruptError) as caught:
+    with pytest.raises(ChunkDamagedError) as caught:
         treestore.copy(f"{store_url}#job", dst)
     assert caught.value.checkpoint == "job" and caught.value.address
     assert "nothing was committed" in str(caught.value)
@@ -697,7 +697,7 @@ def test_a_part_of_many_small_pieces_beside_a_deep_leaf_is_refused_in_bounded_me
     _reparted(store_url, "job", 1, lambda data: _record(data, grow))
     tracemalloc.start()
     try:
-        with pytest.raises(ManifestCorruptError, match=r"leaf v: .*pieces"):
+        with pytest.raises(ManifestDamagedError, match=r"leaf v: .*pieces"):
             treestore.load(store_url, "job")
         peak = tracemalloc.get_traced_memory()[1]
     finally:
@@ -715,7 +715,7 @@ def test_a_part_missing_or_changed_is_refused_by_readers(store_url, damage):
     }
     change = flipped[damage]
     _reparted(store_url, "job", 2, change, keep_digest=True)
-    with pytest.raises(ManifestCorruptError) as caught:
+    with pytest.raises(ManifestDamagedError) as caught:
         treestore.load(store_url, "job")
     expected = "is missing" if damage == "missing" else "does not match its digest"
     assert "process 2: its part" in str(caught.value) and expected in str(caught.value), str(caught.value)
@@ -723,8 +723,8 @@ def test_a_part_missing_or_changed_is_refused_by_readers(store_url, damage):
 
 def test_a_part_over_its_limit_is_not_read(store_url, monkeypatch):
     saved(store_url)
-    monkeypatch.setattr(parted_module, "MAX_PART_BYTES", 100)  # smaller than every part
-    with pytest.raises(ManifestCorruptError) as caught:
+    monkeypatch.setattr(frame_module, "MAX_PART_BYTES", 100)  # smaller than every part
+    with pytest.raises(ManifestDamagedError) as caught:
         treestore.load(store_url, "job")
     assert "a part has a 32-byte digest or a size outside [0, 100]" in str(caught.value), str(caught.value)
 
@@ -733,7 +733,7 @@ def test_a_part_over_its_limit_is_not_read(store_url, monkeypatch):
     ("raised", "expected", "message"),
     [
         (MemoryError(), OutOfMemoryError, "out of memory merging its parts"),
-        (ValueError("a bound the checks missed"), ManifestCorruptError, "unexpected malformation"),
+        (ValueError("a bound the checks missed"), ManifestDamagedError, "unexpected malformation"),
     ],
 )
 def test_a_merge_that_fails_unexpectedly_is_a_treestore_error(
@@ -825,7 +825,7 @@ def test_gc_keeps_the_parts_of_a_checkpoint_until_it_is_deleted(store_url):
     saved(store_url)
     store = treestore.Store(store_url)
     frame = decode_any(read_manifest_bytes(store.storage, read_commit_record(store.storage, "job")), "job")
-    assert isinstance(frame, Parted)
+    assert isinstance(frame, Frame)
     paths = [manifest_path(p.digest) for p in frame.parts]
     store.save({"x": np.arange(3)}, "other")
     store.gc(grace=0)
@@ -876,6 +876,6 @@ def test_parts_over_their_total_limit_are_refused_by_the_primary(store_url, monk
 
 def test_a_frame_whose_parts_are_over_their_total_limit_is_not_read(store_url, monkeypatch):
     saved(store_url)
-    monkeypatch.setattr(parted_module, "MAX_PARTS_BYTES", 1000)
-    with pytest.raises(ManifestCorruptError, match="over the limit of 1000"):
+    monkeypatch.setattr(frame_module, "MAX_PARTS_BYTES", 1000)
+    with pytest.raises(ManifestDamagedError, match="over the limit of 1000"):
         treestore.load(store_url, "job")

@@ -182,7 +182,7 @@ def test_hostile_pieces_are_rejected(store_url, values):
                 leaf["pieces"][1][0] = list(leaf["pieces"][0][0])  # two pieces at one place: a hole
 
     hostile.mutate_manifest(store_url, "c", overlap)
-    with pytest.raises(treestore.errors.ManifestCorruptError, match="w: pieces overlap or leave holes"):
+    with pytest.raises(treestore.errors.ManifestDamagedError, match="w: pieces overlap or leave holes"):
         treestore.load(store_url)
 
 

@@ -99,7 +99,7 @@ def test_corrupt_source_chunk_is_not_propagated(src):
     (path,) = hostile.chunk_paths(src, "step-1")["w"]
     hostile.flip_byte(src, path, -1)
     mem = memory()
-    with pytest.raises(treestore.errors.ChunkCorruptError) as info:
+    with pytest.raises(treestore.errors.ChunkDamagedError) as info:
         treestore.copy(f"{src}#step-1", mem)
     assert info.value.address == "w" and info.value.checkpoint == "step-1"
     assert "nothing was committed" in str(info.value)
@@ -127,10 +127,10 @@ def test_a_packed_leaf_a_load_refuses_is_not_copied(src):
     mem = memory()
     treestore.copy(f"{src}#step-2", mem)  # the destination holds step-2's pack already
     hostile.mutate_manifest(src, "step-2", damage)
-    with pytest.raises(treestore.errors.ChunkCorruptError):
+    with pytest.raises(treestore.errors.ChunkDamagedError):
         treestore.load(f"{src}#step-2")
     for dst in (memory(), f"{mem}#again"):
-        with pytest.raises(treestore.errors.ChunkCorruptError) as info:
+        with pytest.raises(treestore.errors.ChunkDamagedError) as info:
             treestore.copy(f"{src}#step-2", dst)
         assert info.value.address == "b" and info.value.checkpoint == "step-2"
         assert "nothing was committed" in str(info.value)

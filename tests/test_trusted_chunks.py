@@ -82,14 +82,14 @@ def test_second_save_sends_no_request_for_known_chunks(store_url, monkeypatch):
     calls = ChunkCalls(monkeypatch, store)
     tree = model()
     first = store.save(tree, "step-1", options=OPTIONS)
-    assert (first.chunks_written, first.chunks_known, first.known_from) == (CHUNKS, 0, None)
+    assert (first.chunks_written, first.chunks_trusted, first.trusted_from) == (CHUNKS, 0, None)
     assert first.existence_checks == CHUNKS and first.reuse_reads == 0
     assert calls.take() == {"object_size": CHUNKS, "write": CHUNKS}
     tree2 = changed(tree, 3, 2)
     second = store.save(tree2, "step-2", options=OPTIONS)
     new = PER_LAYER + 1  # the changed layer's chunks and the pack
-    assert second.known_from == "step-1"
-    assert second.chunks_known == CHUNKS - new == second.chunks_reused
+    assert second.trusted_from == "step-1"
+    assert second.chunks_trusted == CHUNKS - new == second.chunks_reused
     assert (second.chunks_written, second.existence_checks, second.reuse_reads) == (new, new, 0)
     assert second.chunk_requests == 2 * new
     # The storage saw exactly what the result reports: nothing at all for the known chunks.
@@ -105,12 +105,12 @@ def test_trust_previous_false_checks_every_chunk(store_url, monkeypatch):
     calls = ChunkCalls(monkeypatch, store)
     r = store.save(changed(tree, 0, 2), "step-2", options=OPTIONS, trust_previous=False)
     new = PER_LAYER + 1
-    assert (r.chunks_known, r.known_from) == (0, None)
+    assert (r.chunks_trusted, r.trusted_from) == (0, None)
     assert (r.existence_checks, r.reuse_reads, r.chunks_written) == (CHUNKS, CHUNKS - new, new)
     assert calls.take() == {"object_size": CHUNKS, "read_range": CHUNKS - new, "write": new}
     # the top-level save passes it on
     again = treestore.save(store_url, changed(tree, 1, 3), "step-3", options=OPTIONS, trust_previous=False)
-    assert again.chunks_known == 0 and again.existence_checks == CHUNKS
+    assert again.chunks_trusted == 0 and again.existence_checks == CHUNKS
 
 
 def test_default_hint_is_the_newest_commit_record(tmp_path):
@@ -121,7 +121,7 @@ def test_default_hint_is_the_newest_commit_record(tmp_path):
     time.sleep(0.05)  # mtimes in order
     store.save(later, "a-new", options=OPTIONS)
     r = store.save(changed(later, 6, 3), "c", options=OPTIONS)
-    assert r.known_from == "a-new" and r.chunks_known == CHUNKS - PER_LAYER - 1
+    assert r.trusted_from == "a-new" and r.chunks_trusted == CHUNKS - PER_LAYER - 1
 
 
 @pytest.mark.parametrize("damage", ["manifest", "record"])
@@ -136,7 +136,7 @@ def test_an_unusable_previous_checkpoint_falls_back_to_checking_every_chunk(tmp_
     else:
         store.storage.write(record, [b"not a commit record"])
     r = store.save(tree, "step-2", options=OPTIONS)  # the save succeeds, checking every chunk
-    assert (r.chunks_known, r.known_from, r.existence_checks) == (0, None, CHUNKS)
+    assert (r.chunks_trusted, r.trusted_from, r.existence_checks) == (0, None, CHUNKS)
     assert r.reuse_reads == CHUNKS and r.chunks_written == 0
     assert_tree_equal(store.load("step-2"), tree)
 
@@ -161,7 +161,7 @@ def test_a_poisoned_object_no_checkpoint_references_is_still_checked(tmp_path):
         _chunk_file(root, c.digest).parent.mkdir(parents=True, exist_ok=True)
         _chunk_file(root, c.digest).write_bytes(b"TSC1" + bytes(40))  # poisoned
     r = store.save(tree2, "step-2", options=OPTIONS)
-    assert r.known_from == "step-1" and r.reuse_reads == len(new)
+    assert r.trusted_from == "step-1" and r.reuse_reads == len(new)
     assert r.chunks_written == len(new) + 1  # the poisoned ones rewritten, and the new pack
     assert_tree_equal(store.load("step-2"), tree2)
     assert treestore.verify(str(root)).ok
@@ -179,7 +179,7 @@ def test_a_known_chunk_skips_the_reuse_check_and_verify_finds_its_damage(tmp_pat
     good = _chunk_file(root, c.digest).read_bytes()
     _chunk_file(root, c.digest).write_bytes(good[:-1])
     trusted = store.save(tree, "step-2", options=OPTIONS)
-    assert trusted.chunks_known == CHUNKS and trusted.chunks_written == 0
+    assert trusted.chunks_trusted == CHUNKS and trusted.chunks_written == 0
     report = treestore.verify(str(root))
     assert not report.ok and {p.checkpoint for p in report.problems} == {"step-1", "step-2"}
     repaired = store.save(tree, "step-3", options=OPTIONS, trust_previous=False)
@@ -227,7 +227,7 @@ def test_a_save_never_trusts_chunks_gc_deleted_while_it_waited(tmp_path):
         saver.join(60)
     assert "error" not in outcome, outcome.get("error")
     r = outcome["result"]
-    assert (r.chunks_known, r.chunks_written) == (0, CHUNKS)
+    assert (r.chunks_trusted, r.chunks_written) == (0, CHUNKS)
     assert_tree_equal(store.load("step-2"), tree)
     assert treestore.verify(f"{tmp_path / 'store'}#step-2").ok
 
@@ -241,17 +241,17 @@ def test_manager_trusts_its_last_step(tmp_path):
         treestore.save(url, {"other": np.zeros(5000, np.float32)}, "other")
         m.save(2, changed(tree, 7, 2))
         r = m.last_result
-        assert r is not None and r.known_from == "step-000000001"
-        assert r.chunks_known == LAYERS + 1 - 2  # default options: one chunk a layer, and the pack
+        assert r is not None and r.trusted_from == "step-000000001"
+        assert r.chunks_trusted == LAYERS + 1 - 2  # default options: one chunk a layer, and the pack
         assert r.existence_checks == 2 and r.reuse_reads == 0
         assert_tree_equal(m.restore(), changed(tree, 7, 2))
     with treestore.CheckpointManager(url, async_save=False) as m:  # a new manager: the newest step
         m.save(3, changed(tree, 8, 3))
-        assert m.last_result is not None and m.last_result.known_from == "step-000000002"
+        assert m.last_result is not None and m.last_result.trusted_from == "step-000000002"
     with treestore.CheckpointManager(url, async_save=False, trust_previous=False) as m:
         m.save(4, changed(tree, 9, 4))
         r = m.last_result
-        assert r is not None and r.chunks_known == 0 and r.existence_checks == LAYERS + 1
+        assert r is not None and r.chunks_trusted == 0 and r.existence_checks == LAYERS + 1
 
 
 def test_manager_does_not_trust_a_step_deleted_and_collected_behind_its_back(tmp_path):
@@ -264,7 +264,7 @@ def test_manager_does_not_trust_a_step_deleted_and_collected_behind_its_back(tmp
         assert store.gc(grace=0).chunks_removed == LAYERS + 1
         m.save(2, tree)  # the manager still believes step 1 is there
         r = m.last_result
-        assert r is not None and (r.chunks_known, r.chunks_written) == (0, LAYERS + 1)
+        assert r is not None and (r.chunks_trusted, r.chunks_written) == (0, LAYERS + 1)
         assert_tree_equal(m.restore(), tree)
 
 
@@ -274,13 +274,13 @@ def test_copy_trusts_the_destinations_newest_checkpoint(tmp_path):
     treestore.save(src, tree, "step-1", options=OPTIONS)
     treestore.save(src, changed(tree, 2, 2), "step-2", options=OPTIONS)
     first = treestore.copy(f"{src}#step-1", dst)
-    assert (first.chunks_copied, first.chunks_known) == (CHUNKS, 0)
+    assert (first.chunks_copied, first.chunks_trusted) == (CHUNKS, 0)
     second = treestore.copy(f"{src}#step-2", dst)
-    assert (second.chunks_copied, second.chunks_known) == (PER_LAYER + 1, CHUNKS - PER_LAYER - 1)
-    assert second.chunks_present == second.chunks_known
+    assert (second.chunks_copied, second.chunks_trusted) == (PER_LAYER + 1, CHUNKS - PER_LAYER - 1)
+    assert second.chunks_present == second.chunks_trusted
     assert_tree_equal(treestore.load(f"{dst}#step-2"), changed(tree, 2, 2))
     off = treestore.copy(f"{src}#step-2", f"{dst}#again", trust_previous=False)
-    assert off.chunks_known == 0 and off.chunks_present == CHUNKS
+    assert off.chunks_trusted == 0 and off.chunks_present == CHUNKS
 
 
 # -- on S3: what the real server received -------------------------------------------------------
@@ -346,9 +346,9 @@ def test_s3_second_save_sends_requests_for_changed_chunks_only(s3_backend):
 
     new = PER_LAYER + 1
     assert (first.chunks_written, first.existence_checks) == (CHUNKS, CHUNKS)
-    assert (second.chunks_known, second.known_from) == (CHUNKS - new, "step-1")
+    assert (second.chunks_trusted, second.trusted_from) == (CHUNKS - new, "step-1")
     assert (second.existence_checks, second.reuse_reads, second.chunks_written) == (new, 0, new)
-    assert (unchecked.chunks_known, unchecked.existence_checks) == (0, CHUNKS)
+    assert (unchecked.chunks_trusted, unchecked.existence_checks) == (0, CHUNKS)
     assert (unchecked.reuse_reads, unchecked.chunks_written) == (CHUNKS - new, new)
     assert_tree_equal(store.load("step-2"), tree2)
     if not log.available:

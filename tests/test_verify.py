@@ -49,8 +49,8 @@ def test_shared_corrupt_chunk_is_reported_for_every_checkpoint(two):
     report = treestore.verify(two)
     assert not report.ok
     assert [(p.checkpoint, p.address, p.kind) for p in report.problems] == [
-        ("step-1", "layer/w", "chunk_corrupt"),
-        ("step-2", "layer/w", "chunk_corrupt"),
+        ("step-1", "layer/w", "chunk_damaged"),
+        ("step-2", "layer/w", "chunk_damaged"),
     ]
     assert all("layer/w: chunk" in p.message and p.checkpoint in p.message for p in report.problems)
 
@@ -63,7 +63,7 @@ def test_missing_chunk_and_corrupt_pack_are_all_collected(two):
     assert problems == {
         ("step-1", "layer/w", "chunk_missing"),
         ("step-2", "layer/w", "chunk_missing"),
-        ("step-2", "layer/b", "chunk_corrupt"),  # "step", a Python int, lives in the manifest
+        ("step-2", "layer/b", "chunk_damaged"),  # "step", a Python int, lives in the manifest
     }
 
 
@@ -75,7 +75,7 @@ def test_pack_slice_that_does_not_match_its_leaf(two):
 
     hostile.mutate_manifest(two, "step-1", shift)
     (problem,) = treestore.verify(f"{two}#step-1").problems
-    assert (problem.address, problem.kind) == ("layer/b", "chunk_corrupt")
+    assert (problem.address, problem.kind) == ("layer/b", "chunk_damaged")
     assert "do not match the leaf's digest" in problem.message
 
 
@@ -163,7 +163,7 @@ def test_cli_verify_repair_from(two, tmp_path):
     (path,) = hostile.chunk_paths(two, "step-1")["layer/w"]
     hostile.flip_byte(two, path, -1)
     broken = CliRunner().invoke(cli, ["verify", two])
-    assert broken.exit_code == 1 and "chunk_corrupt" in broken.output
+    assert broken.exit_code == 1 and "chunk_damaged" in broken.output
     fixed = CliRunner().invoke(cli, ["verify", two, "--repair-from", backup])
     assert fixed.exit_code == 0, fixed.output
     assert "repaired 1 chunk(s)" in fixed.output and "ok: every digest matches" in fixed.output

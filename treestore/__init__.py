@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from treestore import errors
 from treestore.errors import (
-    CorruptionError,
+    DamagedError,
     InvalidInputError,
     NotFoundError,
     StorageError,
@@ -75,7 +75,7 @@ __all__ = [
     "Checkpoint",
     "CheckpointManager",
     "Codec",
-    "CorruptionError",
+    "DamagedError",
     "InvalidInputError",
     "LazyLeaf",
     "NotFoundError",
@@ -104,6 +104,8 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     if name == "types":
         return importlib.import_module("treestore.types")
+    if name == "CorruptionError":  # 0.2's name, deprecated (the warning says so)
+        return getattr(errors, name)
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'treestore' has no attribute {name!r}")

@@ -117,19 +117,19 @@ class StructureMismatchError(TreestoreError, ValueError):
 
 
 # --- the store is damaged: data cannot be trusted -------------------------------------------------
-class CorruptionError(TreestoreError):
+class DamagedError(TreestoreError):
     """Stored bytes do not match what the checkpoint promises."""
 
 
-class ChunkCorruptError(CorruptionError):
+class ChunkDamagedError(DamagedError):
     """A chunk's bytes do not hash to its digest, or do not decode to its declared size."""
 
 
-class ChunkMissingError(CorruptionError, NotFoundError):
+class ChunkMissingError(DamagedError, NotFoundError):
     """A chunk the checkpoint references is not in the store."""
 
 
-class ManifestCorruptError(CorruptionError):
+class ManifestDamagedError(DamagedError):
     """A manifest or commit record is truncated, garbage, or breaks the schema or its bounds."""
 
 
@@ -169,3 +169,22 @@ class BarrierTimeoutError(StorageError, TimeoutError):
     def __init__(self, message: str, *, missing: Sequence[int] = (), checkpoint: str | None = None) -> None:
         self.missing = tuple(missing)
         super().__init__(message, checkpoint=checkpoint)
+
+
+# Names of 0.2, kept for code that catches them: each is the class that replaced it.
+_RENAMED = {
+    "CorruptionError": "DamagedError",
+    "ChunkCorruptError": "ChunkDamagedError",
+    "ManifestCorruptError": "ManifestDamagedError",
+}
+
+
+def __getattr__(name: str) -> type[TreestoreError]:
+    new = _RENAMED.get(name)
+    if new is None:
+        raise AttributeError(f"module 'treestore.errors' has no attribute {name!r}")
+    from treestore._deprecated import warn_renamed
+
+    warn_renamed(f"treestore.errors.{name}", new)
+    cls: type[TreestoreError] = globals()[new]
+    return cls

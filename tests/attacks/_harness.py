@@ -283,7 +283,7 @@ def _clear(exc: treestore.TreestoreError) -> str | None:
     """Why ``exc`` is not a clear error, or None."""
     if not str(exc).strip():
         return "has an empty message"
-    if isinstance(exc, (treestore.CorruptionError, treestore.UnsupportedFormatError)) and (
+    if isinstance(exc, (treestore.DamagedError, treestore.UnsupportedFormatError)) and (
         exc.checkpoint is None or repr(exc.checkpoint) not in str(exc)
     ):
         return f"does not name its checkpoint (checkpoint={exc.checkpoint!r})"

@@ -77,7 +77,7 @@ def test_leaf_address_that_is_not_its_tree_position(store, address):
         lambda m: next(x for x in m["leaves"] if x["address"] == "py/n").update(address=address)
     )
     out = store.check(ops=["manifest", "load", "verify"])
-    assert isinstance(out["load"].error, treestore.errors.ManifestCorruptError)
+    assert isinstance(out["load"].error, treestore.errors.ManifestDamagedError)
 
 
 @pytest.mark.timeout(60)
@@ -93,7 +93,7 @@ def test_two_leaves_with_swapped_addresses(store, a, b):
 
     store.mutate_manifest(change)
     out = store.check(ops=["manifest", "load", "open", "verify"])
-    assert isinstance(out["load"].error, treestore.errors.ManifestCorruptError), out["load"]
+    assert isinstance(out["load"].error, treestore.errors.ManifestDamagedError), out["load"]
 
 
 @pytest.mark.timeout(60)
@@ -163,7 +163,7 @@ def test_manifest_that_names_another_checkpoint(store):
         {**store.ref_record(), "manifest": good["manifest"], "manifest_size": good["manifest_size"]}
     )
     out = store.check(ops=["load", "verify"])
-    assert isinstance(out["load"].error, treestore.errors.ManifestCorruptError)
+    assert isinstance(out["load"].error, treestore.errors.ManifestDamagedError)
     assert "good" in str(out["load"].error)
 
 
@@ -172,7 +172,7 @@ def test_commit_record_under_another_name(store):
     """checkpoints/bad holds the record of "good": refused."""
     (store.root / _paths.record_path("bad")).write_bytes(store.ref_bytes("good"))
     out = store.check(ops=["list", "load", "verify all"])
-    assert isinstance(out["load"].error, treestore.errors.ManifestCorruptError)
+    assert isinstance(out["load"].error, treestore.errors.ManifestDamagedError)
 
 
 @pytest.mark.timeout(30)
@@ -190,7 +190,7 @@ def test_key_records_with_indices_beyond_32_bits(store, index, kind):
 
     store.mutate_manifest(change)
     out = store.check(ops=["manifest", "load", "verify"])
-    assert isinstance(out["load"].error, treestore.errors.ManifestCorruptError), out["load"]
+    assert isinstance(out["load"].error, treestore.errors.ManifestDamagedError), out["load"]
     assert "key" in str(out["load"].error)
 
 
@@ -226,7 +226,7 @@ def test_leaf_address_of_the_right_path_in_another_form(store, address):
         lambda m: next(x for x in m["leaves"] if x["address"] == "py/n").update(address=address)
     )
     out = store.check(ops=["manifest", "load", "verify"])
-    assert isinstance(out["load"].error, treestore.errors.ManifestCorruptError), out["load"]
+    assert isinstance(out["load"].error, treestore.errors.ManifestDamagedError), out["load"]
 
 
 @pytest.mark.timeout(30)
@@ -238,7 +238,7 @@ def test_address_segments_with_indices_beyond_32_bits(store, address):
         lambda m: next(x for x in m["leaves"] if x["address"] == "py/n").update(address=address)
     )
     out = store.check(ops=["manifest", "load", "verify"])
-    assert isinstance(out["load"].error, treestore.errors.ManifestCorruptError)
+    assert isinstance(out["load"].error, treestore.errors.ManifestDamagedError)
 
 
 @pytest.mark.timeout(30)
@@ -268,7 +268,7 @@ def test_a_deep_chain_of_long_keys_is_refused_before_its_addresses_are_built(sto
     hostile.write_manifest(store.url, "deep", rec, leaves=ref["leaves"])
     out = store.check(name="deep", ops=["manifest", "load", "open", "verify"], memory=64 * 2**20)
     for op in ("manifest", "load", "open"):
-        assert isinstance(out[op].error, treestore.errors.ManifestCorruptError), (op, out[op])
+        assert isinstance(out[op].error, treestore.errors.ManifestDamagedError), (op, out[op])
         assert "address" in str(out[op].error) and "'deep'" in str(out[op].error)
     assert not out["verify"].value.ok
 

@@ -68,7 +68,7 @@ def test_hostile_columns_are_refused(store, case):
     _rewrite(store, rec)
     out = store.check(ops=["load", "open", "verify"])
     err = out["load"].error
-    assert isinstance(err, (treestore.errors.ManifestCorruptError, treestore.UnsupportedFormatError)), (
+    assert isinstance(err, (treestore.errors.ManifestDamagedError, treestore.UnsupportedFormatError)), (
         case,
         err,
     )

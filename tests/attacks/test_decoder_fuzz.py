@@ -58,7 +58,7 @@ values = strategies.trees(
     max_size=5,
     max_leaves=12,
 )
-ALLOWED = (treestore.errors.ManifestCorruptError, treestore.UnsupportedFormatError)
+ALLOWED = (treestore.errors.ManifestDamagedError, treestore.UnsupportedFormatError)
 MANIFEST_FIELDS = ["name", "created", "metadata", "codec", "chunk_size", "tree", "packs", "leaves"]
 RECORD_FIELDS = ["name", "manifest", "manifest_size", "created", "metadata", "leaves", "nbytes", "check"]
 
@@ -308,7 +308,7 @@ def test_load_of_a_manifest_with_one_field_replaced(data):
 # --- chunk objects ----------------------------------------------------------------------------------
 def _decode_chunk(obj: bytes, size: int) -> None:
     out = np.empty(size, np.uint8)
-    with contextlib.suppress(treestore.errors.ChunkCorruptError, treestore.UnsupportedFormatError):
+    with contextlib.suppress(treestore.errors.ChunkDamagedError, treestore.UnsupportedFormatError):
         _codecs.decode_into(obj, out)
 
 
@@ -366,7 +366,7 @@ def test_real_chunk_with_bytes_changed(data):
     ref = ChunkRef(treestore._format.manifest.digest(good), size, len(chunk))
     try:
         decode_chunk(bytes(obj), ref, out)  # what every reader of a chunk goes through
-    except (treestore.errors.ChunkCorruptError, treestore.UnsupportedFormatError):
+    except (treestore.errors.ChunkDamagedError, treestore.UnsupportedFormatError):
         return
     assert out.tobytes() == good.tobytes(), "a changed chunk decoded to other bytes, unnoticed"
 

@@ -179,7 +179,7 @@ def test_commit_record_changed_without_its_check(store, field, value):
     store.write_ref(raw=msgpack.packb(rec, use_bin_type=True))
     out = check_readers(store.url, root=store.root, ops=["list", "load", "verify all"])
     assert [c.name for c in out["list"].value] == ["good"]
-    assert isinstance(out["load"].error, treestore.errors.ManifestCorruptError)
+    assert isinstance(out["load"].error, treestore.errors.ManifestDamagedError)
 
 
 @pytest.mark.timeout(60)

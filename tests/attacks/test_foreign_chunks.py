@@ -50,7 +50,7 @@ def test_chunk_of_another_checkpoint_with_another_size(store, delta):
 
     store.mutate_manifest(change)
     out = store.check(ops=["load", "open", "verify", "diff"])
-    assert isinstance(out["load"].error, treestore.errors.ChunkCorruptError), errors(out)
+    assert isinstance(out["load"].error, treestore.errors.ChunkDamagedError), errors(out)
     assert out["load"].error.address == "w"
 
 
@@ -60,7 +60,7 @@ def test_pack_of_another_checkpoint(store):
     store.mutate_manifest(lambda m: m["packs"].__setitem__(0, list(good["packs"][0])))
     out = store.check(ops=["load", "open", "verify", "diff"])
     err = out["load"].error
-    assert isinstance(err, treestore.errors.ChunkCorruptError), errors(out)
+    assert isinstance(err, treestore.errors.ChunkDamagedError), errors(out)
     packed = {
         e.address
         for e in treestore.Store(store.url).manifest("good").leaves
@@ -79,9 +79,9 @@ def test_packed_leaf_pointing_at_its_neighbours_bytes(store, shift):
     store.mutate_manifest(change)
     out = store.check(ops=["load", "open", "verify", "diff"])
     assert isinstance(
-        out["load"].error, (treestore.errors.ChunkCorruptError, treestore.errors.ManifestCorruptError)
+        out["load"].error, (treestore.errors.ChunkDamagedError, treestore.errors.ManifestDamagedError)
     )
-    if isinstance(out["load"].error, treestore.errors.ChunkCorruptError):
+    if isinstance(out["load"].error, treestore.errors.ChunkDamagedError):
         assert out["load"].error.address == "small/a"
 
 
@@ -105,7 +105,7 @@ def test_object_swapped_for_another_chunk(store):
     a.write_bytes(b.read_bytes())
     out = store.check(ops=["load", "open", "verify", "diff"])
     assert (
-        isinstance(out["load"].error, treestore.errors.ChunkCorruptError) and out["load"].error.address == "w"
+        isinstance(out["load"].error, treestore.errors.ChunkDamagedError) and out["load"].error.address == "w"
     )
 
 
@@ -125,7 +125,7 @@ def test_manifest_object_rewritten_in_place(store):
     assert len(data) == path.stat().st_size
     path.write_bytes(data)
     out = store.check(ops=["manifest", "load", "open", "verify"])
-    assert isinstance(out["load"].error, treestore.errors.ManifestCorruptError), errors(out)
+    assert isinstance(out["load"].error, treestore.errors.ManifestDamagedError), errors(out)
     assert "digest" in str(out["load"].error)
 
 
@@ -147,4 +147,4 @@ def test_manifest_digest_naming_a_chunk(store):
     size = (store.root / _paths.manifest_path(chunk)).stat().st_size
     store.write_ref({**store.ref_record(), "manifest": chunk, "manifest_size": size})
     out = store.check(ops=["load", "verify"])
-    assert isinstance(out["load"].error, treestore.errors.ManifestCorruptError)
+    assert isinstance(out["load"].error, treestore.errors.ManifestDamagedError)

@@ -1,7 +1,7 @@
 """Unknown codecs, dtypes, leaf kinds, PRNG implementations, node types and format versions.
 
 Something this treestore does not know must be an error (UnsupportedFormatError where the store
-may simply be newer, ManifestCorruptError or ChunkCorruptError where it cannot be valid), never a
+may simply be newer, ManifestDamagedError or ChunkDamagedError where it cannot be valid), never a
 guess; and data the store declares must not reach numpy or jax in a form they reject.
 """
 
@@ -30,7 +30,7 @@ def test_unknown_chunk_codec(store, codec):
     out = store.check(ops=READ_CHUNKS)
     assert errors(out) == dict.fromkeys(["load", "open", "diff"], errors(out)["load"])
     err = out["load"].error
-    assert isinstance(err, (treestore.errors.ChunkCorruptError, treestore.UnsupportedFormatError))
+    assert isinstance(err, (treestore.errors.ChunkDamagedError, treestore.UnsupportedFormatError))
     assert err.address == "w" and f"codec id {codec}" in str(err)
     assert out["verify"].value.problems[0].address == "w"
 
@@ -41,7 +41,7 @@ def test_unknown_chunk_magic(store, magic):
     path = store.chunk_file("w")
     path.write_bytes(magic + path.read_bytes()[4:])
     out = store.check(ops=READ_CHUNKS)
-    assert isinstance(out["load"].error, treestore.errors.ChunkCorruptError)
+    assert isinstance(out["load"].error, treestore.errors.ChunkDamagedError)
     assert out["load"].error.address == "w"
 
 
@@ -83,7 +83,7 @@ def test_unknown_leaf_kind(store, kind):
     store.mutate_manifest(hostile.set_leaf("w", kind=kind))
     out = store.check(ops=["load", "verify"])
     assert isinstance(
-        out["load"].error, (treestore.UnsupportedFormatError, treestore.errors.ManifestCorruptError)
+        out["load"].error, (treestore.UnsupportedFormatError, treestore.errors.ManifestDamagedError)
     )
 
 
@@ -93,7 +93,7 @@ def test_unknown_prng_impl(store, impl):
     store.mutate_manifest(hostile.set_leaf("key", prng_impl=impl))
     out = store.check(ops=["load", "verify"])
     assert isinstance(
-        out["load"].error, (treestore.UnsupportedFormatError, treestore.errors.ManifestCorruptError)
+        out["load"].error, (treestore.UnsupportedFormatError, treestore.errors.ManifestDamagedError)
     )
 
 
@@ -138,7 +138,7 @@ def test_unknown_tree_node_type(store, node_type):
     store.mutate_manifest(change)
     out = store.check(ops=["load", "verify"])
     assert isinstance(
-        out["load"].error, (treestore.UnsupportedFormatError, treestore.errors.ManifestCorruptError)
+        out["load"].error, (treestore.UnsupportedFormatError, treestore.errors.ManifestDamagedError)
     )
 
 
@@ -168,7 +168,7 @@ def test_format_version_that_never_existed(store, version, where):
         store.write_ref({**store.ref_record(), "version": version})
     out = store.check(ops=["load", "verify"])
     assert isinstance(
-        out["load"].error, (treestore.UnsupportedFormatError, treestore.errors.ManifestCorruptError)
+        out["load"].error, (treestore.UnsupportedFormatError, treestore.errors.ManifestDamagedError)
     )
 
 
@@ -181,7 +181,7 @@ def test_bad_byte_plane_width(store, width):
     data[5] = width
     path.write_bytes(bytes(data))
     out = store.check(ops=READ_CHUNKS)
-    assert isinstance(out["load"].error, treestore.errors.ChunkCorruptError)
+    assert isinstance(out["load"].error, treestore.errors.ChunkDamagedError)
 
 
 @pytest.mark.timeout(30)
@@ -199,6 +199,6 @@ def test_plane_fields_of_a_chunk_without_planes(store, field, leaf):
         struct.pack_into("<H", data, 6, 0x5)
     path.write_bytes(bytes(data))
     out = store.check(ops=["load", "verify"])
-    assert isinstance(out["load"].error, treestore.errors.ChunkCorruptError), (
+    assert isinstance(out["load"].error, treestore.errors.ChunkDamagedError), (
         "a non-canonical chunk header was accepted"
     )

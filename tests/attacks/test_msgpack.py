@@ -48,12 +48,12 @@ def test_every_truncation_of_a_manifest_is_refused(store):
     data = (store.root / "manifests" / ref["manifest"].hex()).read_bytes()
     decode_manifest(data, "bad")
     for keep in range(len(data)):
-        with pytest.raises(treestore.errors.ManifestCorruptError):
+        with pytest.raises(treestore.errors.ManifestDamagedError):
             decode_manifest(data[:keep], "bad")
     for keep in range(0, len(data), max(1, len(data) // 40)):
         store.write_manifest(None, raw=data[:keep])
         out = store.check(ops=["load", "verify"], memory=None)
-        assert isinstance(out["load"].error, treestore.errors.ManifestCorruptError)
+        assert isinstance(out["load"].error, treestore.errors.ManifestDamagedError)
 
 
 @pytest.mark.timeout(60)
@@ -62,7 +62,7 @@ def test_every_truncation_of_a_commit_record_is_refused(store):
     for keep in range(len(data)):
         store.write_ref(raw=data[:keep])
         out = store.check(ops=["list", "load", "verify all"], memory=None)
-        assert isinstance(out["load"].error, treestore.errors.ManifestCorruptError), keep
+        assert isinstance(out["load"].error, treestore.errors.ManifestDamagedError), keep
         assert out["load"].error.checkpoint == "bad"
 
 
@@ -78,7 +78,7 @@ def test_msgpack_garbage(store, bomb, where):
         store.write_ref(raw=data)
         ops = ["list", "latest", "load", "verify all"]
     out = store.check(ops=ops, memory=16 * MiB)
-    assert isinstance(out["load"].error, treestore.errors.ManifestCorruptError), out["load"]
+    assert isinstance(out["load"].error, treestore.errors.ManifestDamagedError), out["load"]
 
 
 @pytest.mark.timeout(60)
@@ -87,7 +87,7 @@ def test_decoders_alone(bomb):
     data = BOMBS[bomb]
     with guarded([]), memory_peak() as peak:
         for decode in (decode_manifest, decode_commit_record):
-            with pytest.raises((treestore.errors.ManifestCorruptError, treestore.UnsupportedFormatError)):
+            with pytest.raises((treestore.errors.ManifestDamagedError, treestore.UnsupportedFormatError)):
                 decode(data, "x")
     assert peak[0] < 16 * MiB
 

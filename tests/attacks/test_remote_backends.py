@@ -41,7 +41,7 @@ from ._harness import MiB, _clear, _read_lazily, memory_peak
 
 BACKENDS = ["s3", "gcs", "azure"]
 ERR = treestore.errors
-DAMAGE = (treestore.CorruptionError, treestore.UnsupportedFormatError)
+DAMAGE = (treestore.DamagedError, treestore.UnsupportedFormatError)
 CHUNK_OPS = ("load", "load newest", "load select", "open", "diff")  # every op that reads bad's chunks
 OUTSIDE = {"outside/secret.txt": b"secret", "store-evil/secret.txt": b"secret"}
 
@@ -63,15 +63,15 @@ def _rel(store: Any, path: os.PathLike[str]) -> str:
     return os.path.relpath(path, store.root).replace(os.sep, "/")
 
 
-def flipped_byte(store: Any) -> Expect:  # hostile.flip_byte, as test_corruption_fuzz does
+def flipped_byte(store: Any) -> Expect:  # hostile.flip_byte, as test_damage_fuzz does
     hostile.flip_byte(store.url, _rel(store, store.chunk_file("w", 0)), 100)
-    return Expect(ERR.ChunkCorruptError, "w", "chunk_corrupt")
+    return Expect(ERR.ChunkDamagedError, "w", "chunk_damaged")
 
 
 def truncated_chunk(store: Any) -> Expect:
     path = store.chunk_file("ids", 0)
     hostile.truncate(store.url, _rel(store, path), path.stat().st_size // 2)
-    return Expect(ERR.ChunkCorruptError, "ids", "chunk_corrupt")
+    return Expect(ERR.ChunkDamagedError, "ids", "chunk_damaged")
 
 
 def missing_chunk(store: Any) -> Expect:  # a 404 from the server is a missing chunk, not a StorageError
@@ -82,7 +82,7 @@ def missing_chunk(store: Any) -> Expect:  # a 404 from the server is a missing c
 def swapped_chunk(store: Any) -> Expect:  # test_foreign_chunks: test_object_swapped_for_another_chunk
     a, b = store.chunk_file("w", 0), store.chunk_file("ids", 0)
     a.write_bytes(b.read_bytes())
-    return Expect(ERR.ChunkCorruptError, "w", "chunk_corrupt")
+    return Expect(ERR.ChunkDamagedError, "w", "chunk_damaged")
 
 
 def unknown_codec(store: Any) -> Expect:  # test_formats: test_unknown_chunk_codec
@@ -90,7 +90,7 @@ def unknown_codec(store: Any) -> Expect:  # test_formats: test_unknown_chunk_cod
     data = bytearray(path.read_bytes())
     data[4] = 127
     path.write_bytes(bytes(data))
-    return Expect((ERR.ChunkCorruptError, treestore.UnsupportedFormatError), "w", message="codec id 127")
+    return Expect((ERR.ChunkDamagedError, treestore.UnsupportedFormatError), "w", message="codec id 127")
 
 
 def oversized_chunk(store: Any) -> Expect:  # test_sizes: test_chunk_object_larger_than_its_raw_size_allows
@@ -100,30 +100,30 @@ def oversized_chunk(store: Any) -> Expect:  # test_sizes: test_chunk_object_larg
     obj = path.read_bytes()
     size = int.from_bytes(obj[8:16], "little")
     path.write_bytes(obj + b"\xff" * (size + CHUNK_SLACK + 6 * MiB - len(obj)))  # 6 MiB over
-    return Expect(ERR.ChunkCorruptError, "ids", "chunk_corrupt", memory=4 * MiB)
+    return Expect(ERR.ChunkDamagedError, "ids", "chunk_damaged", memory=4 * MiB)
 
 
 def manifest_field(store: Any) -> Expect:  # test_sizes: test_absurd_shape (a sealed, consistent record)
     store.mutate_manifest(hostile.set_leaf("w", shape=[2**49]))
-    return Expect(ERR.ManifestCorruptError, kind="manifest", memory=64 * MiB)
+    return Expect(ERR.ManifestDamagedError, kind="manifest", memory=64 * MiB)
 
 
 def hostile_address(store: Any) -> Expect:  # test_addresses: test_leaf_address_that_is_not_its_tree_position
     store.mutate_manifest(
         lambda m: next(x for x in m["leaves"] if x["address"] == "py/n").update(address="../../outside")
     )
-    return Expect(ERR.ManifestCorruptError, kind="manifest")
+    return Expect(ERR.ManifestDamagedError, kind="manifest")
 
 
 def truncated_record(store: Any) -> Expect:  # test_msgpack: test_every_truncation_of_a_commit_record...
     data = store.ref_bytes()
     store.write_ref(raw=data[: len(data) // 2])
-    return Expect(ERR.ManifestCorruptError, kind="commit_record", listed=["good"])
+    return Expect(ERR.ManifestDamagedError, kind="commit_record", listed=["good"])
 
 
 def record_over_the_bound(store: Any) -> Expect:  # test_sizes: ..._declaring_a_manifest_over_the_bound
     store.write_ref({**store.ref_record(), "manifest_size": 2**40})
-    return Expect(ERR.ManifestCorruptError, listed=["good"], message="manifest_size", memory=64 * MiB)
+    return Expect(ERR.ManifestDamagedError, listed=["good"], message="manifest_size", memory=64 * MiB)
 
 
 ATTACKS: dict[str, Callable[[Any], Expect]] = {

@@ -66,7 +66,7 @@ def test_empty_leaf_with_absurd_dimensions(store, shape):
 def test_absurd_shape(store, shape):
     store.mutate_manifest(hostile.set_leaf("w", shape=shape))
     out = store.check(ops=["load", "verify"])
-    assert isinstance(out["load"].error, treestore.errors.ManifestCorruptError), errors(out)
+    assert isinstance(out["load"].error, treestore.errors.ManifestDamagedError), errors(out)
 
 
 @pytest.mark.timeout(60)
@@ -127,7 +127,7 @@ def test_negative_or_overflowing_chunk_ref_fields(store, address, index, value):
 
     store.mutate_manifest(change)
     out = store.check(ops=["load", "open", "verify"])
-    assert isinstance(out["load"].error, treestore.errors.ManifestCorruptError), errors(out)
+    assert isinstance(out["load"].error, treestore.errors.ManifestDamagedError), errors(out)
 
 
 @pytest.mark.timeout(30)
@@ -142,7 +142,7 @@ def test_chunk_size_that_disagrees_with_the_object(store):
     store.mutate_manifest(change)
     out = store.check(ops=READ_CHUNKS)
     assert (
-        isinstance(out["load"].error, treestore.errors.ChunkCorruptError) and out["load"].error.address == "w"
+        isinstance(out["load"].error, treestore.errors.ChunkDamagedError) and out["load"].error.address == "w"
     )
 
 
@@ -156,7 +156,7 @@ def test_pack_declared_huge_with_a_small_object(store):
 
     store.mutate_manifest(change)
     out = store.check(ops=["load", "open", "verify"], memory=2 * 256 * MiB + 64 * MiB)
-    assert isinstance(out["load"].error, treestore.errors.ChunkCorruptError)
+    assert isinstance(out["load"].error, treestore.errors.ChunkDamagedError)
 
 
 # --- chunk objects -------------------------------------------------------------------------------
@@ -168,7 +168,7 @@ def test_chunk_header_declares_another_raw_size(store, raw_size):
     struct.pack_into("<Q", data, 8, raw_size)
     path.write_bytes(bytes(data))
     out = store.check(ops=READ_CHUNKS)
-    assert isinstance(out["load"].error, treestore.errors.ChunkCorruptError)
+    assert isinstance(out["load"].error, treestore.errors.ChunkDamagedError)
     assert "ids" in str(out["load"].error)
 
 
@@ -230,7 +230,7 @@ def test_zstd_frames_that_lie(store, case):
         assert case in ("two frames", "trailing garbage"), f"{case}: accepted"
         assert bytes(load.value["ids"].view("uint8")[:size]) == raw
     else:
-        assert isinstance(load.error, treestore.errors.ChunkCorruptError) and load.error.address == "ids"
+        assert isinstance(load.error, treestore.errors.ChunkDamagedError) and load.error.address == "ids"
 
 
 @pytest.mark.timeout(30)
@@ -259,7 +259,7 @@ def test_byte_plane_tables_that_lie(store, lengths):
     path.write_bytes(bytes(obj))
     out = store.check(ops=READ_CHUNKS, memory=16 * MiB)
     assert (
-        isinstance(out["load"].error, treestore.errors.ChunkCorruptError) and out["load"].error.address == "w"
+        isinstance(out["load"].error, treestore.errors.ChunkDamagedError) and out["load"].error.address == "w"
     )
 
 
@@ -274,7 +274,7 @@ def test_raw_chunk_body_of_the_wrong_length(store):
     for body in (raw[:-1], raw + b"\0", b""):
         path.write_bytes(_chunk(_codecs.RAW, size, body))
         out = store.check(ops=READ_CHUNKS)
-        assert isinstance(out["load"].error, treestore.errors.ChunkCorruptError)
+        assert isinstance(out["load"].error, treestore.errors.ChunkDamagedError)
 
 
 @pytest.mark.timeout(30)
@@ -287,7 +287,7 @@ def test_chunk_object_larger_than_its_raw_size_allows(store, extra):
     obj = path.read_bytes()
     path.write_bytes(obj + b"\xff" * (size + CHUNK_SLACK + extra - len(obj)))
     out = store.check(ops=READ_CHUNKS, memory=16 * MiB)
-    assert isinstance(out["load"].error, treestore.errors.ChunkCorruptError), errors(out)
+    assert isinstance(out["load"].error, treestore.errors.ChunkDamagedError), errors(out)
     assert out["load"].error.address == "ids"
 
 
@@ -299,7 +299,7 @@ def test_commit_record_declaring_a_manifest_over_the_bound(store, declared):
     store.write_ref({**store.ref_record(), "manifest_size": declared})
     out = store.check(ops=["list", "load", "verify all"])
     assert [c.name for c in out["list"].value] == ["good"]
-    assert isinstance(out["load"].error, treestore.errors.ManifestCorruptError), errors(out)
+    assert isinstance(out["load"].error, treestore.errors.ManifestDamagedError), errors(out)
     assert "manifest_size" in str(out["load"].error)
 
 
@@ -315,7 +315,7 @@ def test_huge_chunk_object_is_not_read_whole(store):
     path = store.chunk_file("w")
     _sparse(path, 8 * 2**30, path.read_bytes()[:16])
     out = store.check(ops=READ_CHUNKS, memory=16 * MiB)
-    assert isinstance(out["load"].error, treestore.errors.ChunkCorruptError)
+    assert isinstance(out["load"].error, treestore.errors.ChunkDamagedError)
 
 
 @pytest.mark.timeout(60)
@@ -328,7 +328,7 @@ def test_huge_manifest_object_is_not_read_beyond_its_bound(store, declared):
     if declared == "the maximum":
         store.write_ref({**ref, "manifest_size": 256 * MiB})
     out = store.check(ops=["load"], memory=256 * MiB + 64 * MiB)
-    assert isinstance(out["load"].error, treestore.errors.ManifestCorruptError)
+    assert isinstance(out["load"].error, treestore.errors.ManifestDamagedError)
 
 
 @pytest.mark.timeout(60)
@@ -336,7 +336,7 @@ def test_huge_commit_record_is_not_read_whole(store):
     path = store.root / _paths.record_path("bad")
     _sparse(path, 8 * 2**30, path.read_bytes())
     out = store.check(ops=["list", "load", "verify all"], memory=16 * MiB)
-    assert isinstance(out["load"].error, treestore.errors.ManifestCorruptError)
+    assert isinstance(out["load"].error, treestore.errors.ManifestDamagedError)
 
 
 # --- pieces of sharded leaves --------------------------------------------------------------------
@@ -373,7 +373,7 @@ def test_pieces_that_do_not_tile_the_leaf(store, case):
         first[0] = first[0] + [0]
     store.write_manifest(rec)
     out = store.check(ops=["load", "verify"], memory=96 * MiB)
-    assert isinstance(out["load"].error, treestore.errors.ManifestCorruptError), errors(out)
+    assert isinstance(out["load"].error, treestore.errors.ManifestDamagedError), errors(out)
 
 
 @pytest.mark.timeout(60)
@@ -399,7 +399,7 @@ def test_pieces_whose_boundaries_span_too_large_a_grid(store):
 
     store.mutate_manifest(change)
     out = store.check(ops=["manifest", "load", "verify"], memory=96 * MiB)
-    assert isinstance(out["load"].error, treestore.errors.ManifestCorruptError), errors(out)
+    assert isinstance(out["load"].error, treestore.errors.ManifestDamagedError), errors(out)
     assert "grid" in str(out["load"].error)
 
 

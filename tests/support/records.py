@@ -71,7 +71,7 @@ def v1_bytes(m: Any) -> bytes:
 
 
 def columns_of(m: Any) -> Columns:
-    """``m`` as a reader reads it (ManifestCorruptError or UnsupportedFormatError where readers
+    """``m`` as a reader reads it (ManifestDamagedError or UnsupportedFormatError where readers
     refuse it)."""
     c = decode_any(v1_bytes(m), m.name)
     assert isinstance(c, Columns)

@@ -17,7 +17,7 @@ from treestore._engine import parts as _parts
 from treestore._engine import read as _read
 from treestore._format import select as _select
 from treestore._format.columns import ARRAY_CODES, Columns
-from treestore._format.parted import Parted
+from treestore._format.frame import Frame
 from treestore._format.views import Manifest
 from treestore._storage.base import Storage
 from treestore._tree.structure import rebuild
@@ -81,11 +81,11 @@ class Checkpoint:
         ['layer/"0"/b', 'layer/"0"/w']
     """
 
-    def __init__(self, storage: Storage, columns: Columns | Parted) -> None:
+    def __init__(self, storage: Storage, columns: Columns | Frame) -> None:
         self.storage = storage
-        self._parted = columns if isinstance(columns, Parted) else None
+        self._parted = columns if isinstance(columns, Frame) else None
         # Every leaf's address, kind, dtype and shape; a frame's sharded leaves wait for parts.
-        self._frame = columns.frame if isinstance(columns, Parted) else columns
+        self._frame = columns.columns if isinstance(columns, Frame) else columns
         self._parts: _parts.Decoded = {}  # the parts read so far, by index
         self.name = self._frame.name
         self.url = storage.url

@@ -10,7 +10,7 @@ save applies before reusing one (``reusable_size``); a bad one is replaced from 
 destination sees the same commit protocol as a save: lock, chunks, manifest, commit record.
 
 As a save does, a copy takes the chunks of the destination's newest checkpoint as present without
-a request for each (read once it holds the destination's lock: :mod:`treestore._engine.known`),
+a request for each (read once it holds the destination's lock: :mod:`treestore._engine.trusted`),
 and then those of each checkpoint it has committed there.
 """
 
@@ -26,10 +26,11 @@ import numpy as np
 
 from treestore._api.spec import parse_spec
 from treestore._api.verify import Progress
+from treestore._deprecated import renamed_attribute
 from treestore._engine import committed as _committed
-from treestore._engine import known as _known
 from treestore._engine import locks as _locks
 from treestore._engine import memory as _memory
+from treestore._engine import trusted as _trusted
 from treestore._engine.chunk_writer import reusable_size
 from treestore._engine.commit import commit
 from treestore._engine.objects import ChunkObject, chunk_objects
@@ -39,17 +40,17 @@ from treestore._engine.threads import default_threads, run_all
 from treestore._format import paths as _paths
 from treestore._format.columns_codec import encode
 from treestore._format.encoding import digest
+from treestore._format.frame import Frame, ListedPart
 from treestore._format.manifest import check_name
-from treestore._format.parted import Parted, PartRef
 from treestore._storage.base import Storage
 from treestore._storage.registry import open_storage
 from treestore.errors import (
     CheckpointExistsError,
     CheckpointNotFoundError,
-    ChunkCorruptError,
-    CorruptionError,
+    ChunkDamagedError,
+    DamagedError,
     InvalidInputError,
-    ManifestCorruptError,
+    ManifestDamagedError,
     TreestoreError,
 )
 
@@ -68,7 +69,7 @@ class CopyReport:
         chunks_copied: Chunk objects transferred.
         bytes_copied: Stored bytes transferred.
         chunks_present: Chunk objects the destination already held (not transferred).
-        chunks_known: Of those, the ones a checkpoint at the destination references, taken as
+        chunks_trusted: Of those, the ones a checkpoint at the destination references, taken as
             present without a request.
     """
 
@@ -79,7 +80,9 @@ class CopyReport:
     chunks_copied: int
     bytes_copied: int  # stored bytes transferred
     chunks_present: int  # chunks the destination already held
-    chunks_known: int = 0  # of those, chunks a checkpoint there references: no request was sent
+    chunks_trusted: int = 0  # of those, chunks a checkpoint there references: no request was sent
+
+    chunks_known = renamed_attribute("CopyReport", "chunks_known", "chunks_trusted")
 
 
 class _Copier:
@@ -87,8 +90,8 @@ class _Copier:
         self.src, self.dst = src, dst
         self.threads = threads
         self.progress = progress
-        self.copied = self.copied_bytes = self.present = self.known_hits = 0
-        self.known: set[bytes] = set()  # chunks the destination holds (learned under its lock)
+        self.copied = self.copied_bytes = self.present = self.trusted_hits = 0
+        self.trusted: set[bytes] = set()  # chunks the destination holds (learned under its lock)
         self.done = self.total = 0
         self._lock = threading.Lock()
 
@@ -97,7 +100,7 @@ class _Copier:
         leaves it holds)."""
         try:
             return fetch_chunk(self.src, obj.ref)
-        except CorruptionError as exc:
+        except DamagedError as exc:
             raise _refused(exc, obj.owner(), obj.columns.name, self.src.url) from None
 
     def _chunk(self, obj: ChunkObject) -> None:
@@ -108,13 +111,13 @@ class _Copier:
             data, raw = self._fetch(obj)
             for d, offset, size, row in obj.members():
                 if pack_member(raw, offset, size, d) is None:
-                    problem = ChunkCorruptError(member_mismatch(c.digest, offset, size))
+                    problem = ChunkDamagedError(member_mismatch(c.digest, offset, size))
                     address = obj.addresses(np.array([row]))[0]
                     raise _refused(problem, address, obj.columns.name, self.src.url)
-        if c.digest in self.known:
+        if c.digest in self.trusted:
             with self._lock:
                 self.present += 1
-                self.known_hits += 1
+                self.trusted_hits += 1
         elif reusable_size(self.dst, c.digest, c.raw_size) is None:  # none, or a bad one: replace it
             if data is None:
                 data, _ = self._fetch(obj)
@@ -216,9 +219,9 @@ def copy(
         data = _committed.read_manifest_bytes(s, record)
         with _memory.memory_named(f"reading the manifest of checkpoint {n!r}", n):
             found = _committed.read_frame(s, record, data)
-            columns = assemble(s, found) if isinstance(found, Parted) else found
+            columns = assemble(s, found) if isinstance(found, Frame) else found
             objects = _distinct(chunk_objects(columns))
-        parts = found.parts if isinstance(found, Parted) else ()  # copied with it, unless renamed
+        parts = found.parts if isinstance(found, Frame) else ()  # copied with it, unless renamed
         new = check_name(dst_name or n)
         if new != n:
             columns = replace(columns, name=new)
@@ -231,8 +234,8 @@ def copy(
     copied: list[str] = []
     if plans:
         with _locks.save_lock(d) as lock:
-            known = _known.learn(d, bool(trust_previous))  # under the lock, after any gc: safe
-            copier.known = set(known.stored) if known is not None else set()
+            trusted = _trusted.learn(d, bool(trust_previous))  # under the lock, after any gc: safe
+            copier.trusted = set(trusted.stored) if trusted is not None else set()
             for record, parts, columns, data, objects in plans:
                 with _memory.memory_named(f"copying checkpoint {record.name!r}", record.name):
                     copier.chunks(objects, lock)
@@ -240,7 +243,7 @@ def copy(
                 commit(d, data, columns, overwrite=overwrite, version=record.version)
                 copied.append(columns.name)
                 if trust_previous:  # written or checked under this lock, and now referenced
-                    copier.known.update(obj.ref.digest for obj in objects)
+                    copier.trusted.update(obj.ref.digest for obj in objects)
     unchanged = tuple(dst_name or n for n in names if (dst_name or n) not in copied)
     return CopyReport(
         s.url,
@@ -250,7 +253,7 @@ def copy(
         copier.copied,
         copier.copied_bytes,
         copier.present,
-        copier.known_hits,
+        copier.trusted_hits,
     )
 
 
@@ -267,7 +270,7 @@ def _distinct(objects: list[ChunkObject]) -> list[ChunkObject]:
     return list(seen.values()) + extra
 
 
-def _refused(exc: CorruptionError, address: str, checkpoint: str, url: str) -> CorruptionError:
+def _refused(exc: DamagedError, address: str, checkpoint: str, url: str) -> DamagedError:
     return type(exc)(
         f"{address}: {exc} in checkpoint {checkpoint!r} of {url}; nothing was committed at the destination",
         checkpoint=checkpoint,
@@ -275,12 +278,12 @@ def _refused(exc: CorruptionError, address: str, checkpoint: str, url: str) -> C
     )
 
 
-def _copy_parts(src: Storage, dst: Storage, name: str, parts: tuple[PartRef, ...]) -> None:
+def _copy_parts(src: Storage, dst: Storage, name: str, parts: tuple[ListedPart, ...]) -> None:
     """Copy the parts of checkpoint ``name``'s manifest (SPEC.md, section 8), each checked."""
     for found, size, *_ in parts:
         data = part_bytes(src, found, size)
         if isinstance(data, str):  # changed since the manifest was read and checked
-            raise ManifestCorruptError(f"manifest of checkpoint {name!r}: {data}", checkpoint=name)
+            raise ManifestDamagedError(f"manifest of checkpoint {name!r}: {data}", checkpoint=name)
         dst.write(_paths.manifest_path(found), [data])
 
 

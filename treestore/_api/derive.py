@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 
 from treestore._engine import committed as _committed
-from treestore._engine import known as _known
 from treestore._engine import locks as _locks
+from treestore._engine import trusted as _trusted
 from treestore._engine import write as _write
 from treestore._engine.chunk_writer import ChunkWriter
 from treestore._engine.commit import commit
@@ -128,7 +128,7 @@ def derive(
         # references (it is committed) stays in the store.
         record = _committed.read_commit_record(storage, base)
         columns = _committed.read_columns(storage, record)
-        known = _known.KnownChunks(record.name, columns.chunk_objects())  # no request for them
+        trusted = _trusted.TrustedChunks(record.name, columns.chunk_objects())  # no request for them
         tree = NodesEdit(columns.nodes, base, [nodes for _, nodes in grafts])
         moving = _resolve_moves(tree, moves)
         if drop is not None:
@@ -150,7 +150,7 @@ def derive(
             ) from None
         meta = columns.metadata if metadata is KEEP else metadata
         return _write_derived(
-            storage, columns, new, derived, new_leaves, meta, options, lock, overwrite, known
+            storage, columns, new, derived, new_leaves, meta, options, lock, overwrite, trusted
         )
 
 
@@ -218,10 +218,10 @@ def _write_derived(
     options: _write.SaveOptions,
     lock: _locks.Lock,
     overwrite: bool,
-    known: _known.KnownChunks,
+    trusted: _trusted.TrustedChunks,
 ) -> _write.SaveResult:
     """Write the new leaves' chunks with the save path's chunk writer (taking the base's chunks,
-    read under ``lock``, as known), then commit. The derived manifest's columns are the kept
+    read under ``lock``, as trusted), then commit. The derived manifest's columns are the kept
     leaves' rows of the base (statistics included) and the new leaves' as a save records them,
     in the order of the new tree."""
     placed = np.flatnonzero(tree.source == 1)
@@ -230,7 +230,7 @@ def _write_derived(
         nodes_from_tree({"type": "none"}, 0),
         tuple((addresses.get(i, ""), leaf) for i, leaf in enumerate(new_leaves)),
     )
-    writer = ChunkWriter(storage, options.codec, None, known)
+    writer = ChunkWriter(storage, options.codec, None, trusted)
     table = LeafTable()
     new_packs = _write._write_leaves(prepared, options, writer, lock, table)
     header = {

@@ -266,13 +266,13 @@ def _columns(header: list[str], rows: list[list[str]], right: set[int]) -> list[
     ]
 
 
-LAYOUT = "layout"  # equal types saved with other chunk layouts: the data must be compared
+CUT = "cut"  # equal types cut into other chunks or pieces: the data must be compared
 
 
 def _compare(ca: Columns, ia: np.ndarray, cb: Columns, ib: np.ndarray) -> tuple[list[str], np.ndarray]:
     """How pairs of leaves at one address whose digests differ (``ca`` leaf ia[k], ``cb`` leaf
-    ib[k]) differ, column by column: each pair's status (LAYOUT when only their data can tell)
-    and, where their chunk layouts match, the share of chunks whose digests differ (else NaN)."""
+    ib[k]) differ, column by column: each pair's status (CUT when only their data can tell)
+    and, where they are cut into chunks alike, the share of chunks whose digests differ (else NaN)."""
     a, b = ca.leaves[ia], cb.leaves[ib]
     array_a, array_b = a["kind"] < ARRAY_CODES, b["kind"] < ARRAY_CODES
     arrays = array_a & array_b
@@ -286,7 +286,7 @@ def _compare(ca: Columns, ia: np.ndarray, cb: Columns, ib: np.ndarray) -> tuple[
     rest = arrays & ~shape & ~dtype
     plain, share = ca.chunk_changes(ia, cb, ib)
     status[rest & plain & (share == 0)] = UNCHANGED
-    status[rest & ~plain] = LAYOUT
+    status[rest & ~plain] = CUT
     return status.tolist(), np.where(rest & plain, share, np.nan)
 
 
@@ -417,7 +417,7 @@ def _compared(
     address = a.columns.address(i)
     frac = None if math.isnan(share) else share
     leaf_stats = None
-    if status == LAYOUT:
+    if status == CUT:
         status = CHANGED if _bytes_differ(a[address], b[address]) else UNCHANGED
         if stats and status == CHANGED:
             leaf_stats = _values.whole_stats(a[address], b[address])

@@ -146,7 +146,7 @@ def whole_stats(a: LazyLeaf, b: LazyLeaf) -> LeafStats:
 
 
 def chunk_stats(a: Checkpoint, i: int, b: Checkpoint, j: int) -> LeafStats:
-    """The statistics of leaf i of a and leaf j of b, of one chunk layout, read chunk by chunk:
+    """The statistics of leaf i of a and leaf j of b, cut into chunks alike, read chunk by chunk:
     a chunk whose digest is the same in both is read once (for the norm of a)."""
     acc = _Accumulator()
     pa, pb = leaf_pieces(a.columns, i), leaf_pieces(b.columns, j)  # the same pieces, chunk for chunk

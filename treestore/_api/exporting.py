@@ -1,5 +1,5 @@
 """Export of a checkpoint as a .safetensors, .npz or flax msgpack file, an orbax checkpoint
-folder, or the Hugging Face sharded layout; key paths are joined into the key names import split
+folder, or the Hugging Face shard set; key paths are joined into the key names import split
 them from (:mod:`treestore._api.importing`)."""
 
 from __future__ import annotations
@@ -142,7 +142,7 @@ def export_file(
     orbax CheckpointManager folder as step 5, export to ``mgr/5/default``. A safetensors file
     gets back the metadata block of the file it was imported from.
 
-    Hugging Face's sharded layout: with ``max_shard_size`` (bytes, or a size such as ``"5GB"``,
+    Hugging Face's shard set: with ``max_shard_size`` (bytes, or a size such as ``"5GB"``,
     ``"500MB"``: decimal units, as Hugging Face reads them), or with ``path`` a folder (existing,
     or ending in ``/``) and ``format="safetensors"`` (5GB shards by default), tensors that exceed
     one shard go in ``model-00001-of-0000N.safetensors`` ... (``STEM-...`` next to a
@@ -167,7 +167,7 @@ def export_file(
         overwrite: Replace ``path`` if it exists.
         storage_options: Options for the fsspec filesystem of ``src``.
         progress: Called as ``progress(done, total)`` with bytes written.
-        max_shard_size: Write Hugging Face's sharded layout with shards of at most this many
+        max_shard_size: Write Hugging Face's shard set with shards of at most this many
             bytes (an int, or a size such as ``"5GB"``).
 
     Returns:
@@ -251,7 +251,7 @@ def export_file(
 
 
 def _shard_folder(path: str | os.PathLike[str], format: str | None, max_shard_size: object) -> Path | None:
-    """The folder to write Hugging Face's layout in, when ``path`` names one (an existing folder,
+    """The folder to write Hugging Face's shard set in, when ``path`` names one (an existing folder,
     or a path ending in ``/``) and the export is a safetensors one (``format``, or a
     ``max_shard_size`` without a format: a folder alone means orbax)."""
     text = os.fspath(path)

@@ -115,7 +115,7 @@ def load(
         NoMatchError: A ``select`` pattern matches no leaf.
         InvalidInputError: ``spec`` is not a checkpoint spec, or an argument is refused as by
             :meth:`Store.load`.
-        CorruptionError: A chunk or manifest fails its digest or is missing.
+        DamagedError: A chunk or manifest fails its digest or is missing.
 
     Examples:
         >>> import numpy as np, treestore

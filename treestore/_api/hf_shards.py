@@ -1,4 +1,4 @@
-"""The Hugging Face sharded safetensors layout: ``model-00001-of-00003.safetensors`` ... plus
+"""The Hugging Face shard set: ``model-00001-of-00003.safetensors`` ... plus
 ``model.safetensors.index.json`` (``{"metadata": {"total_size": N}, "weight_map": {tensor: file}}``,
 ``total_size`` the bytes of tensor data of all shards).
 
@@ -7,7 +7,7 @@ and followed by each tensor's bytes read one leaf at a time, so an export holds 
 in memory. Each shard is written under a temporary name and renamed, and the index is written
 last the same way, so a killed export never leaves an index naming a missing or partial shard.
 
-Import checks the whole layout before anything is saved: every file the index names is a
+Import checks the whole shard set before anything is saved: every file the index names is a
 regular file whose header is checked as a single file's is, every tensor is in the one file the
 index names, no shard holds a tensor the index lacks, and ``total_size`` is what the tensors
 hold. The tensors are then handed to the save as read-only memory maps of the shards, so the
@@ -32,7 +32,7 @@ from treestore._api import file_formats as _formats
 from treestore._api.checkpoint import Checkpoint
 from treestore._format.limits import MiB
 from treestore._format.views import Stored
-from treestore.errors import CorruptionError, InvalidInputError, StorageError, UnsupportedFormatError
+from treestore.errors import DamagedError, InvalidInputError, StorageError, UnsupportedFormatError
 
 INDEX_SUFFIX = ".safetensors.index.json"
 DEFAULT_SHARD_SIZE = "5GB"  # what transformers' save_pretrained uses
@@ -145,7 +145,7 @@ def _write_shard(
             data = np.asarray(ckpt[t.entry.address])
             data = data.astype(data.dtype.newbyteorder("<"), order="C", copy=False)  # 0-d stays 0-d
             if data.nbytes != t.nbytes or data.shape != t.entry.shape:
-                raise CorruptionError(
+                raise DamagedError(
                     f"{t.entry.address}: read {data.shape} ({data.nbytes:,} bytes); its manifest "
                     f"says {t.entry.shape} ({t.nbytes:,} bytes)",
                     address=t.entry.address,
@@ -267,16 +267,16 @@ def load_index(index: Path) -> tuple[dict[str, str], int | None]:
 
 def _shard_header(index: Path, path: Path) -> tuple[dict[str, _formats.StTensor], dict[str, str]]:
     if not os.path.lexists(path):
-        raise CorruptionError(f"{index} names shard {path.name}, which is missing from {path.parent}")
+        raise DamagedError(f"{index} names shard {path.name}, which is missing from {path.parent}")
     _formats.check_kind(path, "a regular file")
     found, meta, _ = _formats.safetensors_header(path)
     return found, meta
 
 
 def read_shards(index: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The tensors of the layout ``index`` describes, as read-only memory maps, and the record
+    """The tensors of the shard set ``index`` describes, as read-only memory maps, and the record
     of where they came from (the first shard's metadata block, the index's name, the shard
-    count), once the whole layout is checked (see the module's docstring)."""
+    count), once the whole shard set is checked (see the module's docstring)."""
     weight_map, total = load_index(index)
     folder = index.parent
     files = list(dict.fromkeys(weight_map.values()))
@@ -285,9 +285,9 @@ def read_shards(index: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     for file, (found, _) in headers.items():
         for name in found:
             if name in holder:
-                raise CorruptionError(f"{index}: tensor {name!r} is in two shards, {holder[name]} and {file}")
+                raise DamagedError(f"{index}: tensor {name!r} is in two shards, {holder[name]} and {file}")
             if name not in weight_map:
-                raise CorruptionError(
+                raise DamagedError(
                     f"{folder / file}: holds tensor {name!r}, which {index.name} does not name"
                 )
             holder[name] = file
@@ -295,10 +295,10 @@ def read_shards(index: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     for name, file in weight_map.items():
         if holder.get(name) != file:
             where = f"it is in {holder[name]}" if name in holder else "no shard holds it"
-            raise CorruptionError(f"{index}: tensor {name!r} should be in {file}, but {where}")
+            raise DamagedError(f"{index}: tensor {name!r} should be in {file}, but {where}")
     data = sum(t.stop - t.start for found, _ in headers.values() for t in found.values())
     if total is not None and total != data:
-        raise CorruptionError(f"{index}: total_size is {total:,} bytes, but its tensors hold {data:,}")
+        raise DamagedError(f"{index}: total_size is {total:,} bytes, but its tensors hold {data:,}")
     flat: dict[str, Any] = {}
     for file, (found, _) in headers.items():
         whole = _map(folder / file)
@@ -316,7 +316,7 @@ def _check_unnamed(index: Path, named: set[str]) -> None:
     pattern = re.compile(re.escape(stem) + r"-\d+-of-\d+\.safetensors")
     for p in sorted(index.parent.iterdir()):
         if pattern.fullmatch(p.name) and p.name not in named:
-            raise CorruptionError(
+            raise DamagedError(
                 f"{p}: a shard file in the folder of {index.name} that the index does not name; "
                 "remove it or fix the index"
             )

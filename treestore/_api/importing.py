@@ -1,5 +1,5 @@
 """Import of other checkpoint formats — .safetensors, .npz, flax msgpack, orbax folders, the
-Hugging Face sharded layout — as treestore checkpoints.
+Hugging Face shard set — as treestore checkpoints.
 
 Flat formats (safetensors, npz) name tensors with keys like ``encoder.layer.0.w``; on import a key
 is split at ``.`` and ``/`` into nested dicts with string keys (``{"encoder": {"layer": {"0":
@@ -70,7 +70,7 @@ def read_file(
     if not p.exists():
         raise NotFoundError(f"no file or folder {str(p)!r}")
     index = _shards.find_index(p) if format in (None, "safetensors") else None
-    if index is not None:  # the Hugging Face sharded layout
+    if index is not None:  # the Hugging Face shard set
         fmt = "safetensors"
         tree, extra = _shards.read_shards(index)
         p = index
@@ -109,15 +109,15 @@ def import_file(
     source_storage_options: dict[str, Any] | None = None,
 ) -> _write.SaveResult:
     """Save the tensors of a .safetensors, .npz or flax .msgpack file, of an orbax checkpoint
-    folder, or of a Hugging Face sharded safetensors layout (its ``*.safetensors.index.json``, or
+    folder, or of a Hugging Face shard set (its ``*.safetensors.index.json``, or
     the folder holding it), as checkpoint ``dst`` (``URL#NAME``; without a name, the file's stem).
 
-    A sharded layout is checked whole before anything is saved (every shard present and a
+    A shard set is checked whole before anything is saved (every shard present and a
     regular file, every tensor in the one shard the index names, no shard of the folder holding
     tensors the index lacks, ``total_size`` right) and its tensors are saved from read-only
     memory maps of the shards, one chunk at a time, so the import holds little more than a
     chunk per saving thread in memory. ``path`` may be an fsspec URL (``s3://bucket/model``,
-    ``hf://...``, ``https://...``) of a file or of a sharded layout: it is copied, streamed, to a
+    ``hf://...``, ``https://...``) of a file or of a shard set: it is copied, streamed, to a
     temporary local folder first (an orbax folder is imported from a local path only).
 
     The checkpoint's metadata is ``{"source": {...}}`` (format, file name, separator, the file's
@@ -131,7 +131,7 @@ def import_file(
     from it; the saver's ``custom_metadata`` is kept in the source record.
 
     Args:
-        path: The file, orbax folder, or sharded layout (its folder or index).
+        path: The file, orbax folder, or shard set (its folder or index).
         dst: The checkpoint to write: ``URL#NAME``, or ``URL`` to name it after the file's stem.
         format: ``"safetensors"``, ``"npz"``, ``"msgpack"`` or ``"orbax"`` (default: from the
             suffix; a folder is an orbax checkpoint).

@@ -132,7 +132,7 @@ class LazyLeaf:
             A numpy array (or numpy scalar), a jax array, or a jax PRNG key array, as saved.
 
         Raises:
-            CorruptionError: A chunk of the leaf is missing or does not match its digest.
+            DamagedError: A chunk of the leaf is missing or does not match its digest.
         """
         return restore_array(self.kind, self.region(), self._prng_impl, weak_type=self._weak_type)
 
@@ -147,7 +147,7 @@ class LazyLeaf:
 
         Raises:
             OutOfBoundsError: A slice with a step other than 1.
-            CorruptionError: A chunk of the leaf is missing or does not match its digest.
+            DamagedError: A chunk of the leaf is missing or does not match its digest.
         """
         box = _region.normalize(region, self.shape, self.address)
         return _region.read_region(self.reader, self._pieces, box)

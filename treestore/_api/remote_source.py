@@ -1,10 +1,10 @@
-"""Importing from an fsspec URL: the file, or the Hugging Face sharded layout, copied to a
+"""Importing from an fsspec URL: the file, or the Hugging Face shard set, copied to a
 temporary local folder first, so every check and reader of a local import applies unchanged.
 
 A copy is streamed to disk file by file (never held in memory whole), and what is copied is
 bounded before it is: an index is read only up to its cap and must name plain file names in its
 folder; a shard or file is copied only if the filesystem lists it as a file. An orbax folder is
-not fetched (it is many files, whose layout orbax decides): import it from a local path.
+not fetched (it is many files, whose structure orbax decides): import it from a local path.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def local_copy(path: str | os.PathLike[str], storage_options: dict[str, Any] | N
 @contextlib.contextmanager
 def fetched(url: str, storage_options: dict[str, Any] | None = None) -> Iterator[Path]:
     """A local copy of what ``url`` names, in a temporary folder removed on exit: a single file,
-    a sharded layout's index (with every shard it names), or a folder holding one index."""
+    a shard set's index (with every shard it names), or a folder holding one index."""
     try:
         fs, root = fsspec.core.url_to_fs(url, **(storage_options or {}))
     except (ImportError, ValueError, TypeError) as exc:
@@ -66,7 +66,7 @@ def _copy(fs: Any, root: str, url: str, local: Path) -> Path:
         if len(found) != 1:
             raise InvalidInputError(
                 f"{url} holds {len(found)} safetensors indexes; only a file or a folder of one "
-                "sharded safetensors layout is imported from a URL (import an orbax folder from a "
+                "safetensors shard set is imported from a URL (import an orbax folder from a "
                 "local path)"
             )
         index = posixpath.join(root, found[0])

@@ -392,7 +392,7 @@ class Store:
                 every difference), or a class in ``types`` does not match its stored fields.
             NoMatchError: A ``select`` pattern matches no leaf.
             InvalidInputError: ``prefix`` or ``partial`` without ``like``, or ``types`` with it.
-            CorruptionError: A chunk or manifest fails its digest or is missing.
+            DamagedError: A chunk or manifest fails its digest or is missing.
         """
         if (prefix or partial) and like is None:
             raise InvalidInputError(f"{'prefix=' if prefix else 'partial='} only applies with like=")

@@ -10,7 +10,7 @@ from typing import Any
 
 from treestore._api.retention import HealthCheck, StepInfo, check_step, newest_healthy, step_infos, step_name
 from treestore._api.store import Store
-from treestore.errors import CheckpointNotFoundError, CorruptionError, TreestoreError
+from treestore.errors import CheckpointNotFoundError, DamagedError, TreestoreError
 
 _log = logging.getLogger("treestore")
 
@@ -77,7 +77,7 @@ class Tiers:
         info, store = self.find(step)
         try:
             return store.load(info.name, **kwargs)
-        except CorruptionError as exc:
+        except DamagedError as exc:
             if store is not self.local or self.remote is None or info.step not in step_infos(self.remote):
                 raise
             _log.warning(

@@ -28,7 +28,7 @@ from treestore._format.columns import Columns
 from treestore._storage.base import Storage
 from treestore.errors import (
     CheckpointNotFoundError,
-    CorruptionError,
+    DamagedError,
     InvalidInputError,
     TreestoreError,
     UnsupportedFormatError,
@@ -271,7 +271,7 @@ def readable(storage: Storage) -> tuple[list[Checkpoint], tuple[tuple[str, str],
             views.append(Checkpoint(storage, _committed.read_columns(storage, r)))
         except CheckpointNotFoundError:
             continue  # deleted since the listing
-        except (CorruptionError, UnsupportedFormatError) as exc:
+        except (DamagedError, UnsupportedFormatError) as exc:
             problems[r.name] = exc
     newer = [e for e in problems.values() if isinstance(e, UnsupportedFormatError)]
     if newer:

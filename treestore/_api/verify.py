@@ -30,7 +30,7 @@ from treestore._storage.base import Storage
 from treestore._storage.registry import open_storage
 from treestore.errors import (
     CheckpointNotFoundError,
-    ChunkCorruptError,
+    ChunkDamagedError,
     ChunkMissingError,
     OutOfMemoryError,
     StorageError,
@@ -41,11 +41,11 @@ from treestore.errors import (
 Progress = Callable[[int, int], None]  # (bytes done so far, total bytes)
 
 # Kinds of problem, as found in :attr:`VerifyProblem.kind`.
-RECORD, MANIFEST, CHUNK_MISSING, CHUNK_CORRUPT, STORAGE, UNSUPPORTED = (
+RECORD, MANIFEST, CHUNK_MISSING, CHUNK_DAMAGED, STORAGE, UNSUPPORTED = (
     "commit_record",
     "manifest",
     "chunk_missing",
-    "chunk_corrupt",
+    "chunk_damaged",
     "storage",
     "unsupported",
 )
@@ -59,7 +59,7 @@ class VerifyProblem:
     Attributes:
         checkpoint: The checkpoint affected (None when the problem is not one checkpoint's).
         address: The leaf affected (None when the problem is not a leaf's).
-        kind: ``"commit_record"``, ``"manifest"``, ``"chunk_missing"``, ``"chunk_corrupt"``,
+        kind: ``"commit_record"``, ``"manifest"``, ``"chunk_missing"``, ``"chunk_damaged"``,
             ``"storage"`` (a read failed) or ``"unsupported"`` (a format, codec or dtype this
             version does not know).
         message: What is wrong, naming the checkpoint and the address.
@@ -115,8 +115,8 @@ class VerifyReport:
 def _kind(exc: TreestoreError, default: str) -> str:
     if isinstance(exc, ChunkMissingError):
         return CHUNK_MISSING
-    if isinstance(exc, ChunkCorruptError):
-        return CHUNK_CORRUPT
+    if isinstance(exc, ChunkDamagedError):
+        return CHUNK_DAMAGED
     if isinstance(exc, UnsupportedFormatError):
         return UNSUPPORTED
     if isinstance(exc, StorageError):
@@ -183,8 +183,8 @@ class _Verifier:
             _, raw = fetch_chunk(self.storage, job.ref)
         except TreestoreError as exc:
             for use in job.uses:
-                self._report(use, _kind(exc, CHUNK_CORRUPT), str(exc))
-            if isinstance(exc, (ChunkMissingError, ChunkCorruptError)):
+                self._report(use, _kind(exc, CHUNK_DAMAGED), str(exc))
+            if isinstance(exc, (ChunkMissingError, ChunkDamagedError)):
                 with self._lock:
                     self.bad.append(job.ref)
         else:
@@ -201,7 +201,7 @@ class _Verifier:
                         bad.setdefault((d, offset, size), []).append(row)
                 for (_, offset, size), rows in bad.items():
                     problem = member_mismatch(job.ref.digest, offset, size)
-                    self._report(use, CHUNK_CORRUPT, problem, np.array(rows))
+                    self._report(use, CHUNK_DAMAGED, problem, np.array(rows))
         with self._lock:
             self.done += job.ref.raw_size
             if self.progress is not None:
@@ -293,7 +293,7 @@ def _repair(storage: Storage, source: Storage, ref: ChunkRef) -> bool:
     (decoded and checked against its digest first); False if it does not."""
     try:
         data, _ = fetch_chunk(source, ref)
-    except (ChunkMissingError, ChunkCorruptError):
+    except (ChunkMissingError, ChunkDamagedError):
         return False
     storage.write(_paths.chunk_path(ref.digest), [data])
     return True

@@ -25,7 +25,7 @@ from treestore._storage.base import Storage
 from treestore._storage.registry import open_storage
 from treestore.errors import (
     CheckpointNotFoundError,
-    CorruptionError,
+    DamagedError,
     InvalidInputError,
     StorageError,
     TreestoreError,
@@ -78,7 +78,7 @@ class _Poller:
                 record = _committed.read_commit_record(self.storage, name)
             except CheckpointNotFoundError:
                 continue  # deleted since the listing
-            except (CorruptionError, UnsupportedFormatError) as exc:
+            except (DamagedError, UnsupportedFormatError) as exc:
                 self._skip(name, None, exc)
                 continue
             except StorageError as exc:
@@ -94,7 +94,7 @@ class _Poller:
         """The verified view of a new checkpoint, or None (with a warning) when it is damaged."""
         try:
             columns = _committed.read_columns(self.storage, record)
-        except (CorruptionError, UnsupportedFormatError) as exc:
+        except (DamagedError, UnsupportedFormatError) as exc:
             self._skip(record.name, record.manifest, exc)
             return None
         except StorageError as exc:

@@ -23,7 +23,7 @@ import numpy as np
 from treestore._engine.memory import allocate
 from treestore._engine.read import ChunkReader
 from treestore._engine.region import copy_members, leaf_pieces, plan_regions, run_in_threads
-from treestore._format.columns import ARRAY_CODES, DTYPE_NAMES, PIECED, Columns
+from treestore._format.columns import ARRAY_CODES, DTYPE_NAMES, IN_PIECES, Columns
 from treestore._format.dtypes import dtype_from_name
 
 Arrays = dict[int, np.ndarray[Any, Any]]
@@ -39,14 +39,14 @@ def read_leaves(reader: ChunkReader, columns: Columns, which: np.ndarray, *, thr
     single = rows["chunks"] == 1
     pack = np.full(len(which), -1, np.int64)
     pack[single] = columns.chunks["pack"][first[single]]
-    member = (pack >= 0) & ((rows["flags"] & PIECED) == 0)
+    member = (pack >= 0) & ((rows["flags"] & IN_PIECES) == 0)
     out: Arrays = {}
     jobs: list[Callable[[], None]] = []  # reading and decoding: in parallel
     fills: list[Callable[[], None]] = []
     assemble: list[Callable[[], None]] = []  # Python work on decoded packs: in this thread
     needed: dict[int, int] = {}  # the packs to read, each with a leaf that needs it
     for i in which[~member].tolist():  # leaves with chunks of their own, or in pieces
-        boxes = columns.piece_rows(i) if columns.leaves["flags"][i] & PIECED else None
+        boxes = columns.piece_rows(i) if columns.leaves["flags"][i] & IN_PIECES else None
         if boxes is not None and _packed(columns, boxes):
             dtype = dtype_from_name(DTYPE_NAMES[columns.leaves["dtype"][i]])
             address = columns.address(i)

@@ -1,5 +1,5 @@
 """Writing chunk objects: each chunk hashed and encoded from one copy of its bytes, taken as
-known or reused when the store already holds it under its name, written otherwise, and named
+trusted or reused when the store already holds it under its name, written otherwise, and named
 once its bytes are durable (SPEC.md §4, §5.2). Saves, derive and copy write through it.
 """
 
@@ -14,7 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from treestore._engine import known as _known
+from treestore._deprecated import renamed_attribute
+from treestore._engine import trusted as _trusted
 from treestore._engine.threads import Batch, shared_pool
 from treestore._format import paths as _paths
 from treestore._format import stats as _stats
@@ -29,10 +30,11 @@ class SaveResult:
     """What a save did: how much it stored, how much it found already in the store, and the
     requests it sent for chunks.
 
-    Every chunk is written (``chunks_written``), or reused (``chunks_reused``): taken as known
-    from the checkpoint the save learned them from (``chunks_known``, ``known_from``; no request
-    at all), or found in the store by an existence check (a HEAD on object stores) and a reuse
-    read of its first bytes. ``chunk_requests`` adds those up; learning the known chunks took up
+    Every chunk is written (``chunks_written``), or reused (``chunks_reused``): trusted as
+    present because the checkpoint the save learned them from references them
+    (``chunks_trusted``, ``trusted_from``; no request at all), or found in the store by an
+    existence check (a HEAD on object stores) and a reuse read of its first bytes.
+    ``chunk_requests`` adds those up; learning the trusted chunks took up
     to three more (a listing, the commit record, the manifest).
 
     In a save by every process of a jax.distributed job, each process reports the chunks it
@@ -47,15 +49,15 @@ class SaveResult:
         bytes_written: Stored bytes (headers and compressed bodies) of the chunk objects the save
             wrote.
         chunks_reused: Chunk objects the store already held, referenced instead of written
-            (``chunks_known`` included). A chunk the save met more than once counts once, in
+            (``chunks_trusted`` included). A chunk the save met more than once counts once, in
             this count or in ``chunks_written``.
-        chunks_known: Of ``chunks_reused``, those taken as present because checkpoint
-            ``known_from`` references them, with no request.
+        chunks_trusted: Of ``chunks_reused``, those taken as present because checkpoint
+            ``trusted_from`` references them, with no request.
         existence_checks: Requests for the size of a chunk object (a HEAD each on object
             stores).
         reuse_reads: Reads of the first bytes of an existing chunk object, checking it before
             reusing it.
-        known_from: The committed checkpoint whose chunks the save took as present (by default
+        trusted_from: The committed checkpoint whose chunks the save took as present (by default
             the store's newest); None when it took none (a save told not to trust one, a store
             with no checkpoint, or one whose records could not be read).
 
@@ -64,7 +66,7 @@ class SaveResult:
         >>> store = treestore.Store("memory://doc/save-result")
         >>> _ = store.save({"w": np.zeros(9000), "b": np.ones(9000)}, "a")
         >>> r = store.save({"w": np.zeros(9000), "b": np.full(9000, 2.0)}, "b")
-        >>> r.chunks_written, r.chunks_known, r.known_from, r.existence_checks, r.reuse_reads
+        >>> r.chunks_written, r.chunks_trusted, r.trusted_from, r.existence_checks, r.reuse_reads
         (1, 1, 'a', 1, 0)
     """
 
@@ -73,11 +75,14 @@ class SaveResult:
     nbytes: int  # raw bytes of all array leaves
     chunks_written: int  # chunk objects written: one write request each
     bytes_written: int  # stored bytes of the chunks this save wrote
-    chunks_reused: int  # chunks that were already in the store (deduplicated), known ones included
-    chunks_known: int = 0  # chunks referenced as the checkpoint ``known_from`` records them
+    chunks_reused: int  # chunks that were already in the store (deduplicated), trusted ones included
+    chunks_trusted: int = 0  # chunks referenced as the checkpoint ``trusted_from`` records them
     existence_checks: int = 0  # size requests for chunks (a HEAD each on object stores)
     reuse_reads: int = 0  # reads of an existing chunk object's first bytes (the reuse check)
-    known_from: str | None = None  # the committed checkpoint the known chunks came from
+    trusted_from: str | None = None  # the committed checkpoint the trusted chunks came from
+
+    chunks_known = renamed_attribute("SaveResult", "chunks_known", "chunks_trusted")
+    known_from = renamed_attribute("SaveResult", "known_from", "trusted_from")
 
     @property
     def chunk_requests(self) -> int:
@@ -134,9 +139,9 @@ def _snapshot(raw: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
 class ChunkWriter:
     """Hashes, deduplicates, encodes and writes chunks; safe to call from many threads.
 
-    A chunk is hashed and encoded from one copy of its bytes. One that ``known`` holds (the
+    A chunk is hashed and encoded from one copy of its bytes. One that ``trusted`` holds (the
     chunks of a checkpoint committed in the store, learned under this save's lock: see
-    :mod:`treestore._engine.known`) is referenced with the stored size that checkpoint records,
+    :mod:`treestore._engine.trusted`) is referenced with the stored size that checkpoint records,
     with no request; an object already under its name is referenced only if it passes
     :func:`reusable_size`; otherwise it is written (over a bad object, replacing it).
     """
@@ -146,16 +151,16 @@ class ChunkWriter:
         storage: Storage,
         codec: Codec,
         on_chunk: Callable[[int], None] | None,
-        known: _known.KnownChunks | None = None,
+        trusted: _trusted.TrustedChunks | None = None,
     ) -> None:
         self.storage = storage
         self.codec = codec
         self.on_chunk = on_chunk
-        self.known = known  # set it only while holding the save lock it was learned under
+        self.trusted = trusted  # set it only while holding the save lock it was learned under
         self.requests = ChunkRequests()
         self._lock = threading.Lock()
         self._claimed: dict[bytes, cf.Future[int]] = {}
-        self.written = self.written_bytes = self.reused = self.known_hits = 0
+        self.written = self.written_bytes = self.reused = self.trusted_hits = 0
         self._publisher: Batch | None = None
         self._staged: list[tuple[Staged, cf.Future[None]]] = []
         self._failed: BaseException | None = None
@@ -216,19 +221,19 @@ class ChunkWriter:
             self.written,
             self.written_bytes,
             self.reused,
-            self.known_hits,
+            self.trusted_hits,
             self.requests.existence_checks,
             self.requests.reuse_reads,
-            self.known.checkpoint if self.known is not None else None,
+            self.trusted.checkpoint if self.trusted is not None else None,
         )
 
     def _stored(self, d: bytes, raw_size: int) -> int | None:
-        """The stored size of the chunk ``d`` if the store holds it (known, or found sound)."""
-        if self.known is not None:
-            stored = self.known.stored.get(d)
+        """The stored size of the chunk ``d`` if the store holds it (trusted, or found sound)."""
+        if self.trusted is not None:
+            stored = self.trusted.stored.get(d)
             if stored is not None:
                 with self._lock:
-                    self.known_hits += 1
+                    self.trusted_hits += 1
                 return stored
         return reusable_size(self.storage, d, raw_size, self.requests)
 

@@ -14,14 +14,14 @@ from treestore._format.columns import Columns
 from treestore._format.columns_codec import decode_any
 from treestore._format.commit_record import CommitRecord, decode_commit_record
 from treestore._format.encoding import digest
+from treestore._format.frame import Frame
 from treestore._format.limits import MAX_MANIFEST_BYTES, MAX_RECORD_BYTES
 from treestore._format.manifest import check_name
-from treestore._format.parted import Parted
 from treestore._storage.base import Storage
 from treestore.errors import (
     CheckpointNotFoundError,
-    CorruptionError,
-    ManifestCorruptError,
+    DamagedError,
+    ManifestDamagedError,
     TreestoreError,
     UnsupportedFormatError,
 )
@@ -85,29 +85,29 @@ def checkpoint_names(storage: Storage) -> list[str]:
 
 def committed_records(
     storage: Storage,
-) -> tuple[list[CommitRecord], dict[str, CorruptionError | UnsupportedFormatError]]:
+) -> tuple[list[CommitRecord], dict[str, DamagedError | UnsupportedFormatError]]:
     """The commit records of every checkpoint, and the checkpoints whose record cannot be used:
     name -> the error reading it raised (damaged, or of a format this version cannot read).
 
     One deleted while listing is in neither. A listing or read that fails raises StorageError.
     """
-    refs = []
-    damaged: dict[str, CorruptionError | UnsupportedFormatError] = {}
+    records = []
+    damaged: dict[str, DamagedError | UnsupportedFormatError] = {}
     for name in checkpoint_names(storage):
         try:
-            refs.append(read_commit_record(storage, name))
+            records.append(read_commit_record(storage, name))
         except CheckpointNotFoundError:
             continue  # deleted since the listing: it needs no protection and no entry
-        except (CorruptionError, UnsupportedFormatError) as exc:
+        except (DamagedError, UnsupportedFormatError) as exc:
             damaged[name] = exc
-    return refs, damaged
+    return records, damaged
 
 
 def readable_records(storage: Storage) -> list[CommitRecord]:
     """The commit records a listing shows: a damaged one is left out, with a warning (logger
     ``treestore``) naming it, so one bad checkpoint does not hide the others; one of a format
     this version cannot read raises UnsupportedFormatError (upgrade treestore)."""
-    refs, damaged = committed_records(storage)
+    records, damaged = committed_records(storage)
     for exc in damaged.values():
         if isinstance(exc, UnsupportedFormatError):
             raise exc
@@ -119,15 +119,15 @@ def readable_records(storage: Storage) -> list[CommitRecord]:
             len(damaged),
             "; ".join(str(exc) for exc in damaged.values()),
         )
-    return refs
+    return records
 
 
 def newest_record(storage: Storage) -> CommitRecord:
     """The newest readable commit record (see :func:`readable_records`)."""
-    refs = readable_records(storage)
-    if not refs:
+    records = readable_records(storage)
+    if not records:
         raise not_found(storage, None)
-    return max(refs, key=lambda r: (r.created, r.name))
+    return max(records, key=lambda r: (r.created, r.name))
 
 
 def read_manifest_bytes(storage: Storage, record: CommitRecord) -> bytes:
@@ -135,12 +135,12 @@ def read_manifest_bytes(storage: Storage, record: CommitRecord) -> bytes:
     path = _paths.manifest_path(record.manifest)
     data = storage.read_range(path, 0, min(record.manifest_size, MAX_MANIFEST_BYTES) + 1)
     if data is None:
-        raise ManifestCorruptError(
+        raise ManifestDamagedError(
             f"manifest of checkpoint {record.name!r} is missing from {storage.url}",
             checkpoint=record.name,
         )
     if len(data) != record.manifest_size or digest(data) != record.manifest:
-        raise ManifestCorruptError(
+        raise ManifestDamagedError(
             f"manifest of checkpoint {record.name!r} does not match its digest "
             f"({len(data)} bytes read, {record.manifest_size} expected)",
             checkpoint=record.name,
@@ -153,10 +153,10 @@ def read_columns(storage: Storage, record: CommitRecord, data: bytes | None = No
     what readers that need a few leaves, or whole columns, use (no per-leaf object is made).
     One stored in parts is completed with its parts."""
     found = read_frame(storage, record, data)
-    return assemble(storage, found) if isinstance(found, Parted) else found
+    return assemble(storage, found) if isinstance(found, Frame) else found
 
 
-def read_frame(storage: Storage, record: CommitRecord, data: bytes | None = None) -> Columns | Parted:
+def read_frame(storage: Storage, record: CommitRecord, data: bytes | None = None) -> Columns | Frame:
     """The verified manifest of a commit record as :func:`read_columns` gives it, except that
     one stored in parts stays its frame (checked against the record; its parts not read): for
     readers of some leaves, which complete it with the parts they need
@@ -171,15 +171,15 @@ def read_frame(storage: Storage, record: CommitRecord, data: bytes | None = None
     if found is None:
         found = decode_any(data, record.name)
         _decoded.put(record.manifest, found, len(data))
-    if isinstance(found, Parted):
-        _described(record, found.frame)
+    if isinstance(found, Frame):
+        _described(record, found.columns)
         return found
     return _described(record, found)
 
 
 class _Decoded:
     """Manifests this process decoded, by digest: a manifest is immutable and named by the
-    digest of its bytes, and what decoding makes of it (:class:`Columns`, :class:`Parted`) is
+    digest of its bytes, and what decoding makes of it (:class:`Columns`, :class:`Frame`) is
     immutable too, so reopening a checkpoint reuses it. Only manifests of at most
     ``MAX_BYTES`` are kept, at most ``MAX_COUNT`` of them, the least recently used leaving
     first: a training loop's checkpoints come and go without growing it."""
@@ -188,17 +188,17 @@ class _Decoded:
     MAX_BYTES = 1 << 20
 
     def __init__(self) -> None:
-        self._found: OrderedDict[bytes, Columns | Parted] = OrderedDict()
+        self._found: OrderedDict[bytes, Columns | Frame] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, key: bytes) -> Columns | Parted | None:
+    def get(self, key: bytes) -> Columns | Frame | None:
         with self._lock:
             found = self._found.get(key)
             if found is not None:
                 self._found.move_to_end(key)
             return found
 
-    def put(self, key: bytes, found: Columns | Parted, size: int) -> None:
+    def put(self, key: bytes, found: Columns | Frame, size: int) -> None:
         if size > self.MAX_BYTES:
             return
         with self._lock:
@@ -214,7 +214,7 @@ def _described(record: CommitRecord, manifest: Columns) -> Columns:
     """``manifest``, once the commit record naming it is checked to describe it."""
     differences = manifest.mismatches(record)
     if differences:
-        raise ManifestCorruptError(
+        raise ManifestDamagedError(
             f"commit record of checkpoint {record.name!r} does not match its manifest: "
             + "; ".join(differences),
             checkpoint=record.name,

@@ -43,6 +43,7 @@ from treestore._format import paths as _paths
 from treestore._format.columns_codec import encode_columns
 from treestore._format.coverage import Coverage, P
 from treestore._format.encoding import digest
+from treestore._format.frame import Frame, ListedPart
 from treestore._format.leaf_table import LeafTable
 from treestore._format.limits import (
     MAX_OUTCOME_BYTES,
@@ -62,7 +63,6 @@ from treestore._format.part import (
     part_from_fields,
 )
 from treestore._format.part_merge import PACK_INDEX_END, FrameLeaves, frame_leaves_from_fields, frame_of
-from treestore._format.parted import Parted, PartRef
 from treestore._format.records import ChunkRef
 from treestore._storage.base import Storage
 from treestore._tree import lazy_jax
@@ -311,7 +311,7 @@ class Group:
                 frame = frame_of(frame_leaves, {**header, "created": time.time()}, layout, parts)
                 if cover != expected or empty:  # a zero-size leaf's pieces weigh nothing
                     self._merge_parts(storage, frame, cover == expected)
-                columns = frame.frame
+                columns = frame.columns
                 commit(storage, encode_columns(frame if parts else columns), columns, overwrite=overwrite)
             except BaseException as exc:
                 with contextlib.suppress(Exception):
@@ -378,7 +378,7 @@ class Group:
     def _summary_key(self, index: int) -> str:
         return f"treestore/{self.save_id}/summary/{index}"
 
-    def _gather(self, frame_leaves: FrameLeaves, layout: bytes, parted: bool) -> tuple[list[PartRef], int]:
+    def _gather(self, frame_leaves: FrameLeaves, layout: bytes, parted: bool) -> tuple[list[ListedPart], int]:
         """Every process's summary, with one request to the runtime: each process's part (none
         when the tree has no sharded leaf) and the sum of their coverage fingerprints.
         StorageError naming every process that failed or whose summary is missing or malformed;
@@ -422,10 +422,12 @@ class Group:
             )
         if len(frame_leaves.packs) + sum(s.packs for s in summaries) >= PACK_INDEX_END:
             raise InvalidInputError(f"{where}: over 2**31 packs", checkpoint=self.name)
-        parts = [PartRef(s.part, s.size, s.first, s.end) for s in summaries if parted and s.part is not None]
+        parts = [
+            ListedPart(s.part, s.size, s.first, s.end) for s in summaries if parted and s.part is not None
+        ]
         return parts, sum(s.cover for s in summaries) % P
 
-    def _merge_parts(self, storage: Storage, frame: Parted, covered: bool) -> None:
+    def _merge_parts(self, storage: Storage, frame: Frame, covered: bool) -> None:
         """Read the parts and merge them as readers do: when the coverage fingerprints say the
         pieces do not tile the sharded leaves (``covered`` false), to name the leaf and the
         processes; when a sharded leaf has no elements (its pieces weigh nothing), to check it."""

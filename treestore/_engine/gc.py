@@ -22,7 +22,7 @@ from treestore._engine.committed import committed_records, read_columns
 from treestore._engine.locks import LOCK_PATH, STALE_AFTER, gc_lock, lock_time
 from treestore._format import paths as _paths
 from treestore._storage.base import Storage
-from treestore.errors import CorruptionError, TreestoreError, UnsupportedFormatError
+from treestore.errors import DamagedError, TreestoreError, UnsupportedFormatError
 
 GRACE = 600.0
 
@@ -168,7 +168,7 @@ def collect_garbage(
                 columns = read_columns(storage, record)
                 live_manifests.update(columns.parts)  # a manifest stored in parts needs them
                 live_chunks |= columns.chunk_digests()
-            except (CorruptionError, UnsupportedFormatError) as exc:
+            except (DamagedError, UnsupportedFormatError) as exc:
                 damaged[record.name] = exc
             refresh()
         if damaged:

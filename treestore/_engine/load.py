@@ -23,7 +23,7 @@ from treestore._engine.threads import default_threads
 from treestore._format import select as _select
 from treestore._format.columns import Columns
 from treestore._format.commit_record import CommitRecord
-from treestore._format.parted import Parted
+from treestore._format.frame import Frame
 from treestore._storage.base import Storage
 from treestore._tree import template as _template
 from treestore._tree.lazy_jax import jax
@@ -46,11 +46,9 @@ def load(
     """The checkpoint ``record`` commits, restored as :meth:`treestore.Store.load` documents
     (the caller has checked that its arguments go together)."""
     found = _committed.read_frame(storage, record)
-    frame = found.frame if isinstance(found, Parted) else found
+    frame = found.columns if isinstance(found, Frame) else found
     wanted = None if select is None else chosen(frame, select)
-    columns = (
-        _completed(storage, found, like, wanted, prefix, partial) if isinstance(found, Parted) else found
-    )
+    columns = _completed(storage, found, like, wanted, prefix, partial) if isinstance(found, Frame) else found
     threads = threads or default_threads()
     with paused_gc(len(columns)):  # the per-leaf objects of a big tree (see gc_pause)
         rows = None if wanted is None else [i for i, a in enumerate(columns.addresses) if a in wanted]
@@ -68,13 +66,13 @@ def chosen(columns: Columns, select: _select.Patterns) -> set[str]:
 
 
 def _completed(
-    storage: Storage, parted: Parted, like: Any, wanted: set[str] | None, prefix: str, partial: bool
+    storage: Storage, parted: Frame, like: Any, wanted: set[str] | None, prefix: str, partial: bool
 ) -> Columns:
     """The columns of a checkpoint stored in parts, completed with the parts that hold the
     pieces of the leaves a load reads: those ``wanted`` names (the leaves select matches);
     or with a template that roots at ``prefix`` or may leave leaves out (``partial``), its
     leaves and (unless ``partial``) every leaf under ``prefix``; else every leaf."""
-    frame = parted.frame
+    frame = parted.columns
     if wanted is None and like is not None and (prefix or partial):
         wanted = _template.reads(like, prefix, partial, frame.addresses)
     if wanted is None:

@@ -20,11 +20,11 @@ import numpy as np
 from treestore._format import paths as _paths
 from treestore._format.columns import Columns
 from treestore._format.encoding import Bad, digest
+from treestore._format.frame import Frame
 from treestore._format.part import PART_FIELDS, Part, decode_part
 from treestore._format.part_merge import frame_leaves_of, gather, merge
-from treestore._format.parted import Parted
 from treestore._storage.base import Storage
-from treestore.errors import InvalidInputError, ManifestCorruptError, OutOfMemoryError
+from treestore.errors import InvalidInputError, ManifestDamagedError, OutOfMemoryError
 
 READERS = 64  # parts read at once
 
@@ -45,7 +45,7 @@ Decoded = MutableMapping[int, "Part | str"]  # part index -> the part, decoded, 
 
 
 def read_parts(
-    storage: Storage, parted: Parted, which: Sequence[int] | None = None, cache: Decoded | None = None
+    storage: Storage, parted: Frame, which: Sequence[int] | None = None, cache: Decoded | None = None
 ) -> list[Part | str]:
     """Each part of ``parted``, decoded, or (a str) why it cannot be used: those in ``which``
     (default: every part), the others :data:`UNREAD_PART`. ``cache`` keeps what was read, for the
@@ -78,14 +78,14 @@ def named(problems: dict[int, str]) -> str:
 
 
 def complete(
-    parted: Parted, decoded: Sequence[Part], leaves: np.ndarray | None = None
+    parted: Frame, decoded: Sequence[Part], leaves: np.ndarray | None = None
 ) -> tuple[Columns | None, dict[int, str]]:
     """The columns of ``parted`` with its decoded parts (part k being process k's;
     :data:`UNREAD_PART` for one a reader of ``leaves`` does not need): (the columns, {}) or (None,
     what is wrong with each process's part); InvalidInputError naming the leaf (and the
     processes) when the pieces do not make a readable manifest. With ``leaves`` (a bool mask),
     only their pieces are listed; the other sharded leaves wait."""
-    frame = parted.frame
+    frame = parted.columns
     frame_leaves = frame_leaves_of(frame)
     gathered, problems = gather(frame_leaves, decoded, parted.ranges, leaves)
     if gathered is None:
@@ -103,7 +103,7 @@ def complete(
 
 
 def merged(
-    storage: Storage, parted: Parted, leaves: np.ndarray | None = None, cache: Decoded | None = None
+    storage: Storage, parted: Frame, leaves: np.ndarray | None = None, cache: Decoded | None = None
 ) -> tuple[Columns | None, dict[int, str]]:
     """``parted`` completed with the parts a reader of ``leaves`` (a bool mask; None: every
     leaf) needs, read from ``storage`` (or found in ``cache``): (the columns, {}) or (None, what
@@ -117,10 +117,10 @@ def merged(
 
 
 def assemble(
-    storage: Storage, parted: Parted, leaves: np.ndarray | None = None, cache: Decoded | None = None
+    storage: Storage, parted: Frame, leaves: np.ndarray | None = None, cache: Decoded | None = None
 ) -> Columns:
     """The checkpoint's columns: ``parted`` completed with its parts (those a reader of
-    ``leaves`` needs, as :func:`merged` reads them). ManifestCorruptError naming the
+    ``leaves`` needs, as :func:`merged` reads them). ManifestDamagedError naming the
     checkpoint, and each process whose part is missing, damaged or malformed."""
     name = parted.name
     try:
@@ -130,20 +130,20 @@ def assemble(
             f"manifest of checkpoint {name!r}: out of memory merging its parts", checkpoint=name
         ) from None
     except InvalidInputError as exc:
-        raise ManifestCorruptError(
+        raise ManifestDamagedError(
             f"manifest of checkpoint {name!r} is stored in parts that do not make a readable "
             f"manifest: {exc.message}",
             checkpoint=name,
             address=exc.address,
         ) from None
     except (ValueError, TypeError, IndexError, KeyError, OverflowError) as exc:  # a check missed
-        raise ManifestCorruptError(
+        raise ManifestDamagedError(
             f"manifest of checkpoint {name!r}: unexpected malformation of its parts "
             f"({type(exc).__name__}: {exc})",
             checkpoint=name,
         ) from exc
     if columns is None:
-        raise ManifestCorruptError(
+        raise ManifestDamagedError(
             f"manifest of checkpoint {name!r} is stored in parts, and some cannot be read: {named(problems)}",
             checkpoint=name,
         )

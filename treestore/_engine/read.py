@@ -17,13 +17,13 @@ from treestore._format.encoding import digest
 from treestore._format.limits import CHUNK_SLACK
 from treestore._format.records import ChunkRef
 from treestore._storage.base import Storage
-from treestore.errors import ChunkCorruptError, ChunkMissingError, TreestoreError
+from treestore.errors import ChunkDamagedError, ChunkMissingError, TreestoreError
 
 
 def fetch_object(storage: Storage, c: ChunkRef) -> bytes:
     """The stored object of chunk ``c``, read no further than its size bound allows.
 
-    Raises ChunkMissingError or ChunkCorruptError naming the chunk (callers add the checkpoint and
+    Raises ChunkMissingError or ChunkDamagedError naming the chunk (callers add the checkpoint and
     the address).
     """
     data = storage.read_range(_paths.chunk_path(c.digest), 0, c.raw_size + CHUNK_SLACK + 1)
@@ -46,7 +46,7 @@ def _check_fetched(c: ChunkRef, n: int | None) -> None:
     if n is None:
         raise ChunkMissingError(f"chunk {c.digest.hex()[:16]} is missing")
     if n > c.raw_size + CHUNK_SLACK:
-        raise ChunkCorruptError(f"chunk {c.digest.hex()[:16]} is larger than its raw size allows")
+        raise ChunkDamagedError(f"chunk {c.digest.hex()[:16]} is larger than its raw size allows")
 
 
 def decode_chunk(
@@ -65,10 +65,10 @@ def decode_chunk(
             decode_into(obj, out)
         else:
             decode_in_place(room, len(obj), out)
-    except ChunkCorruptError as exc:
-        raise ChunkCorruptError(f"chunk {c.digest.hex()[:16]} {exc}") from None
+    except ChunkDamagedError as exc:
+        raise ChunkDamagedError(f"chunk {c.digest.hex()[:16]} {exc}") from None
     if check and digest(out) != c.digest:
-        raise ChunkCorruptError(f"chunk {c.digest.hex()[:16]} does not match its digest")
+        raise ChunkDamagedError(f"chunk {c.digest.hex()[:16]} does not match its digest")
 
 
 def fetch_chunk(storage: Storage, c: ChunkRef) -> tuple[bytes, np.ndarray[Any, Any]]:
@@ -129,7 +129,7 @@ class ChunkReader:
                 if room is None
                 else fetch_object_into(self.storage, c, room)
             )
-        except (ChunkMissingError, ChunkCorruptError) as exc:
+        except (ChunkMissingError, ChunkDamagedError) as exc:
             raise self._located(exc, address) from None
         with self._lock:
             self.bytes_read += len(data)
@@ -160,7 +160,7 @@ class ChunkReader:
     ) -> None:
         try:
             decode_chunk(obj, c, out, room=room, check=check)
-        except ChunkCorruptError as exc:
+        except ChunkDamagedError as exc:
             raise self._located(exc, address) from None
 
     def pack(self, index: int, address: str) -> np.ndarray[Any, Any]:
@@ -193,7 +193,7 @@ class ChunkReader:
 
     def mismatch(self, chunk_digest: bytes, address: str) -> TreestoreError:
         return self._located(
-            ChunkCorruptError(f"chunk {chunk_digest.hex()[:16]} does not match its digest"), address
+            ChunkDamagedError(f"chunk {chunk_digest.hex()[:16]} does not match its digest"), address
         )
 
     def read_leaf_chunk(self, c: ChunkRef, out: np.ndarray[Any, Any], address: str) -> None:

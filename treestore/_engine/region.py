@@ -18,7 +18,7 @@ from treestore._engine.memory import allocate, allocate_many
 from treestore._engine.read import IN_PLACE_UP_TO, ChunkReader
 from treestore._engine.threads import default_threads, run_all
 from treestore._format.codecs import scratch
-from treestore._format.columns import DTYPE_NAMES, PIECED, Columns
+from treestore._format.columns import DTYPE_NAMES, IN_PIECES, Columns
 from treestore._format.dtypes import dtype_from_name
 from treestore._format.records import ChunkRef
 from treestore.errors import OutOfBoundsError
@@ -75,7 +75,7 @@ def leaf_pieces(columns: Columns, i: int) -> LeafPieces:
     address = columns.address(i)
     shape = columns.shape(i)
     dtype = dtype_from_name(DTYPE_NAMES[columns.leaves["dtype"][i]], address=address)
-    if columns.leaves["flags"][i] & PIECED:
+    if columns.leaves["flags"][i] & IN_PIECES:
         starts, shapes, first, count = columns.piece_rows(i)
         starts = starts.astype(np.int64)
         ends = starts + shapes.astype(np.int64)

@@ -1,4 +1,4 @@
-"""Known chunks: the chunk objects a committed checkpoint references, which a save (or a copy)
+"""Trusted chunks: the chunk objects a committed checkpoint references, which a save (or a copy)
 may reference without asking the store whether it holds them.
 
 A save of step N+1 usually shares most chunks with step N. Without this, each of them costs a
@@ -7,7 +7,7 @@ section 5.2). :func:`learn` reads one checkpoint's manifest instead (its commit 
 manifest: two requests, a listing more to find the store's newest) and gives a table of digest
 -> stored size, looked up once per chunk.
 
-Why a known chunk needs no check (SPEC.md sections 5.2 and 9):
+Why a trusted chunk needs no check (SPEC.md sections 5.2 and 9):
 
 * A chunk a committed checkpoint references is deleted only by gc, and gc deletes only what no
   commit record listed in its run references. A checkpoint's chunks therefore vanish only after
@@ -28,7 +28,7 @@ A hint learned *before* the lock (a table kept in memory from an earlier save) w
 the checkpoint could have been deleted and gc run in between. That is why callers name the
 checkpoint (or ask for the store's newest) and the table is read under the lock, never cached.
 
-A known chunk also skips the reuse check: the save that committed it wrote it or checked it, and
+A trusted chunk also skips the reuse check: the save that committed it wrote it or checked it, and
 damage since then (a body rotted on disk) is what ``verify`` finds, as for any chunk whose body
 is damaged behind an intact header. A hint that cannot be used (no such checkpoint, a damaged or
 unsupported commit record or manifest, a failed read) is dropped silently: the save then checks
@@ -50,7 +50,7 @@ _log = logging.getLogger("treestore")
 
 
 @dataclass(frozen=True)
-class KnownChunks:
+class TrustedChunks:
     """The chunk objects checkpoint ``checkpoint`` references, by digest: their stored sizes."""
 
     checkpoint: str
@@ -60,12 +60,12 @@ class KnownChunks:
         return len(self.stored)
 
 
-# What a caller names as the source of known chunks: a checkpoint's name, True for the store's
+# What a caller names as the source of trusted chunks: a checkpoint's name, True for the store's
 # newest checkpoint, False for none (check every chunk in the store).
 Previous = str | bool
 
 
-def learn(storage: Storage, previous: Previous) -> KnownChunks | None:
+def learn(storage: Storage, previous: Previous) -> TrustedChunks | None:
     """The chunks checkpoint ``previous`` of ``storage`` references (True: the checkpoint whose
     commit record was written last; False: none), read now. Call it holding a save lock (see the
     module's docstring); None when there is no usable hint, for whatever reason."""
@@ -76,9 +76,9 @@ def learn(storage: Storage, previous: Previous) -> KnownChunks | None:
         if name is None:
             return None
         record = read_commit_record(storage, name)
-        return KnownChunks(record.name, read_columns(storage, record).chunk_objects())
+        return TrustedChunks(record.name, read_columns(storage, record).chunk_objects())
     except TreestoreError as exc:  # an unusable hint: the save checks every chunk instead
-        _log.debug("%s: no known chunks from %r (%s: %s)", storage.url, previous, type(exc).__name__, exc)
+        _log.debug("%s: no trusted chunks from %r (%s: %s)", storage.url, previous, type(exc).__name__, exc)
         return None
 
 

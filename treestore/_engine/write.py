@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from treestore._engine import distributed as _distributed
-from treestore._engine import known as _known
 from treestore._engine import locks as _locks
+from treestore._engine import trusted as _trusted
 from treestore._engine.chunk_writer import ChunkWriter, Measured
 from treestore._engine.chunk_writer import SaveResult as SaveResult  # the result of write()
 from treestore._engine.commit import commit
@@ -205,13 +205,13 @@ def write(
     options: SaveOptions = SaveOptions(),
     overwrite: bool = False,
     on_chunk: Callable[[int], None] | None = None,
-    previous: _known.Previous = True,
+    previous: _trusted.Previous = True,
 ) -> SaveResult:
     """Write ``prepared`` as checkpoint ``name`` and commit it; on any failure nothing is visible.
 
     ``previous`` names the committed checkpoint whose chunks the save takes as present without
     asking the store (True: the store's newest; False: none, check every chunk): it is read once
-    the save's lock is held, which is what makes trusting it safe (:mod:`treestore._engine.known`);
+    the save's lock is held, which is what makes trusting it safe (:mod:`treestore._engine.trusted`);
     one that cannot be read is ignored.
     """
     check_name(name)
@@ -238,11 +238,11 @@ def _write_alone(
     metadata: Any,
     options: SaveOptions,
     overwrite: bool,
-    previous: _known.Previous,
+    previous: _trusted.Previous,
 ) -> SaveResult:
     """:func:`write` by this process alone."""
     with _locks.save_lock(storage) as lock:
-        writer.known = _known.learn(storage, previous)  # under the lock, after any gc: safe
+        writer.trusted = _trusted.learn(storage, previous)  # under the lock, after any gc: safe
         table = LeafTable()
         packs = _write_leaves(prepared, options, writer, lock, table)
         nbytes = _commit(storage, prepared, name, table, packs, metadata, options, overwrite)
@@ -258,7 +258,7 @@ def _write_in_group(
     metadata: Any,
     options: SaveOptions,
     overwrite: bool,
-    previous: _known.Previous,
+    previous: _trusted.Previous,
 ) -> SaveResult:
     """A save by every process of a jax.distributed job; see :mod:`treestore._engine.distributed`.
     Each process learns the chunks it may trust under its own lock (which it holds until the
@@ -273,7 +273,7 @@ def _write_in_group(
     lock: _locks.Lock | None = None
     try:
         lock = _locks.save_lock(storage)
-        writer.known = _known.learn(storage, previous)  # under this process's lock: safe
+        writer.trusted = _trusted.learn(storage, previous)  # under this process's lock: safe
         table = LeafTable(pieces_kept=True)
         packs = _write_leaves(prepared, options, writer, lock, table, primary=group.primary)
         written = _distributed.Written(table, packs, options.stats)

@@ -31,7 +31,7 @@ import numpy as np
 import zstandard
 
 from treestore._format.limits import CHUNK_HEADER_BYTES, CHUNK_SLACK, MAX_PLANE_WIDTH
-from treestore.errors import ChunkCorruptError, InvalidInputError
+from treestore.errors import ChunkDamagedError, InvalidInputError
 
 MAGIC = b"TSC1"
 HEADER = struct.Struct("<4sBBHQ")
@@ -278,7 +278,7 @@ def _unzstd_into(frame: bytes | memoryview, out: np.ndarray[Any, Any]) -> None:
     size = out.nbytes
     declared = zstandard.frame_content_size(frame)
     if declared != size:
-        raise ChunkCorruptError(f"zstd frame declares {declared} bytes, expected {size}")
+        raise ChunkDamagedError(f"zstd frame declares {declared} bytes, expected {size}")
     target = memoryview(out.data).cast("B")
     reader = _decompressor().stream_reader(frame)
     done = 0
@@ -288,21 +288,21 @@ def _unzstd_into(frame: bytes | memoryview, out: np.ndarray[Any, Any]) -> None:
             break
         done += n
     if done != size:
-        raise ChunkCorruptError(f"zstd frame decoded to {done} bytes, expected {size}")
+        raise ChunkDamagedError(f"zstd frame decoded to {done} bytes, expected {size}")
 
 
 def _header(obj: bytes | memoryview, size: int) -> tuple[int, int, int]:
     """The codec, plane width and mask of chunk object ``obj`` (raw size ``size``), after checking
-    its header; ChunkCorruptError otherwise."""
+    its header; ChunkDamagedError otherwise."""
     if len(obj) < HEADER.size:
-        raise ChunkCorruptError(f"chunk object is {len(obj)} bytes, shorter than its header")
+        raise ChunkDamagedError(f"chunk object is {len(obj)} bytes, shorter than its header")
     magic, codec, width, mask, raw_size = HEADER.unpack_from(obj)
     if magic != MAGIC:
-        raise ChunkCorruptError(f"chunk object starts with {magic!r}, expected {MAGIC!r}")
+        raise ChunkDamagedError(f"chunk object starts with {magic!r}, expected {MAGIC!r}")
     if raw_size != size:
-        raise ChunkCorruptError(f"chunk object declares {raw_size} raw bytes, expected {size}")
+        raise ChunkDamagedError(f"chunk object declares {raw_size} raw bytes, expected {size}")
     if codec in (RAW, ZSTD) and (width or mask):
-        raise ChunkCorruptError(f"codec {codec} chunk has plane fields {width}, {mask:#x}; expected 0")
+        raise ChunkDamagedError(f"codec {codec} chunk has plane fields {width}, {mask:#x}; expected 0")
     return codec, width, mask
 
 
@@ -319,7 +319,7 @@ def sound(head: bytes, stored: int, raw_size: int) -> bool:
         return False
     try:
         codec, width, mask = _header(head, raw_size)
-    except ChunkCorruptError:
+    except ChunkDamagedError:
         return False
     if codec == RAW:
         return stored == HEADER.size + raw_size
@@ -334,7 +334,7 @@ def sound(head: bytes, stored: int, raw_size: int) -> bool:
 def decode_into(obj: bytes | memoryview, out: np.ndarray[Any, Any]) -> None:
     """Decode the chunk object ``obj`` into ``out`` (1-D uint8, exactly the raw size).
 
-    Raises ChunkCorruptError on any inconsistency (an unknown codec included); never allocates
+    Raises ChunkDamagedError on any inconsistency (an unknown codec included); never allocates
     more than ``out.nbytes`` for decoded data.
     """
     size = out.nbytes
@@ -343,16 +343,16 @@ def decode_into(obj: bytes | memoryview, out: np.ndarray[Any, Any]) -> None:
     try:
         if codec == RAW:
             if len(body) != size:
-                raise ChunkCorruptError(f"raw chunk holds {len(body)} bytes, expected {size}")
+                raise ChunkDamagedError(f"raw chunk holds {len(body)} bytes, expected {size}")
             out[:] = np.frombuffer(body, np.uint8)
         elif codec == ZSTD:
             _unzstd_into(body, out)
         elif codec == PLANES:
             _decode_planes(body, out, width, mask)
         else:
-            raise ChunkCorruptError(f"has unknown codec id {codec}")
+            raise ChunkDamagedError(f"has unknown codec id {codec}")
     except zstandard.ZstdError as exc:
-        raise ChunkCorruptError(f"zstd frame does not decode: {exc}") from None
+        raise ChunkDamagedError(f"zstd frame does not decode: {exc}") from None
 
 
 def decode_in_place(buf: np.ndarray[Any, Any], n: int, out: np.ndarray[Any, Any]) -> None:
@@ -402,7 +402,7 @@ def decode_in_place(buf: np.ndarray[Any, Any], n: int, out: np.ndarray[Any, Any]
             _unzstd_into(buf[at : at + lengths[j]].data, buf[table + j * plane : table + (j + 1) * plane])
             at += lengths[j]
     except zstandard.ZstdError as exc:
-        raise ChunkCorruptError(f"zstd frame does not decode: {exc}") from None
+        raise ChunkDamagedError(f"zstd frame does not decode: {exc}") from None
     if _SHUFFLE[1](width, size, buf[table:].ctypes.data, out.ctypes.data) != size:
         out.reshape(-1, width)[:] = buf[table:span].reshape(width, -1).T
 
@@ -416,13 +416,13 @@ def in_place_room(raw_size: int) -> int:
 def _decode_planes(body: memoryview, out: np.ndarray[Any, Any], width: int, mask: int) -> None:
     size = out.nbytes
     if not 2 <= width <= MAX_PLANE_WIDTH or size % width or mask >= 1 << width:
-        raise ChunkCorruptError(f"bad byte-plane header (width {width}, mask {mask:#x})")
+        raise ChunkDamagedError(f"bad byte-plane header (width {width}, mask {mask:#x})")
     table = struct.calcsize(f"<{width}Q")
     if len(body) < table:
-        raise ChunkCorruptError("byte-plane table is truncated")
+        raise ChunkDamagedError("byte-plane table is truncated")
     lengths = struct.unpack_from(f"<{width}Q", body)
     if sum(lengths) != len(body) - table:
-        raise ChunkCorruptError(f"byte planes declare {sum(lengths)} bytes, chunk holds {len(body) - table}")
+        raise ChunkDamagedError(f"byte planes declare {sum(lengths)} bytes, chunk holds {len(body) - table}")
     plane_size = size // width
     fast = _SHUFFLE is not None and size < 2**31 and out.flags.c_contiguous
     # With blosc2 every plane goes to this thread's scratch (compressed ones decompressed there
@@ -444,7 +444,7 @@ def _decode_planes(body: memoryview, out: np.ndarray[Any, Any], width: int, mask
             else:
                 grid[:, j] = np.frombuffer(data, np.uint8)
         else:
-            raise ChunkCorruptError(f"raw byte plane {j} holds {length} bytes, expected {plane_size}")
+            raise ChunkDamagedError(f"raw byte plane {j} holds {length} bytes, expected {plane_size}")
     if (
         fast
         and _SHUFFLE is not None

@@ -49,7 +49,7 @@ DTYPE_NAMES = (
     "float6_e2m3fn", "float6_e3m2fn", "int2", "int4", "uint2", "uint4",
 )  # fmt: skip
 PRNG_NAMES = (None, "threefry2x32", "rbg", "unsafe_rbg")  # flags bits 2-3
-WEAK_TYPE, PIECED, PRNG_SHIFT, FLAG_BITS = 1, 2, 2, 0x0F
+WEAK_TYPE, IN_PIECES, PRNG_SHIFT, FLAG_BITS = 1, 2, 2, 0x0F
 
 LEAF_DTYPE = np.dtype([("kind", "u1"), ("dtype", "u1"), ("ndim", "u1"), ("flags", "u1"), ("chunks", "<u4")])
 CHUNK_DTYPE = np.dtype(
@@ -152,12 +152,12 @@ class Columns:
 
     @functools.cached_property
     def _piece_index(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(rank among pieced leaves per leaf, first piece per pieced leaf, first chunk per
+        """(rank among sharded leaves per leaf, first piece per sharded leaf, first chunk per
         piece, first dimension entry per piece)."""
-        pieced = ((self.leaves["flags"] & PIECED) != 0) & ~self.unread
-        rank = np.cumsum(pieced) - 1
+        in_pieces = ((self.leaves["flags"] & IN_PIECES) != 0) & ~self.unread
+        rank = np.cumsum(in_pieces) - 1
         first = prefix_sums(self.piece_counts)
-        owner = np.repeat(np.flatnonzero(pieced), self.piece_counts)
+        owner = np.repeat(np.flatnonzero(in_pieces), self.piece_counts)
         within = prefix_sums(self.piece_chunks)
         chunk = self.chunk_start[owner] + within[:-1] - within[first[:-1]].repeat(self.piece_counts)
         dims = prefix_sums(self.leaves["ndim"][owner])
@@ -294,7 +294,7 @@ class Columns:
         d = self.chunks["digest"][lo:hi].tobytes()
         chunks = [d[k : k + 32] for k in range(0, len(d), 32)]
         pieces = None
-        if row["flags"] & PIECED:
+        if row["flags"] & IN_PIECES:
             starts, shapes, first, count = self.piece_rows(i)
             pieces = [
                 (start, box, chunks[int(f) - lo : int(f) - lo + int(n)])
@@ -327,18 +327,18 @@ class Columns:
         cand = np.flatnonzero(same & array)
         n = a["ndim"][cand].astype(np.int64)
         same[cand[self._differing(other, "shapes", ia[cand], ib[cand], n) > 0]] = False
-        cand = cand[same[cand]]  # the chunk refs, in order (of every piece, for pieced leaves)
+        cand = cand[same[cand]]  # the chunk refs, in order (of every piece, for sharded leaves)
         k = a["chunks"][cand].astype(np.int64)
         same[cand[self._differing(other, "digest", ia[cand], ib[cand], k) > 0]] = False
-        pieced = cand[same[cand] & ((a["flags"][cand] & PIECED) != 0)]
-        same[pieced] = self._same_pieces(ia[pieced], other, ib[pieced])
+        in_pieces = cand[same[cand] & ((a["flags"][cand] & IN_PIECES) != 0)]
+        same[in_pieces] = self._same_pieces(ia[in_pieces], other, ib[in_pieces])
         for j in np.flatnonzero(same & ~array).tolist():  # Python scalars
             same[j] = self.digest(int(ia[j])) == other.digest(int(ib[j]))
         return same
 
     def chunk_changes(self, ia: np.ndarray, other: Columns, ib: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """For pairs of leaves (``self`` leaf ia[k], ``other`` leaf ib[k]): whether both are
-        arrays with one dtype, PRNG implementation, shape and chunk layout (raw sizes, and the
+        arrays with one dtype, PRNG implementation, shape and chunking (raw sizes, and the
         same pieces for leaves saved in pieces), so that they differ only in chunk digests; and
         for those, the share of chunk refs whose digests differ (0 elsewhere)."""
         self.require_pieces()
@@ -346,15 +346,15 @@ class Columns:
         ia, ib = np.asarray(ia, np.int64), np.asarray(ib, np.int64)
         a, b = self.leaves[ia], other.leaves[ib]
         ok = (a["kind"] < ARRAY_CODES) & (b["kind"] < ARRAY_CODES)
-        ok &= (a["flags"] & PIECED) == (b["flags"] & PIECED)
+        ok &= (a["flags"] & IN_PIECES) == (b["flags"] & IN_PIECES)
         ok &= (a["dtype"] == b["dtype"]) & (a["chunks"] == b["chunks"])
         ok &= (a["flags"] >> PRNG_SHIFT) == (b["flags"] >> PRNG_SHIFT)
         ok &= self.same_shapes(ia, other, ib)
         cand = np.flatnonzero(ok)
         k = a["chunks"][cand].astype(np.int64)
         ok[cand[self._differing(other, "raw", ia[cand], ib[cand], k) > 0]] = False
-        pieced = np.flatnonzero(ok & ((a["flags"] & PIECED) != 0))  # and the same pieces
-        ok[pieced] = self._same_pieces(ia[pieced], other, ib[pieced])
+        in_pieces = np.flatnonzero(ok & ((a["flags"] & IN_PIECES) != 0))  # and the same pieces
+        ok[in_pieces] = self._same_pieces(ia[in_pieces], other, ib[in_pieces])
         cand = np.flatnonzero(ok)
         k = a["chunks"][cand].astype(np.int64)
         share = np.zeros(len(ia))
@@ -406,11 +406,11 @@ __all__ = [
     "ARRAY_FIELDS",
     "CHUNK_DTYPE",
     "DTYPE_NAMES",
+    "IN_PIECES",
     "KINDS",
     "LEAF_DTYPE",
     "NODE_DTYPE",
     "PACK_DTYPE",
-    "PIECED",
     "PRNG_NAMES",
     "PRNG_SHIFT",
     "WEAK_TYPE",

@@ -22,8 +22,8 @@ from treestore._format.columns import (
     ARRAY_FIELDS,
     DTYPE_NAMES,
     FLAG_BITS,
+    IN_PIECES,
     KINDS,
-    PIECED,
     PRNG_KEY,
     PRNG_NAMES,
     PRNG_SHIFT,
@@ -101,9 +101,9 @@ def validate(fields: dict[str, Any], nodes: Nodes, *, unread: bool | np.ndarray 
         raise Bad(f"{len(chunks)} chunk refs stored for {int(chunk_start[-1])}")
     _check_refs(chunks, packs)
     held = _sums(chunks["raw"], chunk_start)
-    pieced = (flags & PIECED) != 0
+    in_pieces = (flags & IN_PIECES) != 0
     parted = unread is True
-    unread = pieced & unread if unread is not False else np.zeros(n, bool)  # their parts hold them
+    unread = in_pieces & unread if unread is not False else np.zeros(n, bool)  # their parts hold them
     if (parted and any(len(fields[key]) for key in PIECE_FIELDS)) or nchunks[unread].any():
         raise Bad("a manifest in parts lists pieces or chunk refs of a leaf its parts hold")
     if (bad := (held != nbytes) & ~unread).any():
@@ -183,19 +183,21 @@ def _check_refs(chunks: np.ndarray, packs: np.ndarray) -> None:
 def _check_pieces(c: Columns, at: Any) -> None:
     """Pieces tile their leaf: counts, boxes and sizes vectorised, the grid per sharded leaf."""
     leaves = c.leaves
-    pieced = np.flatnonzero(((leaves["flags"] & PIECED) != 0) & ~c.unread)
+    in_pieces = np.flatnonzero(((leaves["flags"] & IN_PIECES) != 0) & ~c.unread)
     counts = c.piece_counts.astype(np.int64)
-    if len(counts) != len(pieced):
-        raise Bad(f"{len(counts)} piece counts for {len(pieced)} leaves saved in pieces")
+    if len(counts) != len(in_pieces):
+        raise Bad(f"{len(counts)} piece counts for {len(in_pieces)} leaves saved in pieces")
     if (bad := (counts < 1) | (counts > MAX_PIECES)).any():
         j = int(np.argmax(bad))
-        raise Bad(f"leaf {at(int(pieced[j]))}: {int(counts[j])} pieces; a sharded leaf has 1 to {MAX_PIECES}")
+        raise Bad(
+            f"leaf {at(int(in_pieces[j]))}: {int(counts[j])} pieces; a sharded leaf has 1 to {MAX_PIECES}"
+        )
     first = prefix_sums(counts)
     if len(c.piece_chunks) != first[-1]:
         raise Bad(f"{len(c.piece_chunks)} piece records for {int(first[-1])} pieces")
-    if (bad := _sums(c.piece_chunks, first) != leaves["chunks"][pieced]).any():
-        raise Bad(f"leaf {at(int(pieced[np.argmax(bad)]))}: its pieces' chunk refs are not its chunk refs")
-    owner = np.repeat(pieced, counts)  # the leaf of each piece
+    if (bad := _sums(c.piece_chunks, first) != leaves["chunks"][in_pieces]).any():
+        raise Bad(f"leaf {at(int(in_pieces[np.argmax(bad)]))}: its pieces' chunk refs are not its chunk refs")
+    owner = np.repeat(in_pieces, counts)  # the leaf of each piece
     ndim = leaves["ndim"][owner].astype(np.int64)
     dims = prefix_sums(ndim)
     if len(c.piece_start) != dims[-1] or len(c.piece_shape) != dims[-1]:
@@ -218,7 +220,7 @@ def _check_pieces(c: Columns, at: Any) -> None:
     # With the pieces' bytes summing to the leaf's (checked above), disjoint pieces tile it.
     # Leaves sharded alike (the usual case) have equal boxes: each distinct grid is checked once.
     tiled: set[tuple[tuple[int, ...], bytes, bytes]] = set()
-    for r, i in enumerate(pieced.tolist()):
+    for r, i in enumerate(in_pieces.tolist()):
         if counts[r] > 1:
             a, z = int(dims[first[r]]), int(dims[first[r + 1]])
             grid = (c.shape(i), c.piece_start[a:z].tobytes(), c.piece_shape[a:z].tobytes())

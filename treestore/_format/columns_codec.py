@@ -28,6 +28,7 @@ from treestore._format.dtypes import value_to_record
 from treestore._format.encoding import FORMAT_VERSION, Bad, manifest_errors, to_msgpack
 from treestore._format.encoding import count as _count
 from treestore._format.encoding import field as _get
+from treestore._format.frame import Frame, parts_fields, parts_from_record
 from treestore._format.limits import MAX_CHUNK_BYTES
 from treestore._format.manifest import (
     MANIFEST_MAGIC,
@@ -36,11 +37,10 @@ from treestore._format.manifest import (
     manifest_record,
     within_size,
 )
-from treestore._format.parted import Parted, parts_fields, parts_from_record
 from treestore._format.v1 import decode_v1, encode_v1
 from treestore.errors import (
     InvalidInputError,
-    ManifestCorruptError,
+    ManifestDamagedError,
     OutOfMemoryError,
     UnsupportedFormatError,
 )
@@ -68,14 +68,14 @@ def _str_list(rec: dict[str, Any], key: str) -> tuple[str, ...]:
     return tuple(items)
 
 
-def decode_columns(data: bytes, checkpoint: str) -> Columns | Parted:
+def decode_columns(data: bytes, checkpoint: str) -> Columns | Frame:
     """A version-2 manifest's bytes, validated (a manifest stored in parts: its frame);
-    ManifestCorruptError, UnsupportedFormatError or OutOfMemoryError otherwise, whatever the
+    ManifestDamagedError, UnsupportedFormatError or OutOfMemoryError otherwise, whatever the
     bytes."""
     return _decode_record(manifest_record(data, checkpoint), checkpoint)
 
 
-def decode_any(data: bytes, checkpoint: str) -> Columns | Parted:
+def decode_any(data: bytes, checkpoint: str) -> Columns | Frame:
     """A manifest of either version as :class:`Columns`, validated as readers validate it (one
     stored in parts: its frame, which :mod:`treestore._engine.parts` completes). A version-1
     manifest is checked by its own decoder, then as a version-2 reader checks its columns."""
@@ -89,19 +89,19 @@ def decode_any(data: bytes, checkpoint: str) -> Columns | Parted:
 @contextmanager
 def _unforeseen(checkpoint: str) -> Iterator[None]:
     """What a decoder did not foresee still names the checkpoint: running out of memory is an
-    OutOfMemoryError, an exception a check missed a ManifestCorruptError."""
+    OutOfMemoryError, an exception a check missed a ManifestDamagedError."""
     what = f"manifest of checkpoint {checkpoint!r}"
     try:
         yield
     except MemoryError:
         raise OutOfMemoryError(f"{what}: out of memory decoding it", checkpoint=checkpoint) from None
     except (ValueError, TypeError, IndexError, KeyError, OverflowError) as exc:  # a check missed
-        raise ManifestCorruptError(
+        raise ManifestDamagedError(
             f"{what}: unexpected malformation ({type(exc).__name__}: {exc})", checkpoint=checkpoint
         ) from exc
 
 
-def _decode_record(rec: dict[str, Any], checkpoint: str) -> Columns | Parted:
+def _decode_record(rec: dict[str, Any], checkpoint: str) -> Columns | Frame:
     what = f"manifest of checkpoint {checkpoint!r}"
     with _unforeseen(checkpoint), manifest_errors(what, checkpoint):
         if rec.get("format") != MANIFEST_MAGIC:
@@ -132,14 +132,14 @@ def _decode_record(rec: dict[str, Any], checkpoint: str) -> Columns | Parted:
         if not _get(rec, "parts", list):
             return validate(fields, nodes)
         parted = parts_from_record(rec, len(fields["leaves"]))
-        return Parted(validate(fields, nodes, unread=True), *parted)
+        return Frame(validate(fields, nodes, unread=True), *parted)
 
 
-def encode_columns(manifest: Columns | Parted) -> bytes:
+def encode_columns(manifest: Columns | Frame) -> bytes:
     """The bytes of a version-2 manifest (or of the frame of one stored in parts);
     InvalidInputError beyond the MAX_MANIFEST_BYTES readers accept."""
-    parted = manifest if isinstance(manifest, Parted) else None
-    c = manifest.frame if isinstance(manifest, Parted) else manifest
+    parted = manifest if isinstance(manifest, Frame) else None
+    c = manifest.columns if isinstance(manifest, Frame) else manifest
     if parted is None:
         c.require_pieces()  # a reader's columns of some leaves are not a manifest
     data = to_msgpack(

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from treestore._format.columns import ARRAY_CODES, PIECED, Columns, concat_ranges, prefix_sums
+from treestore._format.columns import ARRAY_CODES, IN_PIECES, Columns, concat_ranges, prefix_sums
 from treestore._format.columns_codec import stored_values
 from treestore._format.stats import STATS_DTYPE, UNKNOWN
 
@@ -55,16 +55,16 @@ def take_leaves(sources: Sequence[Columns], source: np.ndarray, leaf: np.ndarray
     chunks["pack"][inside] = np.searchsorted(kept, old)
     packs = np.concatenate([s.packs for s in sources])[kept]
     # Pieces: those of each leaf saved in pieces, with their chunk counts, starts and shapes.
-    pieced = (rows["flags"] & PIECED) != 0
+    in_pieces = (rows["flags"] & IN_PIECES) != 0
     ranks = [s._piece_index for s in sources]  # (rank, first piece, first chunk, first dim)
     rank = _starts([r[0] for r in ranks], [len(s.piece_counts) for s in sources])
     first = _starts([r[1][:-1] for r in ranks], [len(s.piece_chunks) for s in sources])
     dims = _starts([r[3][:-1] for r in ranks], [len(s.piece_start) for s in sources])
-    which = rank[g[pieced]]
+    which = rank[g[in_pieces]]
     piece_counts = np.concatenate([s.piece_counts for s in sources])[which]
     pieces = concat_ranges(first[which], piece_counts.astype(np.int64))
     piece_chunks = np.concatenate([s.piece_chunks for s in sources])[pieces]
-    boxes = concat_ranges(dims[pieces], np.repeat(ndim[pieced], piece_counts.astype(np.int64)))
+    boxes = concat_ranges(dims[pieces], np.repeat(ndim[in_pieces], piece_counts.astype(np.int64)))
     piece_start = np.concatenate([s.piece_start for s in sources])[boxes]
     piece_shape = np.concatenate([s.piece_shape for s in sources])[boxes]
     # Scalar values, as stored, by their rank among each source's scalar leaves.

@@ -13,7 +13,7 @@ from treestore._format.encoding import check_version as _check_version
 from treestore._format.encoding import count as _count
 from treestore._format.encoding import field as _get
 from treestore._format.limits import MAX_MANIFEST_BYTES, MAX_RECORD_BYTES
-from treestore.errors import ManifestCorruptError
+from treestore.errors import ManifestDamagedError
 
 RECORD_MAGIC = "treestore.checkpoint"
 
@@ -59,7 +59,7 @@ def encode_commit_record(r: CommitRecord) -> bytes:
 def decode_commit_record(data: bytes, name: str) -> CommitRecord:
     what = f"commit record of checkpoint {name!r}"
     if len(data) > MAX_RECORD_BYTES:
-        raise ManifestCorruptError(f"{what} is {len(data)} bytes, over its limit", checkpoint=name)
+        raise ManifestDamagedError(f"{what} is {len(data)} bytes, over its limit", checkpoint=name)
     rec = from_msgpack(data, what, name)
     version = _check_version(rec, RECORD_MAGIC, what, name)
     try:
@@ -68,7 +68,7 @@ def decode_commit_record(data: bytes, name: str) -> CommitRecord:
         manifest = _get(rec, "manifest", bytes)
         if len(manifest) != DIGEST_BYTES:
             raise _Bad("manifest digest has the wrong length")
-        ref = CommitRecord(
+        record = CommitRecord(
             name=name,
             manifest=manifest,
             manifest_size=_count(rec.get("manifest_size"), "manifest_size", MAX_MANIFEST_BYTES),
@@ -78,8 +78,8 @@ def decode_commit_record(data: bytes, name: str) -> CommitRecord:
             nbytes=_count(rec.get("nbytes"), "nbytes"),
             version=version,
         )
-        if _get(rec, "check", bytes) != _record_check(ref):
+        if _get(rec, "check", bytes) != _record_check(record):
             raise _Bad("its fields do not match its check digest")
-        return ref
+        return record
     except _Bad as exc:
-        raise ManifestCorruptError(f"{what}: {exc}", checkpoint=name) from None
+        raise ManifestDamagedError(f"{what}: {exc}", checkpoint=name) from None

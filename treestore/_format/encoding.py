@@ -19,7 +19,7 @@ try:
 except ImportError:  # not a POSIX system: no address-space limit
     resource = None  # type: ignore[assignment]
 
-from treestore.errors import ManifestCorruptError, OutOfMemoryError, UnsupportedFormatError
+from treestore.errors import ManifestDamagedError, OutOfMemoryError, UnsupportedFormatError
 
 FORMAT_VERSION = 2  # the version this treestore writes
 NEWEST_VERSION = 2  # the newest version this treestore reads (it reads every version from 1)
@@ -92,19 +92,19 @@ def to_msgpack(obj: object) -> bytes:
 
 
 class Bad(Exception):
-    """Internal: a schema violation, turned into ManifestCorruptError with context."""
+    """Internal: a schema violation, turned into ManifestDamagedError with context."""
 
 
 @contextlib.contextmanager
 def manifest_errors(what: str, checkpoint: str) -> Iterator[None]:
-    """How a manifest decoder reports what it finds wrong: ``Bad`` becomes a ManifestCorruptError
-    saying ``what``, and an UnsupportedFormatError or ManifestCorruptError raised inside gets
+    """How a manifest decoder reports what it finds wrong: ``Bad`` becomes a ManifestDamagedError
+    saying ``what``, and an UnsupportedFormatError or ManifestDamagedError raised inside gets
     ``what`` in front of its message and the checkpoint's name."""
     try:
         yield
     except Bad as exc:
-        raise ManifestCorruptError(f"{what}: {exc}", checkpoint=checkpoint) from None
-    except (UnsupportedFormatError, ManifestCorruptError) as exc:
+        raise ManifestDamagedError(f"{what}: {exc}", checkpoint=checkpoint) from None
+    except (UnsupportedFormatError, ManifestDamagedError) as exc:
         exc.checkpoint = checkpoint
         exc.message = f"{what}: {exc.message}"
         exc.args = (exc.message,)
@@ -129,28 +129,28 @@ def count(value: object, what: str, limit: int = 2**62) -> int:
 
 
 def from_msgpack(data: bytes, what: str, checkpoint: str | None) -> dict[str, Any]:
-    """A msgpack map decoded without trusting it; ManifestCorruptError names ``what``."""
+    """A msgpack map decoded without trusting it; ManifestDamagedError names ``what``."""
     try:
         obj = msgpack.unpackb(data, raw=False, strict_map_key=True)
     except MemoryError:
         raise OutOfMemoryError(f"{what}: out of memory decoding it", checkpoint=checkpoint) from None
     except Exception as exc:  # msgpack raises several unrelated types on garbage
-        raise ManifestCorruptError(
+        raise ManifestDamagedError(
             f"{what} is not valid msgpack ({type(exc).__name__}: {exc})", checkpoint=checkpoint
         ) from None
     if not isinstance(obj, dict):
-        raise ManifestCorruptError(f"{what} is not a map", checkpoint=checkpoint)
+        raise ManifestDamagedError(f"{what} is not a map", checkpoint=checkpoint)
     return obj
 
 
 def check_version(rec: dict[str, Any], magic: str, what: str, checkpoint: str | None) -> int:
     if rec.get("format") != magic:
-        raise ManifestCorruptError(
+        raise ManifestDamagedError(
             f"{what} has format {rec.get('format')!r}, expected {magic!r}", checkpoint=checkpoint
         )
     version = rec.get("version")
     if type(version) is not int:
-        raise ManifestCorruptError(f"{what} has no integer version", checkpoint=checkpoint)
+        raise ManifestDamagedError(f"{what} has no integer version", checkpoint=checkpoint)
     if version > NEWEST_VERSION or version < 1:
         raise UnsupportedFormatError(
             f"{what} has format version {version}; this treestore reads versions 1 to "

@@ -18,10 +18,10 @@ import numpy as np
 from treestore._format.columns import (
     CHUNK_DTYPE,
     DTYPE_NAMES,
+    IN_PIECES,
     KINDS,
     LEAF_DTYPE,
     PACK_DTYPE,
-    PIECED,
     PRNG_NAMES,
     PRNG_SHIFT,
     WEAK_TYPE,
@@ -109,7 +109,7 @@ class LeafTable:
         self.measured |= stats is not None
         if pieces is not None and len(pieces) == 1 and pieces[0][1] == shape and not self.pieces_kept:
             pieces = None
-        flags = _PRNG[prng_impl] | (WEAK_TYPE if weak_type else 0) | (PIECED if pieces is not None else 0)
+        flags = _PRNG[prng_impl] | (WEAK_TYPE if weak_type else 0) | (IN_PIECES if pieces is not None else 0)
         self.rows.append((_KIND[kind], _DTYPE[dtype], len(shape), flags, len(refs)))
         self.shapes += shape
         self.refs += refs

@@ -4,7 +4,7 @@ the size bound in each direction, and how a commit record must agree with its ma
 
 The decoders (:mod:`treestore._format.columns_codec`, and :mod:`treestore._format.v1` for
 version 1) check every field's type, every size against its bound and against the other
-fields, before any other code sees it: a store can make them raise ManifestCorruptError or
+fields, before any other code sees it: a store can make them raise ManifestDamagedError or
 UnsupportedFormatError, nothing else.
 """
 
@@ -33,7 +33,7 @@ from treestore._format.limits import (
     MAX_METADATA_BYTES,
     MAX_NDIM,
 )
-from treestore.errors import InvalidInputError, ManifestCorruptError
+from treestore.errors import InvalidInputError, ManifestDamagedError
 
 MANIFEST_MAGIC = "treestore.manifest"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=+-]{0,199}\Z")
@@ -68,8 +68,8 @@ def leaf_digest(
     if kind not in ARRAY_KINDS:
         record = [kind, value_to_record(kind, value)]
     elif pieces:
-        layout = [[list(start), list(box), list(digests)] for start, box, digests in pieces]
-        record = [dtype, list(shape or ()), prng_impl, layout]
+        boxes = [[list(start), list(box), list(digests)] for start, box, digests in pieces]
+        record = [dtype, list(shape or ()), prng_impl, boxes]
     else:
         record = [dtype, list(shape or ()), prng_impl, list(chunks)]
     return digest(to_msgpack(record))
@@ -166,10 +166,10 @@ def within_size(data: bytes, name: str, advice: str = "save fewer leaves") -> by
 
 def manifest_record(data: bytes, checkpoint: str) -> dict[str, Any]:
     """The msgpack map of a manifest's bytes, once they are within MAX_MANIFEST_BYTES: the one
-    front door of every manifest decoder (ManifestCorruptError otherwise)."""
+    front door of every manifest decoder (ManifestDamagedError otherwise)."""
     what = f"manifest of checkpoint {checkpoint!r}"
     if len(data) > MAX_MANIFEST_BYTES:
-        raise ManifestCorruptError(f"{what} is over its size limit", checkpoint=checkpoint)
+        raise ManifestDamagedError(f"{what} is over its size limit", checkpoint=checkpoint)
     return from_msgpack(data, what, checkpoint)
 
 

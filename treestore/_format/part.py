@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from treestore._format.columns import CHUNK_DTYPE, PACK_DTYPE, PIECED, concat_ranges, prefix_sums
+from treestore._format.columns import CHUNK_DTYPE, IN_PIECES, PACK_DTYPE, concat_ranges, prefix_sums
 from treestore._format.columns_codec import binary_array
 from treestore._format.coverage import Coverage, P, from_text, to_text
 from treestore._format.encoding import Bad, digest, from_msgpack, to_msgpack
@@ -92,10 +92,10 @@ def part_from_fields(
     rows = fields["leaves"]
     count = rows["chunks"].astype(np.int64)
     ndim = rows["ndim"].astype(np.int64)
-    pieced = np.flatnonzero(rows["flags"] & PIECED)
+    in_pieces = np.flatnonzero(rows["flags"] & IN_PIECES)
     per_leaf = fields["piece_counts"].astype(np.int64)
-    owner = np.repeat(pieced, per_leaf)  # each piece's row
-    refs = fields["chunks"][concat_ranges(prefix_sums(count)[pieced], count[pieced])]
+    owner = np.repeat(in_pieces, per_leaf)  # each piece's row
+    refs = fields["chunks"][concat_ranges(prefix_sums(count)[in_pieces], count[in_pieces])]
     inside = refs["pack"] >= 0
     used = np.unique(refs["pack"][inside])
     packs = fields["packs"]

@@ -58,26 +58,26 @@ def _overlap(start: np.ndarray, shape: np.ndarray) -> tuple[int, int] | None:
 
 def explain(
     pieces: Pieces,
-    pieced: np.ndarray,
+    in_pieces: np.ndarray,
     counts: np.ndarray,
     shapes: np.ndarray,
     shape_start: np.ndarray,
     processes: int,
 ) -> tuple[int, str] | None:
     """(leaf, why) for the first leaf whose pieces do not tile it, or None when every leaf's do.
-    ``pieced`` marks the leaves stored in pieces, ``counts`` their numbers of pieces, ``shapes``
+    ``in_pieces`` marks the leaves stored in pieces, ``counts`` their numbers of pieces, ``shapes``
     and ``shape_start`` every leaf's dimensions."""
-    none = np.flatnonzero(pieced & (counts == 0))
+    none = np.flatnonzero(in_pieces & (counts == 0))
     if len(none):
         return int(none[0]), f"no process sent a piece of it (of {processes} processes)"
     leaf, process = pieces.leaf, pieces.process
-    n = len(pieced)
+    n = len(in_pieces)
     entry = np.repeat(np.arange(len(leaf)), pieces.ndim)
     first = shape_start[leaf]
     within = np.arange(len(entry)) - np.repeat(np.cumsum(pieces.ndim) - pieces.ndim, pieces.ndim)
     dims = shapes[first[entry] + within] if len(entry) else shapes[:0]
     out = (pieces.start > dims) | (pieces.shape > dims - np.minimum(pieces.start, dims))
-    outside = (np.bincount(entry, out, len(leaf)) > 0) & pieced[leaf]
+    outside = (np.bincount(entry, out, len(leaf)) > 0) & in_pieces[leaf]
     if outside.any():
         j = int(np.argmax(outside))
         start, shape = (tuple(b[0].tolist()) for b in pieces.boxes(np.array([j])))
@@ -91,15 +91,15 @@ def explain(
     size = np.ones(n)
     np.multiply.at(size, np.repeat(np.arange(n), np.diff(shape_start)), shapes.astype(np.float64))
     covered = np.bincount(leaf, volume, n)
-    for i in np.flatnonzero(pieced & (covered < size)).tolist():
+    for i in np.flatnonzero(in_pieces & (covered < size)).tolist():
         senders = np.unique(process[leaf == i])
         silent = np.setdiff1d(np.arange(processes), senders)
         return i, (
             f"its pieces cover {covered[i]:.0f} of its {size[i]:.0f} elements: {_names(senders)} sent "
             f"pieces of it, {_names(silent) if len(silent) else 'none of the others'} sent none"
         )
-    over = np.flatnonzero(pieced & (covered > size)).tolist()
-    rest = np.flatnonzero(pieced & (covered == size) & (counts > 1)).tolist()
+    over = np.flatnonzero(in_pieces & (covered > size)).tolist()
+    rest = np.flatnonzero(in_pieces & (covered == size) & (counts > 1)).tolist()
     for i in over + rest:
         rows = np.flatnonzero(leaf == i)
         lo, extent = pieces.boxes(rows)

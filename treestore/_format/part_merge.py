@@ -21,15 +21,15 @@ import numpy as np
 
 from treestore._format.columns import (
     CHUNK_DTYPE,
-    PIECED,
+    IN_PIECES,
     Columns,
     concat_ranges,
     prefix_sums,
 )
 from treestore._format.columns_codec import columns_from_fields, stored_values
+from treestore._format.frame import Frame, ListedPart
 from treestore._format.part import Part
 from treestore._format.part_explain import Pieces, explain
-from treestore._format.parted import Parted, PartRef
 from treestore.errors import InvalidInputError
 
 PACK_INDEX_END = 2**31  # pack indices are i4 in a manifest
@@ -45,7 +45,7 @@ def _words(table: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True, eq=False)
 class FrameLeaves:
-    """What a manifest's frame says of every leaf: the leaf rows (``chunks`` 0 and no PIECED
+    """What a manifest's frame says of every leaf: the leaf rows (``chunks`` 0 and no IN_PIECES
     flag for sharded leaves), shapes, values and the chunk refs of leaves that are not sharded,
     leaf after leaf, and the packs those refs index."""
 
@@ -71,7 +71,7 @@ def frame_leaves_from_fields(
     split = np.asarray(sharded, bool)
     chunks = fields["chunks"][~np.repeat(split, leaves["chunks"].astype(np.int64))]
     leaves["chunks"][split] = 0
-    leaves["flags"] &= ~np.uint8(PIECED)
+    leaves["flags"] &= ~np.uint8(IN_PIECES)
     ndim = leaves["ndim"].astype(np.int64)
     return FrameLeaves(
         tree,
@@ -89,9 +89,9 @@ def frame_leaves_from_fields(
 
 def frame_leaves_of(frame: Columns) -> FrameLeaves:
     """A reader's :class:`FrameLeaves`, from the validated frame of a manifest stored in parts."""
-    sharded = (frame.leaves["flags"] & PIECED) != 0
+    sharded = (frame.leaves["flags"] & IN_PIECES) != 0
     leaves = frame.leaves.copy()
-    leaves["flags"] &= ~np.uint8(PIECED)
+    leaves["flags"] &= ~np.uint8(IN_PIECES)
     values = tuple(stored_values(frame))
     ndim = leaves["ndim"].astype(np.int64)
     return FrameLeaves(
@@ -109,13 +109,13 @@ def frame_leaves_of(frame: Columns) -> FrameLeaves:
 
 
 def frame_of(
-    frame_leaves: FrameLeaves, header: Mapping[str, Any], layout: bytes, parts: Sequence[PartRef]
-) -> Parted:
+    frame_leaves: FrameLeaves, header: Mapping[str, Any], layout: bytes, parts: Sequence[ListedPart]
+) -> Frame:
     """The frame of the manifest a multi-process save commits: ``frame_leaves`` (the primary's leaves),
     ``header`` (``name``, ``created``, ``metadata``, ``codec``, ``chunk_size``) and its parts,
     checked as readers check a frame (InvalidInputError naming the checkpoint otherwise)."""
     rows = frame_leaves.leaves.copy()
-    rows["flags"][frame_leaves.sharded] |= PIECED
+    rows["flags"][frame_leaves.sharded] |= IN_PIECES
     none = np.zeros(0, "<u4")
     fields = {
         **header,
@@ -129,7 +129,7 @@ def frame_of(
         "chunks": frame_leaves.chunks,
         "packs": frame_leaves.packs,
     }
-    return Parted(columns_from_fields(fields, frame_leaves.tree, unread=True), layout, tuple(parts))
+    return Frame(columns_from_fields(fields, frame_leaves.tree, unread=True), layout, tuple(parts))
 
 
 @dataclass(frozen=True, eq=False)
@@ -280,14 +280,14 @@ def merge(
     pieces, piece_chunks, piece_refs = _ordered(frame_leaves, gathered)
     leaf, ndim = pieces.leaf, pieces.ndim
     counts = np.bincount(leaf, minlength=n)
-    pieced = frame_leaves.sharded.copy()
+    in_pieces = frame_leaves.sharded.copy()
     single = np.flatnonzero(counts[leaf] == 1)
     if len(single):  # one piece that is the whole leaf (start 0, the leaf's shape): a plain leaf
         entries = concat_ranges(prefix_sums(ndim)[:-1][single], ndim[single])
         dims = frame_leaves.shapes[concat_ranges(frame_leaves.shape_start[leaf[single]], ndim[single])]
         off = (pieces.shape[entries] != dims) | (pieces.start[entries] != 0)
         partial = np.bincount(np.repeat(np.arange(len(single)), ndim[single]), off, len(single)) > 0
-        pieced[leaf[single[~partial]]] = False
+        in_pieces[leaf[single[~partial]]] = False
     nchunks = frame_leaves.leaves["chunks"].astype(np.int64)
     nchunks[frame_leaves.sharded] = np.bincount(leaf, piece_chunks, n).astype(np.int64)[frame_leaves.sharded]
     if len(frame_leaves.chunks):
@@ -301,9 +301,9 @@ def merge(
     else:  # every chunk ref is a piece's
         words = piece_refs
     rows = frame_leaves.leaves.copy()
-    rows["flags"][pieced] |= PIECED
+    rows["flags"][in_pieces] |= IN_PIECES
     rows["chunks"] = np.minimum(nchunks, 2**32 - 1)  # beyond u32: refused as a count mismatch
-    keep = pieced[leaf]
+    keep = in_pieces[leaf]
     start, shape, per_piece = pieces.start, pieces.shape, piece_chunks.astype("<u4")
     if not keep.all():
         entry = np.repeat(keep, ndim)
@@ -313,7 +313,7 @@ def merge(
         "leaves": rows,
         "shapes": frame_leaves.shapes,
         "values": list(frame_leaves.values),
-        "piece_counts": np.minimum(counts[pieced & ~unread], 2**32 - 1).astype("<u4"),
+        "piece_counts": np.minimum(counts[in_pieces & ~unread], 2**32 - 1).astype("<u4"),
         "piece_chunks": per_piece,
         "piece_start": start,
         "piece_shape": shape,
@@ -323,7 +323,7 @@ def merge(
     try:
         return columns_from_fields(fields, frame_leaves.tree, unread=unread)
     except InvalidInputError as exc:
-        listed = pieced & ~unread
+        listed = in_pieces & ~unread
         found = explain(
             pieces, listed, counts, frame_leaves.shapes, frame_leaves.shape_start, gathered.processes
         )

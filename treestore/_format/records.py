@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from treestore._deprecated import renamed_attribute
 from treestore._format.address import Key, parse_address
 from treestore._format.dtypes import ARRAY_KINDS
 from treestore._format.manifest import leaf_digest
@@ -91,7 +92,7 @@ class LeafEntry:
         value: A Python scalar's value, kept in the manifest (an ``int`` of any size, a
             ``complex``, ``bytes``, ...); None for an array.
         pieces: A sharded array's pieces, one per distinct shard, in manifest order; empty for
-            every other leaf (:attr:`layout` gives one piece covering an unsharded array).
+            every other leaf (:attr:`all_pieces` gives one piece covering an unsharded array).
         weak_type: Whether the leaf is a weakly typed jax array (as jax makes from Python
             scalars); False for every other leaf.
     """
@@ -107,12 +108,14 @@ class LeafEntry:
     weak_type: bool = False  # a jax array with a weak type, as Python scalars have
 
     @property
-    def layout(self) -> tuple[Piece, ...]:
+    def all_pieces(self) -> tuple[Piece, ...]:
         """The pieces of an array leaf (one covering the leaf unless it was saved sharded)."""
         if self.pieces:
             return self.pieces
         shape = self.shape or ()
         return (Piece((0,) * len(shape), shape, self.chunks),)
+
+    layout = renamed_attribute("LeafEntry", "layout", "all_pieces")
 
     @functools.cached_property
     def path(self) -> tuple[Key, ...]:

@@ -19,8 +19,8 @@ from treestore._format.address import canonical_segment
 from treestore._format.columns import (
     ARRAY_CODES,
     DTYPE_NAMES,
+    IN_PIECES,
     KINDS,
-    PIECED,
     PRNG_NAMES,
     PRNG_SHIFT,
     WEAK_TYPE,
@@ -61,7 +61,7 @@ VERSION = 1
 # --- decoding -------------------------------------------------------------------------------------
 def decode_v1(rec: dict[str, Any], checkpoint: str) -> Columns:
     """The columns of a version-1 manifest's decoded msgpack map, checked by version 1's rules
-    and then as version 2's readers check columns; ManifestCorruptError or
+    and then as version 2's readers check columns; ManifestDamagedError or
     UnsupportedFormatError otherwise, whatever the map holds."""
     what = f"manifest of checkpoint {checkpoint!r}"
     version = _check_version(rec, MANIFEST_MAGIC, what, checkpoint)
@@ -245,7 +245,7 @@ def _leaf_records(c: Columns) -> list[dict[str, object]]:
         lo, hi = int(c.chunk_start[i]), int(c.chunk_start[i + 1])
         rec["dtype"] = DTYPE_NAMES[dtype]
         rec["shape"] = shapes[c.shape_start[i] : c.shape_start[i + 1]]
-        if flags & PIECED:
+        if flags & IN_PIECES:
             starts, boxes, first, count = c.piece_rows(i)
             rec["pieces"] = [
                 [start, box, refs[f : f + n]]

@@ -21,8 +21,8 @@ from typing import Any, overload
 from treestore._format.columns import (
     ARRAY_CODES,
     DTYPE_NAMES,
+    IN_PIECES,
     KINDS,
-    PIECED,
     PRNG_NAMES,
     PRNG_SHIFT,
     WEAK_TYPE,
@@ -231,7 +231,7 @@ def leaf_entry(c: Columns, i: int) -> LeafEntry:
     lo = int(c.chunk_start[i])
     chunks = _refs(c, lo, int(c.chunk_start[i + 1]))
     pieces: tuple[Piece, ...] = ()
-    if flags & PIECED:
+    if flags & IN_PIECES:
         starts, shapes, first, count = c.piece_rows(i)
         pieces = tuple(
             Piece(tuple(start), tuple(box), chunks[f - lo : f - lo + n])
