@@ -4,7 +4,7 @@
 
 Runs, each in its own process (so one's memory and device settings cannot skew another's):
 the format comparison (``run_peers``: save, load, one leaf, size, files), partial reads and diffs
-(``bench_partial``), the training-loop manager (``bench_manager``), sharded checkpoints on 8 CPU
+(``bench_partial``), the training-loop manager (``bench_manager``), checkpoints of sharded arrays on 8 CPU
 devices (``bench_sharding``), restores onto meshes of up to 64 devices (``bench_mesh``), derived
 checkpoints (``bench_derive``), many small leaves and leaves in pieces (``bench_scaling``),
 verify, copy, derive and timeline over many leaves (``bench_store_ops``),

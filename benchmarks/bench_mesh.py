@@ -9,9 +9,8 @@ restore onto the saving sharding, onto a different mesh (the other half of the d
 2-D mesh over both axes, so every shard is cut from several saved pieces), and onto one device.
 Targets: restore onto the saving mesh and onto a different mesh ≤ 1.3× the same tree onto one
 device; the 128k-shard case ≤ 3 s; sharded save ≤ 1.2× the unsharded save. Beside treestore's save,
-the floor of any save that writes each device's shard: jax alone putting every distinct shard on
-host (``np.asarray(shard.data)``), which is more than 1.2× the unsharded save where shards are many
-and small. Each library runs
+what jax alone takes to put every distinct shard on host (``np.asarray(shard.data)``), which any
+save that writes each device's shard pays. Each library runs
 each case in a fresh process of its own, so neither's memory, threads or kernel work (reclaiming
 what the other allocated) lands in the other's timings; the figures are printed side by side.
 """
@@ -56,7 +55,7 @@ def _ready(tree: Any) -> Any:
     return jax.block_until_ready(tree)
 
 
-FLOOR = "jax alone: each shard to host"  # the floor of a save from many devices
+FLOOR = "jax alone: each shard to host"  # what any save of each device's shard pays
 
 
 def run_case(name: str, root: str, runs: int, library: str) -> list[tuple[str, float]]:

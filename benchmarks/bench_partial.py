@@ -6,9 +6,9 @@ Rows (medians of --runs, warm page cache):
 - one leaf (``wte``, 154 MB): treestore ``open(url)["wte"]`` read whole vs safetensors
   ``safe_open(...).get_tensor("wte")``; bytes read vs that leaf's chunks plus the manifest;
 - a 100-row slice of ``wte``: chunk bytes read vs the chunks the rows intersect;
-- diff of two checkpoints that differ in one of the 12 blocks, without and with stats, vs the
+- diff of two checkpoints that differ in one of the 12 blocks, without and with values, vs the
   time to load both checkpoints.
-Targets (issue 3): one leaf ≤ 2× safetensors; diff ≤ 50 ms without stats; with stats ≤ loading both.
+Targets (issue 3): one leaf ≤ 2× safetensors; diff ≤ 50 ms without values; with values ≤ loading both.
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         t_slice = H.median_time(lambda: treestore.open(url, "a")["wte"][20000:20100], args.runs)
         t_diff = H.median_time(lambda: treestore.diff(f"{url}#a", f"{url}#b"), args.runs)
         t_stats = H.median_time(
-            lambda: treestore.diff(f"{url}#a", f"{url}#b", stats=True), max(1, args.runs // 2)
+            lambda: treestore.diff(f"{url}#a", f"{url}#b", values=True), max(1, args.runs // 2)
         )
         t_both = H.median_time(lambda: (store.load("a"), store.load("b")), max(1, args.runs // 2))
         d = treestore.diff(f"{url}#a", f"{url}#b")
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
             f"≤ 50 ms: {met(t_diff <= 0.05)} |"
         )
         print(
-            f"| diff a b --stats | {t_stats:.3f} s | load both {t_both:.3f} s | "
+            f"| diff a b --values | {t_stats:.3f} s | load both {t_both:.3f} s | "
             f"{t_stats / t_both:.2f}× | | | ≤ load both: {met(t_stats <= t_both)} |"
         )
     finally:

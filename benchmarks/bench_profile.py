@@ -67,7 +67,7 @@ def _counting(targets: list[tuple[Any, str, str]]) -> Iterator[dict[str, float]]
 
 
 SAVE_STEPS = [
-    (chunk_writer, "_snapshot", "copy"),
+    (chunk_writer, "_private_copy", "copy"),
     (chunk_writer._stats, "measure", "stats"),
     (packs._stats, "measure_segments", "stats"),
     (chunk_writer, "digest", "hash"),

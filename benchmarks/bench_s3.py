@@ -80,7 +80,7 @@ def requests_text(r: treestore.types.SaveResult) -> str:
     total = r.chunks_written + r.chunks_reused
     return (
         f"{r.chunk_requests} chunk requests ({r.existence_checks} HEAD, {r.reuse_reads} GET, "
-        f"{r.chunks_written} PUT; {r.chunks_trusted} of {total} chunks known)"
+        f"{r.chunks_written} PUT; {r.chunks_trusted} of {total} chunks trusted)"
     )
 
 

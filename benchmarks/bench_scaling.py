@@ -19,7 +19,7 @@ fresh process (so its peak memory is its own), on a local temporary store, media
   (the tree, its saves, loads and diffs; before safetensors runs).
 
 Pieces: each leaf is a float32[64, 4] ``jax.Array`` sharded over 64 CPU devices (one piece per
-device, 16 bytes each) — the manifest cost of a sharded checkpoint, not its bytes. safetensors
+device, 16 bytes each) — the manifest cost of a checkpoint of sharded leaves, not its bytes. safetensors
 cannot store a sharded array: its column holds the gathered arrays.
 
 Issue 13's targets at 100k leaves: save and load ≤ 1.5× safetensors, open + one leaf ≤ 2×,

@@ -1,4 +1,4 @@
-"""Sharded checkpoints: treestore vs orbax StandardCheckpointer on 8 CPU devices, one process.
+"""Checkpoints of sharded arrays: treestore vs orbax StandardCheckpointer on 8 CPU devices, one process.
 
     python -m benchmarks.bench_sharding [--runs 3] [--tmp-root DIR]
 
@@ -106,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
                 H.median_time(ob_load(like2), args.runs),
             ),
         ]
-        print("## Sharded checkpoints, 8 CPU devices, one process (GPT-2-small shapes, 497.8 MB fp32)\n")
+        title = "## Checkpoints of sharded arrays, 8 CPU devices, one process"
+        print(f"{title} (GPT-2-small shapes, 497.8 MB fp32)\n")
         print(f"- median of {args.runs} runs; save includes os.sync(); warm page cache; local disk\n")
         print("| operation | treestore | orbax StandardCheckpointer | ratio | target ≤ 0.5× orbax |")
         print("|---|---:|---:|---:|---|")

@@ -150,7 +150,7 @@ class SafetensorsAdapter(Adapter):
 
 
 class OrbaxAdapter(Adapter):
-    """``orbax.checkpoint.StandardCheckpointer`` (OCDBT + zarr3 layout, a directory).
+    """``orbax.checkpoint.StandardCheckpointer`` (OCDBT and zarr3 formats, a directory).
 
     * save: ``ckptr.save(path, tree)`` then ``ckptr.wait_until_finished()``
       (StandardCheckpointer is async).  One checkpointer per adapter instance,

@@ -95,8 +95,8 @@ def demo(folder: str) -> int:
     ckpt = store.open("step-2")
     for line in show_lines(ckpt, [leaf_record(ckpt, a) for a in ckpt.leaves]):
         click.echo(line)
-    click.echo(f"\n$ treestore diff {url}#step-1 {url}#step-2 --stats")
-    d = treestore.diff(store.open("step-1"), ckpt, stats=True)
+    click.echo(f"\n$ treestore diff {url}#step-1 {url}#step-2 --values")
+    d = treestore.diff(store.open("step-1"), ckpt, values=True)
     click.echo(d.table(ascii=not render.fancy()))
     click.echo(
         f"\ndemo ok: 2 checkpoints in {url}; step-2 wrote {second.chunks_written} of "

@@ -183,7 +183,7 @@ def header_lines(ckpt: treestore.Checkpoint, shown: int) -> list[str]:
 @JSON
 def show(spec: str, patterns: tuple[str, ...], flat: bool, stats: bool, as_json: bool) -> int:
     """Show the tree of a checkpoint (the newest when no #NAME): each leaf's address, dtype,
-    shape, raw and stored size and codec, as a compact tree. PATTERNS (globs over addresses,
+    shape, raw and stored size and codec, as a compact tree. PATTERNS (patterns over addresses,
     like 'encoder/*/bias') keep only the leaves that match. --stats shows instead the
     statistics each leaf's values had when saved, read from the manifest alone ("?": none
     recorded)."""
@@ -212,7 +212,7 @@ def show(spec: str, patterns: tuple[str, ...], flat: bool, stats: bool, as_json:
 
 
 def show_lines(ckpt: treestore.Checkpoint, records: list[dict[str, Any]], flat: bool = False) -> list[str]:
-    """The human view of ``show``: a header, then one line per folder and leaf."""
+    """The human view of ``show``: a header, then one line per node and leaf."""
     labels = (
         [(r["address"] or "(root)", i) for i, r in enumerate(records)]
         if flat
@@ -286,7 +286,7 @@ def health(url: str, patterns: tuple[str, ...], as_json: bool) -> int:
     """Which checkpoints of the store at URL hold NaN or inf values, and in which leaves, from
     the statistics their manifests recorded at save: no chunk is read. For each leaf, the first
     checkpoint (oldest first) that held a non-finite value; each checkpoint is healthy, holds
-    NaN/inf, or is unknown (saved without statistics). PATTERNS (globs over addresses) keep only
+    NaN/inf, or is unknown (saved without statistics). PATTERNS (patterns over addresses) keep only
     the leaves that match. Exit status 1 when any checkpoint holds NaN/inf."""
     store = open_store(url)
     infos = store.list()
@@ -338,17 +338,20 @@ def _matching(ckpt: treestore.Checkpoint, patterns: tuple[str, ...]) -> list[str
 @click.argument("b", metavar="B")
 @click.argument("patterns", nargs=-1)
 @click.option(
-    "--stats",
+    "--values",
     is_flag=True,
-    help="Numeric change of each changed leaf (max |a-b|, relative L2, share of elements).",
+    help="Compare the values of each changed leaf (max |a-b|, relative L2, share of elements).",
 )
+@click.option("--stats", "old_stats", is_flag=True, hidden=True)  # 0.2's name of --values
 @JSON
-def diff(a: str, b: str, patterns: tuple[str, ...], stats: bool, as_json: bool) -> int:
+def diff(a: str, b: str, patterns: tuple[str, ...], values: bool, old_stats: bool, as_json: bool) -> int:
     """Compare checkpoints A and B (each URL or URL#NAME, possibly in different stores):
-    added, removed, changed, shape- and dtype-changed leaves; PATTERNS (globs over addresses)
+    added, removed, changed, shape- and dtype-changed leaves; PATTERNS (patterns over addresses)
     limit the comparison. Exit status 0 when identical, 1 when different, 2 on error."""
+    if old_stats:
+        click.echo("treestore: diff --stats is deprecated: use --values", err=True)
     result = treestore.diff(
-        a, b, stats=stats, select=patterns or None, storage_options=settings().storage_options
+        a, b, values=values or old_stats, select=patterns or None, storage_options=settings().storage_options
     )
     if as_json:
         echo_json(result.to_json())

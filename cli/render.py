@@ -85,8 +85,8 @@ def table(header: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[
 
 
 def tree_labels(addresses: Sequence[str]) -> list[tuple[str, int | None]]:
-    """A compact tree view of addresses: one line per folder and leaf, indented by depth, with
-    chains of single folders joined. Yields (label, index of the leaf or None for a folder).
+    """A compact tree view of addresses: one line per node and leaf, indented by depth, with
+    chains of single-child nodes joined. Yields (label, index of the leaf or None for a node).
 
     >>> for label, i in tree_labels(["a/b/w", "a/b/v", "a/c/d/w", "step"]):
     ...     print(label if i is None else f"{label} {i}")

@@ -130,7 +130,7 @@ def test_copy_rewrites_a_bad_object_at_the_destination(tmp_path: Path, how: str)
 
 
 @pytest.mark.timeout(60)
-def test_small_leaves_written_to_during_a_save_never_make_a_corrupt_pack(tmp_path: Path):
+def test_small_leaves_written_to_during_a_save_never_make_a_damaged_pack(tmp_path: Path):
     """Small leaves are packed: each is hashed and copied into its pack from one copy."""
     url = str(tmp_path / "store")
     leaves = [np.zeros(2048, np.float32) for _ in range(300)]  # 8 KiB each, in packs
@@ -280,7 +280,7 @@ def test_copy_repairs_a_bad_chunk_object_at_the_destination(store_url: str, how:
 
 
 @pytest.mark.timeout(60)
-def test_an_array_written_to_during_a_save_never_makes_a_corrupt_chunk(tmp_path: Path):
+def test_an_array_written_to_during_a_save_never_makes_a_damaged_chunk(tmp_path: Path):
     """The loaded values may be any mix of the states the array went through; every chunk
     object must still hold the bytes its name promises."""
     url = str(tmp_path / "store")

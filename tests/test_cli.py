@@ -123,14 +123,14 @@ def test_diff(store):
     assert changed.exit_code == 1
     assert "~  params/layers/1/w" in changed.stdout and "1 changed, 1 leaves unchanged" not in changed.stdout
     assert changed.stdout.splitlines()[-1] == "2 changed; 2 leaves unchanged"
-    stats = run("diff", f"{store}#step-1", f"{store}#step-2", "--stats")
+    stats = run("diff", f"{store}#step-1", f"{store}#step-2", "--values")
     assert stats.exit_code == 1 and "rel L2" in stats.stdout and "█" in stats.stdout
     row = next(line for line in stats.stdout.splitlines() if "params/layers/1/w" in line)
     assert row.rstrip().endswith("█" * 20)  # the largest change gets the full bar
-    data = json.loads(run("diff", f"{store}#step-1", store, "--stats", "--json").stdout)
+    data = json.loads(run("diff", f"{store}#step-1", store, "--values", "--json").stdout)
     assert data["identical"] is False and data["counts"]["changed"] == 2
     (w,) = [x for x in data["leaves"] if x["address"] == "params/layers/1/w"]
-    assert w["stats"]["rel_l2"] > 0
+    assert w["change"]["rel_l2"] > 0
     only = run("diff", f"{store}#step-1", store, "params/layers/0/*")
     assert only.exit_code == 0 and "identical" in only.stdout
     assert "missing" in error_line(run("diff", f"{store}#step-1", f"{store}#missing"))

@@ -437,11 +437,11 @@ def test_versions_and_parts():
 
 def test_refusals_name_the_leaf():
     rec = record(hand(entry("w", "float32", (2,), 8), entry("v", "float32", (3,), 12)))
-    refused(edited(rec, "leaves", "kind", 99, 1), "v: unknown leaf kind", UnsupportedFormatError)
-    refused(edited(rec, "leaves", "dtype", 200, 1), "v: unknown dtype", UnsupportedFormatError)
+    refused(edited(rec, "leaves", "kind", 99, 1), "v: unsupported leaf kind", UnsupportedFormatError)
+    refused(edited(rec, "leaves", "dtype", 200, 1), "v: unsupported dtype", UnsupportedFormatError)
     refused(edited(rec, "chunks", "raw", 9, 1), "leaf v: its shape needs 12 bytes, chunks hold 9")
     refused(edited(rec, "leaves", "flags", 1 << 2, 0), "leaf w: a PRNG")
-    refused(edited(rec, "leaves", "flags", 1 << 4, 0), "leaf w: unknown flag")
+    refused(edited(rec, "leaves", "flags", 1 << 4, 0), "leaf w: undefined flag")
     decode(rec)
 
 
@@ -450,7 +450,7 @@ def test_refused_trees():
     rec = record(hand(entry("0", "uint8", (1,), 1), entry("1", "uint8", (1,), 1), tree=t))
     refused(edited(rec, "nodes", "parent", 2, 2), "not an earlier node")
     refused(edited(rec, "nodes", "kind", 1, 0), "leaf or none node has children")
-    refused(edited(rec, "nodes", "kind", 9, 0), "unknown tree node type", UnsupportedFormatError)
+    refused(edited(rec, "nodes", "kind", 9, 0), "unsupported node kind", UnsupportedFormatError)
     refused(edited(rec, "nodes", "key", 0, 2), "used by no node")
     refused({**rec, "segments": ["1", "0"]}, "not its position")
     refused(edited(rec, "node_leaves", None, 0, 1), "exactly once")

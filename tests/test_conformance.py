@@ -305,10 +305,10 @@ class StoreConformance:
         (big,) = d.by_status("changed")
         assert big.chunks_changed == 0.25
         stats = treestore.diff(
-            target.spec("a"), target.spec("b"), stats=True, storage_options=target.read_options
+            target.spec("a"), target.spec("b"), values=True, storage_options=target.read_options
         )
         (big_stats,) = stats.by_status("changed")
-        assert big_stats.stats is not None and big_stats.stats.max_abs == pytest.approx(1.0)
+        assert big_stats.change is not None and big_stats.change.max_abs == pytest.approx(1.0)
         same = treestore.diff(target.spec("a"), target.spec("a"), storage_options=target.read_options)
         assert not same and same.to_json()["identical"]
 
@@ -326,7 +326,7 @@ class StoreConformance:
         assert d.a.startswith(target.read_url)
 
     # -- damage -----------------------------------------------------------------------------------
-    def test_corrupted_chunk_is_detected(self, target: Target) -> None:
+    def test_damaged_chunk_is_detected(self, target: Target) -> None:
         tree = mixed_tree()
         store = target.store()
         store.save(tree, "a", options=OPTIONS)

@@ -1,4 +1,5 @@
-"""Exact diffs from manifests, numeric stats from changed chunks, across stores and filesystems."""
+"""Exact diffs from manifests, the change of values from changed chunks, across stores and
+filesystems."""
 
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ def test_diff_kinds(store_url):
     assert [x.address for x in d.by_status("dtype_changed")] == ["layers/0/b"]
     assert set(d.unchanged) == {"layers/0/w", "layers/1/b", "layers/2/w"}
     (w,) = [x for x in d if x.address == "layers/1/w"]
-    assert w.chunks_changed == 0.25 and w.stats is None
+    assert w.chunks_changed == 0.25 and w.change is None
     text = str(d)
     assert "~  layers/1/w" in text and "+  new" in text and "-  name" in text
     assert text.endswith("3 leaves unchanged")
@@ -76,16 +77,16 @@ def test_diff_reads_only_manifests(tmp_path):
     assert d.changed == ("layers/0/w",)
     assert CountingFileSystem.bytes_read("chunks") == 0
     CountingFileSystem.reset()
-    d = treestore.diff(f"{url}#a", f"{url}#b", stats=True)
+    d = treestore.diff(f"{url}#a", f"{url}#b", values=True)
     leaf = treestore.open(url, "a")["layers/0/w"].entry
-    # stats read the changed leaf only: both sides' differing chunks
+    # values are read for the changed leaf only: both sides' differing chunks
     assert CountingFileSystem.bytes_read("chunks") <= 2 * leaf.stored_bytes + 1024
     (w,) = list(d)
-    assert w.stats is not None and w.stats.frac_changed == 1.0
-    assert w.stats.rel_l2 == pytest.approx(1.0, rel=1e-6)
+    assert w.change is not None and w.change.frac_changed == 1.0
+    assert w.change.rel_l2 == pytest.approx(1.0, rel=1e-6)
 
 
-def test_stats_values(store_url):
+def test_value_change_figures(store_url):
     a = np.linspace(-1, 1, 100_000).astype(np.float32)
     b = a.copy()
     b[:10] += 0.5
@@ -94,8 +95,8 @@ def test_stats_values(store_url):
     store = treestore.Store(store_url)
     store.save({"x": a}, "a", options=OPTIONS)
     store.save({"x": b}, "b", options=OPTIONS)
-    (x,) = list(treestore.diff(f"{store_url}#a", f"{store_url}#b", stats=True))
-    s = x.stats
+    (x,) = list(treestore.diff(f"{store_url}#a", f"{store_url}#b", values=True))
+    s = x.change
     assert s.nan_a == 0 and s.nan_b == 1 and s.inf_b == 1 and s.inf_a == 0
     assert s.frac_changed == pytest.approx(12 / 100_000)
     assert s.max_abs == float("inf")
@@ -103,11 +104,11 @@ def test_stats_values(store_url):
     c = a.copy()
     c[:10] += 0.5
     store.save({"x": c}, "c", options=OPTIONS)
-    (x,) = list(treestore.diff(f"{store_url}#a", f"{store_url}#c", stats=True))
-    assert x.stats.max_abs == pytest.approx(0.5, rel=1e-6)
-    assert x.stats.mean_abs == pytest.approx(10 * 0.5 / 100_000, rel=1e-5)
+    (x,) = list(treestore.diff(f"{store_url}#a", f"{store_url}#c", values=True))
+    assert x.change.max_abs == pytest.approx(0.5, rel=1e-6)
+    assert x.change.mean_abs == pytest.approx(10 * 0.5 / 100_000, rel=1e-5)
     expected = np.linalg.norm(c.astype(np.float64) - a) / np.linalg.norm(a.astype(np.float64))
-    assert x.stats.rel_l2 == pytest.approx(expected, rel=1e-9)
+    assert x.change.rel_l2 == pytest.approx(expected, rel=1e-9)
 
 
 def test_diff_across_stores_and_filesystems(tmp_path):
@@ -130,12 +131,12 @@ def test_diff_with_different_chunk_sizes_compares_data(store_url):
     assert not treestore.diff(f"{store_url}#small", f"{store_url}#big")
     a["layers"][2]["w"] = a["layers"][2]["w"] + 1
     store.save(a, "big2", options=treestore.SaveOptions(chunk_size=1 << 20))
-    d = treestore.diff(f"{store_url}#small", f"{store_url}#big2", stats=True)
+    d = treestore.diff(f"{store_url}#small", f"{store_url}#big2", values=True)
     (w,) = list(d)
-    assert w.address == "layers/2/w" and w.stats is not None and w.stats.max_abs == pytest.approx(1.0)
+    assert w.address == "layers/2/w" and w.change is not None and w.change.max_abs == pytest.approx(1.0)
 
 
-def test_missing_chunk_during_stats_names_the_address(store_url):
+def test_missing_chunk_while_comparing_values_names_the_address(store_url):
     a = tree()
     store = treestore.Store(store_url)
     store.save(a, "a", options=OPTIONS)
@@ -147,7 +148,7 @@ def test_missing_chunk_during_stats_names_the_address(store_url):
     store.storage.delete(_paths.chunk_path(entry.chunks[0].digest))
     assert treestore.diff(f"{store_url}#a", f"{store_url}#b").changed == ("layers/0/w",)  # manifests only
     with pytest.raises(treestore.errors.ChunkMissingError, match="layers/0/w"):
-        treestore.diff(f"{store_url}#a", f"{store_url}#b", stats=True)
+        treestore.diff(f"{store_url}#a", f"{store_url}#b", values=True)
 
 
 trees = strategies.trees(
@@ -162,20 +163,20 @@ trees = strategies.trees(
 def test_property_diff_of_a_checkpoint_with_itself_is_empty(t):
     url = f"memory://diffprop/{uuid.uuid4().hex}"
     treestore.save(url, t, "x")
-    d = treestore.diff(f"{url}#x", f"{url}#x", stats=True)
+    d = treestore.diff(f"{url}#x", f"{url}#x", values=True)
     assert not d and len(d) == 0 and d.to_json()["identical"]
 
 
-def test_select_limits_the_comparison_and_its_stats(store_url):
+def test_select_limits_the_comparison_and_its_values(store_url):
     a = tree()
     store = treestore.Store(store_url)
     store.save(a, "a", options=OPTIONS)
     for layer in a["layers"]:
         layer["w"] = layer["w"] + 1
     store.save(a, "b", options=OPTIONS)
-    d = treestore.diff(f"{store_url}#a", f"{store_url}#b", stats=True, select="layers/1/*")
+    d = treestore.diff(f"{store_url}#a", f"{store_url}#b", values=True, select="layers/1/*")
     assert [x.address for x in d.leaves] == ["layers/1/b", "layers/1/w"]  # manifest (jax) order
-    assert d.changed == ("layers/1/w",) and d.leaves[1].stats is not None
+    assert d.changed == ("layers/1/w",) and d.leaves[1].change is not None
 
 
 def _described(e) -> str:
@@ -281,11 +282,11 @@ def test_rel_l2_is_measured_over_the_elements_finite_in_both(store_url, a, b, re
     store = treestore.Store(store_url)
     store.save({"x": np.array(a, np.float64)}, "a")
     store.save({"x": np.array(b, np.float64)}, "b")
-    d = treestore.diff(f"{store_url}#a", f"{store_url}#b", stats=True)
+    d = treestore.diff(f"{store_url}#a", f"{store_url}#b", values=True)
     (x,) = list(d)
-    assert x.stats.rel_l2 == pytest.approx(rel, rel=1e-12)
-    assert x.stats.nonfinite_changed == nonfinite_changed
-    assert d.to_json()["leaves"][0]["stats"]["nonfinite_changed"] == nonfinite_changed
+    assert x.change.rel_l2 == pytest.approx(rel, rel=1e-12)
+    assert x.change.nonfinite_changed == nonfinite_changed
+    assert d.to_json()["leaves"][0]["change"]["nonfinite_changed"] == nonfinite_changed
     if nonfinite_changed:
         assert f", {nonfinite_changed} changed" in d.table()
 
@@ -317,13 +318,15 @@ def test_diff_of_leaves_saved_in_pieces_agrees_with_the_entries_and_with_numpy(t
     ea = {e.address: e for e in treestore.Store(url).manifest("a").leaves}
     eb = {e.address: e for e in treestore.Store(url).manifest("b").leaves}
     assert all(e.pieces for e in ea.values())
-    for stats in (False, True):
-        d = treestore.diff(f"{url}#a", f"{url}#b", stats=stats)
+    for values in (False, True):
+        d = treestore.diff(f"{url}#a", f"{url}#b", values=values)
         got = {x.address: x for x in d.leaves}
         assert (got["w"].status, got["w"].chunks_changed) == _reference(ea["w"], eb["w"])
         assert 0 < got["w"].chunks_changed < 1 and got["same"].status == "unchanged"
-        if stats:
-            assert got["w"].stats.rel_l2 == pytest.approx(np.linalg.norm(v - w) / np.linalg.norm(w), rel=1e-6)
-            assert got["w"].stats.frac_changed == pytest.approx(16 / w.size)
-    d = {x.address: x for x in treestore.diff(f"{url}#b", f"{url}#whole", stats=True).leaves}
+        if values:
+            assert got["w"].change.rel_l2 == pytest.approx(
+                np.linalg.norm(v - w) / np.linalg.norm(w), rel=1e-6
+            )
+            assert got["w"].change.frac_changed == pytest.approx(16 / w.size)
+    d = {x.address: x for x in treestore.diff(f"{url}#b", f"{url}#whole", values=True).leaves}
     assert (d["w"].status, d["w"].chunks_changed, d["same"].status) == ("unchanged", None, "unchanged")

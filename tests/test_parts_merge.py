@@ -414,7 +414,7 @@ SUMMARIES = {
     "not JSON": (lambda text: "{not json", "its summary is not valid JSON"),
     "not a map": (lambda text: "[1, 2]", "its summary is malformed"),
     "ok is not a bool": (_told(ok=1), "its summary is malformed"),
-    "another tree": (_told(layout="00" * 32), "it saved another tree than process 0"),
+    "another tree": (_told(layout="00" * 32), "it saved another tree than the primary"),
     "no part": (_told(part=None), "it wrote no part"),
     "a short digest": (_told(part="ab"), "its summary is malformed"),
     "a negative count": (_told(pieces=-1), "its summary is malformed"),
@@ -797,7 +797,7 @@ def test_followers_name_a_primary_that_never_starts(store_url, monkeypatch):
     results = run_job(open_storage(store_url), trees, "job", options=OPTIONS)
     for r in results[1:]:
         assert isinstance(r, BarrierTimeoutError) and r.missing == (0,), r
-        assert "process 0 did not start it within 0.5 s" in str(r), r
+        assert "the primary (process 0) did not start it within 0.5 s" in str(r), r
     assert treestore.Store(store_url).list() == []
 
 

@@ -39,15 +39,15 @@ def test_which_leaves_a_save_may_read_in_place():
 
 @pytest.fixture
 def snapshots(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The sizes of the chunk copies saves make (chunk_writer._snapshot)."""
+    """The sizes of the chunk copies saves make (chunk_writer._private_copy)."""
     made: list[int] = []
-    real = _chunk_writer._snapshot
+    real = _chunk_writer._private_copy
 
     def snapshot(raw: np.ndarray) -> np.ndarray:
         made.append(raw.nbytes)
         return real(raw)
 
-    monkeypatch.setattr(_chunk_writer, "_snapshot", snapshot)
+    monkeypatch.setattr(_chunk_writer, "_private_copy", snapshot)
     return made
 
 

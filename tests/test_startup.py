@@ -97,8 +97,8 @@ def test_diff_and_verify_load_no_jax(store):
     assert "identical" in command("diff", f"{store}#step-1", f"{store}#step-1")
     changed = json.loads(command("diff", f"{store}#step-1", f"{store}#step-2", "--json", status=1))
     assert changed["counts"]["changed"] == 4  # params/w, params/j, pair/0 and step
-    stats = json.loads(command("diff", f"{store}#step-1", f"{store}#step-2", "--stats", "--json", status=1))
-    assert {leaf["address"] for leaf in stats["leaves"] if leaf["stats"]} >= {"params/w", "params/j"}
+    stats = json.loads(command("diff", f"{store}#step-1", f"{store}#step-2", "--values", "--json", status=1))
+    assert {leaf["address"] for leaf in stats["leaves"] if leaf["change"]} >= {"params/w", "params/j"}
     assert "checked 2 checkpoints" in command("verify", store)
 
 

@@ -48,8 +48,8 @@ def make_run(url: str, steps: int = 5, **kw) -> treestore.Store:
 
 
 def rel_l2(url: str, a: str, b: str) -> dict[str, float]:
-    d = treestore.diff(f"{url}#{a}", f"{url}#{b}", stats=True)
-    return {x.address: x.stats.rel_l2 for x in d.leaves if x.stats is not None}
+    d = treestore.diff(f"{url}#{a}", f"{url}#{b}", values=True)
+    return {x.address: x.change.rel_l2 for x in d.leaves if x.change is not None}
 
 
 def test_values_are_the_diffs_rel_l2(tmp_path):
@@ -253,13 +253,13 @@ def test_html_renders_in_a_headless_browser_with_the_diffs_numbers(tmp_path):
     assert cells.body.get("data-rendered") == "true"  # the page's script ran
     assert int(cells.body["data-heatmap-width"]) > 0  # and the SVG was laid out
     assert int(cells.body["data-cells"]) == cells.rects == 5 * 3
-    # Its numbers are `treestore diff --stats`'s rel L2 for the same pairs.
+    # Its numbers are `treestore diff --values`'s rel L2 for the same pairs.
     steps = [(f"step-{j}", f"step-{j + 1}") for j in range(3)]
     for j, (a, b) in enumerate(steps):
-        out = CliRunner().invoke(cli, ["diff", f"{url}#{a}", f"{url}#{b}", "--stats", "--json"])
+        out = CliRunner().invoke(cli, ["diff", f"{url}#{a}", f"{url}#{b}", "--values", "--json"])
         for leaf in json.loads(out.stdout)["leaves"]:
-            if leaf["stats"] is not None:
-                assert cells.rows[leaf["address"]][j] == float(leaf["stats"]["rel_l2"]), (leaf["address"], j)
+            if leaf["change"] is not None:
+                assert cells.rows[leaf["address"]][j] == float(leaf["change"]["rel_l2"]), (leaf["address"], j)
             elif leaf["status"] == "unchanged" and leaf["address"] in cells.rows:
                 assert cells.rows[leaf["address"]][j] == 0.0
     shot = tmp_path / "shot.png"

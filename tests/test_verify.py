@@ -43,7 +43,7 @@ def test_one_checkpoint(two):
     assert report.checkpoints == ("step-1",) and report.chunks_checked == 2 and report.ok
 
 
-def test_shared_corrupt_chunk_is_reported_for_every_checkpoint(two):
+def test_shared_damaged_chunk_is_reported_for_every_checkpoint(two):
     (path,) = hostile.chunk_paths(two, "step-1")["layer/w"]
     hostile.flip_byte(two, path, -1)
     report = treestore.verify(two)
@@ -55,7 +55,7 @@ def test_shared_corrupt_chunk_is_reported_for_every_checkpoint(two):
     assert all("layer/w: chunk" in p.message and p.checkpoint in p.message for p in report.problems)
 
 
-def test_missing_chunk_and_corrupt_pack_are_all_collected(two):
+def test_missing_chunk_and_damaged_pack_are_all_collected(two):
     paths = hostile.chunk_paths(two, "step-2")
     hostile.storage(two).delete(paths["layer/w"][0])
     hostile.flip_byte(two, paths["<pack 0>"][0], 20)
@@ -80,7 +80,7 @@ def test_pack_slice_that_does_not_match_its_leaf(two):
 
 
 def test_unreadable_manifest_and_commit_record(two):
-    ref = hostile.ref_record(two, "step-1")
+    ref = hostile.commit_record(two, "step-1")
     hostile.truncate(two, _paths.manifest_path(ref["manifest"]), 10)
     hostile.storage(two).write(_paths.record_path("step-2"), [b"\xc1garbage"])
     report = treestore.verify(two)
@@ -91,12 +91,12 @@ def test_unreadable_manifest_and_commit_record(two):
 
 def test_commit_record_that_disagrees_with_its_manifest(two):
     s = hostile.storage(two)
-    ref = hostile.ref_record(two, "step-2")
+    ref = hostile.commit_record(two, "step-2")
     ref["leaves"] = 99
     s.write(_paths.record_path("step-2"), [msgpack.packb(ref, use_bin_type=True)])  # check digest stale
     (problem,) = treestore.verify(two).problems
     assert problem.kind == "commit_record" and "check digest" in problem.message
-    hostile.write_ref(two, "step-2", ref)  # consistent record, but it disagrees with the manifest
+    hostile.write_commit_record(two, "step-2", ref)  # consistent record, but it disagrees with the manifest
     (problem,) = treestore.verify(two).problems
     assert problem.checkpoint == "step-2" and "does not match its manifest" in problem.message
 

@@ -152,7 +152,7 @@ def test_a_damaged_manifest_repaired_in_place_is_yielded_once(tmp_path, caplog):
     save(url, "bad", 1.0)
     save(url, "good", 2.0)
     path = treestore.Store(url).storage
-    manifest = _paths.manifest_path(hostile.ref_record(url, "bad")["manifest"])
+    manifest = _paths.manifest_path(hostile.commit_record(url, "bad")["manifest"])
     original = path.read(manifest)
     hostile.damage_manifest(url, "bad")
     caplog.set_level(logging.WARNING, logger="treestore.watch")

@@ -9,7 +9,7 @@ listing reports, and the manifest a checkpoint's view exposes (``Checkpoint.mani
 
 from treestore._api.copy import CopyReport
 from treestore._api.diff import Diff, LeafDiff
-from treestore._api.diff_values import LeafStats
+from treestore._api.diff_values import ValueChange
 from treestore._api.exporting import ExportResult
 from treestore._api.health import ValueStats
 from treestore._api.norms import Norms
@@ -31,13 +31,13 @@ __all__ = [
     "GcReport",
     "LeafDiff",
     "LeafEntry",
-    "LeafStats",
     "Manifest",
     "Norms",
     "Piece",
     "SaveResult",
     "StepInfo",
     "Timeline",
+    "ValueChange",
     "ValueStats",
     "VerifyProblem",
     "VerifyReport",
@@ -52,16 +52,25 @@ for _cls in (
     GcReport,
     LeafDiff,
     LeafEntry,
-    LeafStats,
     Manifest,
     Piece,
     SaveResult,
     StepInfo,
     Norms,
     Timeline,
+    ValueChange,
     ValueStats,
     VerifyProblem,
     VerifyReport,
 ):
     _cls.__module__ = __name__
 del _cls
+
+
+def __getattr__(name: str) -> type:
+    if name == "LeafStats":  # 0.2's name of ValueChange
+        from treestore._deprecated import warn_renamed
+
+        warn_renamed("treestore.types.LeafStats", "treestore.types.ValueChange")
+        return ValueChange
+    raise AttributeError(f"module 'treestore.types' has no attribute {name!r}")

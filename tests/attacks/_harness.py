@@ -1,7 +1,7 @@
 """The guards every hostile-store case runs under, and the reader operations it runs.
 
 :func:`check_readers` runs every reader operation (list, manifest, load, load of the newest, a lazy
-open that reads every leaf and slices, diff with stats against a good checkpoint, verify) on a
+open that reads every leaf and slices, diff with values against a good checkpoint, verify) on a
 store, each under these guards:
 
 - only TreestoreError subclasses may escape, and a corruption or unsupported-format error names
@@ -259,7 +259,7 @@ def reader_ops(url: str, name: str, good: str | None = "good") -> dict[str, Call
         "verify all": lambda: _check_report(treestore.verify(url), None),
     }
     if good is not None:
-        ops["diff"] = lambda: treestore.diff(f"{url}#{good}", f"{url}#{name}", stats=True).to_json()
+        ops["diff"] = lambda: treestore.diff(f"{url}#{good}", f"{url}#{name}", values=True).to_json()
     return ops
 
 

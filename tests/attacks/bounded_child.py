@@ -174,7 +174,7 @@ def main(folder: Path, examples: int) -> int:
         shutil.copytree(template, root)
         try:
             url = str(root)
-            ref = hostile.ref_record(url, "bad")
+            ref = hostile.commit_record(url, "bad")
             data = hostile.storage(url).read(_paths.manifest_path(ref["manifest"]))
             rec = msgpack.unpackb(data, raw=False)
             for change in found:

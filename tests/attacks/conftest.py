@@ -101,7 +101,7 @@ class HostileStore:
         return hostile.manifest_record(self.url, name)
 
     def ref_record(self, name: str = "bad") -> dict[str, Any]:
-        return hostile.ref_record(self.url, name)
+        return hostile.commit_record(self.url, name)
 
     def ref_bytes(self, name: str = "bad") -> bytes:
         return (self.root / _paths.record_path(name)).read_bytes()
@@ -120,7 +120,7 @@ class HostileStore:
         digest (a hostile store can compute one; the tests then reach the checks behind it)."""
         if raw is None and isinstance(record, dict):
             try:
-                hostile.write_ref(self.url, name, record)
+                hostile.write_commit_record(self.url, name, record)
                 return
             except (TypeError, ValueError, OverflowError):  # fields msgpack cannot hold
                 pass

@@ -261,7 +261,7 @@ def test_a_deep_chain_of_long_keys_is_refused_before_its_addresses_are_built(sto
     for _ in range(480):
         tree = {"k": tree}
     treestore.Store(store.url).save(tree, "deep")
-    ref = hostile.ref_record(store.url, "deep")
+    ref = hostile.commit_record(store.url, "deep")
     rec = msgpack.unpackb(store.storage.read(_paths.manifest_path(ref["manifest"])), raw=False)
     assert rec["version"] == 2 and "k" in rec["segments"]
     rec["segments"] = ["k" * 8192 if s == "k" else s for s in rec["segments"]]

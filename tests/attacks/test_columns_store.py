@@ -19,7 +19,7 @@ from ..support import hostile
 
 
 def _raw(store: Any, name: str = "bad") -> dict[str, Any]:
-    ref = hostile.ref_record(store.url, name)
+    ref = hostile.commit_record(store.url, name)
     data = store.storage.read(_paths.manifest_path(ref["manifest"]))
     rec = msgpack.unpackb(data, raw=False)
     assert rec["version"] == 2  # what save writes
@@ -27,7 +27,7 @@ def _raw(store: Any, name: str = "bad") -> dict[str, Any]:
 
 
 def _rewrite(store: Any, rec: dict[str, Any], name: str = "bad") -> None:
-    hostile.write_manifest(store.url, name, rec, leaves=hostile.ref_record(store.url, name)["leaves"])
+    hostile.write_manifest(store.url, name, rec, leaves=hostile.commit_record(store.url, name)["leaves"])
 
 
 def _set(table: str, dtype: np.dtype, field: str, value: Any, row: int = 0):
@@ -44,8 +44,8 @@ CASES = {
     "truncated chunks": lambda r: r.update(chunks=r["chunks"][:-3]),
     "leaves not bin": lambda r: r.update(leaves=list(r["leaves"])),
     "parts not empty": lambda r: r.update(parts=[{"manifest": b"\0" * 32}]),
-    "unknown leaf kind": _set("leaves", LEAF_DTYPE, "kind", 200),
-    "unknown dtype": _set("leaves", LEAF_DTYPE, "dtype", 250),
+    "unsupported leaf kind": _set("leaves", LEAF_DTYPE, "kind", 200),
+    "unsupported dtype": _set("leaves", LEAF_DTYPE, "dtype", 250),
     "reserved flag bits": _set("leaves", LEAF_DTYPE, "flags", 0xF0),
     "too many chunks": _set("leaves", LEAF_DTYPE, "chunks", 2**32 - 1),
     "huge ndim": _set("leaves", LEAF_DTYPE, "ndim", 255),

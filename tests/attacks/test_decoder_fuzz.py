@@ -100,7 +100,7 @@ def sample() -> tuple[str, dict[str, Any], dict[str, Any], bytes]:
     chunk = hostile.storage(url).read(
         _paths.chunk_path(m.leaves[[e.address for e in m.leaves].index("w")].chunks[0].digest)
     )
-    return url, hostile.manifest_record(url, "c"), hostile.ref_record(url, "c"), chunk
+    return url, hostile.manifest_record(url, "c"), hostile.commit_record(url, "c"), chunk
 
 
 def _field_paths(obj: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:

@@ -212,7 +212,7 @@ def reader_ops(url: str, opts: dict[str, Any]) -> dict[str, Callable[[], Any]]:
         "verify": lambda: treestore.verify(f"{url}#bad", storage_options=opts),
         "verify all": lambda: treestore.verify(url, storage_options=opts),
         "diff": lambda: treestore.diff(
-            f"{url}#good", f"{url}#bad", stats=True, storage_options=opts
+            f"{url}#good", f"{url}#bad", values=True, storage_options=opts
         ).to_json(),
     }
 

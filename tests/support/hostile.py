@@ -17,14 +17,14 @@ def storage(url: str):
     return treestore.Store(url).storage
 
 
-def ref_record(url: str, name: str) -> dict[str, Any]:
+def commit_record(url: str, name: str) -> dict[str, Any]:
     return msgpack.unpackb(storage(url).read(_paths.record_path(name)), raw=False)
 
 
 def manifest_record(url: str, name: str) -> dict[str, Any]:
     """The manifest of ``name`` as a version-1 record (a version-2 manifest is converted, so the
     version-1 tests below damage the version-1 layout, which every reader still accepts)."""
-    ref = ref_record(url, name)
+    ref = commit_record(url, name)
     data = storage(url).read(_paths.manifest_path(ref["manifest"]))
     rec = msgpack.unpackb(data, raw=False)
     if rec.get("version") == 2:
@@ -41,11 +41,11 @@ def write_manifest(
     d = blake3.blake3(data).digest()
     s = storage(url)
     s.write(_paths.manifest_path(d), [data])
-    ref = ref_record(url, name)
+    ref = commit_record(url, name)
     ref.update(manifest=d, manifest_size=len(data))
     ref.update(summary(manifest))
     ref.update(ref_changes)
-    write_ref(url, name, ref)
+    write_commit_record(url, name, ref)
 
 
 def summary(manifest: Any) -> dict[str, Any]:
@@ -82,7 +82,7 @@ def seal(ref: dict[str, Any]) -> dict[str, Any]:
     return dict(ref, check=blake3.blake3(msgpack.packb(fields, use_bin_type=True)).digest())
 
 
-def write_ref(url: str, name: str, ref: dict[str, Any]) -> None:
+def write_commit_record(url: str, name: str, ref: dict[str, Any]) -> None:
     """Write a commit record with a consistent check digest, as a hostile store would."""
     storage(url).write(_paths.record_path(name), [msgpack.packb(seal(ref), use_bin_type=True)])
 
@@ -106,7 +106,7 @@ def chunk_paths(url: str, name: str) -> dict[str, list[str]]:
 
 def damage_manifest(url: str, name: str) -> None:
     """Overwrite the manifest of ``name`` with garbage, its commit record left intact."""
-    storage(url).write(_paths.manifest_path(ref_record(url, name)["manifest"]), [b"damaged"])
+    storage(url).write(_paths.manifest_path(commit_record(url, name)["manifest"]), [b"damaged"])
 
 
 def flip_byte(url: str, path: str, at: int) -> None:

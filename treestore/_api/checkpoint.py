@@ -83,7 +83,7 @@ class Checkpoint:
 
     def __init__(self, storage: Storage, columns: Columns | Frame) -> None:
         self.storage = storage
-        self._parted = columns if isinstance(columns, Frame) else None
+        self._in_parts = columns if isinstance(columns, Frame) else None
         # Every leaf's address, kind, dtype and shape; a frame's sharded leaves wait for parts.
         self._frame = columns.columns if isinstance(columns, Frame) else columns
         self._parts: _parts.Decoded = {}  # the parts read so far, by index
@@ -100,9 +100,9 @@ class Checkpoint:
     def columns(self) -> Columns:
         """The whole manifest's columns (one stored in parts: completed with every part, on
         first use)."""
-        if self._parted is None:
+        if self._in_parts is None:
             return self._frame
-        whole = _parts.assemble(self.storage, self._parted, cache=self._parts)
+        whole = _parts.assemble(self.storage, self._in_parts, cache=self._parts)
         self.reader = _read.ChunkReader(self.storage, whole)
         self._readers.append(self.reader)
         self._source = whole
@@ -134,11 +134,11 @@ class Checkpoint:
         for mask, columns, reader in self._some:
             if mask[i]:
                 return columns, reader
-        assert self._parted is not None
+        assert self._in_parts is not None
         one = np.zeros(len(self._frame), bool)
         one[i] = True
-        mask = self._frame.unread & self._parted.covered(self._parted.needed(one))
-        columns = _parts.assemble(self.storage, self._parted, mask, self._parts)
+        mask = self._frame.unread & self._in_parts.covered(self._in_parts.needed(one))
+        columns = _parts.assemble(self.storage, self._in_parts, mask, self._parts)
         reader = _read.ChunkReader(self.storage, columns)
         self._readers.append(reader)
         self._some.append((mask, columns, reader))
@@ -201,7 +201,7 @@ class Checkpoint:
         """The addresses, in tree order, that match any of the patterns.
 
         Args:
-            patterns: Globs over addresses (one or a list; quotes around digit-only keys may be
+            patterns: Patterns over addresses (one or a list; quotes around digit-only keys may be
                 left out); every pattern must match one.
 
         Returns:
@@ -217,13 +217,13 @@ class Checkpoint:
     def stats(self, select: _select.Patterns = None) -> dict[str, ValueStats]:
         """The statistics of each leaf's values recorded when it was saved — NaN and ±inf counts,
         min and max of the finite elements, L2 norm — by address, in tree order, for the leaves
-        that match ``select`` (globs over addresses; default: every leaf). Read from the
+        that match ``select`` (patterns over addresses; default: every leaf). Read from the
         manifest alone (of one stored in parts, its frame): no chunk is read. Leaves without
         statistics (saved with ``SaveOptions(stats=False)``, by an older treestore, complex or
         PRNG key data) are left out: unknown, not healthy.
 
         Args:
-            select: Glob patterns over addresses (one or a list); every pattern must match one.
+            select: Patterns over addresses (one or a list); every pattern must match one.
 
         Returns:
             ``{address: ValueStats}``.

@@ -12,8 +12,9 @@ import numpy as np
 
 from treestore._api import diff_values as _values
 from treestore._api.checkpoint import Checkpoint
-from treestore._api.diff_values import LeafStats
+from treestore._api.diff_values import ValueChange
 from treestore._api.lazy_leaf import LazyLeaf
+from treestore._deprecated import renamed_attribute
 from treestore._format import select as _select
 from treestore._format.columns import ARRAY_CODES, DTYPE_NAMES, KINDS, PRNG_SHIFT, Columns
 
@@ -41,7 +42,8 @@ class LeafDiff:
         b: Its type in b, the same way.
         chunks_changed: The fraction of the leaf's chunks whose digests differ; None unless it
             is an array in both, of one shape and dtype, chunked alike.
-        stats: The numeric change, with ``diff(stats=True)``, of a changed array leaf; else None.
+        change: How much its values changed, with ``diff(values=True)``, for a changed array
+            leaf; else None.
     """
 
     address: str
@@ -49,7 +51,9 @@ class LeafDiff:
     a: str | None  # "float32[3, 4]", "int", ... or None when absent
     b: str | None
     chunks_changed: float | None = None  # fraction of the leaf's chunks whose digests differ
-    stats: LeafStats | None = None
+    change: ValueChange | None = None
+
+    stats = renamed_attribute("LeafDiff", "stats", "change")
 
 
 def _describe(c: Columns, i: int) -> str:
@@ -137,7 +141,7 @@ class Diff:
         """Only the addresses matching any of the patterns.
 
         Args:
-            patterns: Glob patterns over addresses (one or a list); unlike ``select``, a
+            patterns: Patterns over addresses (one or a list); unlike ``select``, a
                 pattern that matches nothing is no error.
 
         Returns:
@@ -170,8 +174,8 @@ class Diff:
         leaves = []
         for d in self.leaves:
             rec = asdict(d)
-            if d.stats is not None:
-                rec["stats"] = {k: clean(v) for k, v in asdict(d.stats).items()}
+            if d.change is not None:
+                rec["change"] = {k: clean(v) for k, v in asdict(d.change).items()}
             leaves.append(rec)
         return {"a": self.a, "b": self.b, "identical": not self, "counts": self._counts(), "leaves": leaves}
 
@@ -180,7 +184,7 @@ class Diff:
 
     def table(self, *, ascii: bool = False) -> str:
         """A human-readable table of what differs: one row per added, removed or changed
-        address; with stats, each leaf's max |a-b|, relative L2 change and share of elements
+        address; with values compared, each leaf's max |a-b|, relative L2 change and share of elements
         changed, NaN/Inf counts when there are any, and the relative change of floating-point
         leaves drawn as a bar scaled to the largest; then a one-line summary.
 
@@ -191,16 +195,16 @@ class Diff:
             The table, its lines joined by newlines.
         """
         shown = list(self)
-        stats = any(d.stats is not None for d in shown)
+        values = any(d.change is not None for d in shown)
         barred = {
-            d.address: d.stats.rel_l2
+            d.address: d.change.rel_l2
             for d in shown
-            if d.stats is not None and (d.a or "").startswith(_FLOATING) and not math.isnan(d.stats.rel_l2)
+            if d.change is not None and (d.a or "").startswith(_FLOATING) and not math.isnan(d.change.rel_l2)
         }
         top = max((v for v in barred.values() if math.isfinite(v)), default=0.0)
-        nonfinite = any(s and (s.nan_a or s.nan_b or s.inf_a or s.inf_b) for s in (d.stats for d in shown))
+        nonfinite = any(s and (s.nan_a or s.nan_b or s.inf_a or s.inf_b) for s in (d.change for d in shown))
         header = ["", "address", "a", "b", "chunks"]
-        if stats:
+        if values:
             header += [
                 "max abs",
                 "rel L2",
@@ -212,8 +216,8 @@ class Diff:
         for d in shown:
             row = [_MARKS[d.status], d.address or "(root)", d.a or "", d.b or ""]
             row.append("" if d.chunks_changed is None else f"{d.chunks_changed:.0%}")
-            s = d.stats
-            if stats:
+            s = d.change
+            if values:
                 row += (
                     ["", "", ""] if s is None else [_num(s.max_abs), _num(s.rel_l2), f"{s.frac_changed:.1%}"]
                 )
@@ -240,7 +244,7 @@ def _num(x: float) -> str:
     return "inf" if math.isinf(x) else f"{x:.3g}"
 
 
-def _nonfinite(s: LeafStats) -> str:
+def _nonfinite(s: ValueChange) -> str:
     changed = f", {s.nonfinite_changed} changed" if s.nonfinite_changed else ""
     return f"NaN {s.nan_a}->{s.nan_b}, Inf {s.inf_a}->{s.inf_b}{changed}"
 
@@ -353,16 +357,16 @@ def _contains(sorted_rows: np.ndarray, row: int) -> bool:
 
 
 def diff_checkpoints(
-    a: Checkpoint, b: Checkpoint, *, stats: bool = False, select: _select.Patterns = None
+    a: Checkpoint, b: Checkpoint, *, values: bool = False, select: _select.Patterns = None
 ) -> Diff:
     """Compare two checkpoints (possibly in different stores on different filesystems).
 
-    Without ``stats`` only the manifests are read, and compared column by column: leaves are
+    Without ``values`` only the manifests are read, and compared column by column: leaves are
     matched by address (without building an address when both trees are the same) and compared
-    by their digests' parts; only the leaves that differ are looked at one by one. With ``stats``,
-    numeric statistics of each changed array leaf are computed chunk by chunk, reading the chunks
-    whose digests differ (and a's unchanged chunks once, for the norm ‖a‖). ``select`` (glob
-    patterns) limits the comparison, stats included, to matching addresses.
+    by their digests' parts; only the leaves that differ are looked at one by one. With ``values``,
+    how much each changed array leaf's values changed is computed chunk by chunk, reading the chunks
+    whose digests differ (and a's unchanged chunks once, for the norm ‖a‖). ``select`` (its
+    patterns) limits the comparison, values included, to matching addresses.
     """
     ca, cb = a.columns, b.columns
     na = len(ca)
@@ -383,7 +387,7 @@ def diff_checkpoints(
     look[:na] = partner < 0
     look[ia[~same]] = True
     differing: dict[int, LeafDiff] = {}
-    if not stats:  # leaves whose chunks alone differ: told apart column by column
+    if not values:  # leaves whose chunks alone differ: told apart column by column
         pa, pb = ia[~same], ib[~same]
         plain, share = ca.chunk_changes(pa, cb, pb)
         for i, frac in zip(pa[plain].tolist(), share[plain].tolist(), strict=True):
@@ -404,26 +408,26 @@ def diff_checkpoints(
             differing[row] = LeafDiff(ca.address(row), REMOVED, _describe(ca, row), None)
         else:
             status_of, share_of = compared[row]
-            leaf = _compared(a, b, row, int(partner[row]), status_of, share_of, stats)
+            leaf = _compared(a, b, row, int(partner[row]), status_of, share_of, values)
             if leaf.status != UNCHANGED:
                 differing[row] = leaf
     return Diff(f"{a.url}#{a.name}", f"{b.url}#{b.name}", DiffLeaves(a, b, rows, partner, added, differing))
 
 
 def _compared(
-    a: Checkpoint, b: Checkpoint, i: int, j: int, status: str, share: float, stats: bool
+    a: Checkpoint, b: Checkpoint, i: int, j: int, status: str, share: float, values: bool
 ) -> LeafDiff:
     """How leaf i of a and leaf j of b (at one address) differ, given their :func:`_compare`."""
     address = a.columns.address(i)
     frac = None if math.isnan(share) else share
-    leaf_stats = None
+    change = None
     if status == CUT:
         status = CHANGED if _bytes_differ(a[address], b[address]) else UNCHANGED
-        if stats and status == CHANGED:
-            leaf_stats = _values.whole_stats(a[address], b[address])
-    elif stats and status == CHANGED and a.columns.leaves["kind"][i] < ARRAY_CODES:
-        leaf_stats = _values.chunk_stats(a, i, b, j)
-    return LeafDiff(address, status, _describe(a.columns, i), _describe(b.columns, j), frac, leaf_stats)
+        if values and status == CHANGED:
+            change = _values.whole_change(a[address], b[address])
+    elif values and status == CHANGED and a.columns.leaves["kind"][i] < ARRAY_CODES:
+        change = _values.chunk_change(a, i, b, j)
+    return LeafDiff(address, status, _describe(a.columns, i), _describe(b.columns, j), frac, change)
 
 
 def _bytes_differ(a: LazyLeaf, b: LazyLeaf) -> bool:

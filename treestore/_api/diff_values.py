@@ -1,4 +1,4 @@
-"""How much a leaf changed between two checkpoints, in numbers (:class:`LeafStats`): read chunk by
+"""How much a leaf changed between two checkpoints, in numbers (:class:`ValueChange`): read chunk by
 chunk where both are stored alike, a chunk whose digest is the same in both read once; measured
 over the elements finite in both, with the non-finite ones counted apart."""
 
@@ -16,7 +16,7 @@ from treestore._engine.region import chunk_bytes, leaf_pieces
 
 
 @dataclass(frozen=True)
-class LeafStats:
+class ValueChange:
     """Numeric change of one leaf between a and b (over all its elements).
 
     ``rel_l2`` is measured over the elements finite in both, so one inf or NaN does not hide
@@ -120,12 +120,12 @@ class _Accumulator:
         if finite_delta.size != delta.size:
             self.sum_abs = math.inf
 
-    def result(self) -> LeafStats:
+    def result(self) -> ValueChange:
         n = max(self.count, 1)
         norm_a, half = self.norm_a.value, self.norm_delta.value
         with np.errstate(over="ignore"):
             rel = float(np.float64(half) / np.float64(norm_a) * 2) if norm_a else (math.inf if half else 0.0)
-        return LeafStats(
+        return ValueChange(
             self.max_abs,
             self.sum_abs / n,
             rel,
@@ -138,14 +138,14 @@ class _Accumulator:
         )
 
 
-def whole_stats(a: LazyLeaf, b: LazyLeaf) -> LeafStats:
+def whole_change(a: LazyLeaf, b: LazyLeaf) -> ValueChange:
     """The statistics of two leaves of one shape and dtype, compared whole."""
     acc = _Accumulator()
     acc.add(np.asarray(a).reshape(-1), np.asarray(b).reshape(-1))
     return acc.result()
 
 
-def chunk_stats(a: Checkpoint, i: int, b: Checkpoint, j: int) -> LeafStats:
+def chunk_change(a: Checkpoint, i: int, b: Checkpoint, j: int) -> ValueChange:
     """The statistics of leaf i of a and leaf j of b, cut into chunks alike, read chunk by chunk:
     a chunk whose digest is the same in both is read once (for the norm of a)."""
     acc = _Accumulator()

@@ -31,11 +31,11 @@ _SCALARS = {"msgpack": ("bool", "int", "float", "complex", "str", "bytes"), "orb
 
 @dataclass(frozen=True)
 class ExportResult:
-    """What :func:`export_file` wrote: the file (the index of a sharded safetensors export), its
+    """What :func:`export_file` wrote: the file (the index of a shard set), its
     format, how many tensors and raw bytes, and in how many safetensors shards.
 
     Attributes:
-        path: The file or orbax folder written; of a sharded safetensors export, its
+        path: The file or orbax folder written; of a shard set, its
             ``model.safetensors.index.json``.
         format: ``"safetensors"``, ``"npz"``, ``"msgpack"`` or ``"orbax"``.
         tensors: How many leaves were written.

@@ -11,6 +11,7 @@ from treestore._api import diff as _diff
 from treestore._api.checkpoint import Checkpoint
 from treestore._api.spec import Spec, parse_spec
 from treestore._api.store import Store
+from treestore._deprecated import warn_renamed
 from treestore._engine import memory as _memory
 from treestore._format import select as _select
 
@@ -97,7 +98,7 @@ def load(
         spec: ``URL`` (its newest checkpoint), ``URL#NAME`` or ``(URL, NAME)``.
         name: The checkpoint, when ``spec`` is a bare URL.
         like: A template: the structure and types of the result.
-        select: Glob patterns over addresses: restore only the matching leaves.
+        select: Patterns over addresses: restore only the matching leaves.
         prefix: With ``like``, the address of the subtree ``like`` describes.
         cast: With ``like``, convert to its dtypes instead of failing.
         partial: With ``like``, let it be a subset of the checkpoint.
@@ -185,23 +186,26 @@ def diff(
     a: Checkpoint | Spec,
     b: Checkpoint | Spec,
     *,
-    stats: bool = False,
+    values: bool = False,
     select: Patterns = None,
     storage_options: dict[str, Any] | None = None,
+    stats: bool | None = None,
 ) -> _diff.Diff:
     """The exact difference between two checkpoints, possibly in stores on different filesystems.
 
-    Without ``stats`` only manifests are read: leaves whose digests are equal are unchanged.
+    Without ``values`` only manifests are read: leaves whose digests are equal are unchanged.
 
     Args:
         a: The first checkpoint: ``URL`` (its newest), ``URL#NAME``, ``(URL, NAME)`` or a
             :class:`Checkpoint`.
         b: The second checkpoint, given the same ways.
-        stats: Give each changed array leaf max and mean absolute change, relative L2 change,
-            the fraction of elements changed and NaN/Inf counts (only changed chunks are read).
+        values: Compare the values of each changed array leaf: its max and mean absolute
+            change, relative L2 change, the fraction of elements changed and NaN/Inf counts (only
+            changed chunks are read).
         select: Patterns over addresses: compare only the matching leaves; every pattern must
             match a leaf of either checkpoint.
         storage_options: Options for the fsspec filesystem of both.
+        stats: Deprecated: ``values`` (statistics are what a save records, SPEC.md section 6.8).
 
     Returns:
         A :class:`treestore.types.Diff`.
@@ -221,6 +225,9 @@ def diff(
         >>> treestore.diff(f"{url}#a", f"{url}#a").to_json()["identical"]
         True
     """
+    if stats is not None:
+        warn_renamed("diff(stats=...)", "diff(values=...)")
+        values = stats
     left, right = resolve(a, storage_options), resolve(b, storage_options)
     with _memory.memory_named(f"comparing checkpoints {left.name!r} and {right.name!r}", right.name):
-        return _diff.diff_checkpoints(left, right, stats=stats, select=select)
+        return _diff.diff_checkpoints(left, right, values=values, select=select)

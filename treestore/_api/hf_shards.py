@@ -212,7 +212,7 @@ def write_shards(
 
 
 def remove_stale(folder: Path, stem: str, kept: Path) -> None:
-    """After a single-file export to ``kept``: the index and shards of an earlier sharded export
+    """After a single-file export to ``kept``: the index and shards of an earlier shard set
     of ``stem`` go (index first), so a loader cannot find two copies."""
     for p in existing(folder, stem):
         if p != kept:

@@ -160,13 +160,13 @@ class Store:
             CheckpointExistsError: ``name`` exists and ``overwrite`` is False.
         """
         from treestore._engine import write as _write
-        from treestore._engine.gc_pause import paused_gc
+        from treestore._engine.collector_pause import paused_collector
 
         options = options or _write.SaveOptions()
         if codec is not None:
             options = dataclasses.replace(options, codec=codec)
         check_name(name)
-        with paused_gc():  # one pause while the caller waits (see treestore._engine.gc_pause)
+        with paused_collector():  # one pause while the caller waits (see treestore._engine.collector_pause)
             prepared = _write.prepare(tree)
             return _write.write(
                 self.storage,
@@ -367,7 +367,7 @@ class Store:
             name: The checkpoint (default: the newest).
             like: A tree of arrays, ``jax.ShapeDtypeStruct`` (with shardings to restore onto a
                 mesh) or scalars: the structure and types of the result.
-            select: Glob patterns over addresses (one or a list): restore only the matching
+            select: Patterns over addresses (one or a list): restore only the matching
                 leaves; every pattern must match one.
             prefix: With ``like``, the address of the subtree ``like`` describes.
             cast: With ``like``, convert to ``like``'s dtypes instead of failing, and a Python
@@ -493,7 +493,7 @@ class Store:
         """How much each array leaf changed from each checkpoint to the next, oldest first.
 
         Leaves whose digests are equal cost nothing; of the others only the chunks that differ
-        are compared (as ``diff(stats=True)``).
+        are compared (as ``diff(values=True)``).
 
         Args:
             select: Patterns over addresses: keep the matching leaves.

@@ -1,7 +1,7 @@
 """A training run at a glance: the relative change ‖Δ‖/‖w‖ of each leaf from one checkpoint to the
 next, over every checkpoint of a store in commit order.
 
-The numbers come from the exact diff with stats (:func:`treestore.diff`), pair by pair: leaves
+The numbers come from the exact diff of values (``treestore.diff(..., values=True)``), pair by pair: leaves
 whose digests are equal cost nothing, and of the others only the chunks that differ are compared
 (plus a's, for the norm). Groups (``depth``) pool their leaves' changes.
 """
@@ -245,7 +245,7 @@ def array_leaves(c: Columns) -> dict[str, int]:
 
 
 def _changed_bytes(a: Columns, b: Columns, chosen: set[str]) -> int:
-    """Raw bytes of the leaves a diff with stats reads for this pair (both sides): array leaves
+    """Raw bytes of the leaves a diff of values reads for this pair (both sides): array leaves
     at one address whose digests differ and whose shapes are equal."""
     ia, ib = a.match(b)
     arrays = (a.leaves["kind"][ia] < _ARRAY_CODES) & (b.leaves["kind"][ib] < _ARRAY_CODES)
@@ -319,7 +319,7 @@ def timeline(
             pair = [p for p in pats if any(_select.matches(x, (p,)) for x in present)]
             if not pair:
                 continue
-        compared = _diff.diff_checkpoints(a, b, stats=True, select=pair).leaves
+        compared = _diff.diff_checkpoints(a, b, values=True, select=pair).leaves
         assert isinstance(compared, _diff.DiffLeaves)
         # Every chosen array leaf of both is compared (it matches a pattern of the pair): 0.0
         # unless it differs; one of another shape or type has no relative change (NaN).
@@ -329,9 +329,9 @@ def timeline(
             i = row.get(d.address)
             if i is None or d.address not in arrays[j] or d.address not in arrays[j + 1]:
                 continue
-            if d.status == _diff.CHANGED and d.stats is not None:
-                values[i, j] = d.stats.rel_l2
-                nonfinite[i, j] = d.stats.nonfinite_changed
+            if d.status == _diff.CHANGED and d.change is not None:
+                values[i, j] = d.change.rel_l2
+                nonfinite[i, j] = d.change.nonfinite_changed
             else:
                 values[i, j] = np.nan
         done += work[j]

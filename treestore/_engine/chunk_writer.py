@@ -124,14 +124,14 @@ def reusable_size(
     return stored if head is not None and sound(head, stored, raw_size) else None
 
 
-def _snapshot(raw: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+def _private_copy(raw: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     """A copy of ``raw`` in this thread's reusable buffer (valid until this thread's next call).
 
     A save hashes and encodes the one copy: an array the caller changes during the save can then
     make it store any state the array went through, but never an object whose bytes differ from
     its name.
     """
-    out = scratch(raw.nbytes, "snapshot")
+    out = scratch(raw.nbytes, "copy")
     np.copyto(out, raw)
     return out
 
@@ -268,7 +268,7 @@ class ChunkWriter:
         self, raw: np.ndarray[Any, Any], width: int, private: bool, dtype: np.dtype[Any] | None
     ) -> tuple[ChunkRef, _stats.Record | None]:
         if not private:
-            raw = _snapshot(raw)
+            raw = _private_copy(raw)
         record = None if dtype is None else _stats.measure(raw.view(dtype))
         d = digest(raw, spread=self._alone(raw))
         with self._lock:

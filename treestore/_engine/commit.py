@@ -18,7 +18,7 @@ def commit(
 
     The chunks the manifest references must already be written. The commit record is built
     here from the manifest it commits: its name, creation time, metadata, leaf count and raw
-    bytes from ``columns`` (the decoded manifest, or a parted manifest's frame), its digest and
+    bytes from ``columns`` (the decoded manifest, or the frame of one stored in parts), its digest and
     size from ``manifest``; ``version``: the record's format version (a copy keeps its source's).
     Without ``overwrite`` the commit record is put-if-absent, and a checkpoint of that name
     committed by another writer meanwhile raises CheckpointExistsError. Returns the record as

@@ -203,8 +203,8 @@ class Group:
             found = self.runtime.get(self._key(name), self.timeout)
             if found is None or not _ID.fullmatch(found):
                 raise BarrierTimeoutError(
-                    f"multi-process save of checkpoint {name!r}: process 0 did not start it within "
-                    f"{self.timeout:g} s (every process must save the same checkpoint at once); "
+                    f"multi-process save of checkpoint {name!r}: the primary (process 0) did not start "
+                    f"it within {self.timeout:g} s (every process must save the same checkpoint at once); "
                     f"process {self.index} committed nothing",
                     missing=(0,),
                     checkpoint=name,
@@ -232,9 +232,13 @@ class Group:
             text = f"{where}: {_names(missing)} (of {self.count}) did not arrive within {self.timeout:g} s"
         text += f" ({why}); "
         if step == "committed" and not self.primary and 0 in missing:
-            text += "process 0 may still commit the checkpoint"
+            text += "the primary (process 0) may still commit the checkpoint"
         else:
-            text += "nothing was committed" if step == "written" else "see process 0 for the outcome"
+            text += (
+                "nothing was committed"
+                if step == "written"
+                else "see the primary (process 0) for the outcome"
+            )
         raise BarrierTimeoutError(text, missing=missing, checkpoint=self.name)
 
     def finish(
@@ -378,7 +382,9 @@ class Group:
     def _summary_key(self, index: int) -> str:
         return f"treestore/{self.save_id}/summary/{index}"
 
-    def _gather(self, frame_leaves: FrameLeaves, layout: bytes, parted: bool) -> tuple[list[ListedPart], int]:
+    def _gather(
+        self, frame_leaves: FrameLeaves, layout: bytes, in_parts: bool
+    ) -> tuple[list[ListedPart], int]:
         """Every process's summary, with one request to the runtime: each process's part (none
         when the tree has no sharded leaf) and the sum of their coverage fingerprints.
         StorageError naming every process that failed or whose summary is missing or malformed;
@@ -391,7 +397,7 @@ class Group:
             got = "it sent no summary of its part" if text is None else decode_summary(text, layout)
             if isinstance(got, str):
                 problems[i] = got
-            elif parted and got.part is None:
+            elif in_parts and got.part is None:
                 problems[i] = "it wrote no part"
             elif got.end > len(frame_leaves.leaves):
                 problems[i] = (
@@ -402,7 +408,7 @@ class Group:
         if problems:
             raise StorageError(f"multi-process save of checkpoint {self.name!r} failed: {named(problems)}")
         where = f"multi-process save of checkpoint {self.name!r}"
-        if parted and len(summaries) > MAX_PARTS:
+        if in_parts and len(summaries) > MAX_PARTS:
             raise InvalidInputError(
                 f"{where}: {len(summaries)} processes hold pieces, over the {MAX_PARTS} parts a "
                 "manifest may list",
@@ -423,7 +429,7 @@ class Group:
         if len(frame_leaves.packs) + sum(s.packs for s in summaries) >= PACK_INDEX_END:
             raise InvalidInputError(f"{where}: over 2**31 packs", checkpoint=self.name)
         parts = [
-            ListedPart(s.part, s.size, s.first, s.end) for s in summaries if parted and s.part is not None
+            ListedPart(s.part, s.size, s.first, s.end) for s in summaries if in_parts and s.part is not None
         ]
         return parts, sum(s.cover for s in summaries) % P
 

@@ -18,7 +18,7 @@ from treestore._engine import committed as _committed
 from treestore._engine import parts as _parts
 from treestore._engine import read as _read
 from treestore._engine import region as _region
-from treestore._engine.gc_pause import paused_gc
+from treestore._engine.collector_pause import paused_collector
 from treestore._engine.threads import default_threads
 from treestore._format import select as _select
 from treestore._format.columns import Columns
@@ -50,7 +50,7 @@ def load(
     wanted = None if select is None else chosen(frame, select)
     columns = _completed(storage, found, like, wanted, prefix, partial) if isinstance(found, Frame) else found
     threads = threads or default_threads()
-    with paused_gc(len(columns)):  # the per-leaf objects of a big tree (see gc_pause)
+    with paused_collector(len(columns)):  # the per-leaf objects of a big tree (see collector_pause)
         rows = None if wanted is None else [i for i, a in enumerate(columns.addresses) if a in wanted]
         if like is None:
             return _rebuilt(storage, columns, wanted, rows, threads, trusted)
@@ -66,19 +66,19 @@ def chosen(columns: Columns, select: _select.Patterns) -> set[str]:
 
 
 def _completed(
-    storage: Storage, parted: Frame, like: Any, wanted: set[str] | None, prefix: str, partial: bool
+    storage: Storage, frame: Frame, like: Any, wanted: set[str] | None, prefix: str, partial: bool
 ) -> Columns:
     """The columns of a checkpoint stored in parts, completed with the parts that hold the
     pieces of the leaves a load reads: those ``wanted`` names (the leaves select matches);
     or with a template that roots at ``prefix`` or may leave leaves out (``partial``), its
     leaves and (unless ``partial``) every leaf under ``prefix``; else every leaf."""
-    frame = parted.columns
+    head = frame.columns
     if wanted is None and like is not None and (prefix or partial):
-        wanted = _template.reads(like, prefix, partial, frame.addresses)
+        wanted = _template.reads(like, prefix, partial, head.addresses)
     if wanted is None:
-        return _parts.assemble(storage, parted)
-    mask = np.array([a in wanted for a in frame.addresses], bool)
-    return _parts.assemble(storage, parted, mask)
+        return _parts.assemble(storage, frame)
+    mask = np.array([a in wanted for a in head.addresses], bool)
+    return _parts.assemble(storage, frame, mask)
 
 
 def _rebuilt(

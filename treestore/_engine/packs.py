@@ -60,7 +60,7 @@ class Packer:
         """Copy ``data`` (0 < nbytes <= pack size) into the current pack, or a new one when it
         does not fit; returns its chunk ref (digest, raw size, stored size unknown: 0, pack
         index, offset). With ``measure``, its bytes join the leaf's span for statistics."""
-        raw = data.tobytes()  # a snapshot: the bytes hashed are the bytes packed and measured
+        raw = data.tobytes()  # a copy: the bytes hashed are the bytes packed and measured
         n = len(raw)
         if not self._packs or self._packs[-1].fill + n > self._size:
             buffer = bytearray(self._size)

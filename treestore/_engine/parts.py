@@ -45,30 +45,30 @@ Decoded = MutableMapping[int, "Part | str"]  # part index -> the part, decoded, 
 
 
 def read_parts(
-    storage: Storage, parted: Frame, which: Sequence[int] | None = None, cache: Decoded | None = None
+    storage: Storage, frame: Frame, which: Sequence[int] | None = None, cache: Decoded | None = None
 ) -> list[Part | str]:
-    """Each part of ``parted``, decoded, or (a str) why it cannot be used: those in ``which``
+    """Each part of ``frame``, decoded, or (a str) why it cannot be used: those in ``which``
     (default: every part), the others :data:`UNREAD_PART`. ``cache`` keeps what was read, for the
     next call. A failing storage raises StorageError."""
 
     def read(k: int) -> Part | str:
-        found, size = parted.parts[k].digest, parted.parts[k].size
+        found, size = frame.parts[k].digest, frame.parts[k].size
         data = part_bytes(storage, found, size)
         if isinstance(data, str):
             return data
         try:
-            return decode_part(data, parted.layout)
+            return decode_part(data, frame.layout)
         except Bad as exc:
             return f"its part {found.hex()[:16]} is malformed: {exc}"
 
     cache = {} if cache is None else cache
-    wanted = range(len(parted.parts)) if which is None else which
+    wanted = range(len(frame.parts)) if which is None else which
     missing = [k for k in wanted if k not in cache]
     if missing:
         with cf.ThreadPoolExecutor(min(READERS, len(missing))) as pool:
             cache.update(zip(missing, pool.map(read, missing), strict=True))
     chosen = set(wanted)
-    return [cache[k] if k in chosen else UNREAD_PART for k in range(len(parted.parts))]
+    return [cache[k] if k in chosen else UNREAD_PART for k in range(len(frame.parts))]
 
 
 def named(problems: dict[int, str]) -> str:
@@ -78,53 +78,53 @@ def named(problems: dict[int, str]) -> str:
 
 
 def complete(
-    parted: Frame, decoded: Sequence[Part], leaves: np.ndarray | None = None
+    frame: Frame, decoded: Sequence[Part], leaves: np.ndarray | None = None
 ) -> tuple[Columns | None, dict[int, str]]:
-    """The columns of ``parted`` with its decoded parts (part k being process k's;
+    """The columns of ``frame`` with its decoded parts (part k being process k's;
     :data:`UNREAD_PART` for one a reader of ``leaves`` does not need): (the columns, {}) or (None,
     what is wrong with each process's part); InvalidInputError naming the leaf (and the
     processes) when the pieces do not make a readable manifest. With ``leaves`` (a bool mask),
     only their pieces are listed; the other sharded leaves wait."""
-    frame = parted.columns
-    frame_leaves = frame_leaves_of(frame)
-    gathered, problems = gather(frame_leaves, decoded, parted.ranges, leaves)
+    head = frame.columns
+    frame_leaves = frame_leaves_of(head)
+    gathered, problems = gather(frame_leaves, decoded, frame.ranges, leaves)
     if gathered is None:
         return None, problems
     header = {
-        "name": frame.name,
-        "created": frame.created,
-        "metadata": frame.metadata,
-        "codec": frame.codec,
-        "chunk_size": frame.chunk_size,
+        "name": head.name,
+        "created": head.created,
+        "metadata": head.metadata,
+        "codec": head.codec,
+        "chunk_size": head.chunk_size,
     }
     columns = merge(frame_leaves, gathered, header, None if leaves is None else ~leaves)
-    read = tuple(p.digest for p, got in zip(parted.parts, decoded, strict=True) if got is not UNREAD_PART)
-    return replace(columns, parts=read, stats=frame.stats, stats_note=frame.stats_note), {}
+    read = tuple(p.digest for p, got in zip(frame.parts, decoded, strict=True) if got is not UNREAD_PART)
+    return replace(columns, parts=read, stats=head.stats, stats_note=head.stats_note), {}
 
 
 def merged(
-    storage: Storage, parted: Frame, leaves: np.ndarray | None = None, cache: Decoded | None = None
+    storage: Storage, frame: Frame, leaves: np.ndarray | None = None, cache: Decoded | None = None
 ) -> tuple[Columns | None, dict[int, str]]:
-    """``parted`` completed with the parts a reader of ``leaves`` (a bool mask; None: every
+    """``frame`` completed with the parts a reader of ``leaves`` (a bool mask; None: every
     leaf) needs, read from ``storage`` (or found in ``cache``): (the columns, {}) or (None, what
     is wrong with each process's part); InvalidInputError as :func:`complete` raises it."""
-    which = None if leaves is None else parted.needed(leaves).tolist()
-    decoded = read_parts(storage, parted, which, cache)
+    which = None if leaves is None else frame.needed(leaves).tolist()
+    decoded = read_parts(storage, frame, which, cache)
     problems = {k: found for k, found in enumerate(decoded) if isinstance(found, str)}
     if problems:
         return None, problems
-    return complete(parted, [s for s in decoded if isinstance(s, Part)], leaves)
+    return complete(frame, [s for s in decoded if isinstance(s, Part)], leaves)
 
 
 def assemble(
-    storage: Storage, parted: Frame, leaves: np.ndarray | None = None, cache: Decoded | None = None
+    storage: Storage, frame: Frame, leaves: np.ndarray | None = None, cache: Decoded | None = None
 ) -> Columns:
-    """The checkpoint's columns: ``parted`` completed with its parts (those a reader of
+    """The checkpoint's columns: ``frame`` completed with its parts (those a reader of
     ``leaves`` needs, as :func:`merged` reads them). ManifestDamagedError naming the
     checkpoint, and each process whose part is missing, damaged or malformed."""
-    name = parted.name
+    name = frame.name
     try:
-        columns, problems = merged(storage, parted, leaves, cache)
+        columns, problems = merged(storage, frame, leaves, cache)
     except MemoryError:
         raise OutOfMemoryError(
             f"manifest of checkpoint {name!r}: out of memory merging its parts", checkpoint=name

@@ -20,8 +20,8 @@ from treestore._engine import locks as _locks
 from treestore._engine import trusted as _trusted
 from treestore._engine.chunk_writer import ChunkWriter, Measured
 from treestore._engine.chunk_writer import SaveResult as SaveResult  # the result of write()
+from treestore._engine.collector_pause import paused_collector
 from treestore._engine.commit import commit
-from treestore._engine.gc_pause import paused_gc
 from treestore._engine.packs import Packer
 from treestore._engine.threads import Batch, compute_threads, default_threads, shared_pool
 from treestore._format import paths as _paths
@@ -126,7 +126,7 @@ def prepare(
         found.append((address, value))
         return len(found) - 1
 
-    with paused_gc():  # the per-leaf objects made here (see gc_pause)
+    with paused_collector():  # the per-leaf objects made here (see collector_pause)
         nodes = flatten(tree, visit)  # distinct keys in each node: distinct addresses
         if before is not None:
             before([value for _, value in found])
@@ -225,7 +225,7 @@ def write(
     writer = ChunkWriter(storage, options.codec, on_chunk)
     group = _distributed.group()
     if group is None:
-        with paused_gc(len(prepared.leaves)):
+        with paused_collector(len(prepared.leaves)):
             return _write_alone(storage, prepared, name, writer, metadata, options, overwrite, previous)
     return _write_in_group(group, storage, prepared, name, writer, metadata, options, overwrite, previous)
 

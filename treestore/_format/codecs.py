@@ -334,7 +334,7 @@ def sound(head: bytes, stored: int, raw_size: int) -> bool:
 def decode_into(obj: bytes | memoryview, out: np.ndarray[Any, Any]) -> None:
     """Decode the chunk object ``obj`` into ``out`` (1-D uint8, exactly the raw size).
 
-    Raises ChunkDamagedError on any inconsistency (an unknown codec included); never allocates
+    Raises ChunkDamagedError on any inconsistency (an undefined codec included); never allocates
     more than ``out.nbytes`` for decoded data.
     """
     size = out.nbytes
@@ -350,7 +350,7 @@ def decode_into(obj: bytes | memoryview, out: np.ndarray[Any, Any]) -> None:
         elif codec == PLANES:
             _decode_planes(body, out, width, mask)
         else:
-            raise ChunkDamagedError(f"has unknown codec id {codec}")
+            raise ChunkDamagedError(f"has codec id {codec}, which no version defines")
     except zstandard.ZstdError as exc:
         raise ChunkDamagedError(f"zstd frame does not decode: {exc}") from None
 

@@ -61,15 +61,17 @@ def validate(fields: dict[str, Any], nodes: Nodes, *, unread: bool | np.ndarray 
     kind, dtype, flags = leaves["kind"], leaves["dtype"], leaves["flags"]
     ndim, nchunks = leaves["ndim"].astype(np.int64), leaves["chunks"].astype(np.int64)
     if (bad := kind >= len(KINDS)).any():
-        raise UnsupportedFormatError(f"{at(bad)}: unknown leaf kind code {int(kind.max())}", address=at(bad))
+        raise UnsupportedFormatError(
+            f"{at(bad)}: unsupported leaf kind code {int(kind.max())}", address=at(bad)
+        )
     array = kind < ARRAY_CODES
     if (bad := ~array & ((dtype != 0) | (ndim != 0) | (flags != 0) | (nchunks != 0))).any():
         raise Bad(f"leaf {at(bad)}: a scalar leaf has a dtype, dimensions, flags or chunks")
     if (bad := flags > FLAG_BITS).any():
-        raise Bad(f"leaf {at(bad)}: unknown flag bits {int(flags[np.argmax(bad)])}")
+        raise Bad(f"leaf {at(bad)}: undefined flag bits {int(flags[np.argmax(bad)])}")
     if (bad := array & (dtype >= len(DTYPE_NAMES))).any():
         name = f"code {int(dtype[np.argmax(bad)])}"
-        raise UnsupportedFormatError(f"{at(bad)}: unknown dtype {name}", address=at(bad))
+        raise UnsupportedFormatError(f"{at(bad)}: unsupported dtype {name}", address=at(bad))
     for code in np.unique(dtype[array]).tolist():  # a name this numpy lacks is unsupported
         dtype_from_name(DTYPE_NAMES[code], address=at(array & (dtype == code)))
     in_jax = np.array([name not in NOT_IN_JAX for name in DTYPE_NAMES])
@@ -102,9 +104,9 @@ def validate(fields: dict[str, Any], nodes: Nodes, *, unread: bool | np.ndarray 
     _check_refs(chunks, packs)
     held = _sums(chunks["raw"], chunk_start)
     in_pieces = (flags & IN_PIECES) != 0
-    parted = unread is True
+    in_parts = unread is True
     unread = in_pieces & unread if unread is not False else np.zeros(n, bool)  # their parts hold them
-    if (parted and any(len(fields[key]) for key in PIECE_FIELDS)) or nchunks[unread].any():
+    if (in_parts and any(len(fields[key]) for key in PIECE_FIELDS)) or nchunks[unread].any():
         raise Bad("a manifest in parts lists pieces or chunk refs of a leaf its parts hold")
     if (bad := (held != nbytes) & ~unread).any():
         j = int(np.argmax(bad))

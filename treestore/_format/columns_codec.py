@@ -131,16 +131,16 @@ def _decode_record(rec: dict[str, Any], checkpoint: str) -> Columns | Frame:
         nodes = check_nodes(segments, fields["nodes"], names, fields["node_leaves"], len(fields["leaves"]))
         if not _get(rec, "parts", list):
             return validate(fields, nodes)
-        parted = parts_from_record(rec, len(fields["leaves"]))
-        return Frame(validate(fields, nodes, unread=True), *parted)
+        layout, parts = parts_from_record(rec, len(fields["leaves"]))
+        return Frame(validate(fields, nodes, unread=True), layout, parts)
 
 
 def encode_columns(manifest: Columns | Frame) -> bytes:
     """The bytes of a version-2 manifest (or of the frame of one stored in parts);
     InvalidInputError beyond the MAX_MANIFEST_BYTES readers accept."""
-    parted = manifest if isinstance(manifest, Frame) else None
+    frame = manifest if isinstance(manifest, Frame) else None
     c = manifest.columns if isinstance(manifest, Frame) else manifest
-    if parted is None:
+    if frame is None:
         c.require_pieces()  # a reader's columns of some leaves are not a manifest
     data = to_msgpack(
         {
@@ -158,7 +158,7 @@ def encode_columns(manifest: Columns | Frame) -> bytes:
             "piece_shape": c.piece_shape.tobytes(),
             "chunks": c.chunks.tobytes(),
             "packs": c.packs.tobytes(),
-            **parts_fields(parted),
+            **parts_fields(frame),
             **({} if c.stats is None else {"stats": c.stats.tobytes()}),
         }
     )

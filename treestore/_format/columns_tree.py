@@ -178,7 +178,7 @@ def nodes_from_tree(tree: object, nleaves: int) -> Nodes:
             raise Bad("tree node is not a map with a str 'type'")
         code = _NODE_CODES.get(node["type"])
         if code is None:
-            raise UnsupportedFormatError(f"unknown tree node type {node['type']!r}")
+            raise UnsupportedFormatError(f"unsupported node kind {node['type']!r}")
         here = len(kinds)
         kinds.append(code)
         parents.append(parent)
@@ -250,7 +250,7 @@ def check_nodes(
         raise Bad("the tree has no root node")
     kind, parent, key = (table[f].astype(np.int64) for f in ("kind", "parent", "key"))
     if kind.max() >= len(NODE_KINDS):
-        raise UnsupportedFormatError(f"unknown tree node type code {int(kind.max())}")
+        raise UnsupportedFormatError(f"unsupported node kind code {int(kind.max())}")
     if parent[0] or key[0]:
         raise Bad("the root node should have parent 0 and key 0")
     if len(set(segments)) != len(segments):

@@ -143,7 +143,7 @@ def dtype_from_name(name: object, *, address: str = "", checkpoint: str | None =
         except KeyError:
             pass
     raise UnsupportedFormatError(
-        f"{address or '(root)'}: unknown dtype {name!r}; this treestore knows {sorted(DTYPES)}",
+        f"{address or '(root)'}: unsupported dtype {name!r}; this treestore knows {sorted(DTYPES)}",
         address=address,
         checkpoint=checkpoint,
     )

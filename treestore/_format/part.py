@@ -215,7 +215,7 @@ def decode_summary(text: str, layout: bytes) -> Summary | str:
         return "its summary is malformed"
     if found != layout:
         return (
-            "it saved another tree than process 0: every process must save the same tree "
+            "it saved another tree than the primary: every process must save the same tree "
             "(the same structure, and each sharded leaf with the same kind, dtype and shape)"
         )
     size, pieces, packs, most = counts

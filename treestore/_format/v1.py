@@ -162,11 +162,11 @@ def _leaf(rec: object, packs: list[Ref], table: LeafTable, i: int) -> str:
                 raise _Bad(str(exc)) from None
             return address
         if kind not in ARRAY_KINDS:
-            raise UnsupportedFormatError(f"{where}: unknown leaf kind {kind!r}")
+            raise UnsupportedFormatError(f"{where}: unsupported leaf kind {kind!r}")
         dtype_name = _get(rec, "dtype", str)
         dtype = dtype_from_name(dtype_name, address=address)
         if dtype_name not in DTYPE_NAMES:
-            raise UnsupportedFormatError(f"{where}: unknown dtype {dtype_name!r}")
+            raise UnsupportedFormatError(f"{where}: unsupported dtype {dtype_name!r}")
         try:
             shape = check_shape(_get(rec, "shape", list), dtype.itemsize)
         except ValueError as exc:
@@ -188,14 +188,14 @@ def _leaf(rec: object, packs: list[Ref], table: LeafTable, i: int) -> str:
         impl = rec.get("prng_impl")
         if kind == "prng_key":
             if not isinstance(impl, str) or impl not in PRNG_IMPLS:
-                raise UnsupportedFormatError(f"{where}: unknown PRNG impl {impl!r}")
+                raise UnsupportedFormatError(f"{where}: unsupported PRNG implementation {impl!r}")
             width = PRNG_IMPLS[impl]
             if dtype_name != "uint32" or not shape or shape[-1] != width:
                 raise _Bad(
                     f"{impl} key data must be uint32 of shape (..., {width}), found {dtype_name}{shape}"
                 )
         elif impl is not None and impl not in PRNG_NAMES:
-            raise UnsupportedFormatError(f"{where}: unknown PRNG impl {impl!r:.40}")
+            raise UnsupportedFormatError(f"{where}: unsupported PRNG implementation {impl!r:.40}")
         weak = rec.get("weak_type", False)
         if type(weak) is not bool:
             raise _Bad("field 'weak_type' should be bool")

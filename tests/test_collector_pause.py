@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import treestore
-from treestore._engine.gc_pause import MANY_LEAVES, paused_gc
+from treestore._engine.collector_pause import MANY_LEAVES, paused_collector
 
 
 @pytest.fixture
@@ -69,20 +69,20 @@ def test_nested_and_concurrent_pauses_resume_once_the_last_ends():
     inside, release = threading.Event(), threading.Event()
 
     def other() -> None:
-        with paused_gc():
+        with paused_collector():
             inside.set()
             release.wait(10)
 
     t = threading.Thread(target=other)
     t.start()
     assert inside.wait(10)
-    with paused_gc():
-        with paused_gc():
+    with paused_collector():
+        with paused_collector():
             assert not gc.isenabled()
         assert not gc.isenabled()
     assert not gc.isenabled()  # the other thread's pause still holds
     release.set()
     t.join()
     assert gc.isenabled()
-    with paused_gc(leaves=MANY_LEAVES - 1):
+    with paused_collector(leaves=MANY_LEAVES - 1):
         assert gc.isenabled()  # a tree of few leaves does not pause it

@@ -1,5 +1,5 @@
-"""Errors and result fields are named by the SPEC's words; the names they replaced still work, with a
-warning."""
+"""Errors, result fields and options are named by the SPEC's words; the names they replaced still work,
+with a warning."""
 
 from __future__ import annotations
 
@@ -44,3 +44,34 @@ def test_result_fields_renamed_to_trusted_keep_their_old_names_with_a_warning():
     assert again.chunks_trusted == 1
     with pytest.warns(DeprecationWarning, match="chunks_trusted"):
         assert again.chunks_known == again.chunks_trusted
+
+
+def test_diff_compares_values_and_its_old_stats_names_warn():
+    url = "memory://names/diff"
+    treestore.save(url, {"w": np.zeros(8)}, "a")
+    treestore.save(url, {"w": np.ones(8)}, "b")
+    d = treestore.diff(f"{url}#a", f"{url}#b", values=True)
+    (w,) = d.leaves
+    assert w.change is not None and w.change.max_abs == 1.0
+    assert d.to_json()["leaves"][0]["change"]["max_abs"] == 1.0
+    with pytest.warns(DeprecationWarning, match="values"):
+        old = treestore.diff(f"{url}#a", f"{url}#b", stats=True)
+    assert old.leaves[0].change == w.change
+    with pytest.warns(DeprecationWarning, match="change"):
+        assert w.stats == w.change
+    with pytest.warns(DeprecationWarning, match="ValueChange"):
+        assert treestore.types.LeafStats is treestore.types.ValueChange
+
+
+def test_cli_diff_values_and_its_hidden_old_flag(tmp_path):
+    from click.testing import CliRunner
+
+    from treestore_cli.main import cli
+
+    url = str(tmp_path / "store")
+    treestore.save(url, {"w": np.zeros(8)}, "a")
+    treestore.save(url, {"w": np.ones(8)}, "b")
+    new = CliRunner().invoke(cli, ["diff", f"{url}#a", f"{url}#b", "--values"])
+    old = CliRunner().invoke(cli, ["diff", f"{url}#a", f"{url}#b", "--stats"])
+    assert new.exit_code == old.exit_code == 1 and "rel L2" in new.stdout
+    assert old.stdout == new.stdout and "deprecated: use --values" in old.stderr

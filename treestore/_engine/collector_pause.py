@@ -26,7 +26,7 @@ MANY_LEAVES = 1000
 
 
 @contextlib.contextmanager
-def paused_gc(leaves: int | None = None) -> Iterator[None]:
+def paused_collector(leaves: int | None = None) -> Iterator[None]:
     """Run the body with Python's cyclic garbage collector off; with ``leaves``, only if that
     many leaves are at least :data:`MANY_LEAVES`."""
     global _depth, _resume
