@@ -35,11 +35,12 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import treestore
 from treestore._storage import local as _local
+from treestore._storage.local import _fsync
 
 from . import harness as H
 from . import trees as T
@@ -52,14 +53,6 @@ def _syncfs(folder: str) -> None:
     try:
         if _libc.syncfs(fd) != 0:
             raise OSError(ctypes.get_errno(), "syncfs failed")
-    finally:
-        os.close(fd)
-
-
-def _fsync(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
     finally:
         os.close(fd)
 
@@ -83,15 +76,21 @@ def _write_tmp(folder: str, data: bytes) -> str:
     return tmp
 
 
-def file_per_object(dest: str, objects: list[tuple[str, bytes]]) -> None:
-    folders = set()
+def _staged(dest: str, objects: list[tuple[str, bytes]], folders: set[str]) -> Iterator[tuple[str, str]]:
+    """Each object written to a temporary file in its folder (made when first met, and added to
+    ``folders``): (the temporary file, the object's name), one at a time."""
     for rel, data in objects:
         full = os.path.join(dest, rel)
         folder = os.path.dirname(full)
         if folder not in folders:
             os.makedirs(folder, exist_ok=True)
             folders.add(folder)
-        tmp = _write_tmp(folder, data)
+        yield _write_tmp(folder, data), full
+
+
+def file_per_object(dest: str, objects: list[tuple[str, bytes]]) -> None:
+    folders: set[str] = set()
+    for tmp, full in _staged(dest, objects, folders):
         _fsync(tmp)
         os.link(tmp, full)
         os.unlink(tmp)
@@ -100,15 +99,8 @@ def file_per_object(dest: str, objects: list[tuple[str, bytes]]) -> None:
 
 
 def file_per_object_one_sync(dest: str, objects: list[tuple[str, bytes]]) -> None:
-    folders = set()
-    staged = []
-    for rel, data in objects:
-        full = os.path.join(dest, rel)
-        folder = os.path.dirname(full)
-        if folder not in folders:
-            os.makedirs(folder, exist_ok=True)
-            folders.add(folder)
-        staged.append((_write_tmp(folder, data), full))
+    folders: set[str] = set()
+    staged = list(_staged(dest, objects, folders))
     _syncfs(dest)
     for tmp, full in staged:
         os.link(tmp, full)
