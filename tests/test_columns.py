@@ -43,8 +43,8 @@ from treestore._format.limits import (
     MAX_PARTS,
     MAX_PIECES,
 )
+from treestore._format.record_views import Manifest
 from treestore._format.records import ChunkRef, LeafEntry, Piece
-from treestore._format.views import Manifest
 from treestore.errors import (
     ManifestDamagedError,
     OutOfMemoryError,

@@ -15,8 +15,8 @@ from treestore._engine import committed as _committed
 from treestore._format import paths as _paths
 from treestore._format.columns_codec import decode_any, decode_columns, encode, encode_columns
 from treestore._format.frame import Frame
+from treestore._format.record_views import Manifest
 from treestore._format.v1 import decode_v1
-from treestore._format.views import Manifest
 
 from .data.make_store_v1 import tree
 from .support.helpers import assert_leaf_equal

@@ -38,8 +38,8 @@ from treestore._format.leaf_table import LeafTable, ref_of
 from treestore._format.part import decode_part, encode_part, leaf_range, part_from_fields
 from treestore._format.part_merge import frame_leaves_from_fields, frame_of
 from treestore._format.paths import manifest_path
+from treestore._format.record_views import Manifest, leaf_entry
 from treestore._format.records import ChunkRef, LeafEntry, Piece
-from treestore._format.views import Manifest, leaf_entry
 from treestore._storage.registry import open_storage
 from treestore._tree.leaves import ArrayLeaf
 from treestore.errors import (

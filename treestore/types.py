@@ -19,8 +19,8 @@ from treestore._api.timeline import Timeline
 from treestore._api.verify import VerifyProblem, VerifyReport
 from treestore._engine.gc import GcReport
 from treestore._engine.write import SaveResult
+from treestore._format.record_views import Manifest
 from treestore._format.records import ChunkRef, LeafEntry, Piece
-from treestore._format.views import Manifest
 
 __all__ = [
     "CheckpointInfo",

@@ -18,7 +18,7 @@ from treestore._engine import read as _read
 from treestore._format import select as _select
 from treestore._format.columns import ARRAY_CODES, Columns
 from treestore._format.frame import Frame
-from treestore._format.views import Manifest
+from treestore._format.record_views import Manifest
 from treestore._storage.base import Storage
 from treestore._tree.structure import rebuild
 

@@ -21,8 +21,8 @@ from treestore._api.functions import resolve
 from treestore._api.lazy_leaf import LazyLeaf
 from treestore._api.progress import Progress, counter
 from treestore._format.address import DictKey, GetAttrKey, SequenceKey, parse_address
-from treestore._format.views import Stored, stored
-from treestore._tree.lazy_jax import jax
+from treestore._format.record_views import Stored, stored
+from treestore._tree.jax_import import jax
 from treestore.errors import InvalidInputError, NotFoundError, StorageError
 
 # The Python scalars each format holds besides arrays (orbax's StandardCheckpointer refuses str).

@@ -31,7 +31,7 @@ import numpy as np
 from treestore._api import file_formats as _formats
 from treestore._api.checkpoint import Checkpoint
 from treestore._format.limits import MiB
-from treestore._format.views import Stored
+from treestore._format.record_views import Stored
 from treestore.errors import DamagedError, InvalidInputError, StorageError, UnsupportedFormatError
 
 INDEX_SUFFIX = ".safetensors.index.json"

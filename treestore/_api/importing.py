@@ -25,7 +25,7 @@ from treestore._api.retention import step_name
 from treestore._api.spec import parse_spec
 from treestore._engine import write as _write
 from treestore._storage.registry import open_storage
-from treestore._tree.lazy_jax import jax
+from treestore._tree.jax_import import jax
 from treestore.errors import InvalidInputError, NotFoundError
 
 

@@ -14,8 +14,8 @@ from treestore._engine import region as _region
 from treestore._format.codecs import stored_codec
 from treestore._format.columns import DTYPE_NAMES, Columns
 from treestore._format.dtypes import dtype_from_name
+from treestore._format.record_views import leaf_entry
 from treestore._format.records import LeafEntry
-from treestore._format.views import leaf_entry
 from treestore._tree.leaves import restore_array
 from treestore.errors import InvalidInputError, OutOfBoundsError
 

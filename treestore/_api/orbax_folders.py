@@ -21,7 +21,7 @@ import numpy as np
 from treestore._api.file_formats import check_kind, check_size
 from treestore._format.limits import MAX_MANIFEST_BYTES, MAX_METADATA_BYTES, MiB
 from treestore._format.manifest import check_metadata
-from treestore._tree.lazy_jax import jax
+from treestore._tree.jax_import import jax
 from treestore.errors import InvalidInputError, TreestoreError, UnsupportedFormatError
 
 # The most an orbax JSON file may hold before anything reads it: _METADATA describes the tree, as

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from treestore._api.checkpoint import Checkpoint
     from treestore._engine import write as _write
     from treestore._format.codecs import Codec
-    from treestore._format.views import Manifest
+    from treestore._format.record_views import Manifest
 
 # Each method imports the engine it alone uses (saving, loading, opening, deriving, timelines):
 # listing a store or reading one record, as the first command of a shell does, pays for none.
@@ -305,7 +305,7 @@ class Store:
         Raises:
             CheckpointNotFoundError: No such checkpoint.
         """
-        from treestore._format.views import Manifest
+        from treestore._format.record_views import Manifest
 
         record = self._record(name)
         with _memory.memory_named(f"reading the manifest of checkpoint {record.name!r}", record.name):

@@ -65,8 +65,8 @@ from treestore._format.part import (
 from treestore._format.part_merge import PACK_INDEX_END, FrameLeaves, frame_leaves_from_fields, frame_of
 from treestore._format.records import ChunkRef
 from treestore._storage.base import Storage
-from treestore._tree import lazy_jax
-from treestore._tree.lazy_jax import jax
+from treestore._tree import jax_import
+from treestore._tree.jax_import import jax
 from treestore._tree.leaves import ArrayLeaf, Leaf
 from treestore.errors import BarrierTimeoutError, InvalidInputError, StorageError
 
@@ -108,7 +108,7 @@ def group() -> Group | None:
     if found is not None:
         runtime, index, count = found
         return Group(index, count, runtime, barrier_timeout())
-    if not lazy_jax.imported():  # no jax.distributed job without jax: importing it costs ~1 s
+    if not jax_import.imported():  # no jax.distributed job without jax: importing it costs ~1 s
         return None
     count = jax.process_count()
     if count == 1:

@@ -12,7 +12,7 @@ import threading
 import time
 from typing import Any, Protocol
 
-from treestore._tree.lazy_jax import jax
+from treestore._tree.jax_import import jax
 from treestore.errors import StorageError
 
 

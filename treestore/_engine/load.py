@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from treestore._engine import bulk as _bulk
 from treestore._engine import committed as _committed
+from treestore._engine import load_leaves as _load_leaves
 from treestore._engine import parts as _parts
 from treestore._engine import read as _read
 from treestore._engine import region as _region
@@ -26,7 +26,7 @@ from treestore._format.commit_record import CommitRecord
 from treestore._format.frame import Frame
 from treestore._storage.base import Storage
 from treestore._tree import template as _template
-from treestore._tree.lazy_jax import jax
+from treestore._tree.jax_import import jax
 from treestore._tree.leaves import restore_array
 from treestore._tree.structure import rebuild
 
@@ -92,7 +92,7 @@ def _rebuilt(
     """The stored tree (of the ``wanted`` leaves), its nodes as :func:`rebuild` makes them."""
     keep = None if wanted is None else wanted.__contains__
     which = np.arange(len(columns)) if rows is None else np.array(rows, np.int64)
-    arrays = _bulk.read_leaves(_read.ChunkReader(storage, columns), columns, which, threads=threads)
+    arrays = _load_leaves.read_leaves(_read.ChunkReader(storage, columns), columns, which, threads=threads)
     as_stored = columns.as_stored()
 
     def leaf(i: int) -> Any:
@@ -124,7 +124,7 @@ def _like(
     whole = [s.entry for s, sharding in zip(slots, shardings, strict=True) if sharding is None]
     reader = _read.ChunkReader(storage, columns)  # one reader: packs are read once
     which = np.array([e.index for e in whole if e is not None and e.is_array], np.int64)
-    found = _bulk.read_leaves(reader, columns, which, threads=threads)
+    found = _load_leaves.read_leaves(reader, columns, which, threads=threads)
     arrays = {columns.addresses[i]: array for i, array in found.items()}
     sharded = [(slot, s) for slot, s in zip(slots, shardings, strict=True) if s is not None]
 

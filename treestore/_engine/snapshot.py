@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from treestore._engine.write import Prepared, prepare
-from treestore._tree.lazy_jax import jax
+from treestore._tree.jax_import import jax
 from treestore._tree.leaves import ArrayLeaf, Leaf, off_cpu, prepare_leaf
 
 

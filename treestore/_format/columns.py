@@ -9,7 +9,7 @@ This module holds the model and the comparisons of leaves between two manifests.
 
 :class:`Columns` is the one in-memory model of a manifest, whatever version its bytes have: every
 reader and writer works on its arrays; the public read-only records (``Store.manifest()``,
-``LazyLeaf.entry``) are views made from it on demand (:mod:`treestore._format.views`). The bytes
+``LazyLeaf.entry``) are views made from it on demand (:mod:`treestore._format.record_views`). The bytes
 (decoding and encoding, either version) are :mod:`treestore._format.columns_codec`'s.
 """
 

@@ -1,6 +1,6 @@
 """The public records of a manifest (SPEC.md §6): a chunk reference, a piece of a leaf saved in
 pieces, and a leaf's entry. Small immutable values, made on demand: the engine names one chunk
-by a :class:`ChunkRef`, and :mod:`treestore._format.views` makes :class:`LeafEntry` records from
+by a :class:`ChunkRef`, and :mod:`treestore._format.record_views` makes :class:`LeafEntry` records from
 the columns when a caller asks for a leaf's record.
 """
 

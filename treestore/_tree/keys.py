@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from treestore._format import address as _address
 from treestore._format.address import DictKey, GetAttrKey, Key, SequenceKey, as_key
-from treestore._tree.lazy_jax import jax
+from treestore._tree.jax_import import jax
 
 if TYPE_CHECKING:
     from jax.tree_util import KeyPath

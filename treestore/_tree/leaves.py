@@ -23,7 +23,7 @@ from treestore._format.dtypes import (
     value_to_record,
 )
 from treestore._format.manifest import check_shape
-from treestore._tree.lazy_jax import jax
+from treestore._tree.jax_import import jax
 from treestore.errors import UnsupportedLeafError
 
 

@@ -44,8 +44,8 @@ from treestore._format.columns_tree import (
 )
 from treestore._format.encoding import Bad
 from treestore._format.limits import MAX_ADDRESS_CHARS, MAX_DEPTH
+from treestore._tree.jax_import import jax
 from treestore._tree.keys import from_jax
-from treestore._tree.lazy_jax import jax
 from treestore.errors import (
     InvalidInputError,
     StructureMismatchError,

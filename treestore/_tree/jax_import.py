@@ -4,7 +4,7 @@ Reading manifests (listing, showing, diffing, verifying and copying checkpoints,
 garbage) never needs jax, and importing jax takes most of a short command's time. Every module
 that uses jax does so only inside functions, and takes it from here::
 
-    from treestore._tree.lazy_jax import jax
+    from treestore._tree.jax_import import jax
 
 ``jax`` stands in for the module: the first attribute looked up on it imports jax, and every
 attribute is jax's own. Type checkers see the module itself.
