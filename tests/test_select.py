@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import uuid
 
 import numpy as np
 import pytest
@@ -11,6 +12,8 @@ from hypothesis import strategies as st
 
 import treestore
 from treestore._format import select
+
+from . import strategies
 
 BERT = [
     'encoder/layer/"0"/attention/output/dense/bias',
@@ -95,3 +98,39 @@ def test_the_dialect_is_the_same_in_load_open_diff_and_the_cli(tmp_path):
     assert main(["show", f"{url}#a", "encoder/layer/0/*"]) == 0
     with pytest.raises(treestore.errors.NoMatchError, match="nearest addresses"):
         treestore.load(f"{url}#a", select="encoder/*/w")  # * no longer reaches two levels down
+
+
+def _index_built_lookup(nodes, address: str):
+    """The loose lookup as it was before lookups walked only their own path: an index of every
+    node's children by loose spelling, built whole on first use (the reference)."""
+    spelled = [select.loose_segment(s) for s in nodes.segments]
+    children: dict = {}
+    for node, (parent, key) in enumerate(
+        zip(nodes.table["parent"].tolist(), nodes.table["key"].tolist(), strict=True)
+    ):
+        if node:
+            children.setdefault((parent, spelled[key]), []).append(node)
+    node = 0
+    for segment in address.split("/") if address else ():
+        hits = children.get((node, select.loose_segment(segment)), ())
+        if len(hits) != 1:
+            return None
+        node = hits[0]
+    hit = np.flatnonzero(nodes.leaf_node == node)
+    return int(hit[0]) if len(hit) else None
+
+
+@settings(max_examples=80, deadline=None)
+@given(tree=strategies.trees(st.integers(0, 3), keys=st.sampled_from(["0", "1", "a", 0, 1, 2])))
+def test_finding_a_leaf_walks_its_path_and_agrees_with_the_whole_index(tree):
+    """Exact and loose lookups by address (``Checkpoint[...]``) walk down from the root, looking
+    at the children of the nodes on the path only; they find what the index of every node did."""
+    url = f"memory://find/{uuid.uuid4().hex}"
+    treestore.save(url, tree, "c")
+    nodes = treestore.open(url, "c").columns.nodes
+    addresses = nodes.addresses()
+    bare = ["/".join(select.loose_segment(x) for x in a.split("/")) if a else a for a in addresses]
+    for i, (a, loose) in enumerate(zip(addresses, bare, strict=True)):
+        assert nodes.find(a) == i
+        assert nodes.find_loose(loose) == _index_built_lookup(nodes, loose), (a, loose)
+        assert nodes.find(a + "/x") is None and nodes.find_loose(loose + "/x") is None

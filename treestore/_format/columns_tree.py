@@ -88,48 +88,58 @@ class Nodes:
             and np.array_equal(self.leaves, other.leaves)
         )
 
-    def find(self, address: str) -> int | None:
-        """The leaf index at ``address``, or None: one numpy pass per segment, no address built."""
+    def _children(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every node but the root grouped by parent (one stable sort, made on first use): the
+        children of node n are ``order[starts[n]:starts[n + 1]]``, in node order."""
+        found = self.__dict__.get("_children_by_parent")
+        if found is None:
+            parent = self.table["parent"][1:].astype(np.int64)  # the root is its own parent
+            order = np.argsort(parent, kind="stable") + 1
+            starts = np.zeros(len(self.table) + 1, np.int64)
+            np.cumsum(np.bincount(parent, minlength=len(self.table)), out=starts[1:])
+            found = self.__dict__["_children_by_parent"] = (order, starts)
+        return found
+
+    def _child(self, node: int, segment: str, loose: bool) -> list[int]:
+        """The children of ``node`` whose key is spelled ``segment`` (read loosely: see
+        :meth:`find_loose`). Each node's children are looked at once, when first walked through,
+        and kept by spelling: a lookup walks only its own path, and later ones probe dicts."""
+        cache = self.__dict__.setdefault("_loose_children" if loose else "_exact_children", {})
+        kids = cache.get(node)
+        if kids is None:
+            order, starts = self._children()
+            kids = {}
+            children = order[starts[node] : starts[node + 1]]
+            spell = loose_segment if loose else str
+            for child, key in zip(children.tolist(), self.table["key"][children].tolist(), strict=True):
+                kids.setdefault(spell(self.segments[key]), []).append(child)
+            cache[node] = kids
+        return kids.get(loose_segment(segment) if loose else segment, [])
+
+    def _walk(self, address: str, loose: bool) -> int | None:
         node = 0
-        if address:
-            where = {s: i for i, s in enumerate(self.segments)}
-            parent, key = self.table["parent"], self.table["key"]
-            for segment in address.split("/"):
-                k = where.get(segment)
-                if k is None:
-                    return None
-                hits = np.flatnonzero((parent == node) & (key == k))
-                hits = hits[hits > 0]  # the root is its own parent
-                if not len(hits):
-                    return None
-                node = int(hits[0])
-        hit = np.flatnonzero(self.leaf_node == node)
-        return int(hit[0]) if len(hit) else None
+        for segment in address.split("/") if address else ():
+            hits = self._child(node, segment, loose)
+            if len(hits) != 1:
+                return None
+            node = hits[0]
+        leaf_of = self.__dict__.get("_leaf_of_node")
+        if leaf_of is None:  # each node's leaf index, -1 for a container
+            leaf_of = np.full(len(self.table), -1, np.int64)
+            leaf_of[self.leaf_node] = np.arange(len(self.leaf_node))
+            self.__dict__["_leaf_of_node"] = leaf_of
+        leaf = int(leaf_of[node])
+        return leaf if leaf >= 0 else None
+
+    def find(self, address: str) -> int | None:
+        """The leaf index at ``address``, or None: a walk down from the root, no address built."""
+        return self._walk(address, loose=False)
 
     def find_loose(self, address: str) -> int | None:
         """The leaf index at ``address`` with digit keys read loosely (``h/3/w`` for
         ``h/"3"/w``, see :func:`treestore._format.select.loose_segment`), or None when no leaf
-        or more than one is there. The index of children by loose segment is built once per
-        tree: lookups after the first cost a dictionary probe per segment."""
-        spell = loose_segment
-        children = self.__dict__.get("_loose_children")
-        if children is None:
-            spelled = [spell(s) for s in self.segments]
-            children = {}
-            for node, (parent, key) in enumerate(
-                zip(self.table["parent"].tolist(), self.table["key"].tolist(), strict=True)
-            ):
-                if node:  # the root is its own parent
-                    children.setdefault((parent, spelled[key]), []).append(node)
-            self.__dict__["_loose_children"] = children
-        node = 0
-        for segment in address.split("/") if address else ():
-            hits = children.get((node, spell(segment)), ())
-            if len(hits) != 1:
-                return None
-            node = hits[0]
-        hit = np.flatnonzero(self.leaf_node == node)
-        return int(hit[0]) if len(hit) else None
+        or more than one is there."""
+        return self._walk(address, loose=True)
 
     def tree_record(self) -> dict[str, Any]:
         """The version-1 node record of this tree (SPEC.md, appendix A.3)."""
