@@ -20,12 +20,14 @@ import treestore
 def test_errors_renamed_to_the_spec_word_keep_their_old_names_with_a_warning(old, new):
     import treestore.errors as errors
 
-    with pytest.warns(DeprecationWarning, match=new):
+    with pytest.warns(DeprecationWarning, match=new) as warned:
         cls = getattr(errors, old)
+    assert [w.filename for w in warned] == [__file__]
     assert cls is getattr(errors, new)
     if old == "CorruptionError":
-        with pytest.warns(DeprecationWarning):
+        with pytest.warns(DeprecationWarning, match="treestore.DamagedError") as warned:
             assert treestore.CorruptionError is errors.DamagedError
+        assert [w.filename for w in warned] == [__file__]  # the caller's line, seen by default
     with pytest.raises(AttributeError):
         errors.NoSuchError  # noqa: B018
 

@@ -105,7 +105,10 @@ def __getattr__(name: str) -> Any:
     if name == "types":
         return importlib.import_module("treestore.types")
     if name == "CorruptionError":  # 0.2's name, deprecated (the warning says so)
-        return getattr(errors, name)
+        from treestore._deprecated import warn_renamed
+
+        warn_renamed("treestore.CorruptionError", "treestore.DamagedError")
+        return errors.DamagedError
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'treestore' has no attribute {name!r}")

@@ -227,7 +227,7 @@ def diff(
     """
     if stats is not None:
         warn_renamed("diff(stats=...)", "diff(values=...)")
-        values = stats
+        values = values or stats
     left, right = resolve(a, storage_options), resolve(b, storage_options)
     with _memory.memory_named(f"comparing checkpoints {left.name!r} and {right.name!r}", right.name):
         return _diff.diff_checkpoints(left, right, values=values, select=select)

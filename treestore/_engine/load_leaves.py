@@ -1,8 +1,8 @@
 """Whole leaves, many at once, planned from a manifest's columns: what a load reads.
 
-Small leaves packed together are served one pack at a time: the pack is read, decoded and
-verified once, and each member becomes a view of the decoded pack, verified against its own
-digest — no per-leaf allocation, copy or leaf entry. Members are disjoint, so no two leaves
+Small leaves packed together are served one pack at a time: the pack is read and decoded once,
+and each member becomes a view of the decoded pack, verified against its own digest — no
+per-leaf allocation, copy or leaf entry. Members are disjoint, so no two leaves
 share memory (one that overlaps another, which only a hand-made manifest holds, is copied).
 A leaf with chunks of its own gets one job per chunk, decoding straight into the leaf's array; a
 leaf saved in pieces is assembled piece by piece (from the columns when its pieces are packed,
