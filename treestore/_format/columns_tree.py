@@ -42,6 +42,14 @@ NODE_DTYPE = np.dtype([("kind", "u1"), ("parent", "<u4"), ("key", "<u4")])
 _SEQ, _DICT, _ATTR, _FLAT = range(4)
 
 
+def children_by_parent(parent: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The nodes of a forest grouped by parent (``parent`` is -1 at each root), each group in node
+    order, with one stable sort: the children of node p < n are ``order[starts[p]:starts[p + 1]]``."""
+    has = np.flatnonzero(parent >= 0)
+    order = has[np.argsort(parent[has], kind="stable")]
+    return order, np.searchsorted(parent[order], np.arange(n + 1))
+
+
 @dataclass(frozen=True, eq=False)
 class Nodes:
     """A validated node table (see the module docstring); build it with :func:`nodes_from_tree`
@@ -93,11 +101,9 @@ class Nodes:
         children of node n are ``order[starts[n]:starts[n + 1]]``, in node order."""
         found = self.__dict__.get("_children_by_parent")
         if found is None:
-            parent = self.table["parent"][1:].astype(np.int64)  # the root is its own parent
-            order = np.argsort(parent, kind="stable") + 1
-            starts = np.zeros(len(self.table) + 1, np.int64)
-            np.cumsum(np.bincount(parent, minlength=len(self.table)), out=starts[1:])
-            found = self.__dict__["_children_by_parent"] = (order, starts)
+            parent = self.table["parent"].astype(np.int64)
+            parent[0] = -1  # the root is its own parent
+            found = self.__dict__["_children_by_parent"] = children_by_parent(parent, len(parent))
         return found
 
     def _child(self, node: int, segment: str, loose: bool) -> list[int]:

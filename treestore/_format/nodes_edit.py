@@ -46,6 +46,7 @@ from treestore._format.columns_tree import (
     TUPLE,
     Nodes,
     check_nodes,
+    children_by_parent,
 )
 from treestore._format.limits import MAX_DEPTH
 from treestore.errors import InvalidInputError, NoMatchError, TreestoreError
@@ -114,9 +115,7 @@ class NodesEdit:
         self.count = n  # nodes in the pool (its arrays may be longer)
         # Each node's children as the pool was made, in node order: those with parent p are
         # _first_kids[_kid_start[p]:_kid_start[p + 1]] while it still is their parent.
-        has = np.flatnonzero(self.parent >= 0)
-        self._first_kids = has[np.argsort(self.parent[has], kind="stable")]
-        self._kid_start = np.searchsorted(self.parent[self._first_kids], np.arange(n + 1))
+        self._first_kids, self._kid_start = children_by_parent(self.parent, n)
         self._kids: dict[int, np.ndarray] = {}  # the children of a node given a child since
         self._heights: np.ndarray | None = None
 
