@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import treestore
+from treestore.errors import ChunkDamagedError
 
 from .support.faults import (
     chunk_objects,
@@ -322,9 +323,12 @@ def _pack_headers(root: Path) -> list[tuple[int, int]]:
 
 def test_a_pack_of_floats_of_one_width_is_stored_in_byte_planes(tmp_path: Path):
     """Small float32 leaves share packs whose elements all lie on 4-byte boundaries: a pack of
-    them is split into byte planes as a float32 chunk is; a pack mixing widths is not."""
+    them is split into byte planes as a float32 chunk is; a pack mixing widths is not. (Whole
+    numbers, so that the pack compresses enough to be stored compressed at all.)"""
     rng = np.random.default_rng(5)
-    floats = {f"w{i}": rng.standard_normal(int(rng.integers(1, 2000))).astype(np.float32) for i in range(40)}
+    floats = {
+        f"w{i}": rng.integers(-99, 99, int(rng.integers(1, 2000))).astype(np.float32) for i in range(40)
+    }
     mixed = {"a": np.arange(5, dtype=np.float32), "b": np.ones(7, np.float16), "c": np.arange(3)}
     for name, tree in (("floats", floats), ("mixed", mixed)):
         url = str(tmp_path / name)
@@ -336,3 +340,50 @@ def test_a_pack_of_floats_of_one_width_is_stored_in_byte_planes(tmp_path: Path):
             assert headers and all(h == (2, 4) for h in headers), headers
         else:
             assert [codec for codec, width in headers if width] == [], headers
+
+
+def test_a_pack_is_compressed_only_when_that_pays(tmp_path: Path):
+    """Random float32 weights shrink by a tenth at most: their pack is stored raw (so that a
+    member can be read alone). Zeros shrink to almost nothing: their pack is compressed."""
+    rng = np.random.default_rng(6)
+    noise = {f"w{i}": rng.standard_normal(300).astype(np.float32) for i in range(20)}
+    zeros = {f"w{i}": np.zeros(300, np.float32) + i for i in range(20)}
+    for name, tree, raw in (("noise", noise, True), ("zeros", zeros, False)):
+        treestore.save(str(tmp_path / name), tree, "c")
+        headers = _pack_headers(tmp_path / name)
+        assert len(headers) == 1 and (headers[0][0] == 0) is raw, (name, headers)
+        assert_tree_equal(treestore.load(str(tmp_path / name), "c"), tree)
+
+
+def test_one_leaf_of_a_raw_pack_reads_its_own_bytes_only(tmp_path: Path):
+    """A small leaf read alone (whole or a slice of it) from a pack stored raw costs a read of
+    its bytes, not of the pack."""
+    rng = np.random.default_rng(7)
+    tree = {f"w{i}": rng.standard_normal(100 + i).astype(np.float32) for i in range(30)}
+    url = str(tmp_path / "s")
+    treestore.save(url, tree, "c")
+    ckpt = treestore.open(url, "c")
+    np.testing.assert_array_equal(np.asarray(ckpt["w7"]), tree["w7"])
+    assert ckpt.bytes_read == tree["w7"].nbytes
+    np.testing.assert_array_equal(ckpt["w8"][3:9], tree["w8"][3:9])
+    assert ckpt.bytes_read == tree["w7"].nbytes + tree["w8"].nbytes
+    assert_tree_equal(treestore.load(url, "c"), tree)
+
+
+def test_a_damaged_member_of_a_raw_pack_is_refused_by_address(tmp_path: Path):
+    """The bytes of a member read alone are checked against its digest: a flipped byte in them
+    fails that leaf's read with ChunkDamagedError naming its address; its neighbours still read."""
+    rng = np.random.default_rng(8)
+    tree = {f"w{i}": rng.standard_normal(64).astype(np.float32) for i in range(10)}
+    url = str(tmp_path / "s")
+    treestore.save(url, tree, "c")
+    (obj,) = [p for p in (tmp_path / "s" / "chunks").rglob("*") if p.is_file()]
+    data = bytearray(obj.read_bytes())
+    offset = 16 + 256 * 3 + 5  # inside w3 (members in address order, 256 bytes each)
+    data[offset] ^= 0xFF
+    os.chmod(obj, 0o644)
+    obj.write_bytes(bytes(data))
+    ckpt = treestore.open(url, "c")
+    with pytest.raises(ChunkDamagedError, match="w3"):
+        np.asarray(ckpt["w3"])
+    np.testing.assert_array_equal(np.asarray(ckpt["w4"]), tree["w4"])

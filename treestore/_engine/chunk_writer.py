@@ -19,7 +19,7 @@ from treestore._engine import trusted as _trusted
 from treestore._engine.threads import Batch, shared_pool
 from treestore._format import paths as _paths
 from treestore._format import stats as _stats
-from treestore._format.codecs import PROBE_BYTES, Codec, encode, scratch, sound
+from treestore._format.codecs import PACK_PAYS_OFF, PROBE_BYTES, Codec, encode, scratch, sound
 from treestore._format.encoding import ALL_CORES_FROM, digest
 from treestore._format.records import ChunkRef
 from treestore._storage.base import PUBLISHED, Staged, Storage
@@ -237,14 +237,23 @@ class ChunkWriter:
                 return stored
         return reusable_size(self.storage, d, raw_size, self.requests)
 
-    def put(self, raw: np.ndarray[Any, Any], width: int, *, private: bool = False) -> ChunkRef:
+    def put(
+        self, raw: np.ndarray[Any, Any], width: int, *, private: bool = False, pack: bool = False
+    ) -> ChunkRef:
         """Store the chunk ``raw`` (1-D uint8); ``private`` says nothing else can change it
         meanwhile (a pack this save assembled, a leaf's host copy: ``ArrayLeaf.private``), so
-        it needs no copy."""
-        return self.put_measured(raw, width, None, private=private)[0]
+        it needs no copy; ``pack``: it is a pack, compressed only when that pays
+        (:data:`~treestore._format.codecs.PACK_PAYS_OFF`)."""
+        return self.put_measured(raw, width, None, private=private, pack=pack)[0]
 
     def put_measured(
-        self, raw: np.ndarray[Any, Any], width: int, dtype: np.dtype[Any] | None, *, private: bool = False
+        self,
+        raw: np.ndarray[Any, Any],
+        width: int,
+        dtype: np.dtype[Any] | None,
+        *,
+        private: bool = False,
+        pack: bool = False,
     ) -> tuple[ChunkRef, _stats.Record | None]:
         """:meth:`put`, and with ``dtype`` the statistics of the chunk's elements of that dtype,
         measured from the copy that is hashed (so they describe exactly the bytes stored) while
@@ -254,7 +263,7 @@ class ChunkWriter:
         with self._lock:
             self._running += 1
         try:
-            return self._put(raw, width, private, dtype)
+            return self._put(raw, width, private, dtype, PACK_PAYS_OFF if pack else None)
         finally:
             with self._lock:
                 self._running -= 1
@@ -265,7 +274,12 @@ class ChunkWriter:
         return raw.nbytes >= ALL_CORES_FROM and self._running == 1
 
     def _put(
-        self, raw: np.ndarray[Any, Any], width: int, private: bool, dtype: np.dtype[Any] | None
+        self,
+        raw: np.ndarray[Any, Any],
+        width: int,
+        private: bool,
+        dtype: np.dtype[Any] | None,
+        pays_off: float | None,
     ) -> tuple[ChunkRef, _stats.Record | None]:
         if not private:
             raw = _private_copy(raw)
@@ -282,7 +296,9 @@ class ChunkWriter:
             stored = self._stored(d, raw.nbytes)
             if stored is None:
                 # (written before this thread encodes the next)
-                buffers = encode(raw, width, self.codec, reuse=True, spread=self._alone(raw))
+                buffers = encode(
+                    raw, width, self.codec, reuse=True, spread=self._alone(raw), pays_off=pays_off
+                )
                 self._publish(self.storage.stage(_paths.chunk_path(d), buffers))
                 stored = sum(len(b) for b in buffers)
                 with self._lock:

@@ -91,7 +91,7 @@ class Packer:
 
 
 def _store(put: Callable[..., ChunkRef], raw: np.ndarray[Any, Any], width: int, spans: list[Span]) -> Packed:
-    return put(raw, width, private=True), _measure(raw, spans)
+    return put(raw, width, private=True, pack=True), _measure(raw, spans)
 
 
 def _measure(raw: np.ndarray[Any, Any], spans: list[Span]) -> list[tuple[int, _stats.Record]]:

@@ -249,9 +249,14 @@ def copy_members(
 ) -> None:
     """Chunk ref ``rows[k]`` of ``columns`` (each a pack member) verified and copied into
     ``outs[k]`` (an array, or a view of one, of that many bytes); the packs are decoded by the
-    reader already or now."""
+    reader already or now. One member alone is read alone when its pack is stored raw."""
     refs = columns.chunks[rows]
     digests = refs["digest"].tobytes()
+    if len(outs) == 1:
+        pack, offset, size = (int(refs[name][0]) for name in ("pack", "offset", "raw"))
+        alone = reader.member_alone(pack, offset, size, digests, address)
+        _copy_member(reader, alone, offset, outs[0], digests, address)
+        return
     packs: dict[int, np.ndarray[Any, Any]] = {}
     for k, (pack, offset, size, out) in enumerate(
         zip(refs["pack"].tolist(), refs["offset"].tolist(), refs["raw"].tolist(), outs, strict=True)
@@ -261,11 +266,25 @@ def copy_members(
         if buf is None:
             buf = packs[pack] = reader.pack(pack, address)
         part = reader.member(buf, offset, size, digest)
-        if part is None or out.nbytes != size:
+        if part is None:
             raise reader.mismatch(digest, address)
-        if offset % out.dtype.itemsize:  # not aligned for its dtype
-            part = part.copy()
-        out[...] = part.view(out.dtype).reshape(out.shape)
+        _copy_member(reader, part, offset, out, digest, address)
+
+
+def _copy_member(
+    reader: ChunkReader,
+    part: np.ndarray[Any, Any],
+    offset: int,
+    out: np.ndarray[Any, Any],
+    chunk_digest: bytes,
+    address: str,
+) -> None:
+    """A member's verified bytes ``part`` (at ``offset`` of its pack) copied into ``out``."""
+    if out.nbytes != part.nbytes:
+        raise reader.mismatch(chunk_digest, address)
+    if offset % out.dtype.itemsize or not part.flags.aligned:  # not aligned for its dtype
+        part = part.copy()
+    out[...] = part.view(out.dtype).reshape(out.shape)
 
 
 def _plan_piece(
@@ -395,19 +414,16 @@ def read_region(
 
     The chunks it needs are read, decoded and verified concurrently on ``threads`` of the
     process's reading threads (0: :func:`default_threads`), decoded straight into the result
-    when the region is a whole piece. A whole leaf packed with others is copied out of its
-    pack, with nothing to plan or hand to another thread.
+    when the region is a whole piece. A leaf packed with others is copied out of its pack (or
+    its own bytes of it, :meth:`ChunkReader.member_alone`), with nothing to plan or hand to
+    another thread.
     """
     first = int(pieces.first[0])
-    if (
-        len(pieces.first) == 1
-        and pieces.count[0] == 1
-        and pieces.columns.chunks["pack"][first] >= 0
-        and all(r.start == 0 and r.stop == dim for r, dim in zip(region, pieces.shape, strict=True))
-    ):
+    if len(pieces.first) == 1 and pieces.count[0] == 1 and pieces.columns.chunks["pack"][first] >= 0:
         out = allocate(pieces.shape, pieces.address, reader.name, pieces.dtype)
         copy_members(reader, pieces.columns, pieces.address, np.array([first]), [out])
-        return out
+        whole = all(r.start == 0 and r.stop == dim for r, dim in zip(region, pieces.shape, strict=True))
+        return out if whole else out[region].copy()
     return read_many(reader, [(pieces, [region])], threads)[0][0]
 
 

@@ -39,6 +39,10 @@ assert HEADER.size == CHUNK_HEADER_BYTES
 RAW, ZSTD, PLANES = 0, 1, 2
 SAMPLE_BYTES = 64 * 1024
 PAYS_OFF = 0.97  # compress a plane only if a sample shrinks below this fraction
+# A pack is compressed only if that shrinks it below this fraction: stored raw, any member of it
+# is one range of the object, read alone (SPEC.md section 6.5), which is worth more to a read of
+# one small leaf than a tenth of a pack's bytes.
+PACK_PAYS_OFF = 0.8
 
 _tls = threading.local()
 
@@ -235,14 +239,30 @@ def _shuffle(raw: np.ndarray[Any, Any], planes: np.ndarray[Any, Any], width: int
 
 
 def encode(
-    raw: np.ndarray[Any, Any], width: int, codec: Codec, *, reuse: bool = False, spread: bool = False
+    raw: np.ndarray[Any, Any],
+    width: int,
+    codec: Codec,
+    *,
+    reuse: bool = False,
+    spread: bool = False,
+    pays_off: float | None = None,
 ) -> list[bytes | memoryview]:
     """The chunk object for ``raw`` (a 1-D uint8 array), as buffers to write in order.
 
     With ``reuse`` the buffers may point into this thread's scratch memory: write them before
     this thread encodes again. With ``spread`` its planes are compressed on every core (the
-    bytes differ, the chunk they decode to does not).
+    bytes differ, the chunk they decode to does not). With ``pays_off`` the object is stored raw
+    unless compression brings it below that fraction of ``raw`` (packs: :data:`PACK_PAYS_OFF`).
     """
+    buffers = _encode(raw, width, codec, reuse, spread)
+    if pays_off is not None and sum(len(b) for b in buffers) > pays_off * raw.nbytes + HEADER.size:
+        return [HEADER.pack(MAGIC, RAW, 0, 0, raw.nbytes), raw.data]
+    return buffers
+
+
+def _encode(
+    raw: np.ndarray[Any, Any], width: int, codec: Codec, reuse: bool, spread: bool
+) -> list[bytes | memoryview]:
     size = raw.nbytes
     if codec.name == "zstd" and size:
         if codec.byte_planes and width >= 2 and size % width == 0:
