@@ -10,9 +10,11 @@ checkpoints (``bench_derive``), many small leaves and leaves in pieces (``bench_
 verify, copy, derive and timeline over many leaves (``bench_store_ops``),
 multi-process commits (``bench_multihost``), the Hugging Face shard set (``bench_hf``), the
 cost of recording statistics (``bench_stats``), where a save's and a load's CPU goes
-(``bench_profile``), what a file per chunk object costs a save (``bench_files``), start-up
-(``bench_startup``; ``--fresh`` alone makes a new virtualenv) and, when its server is installed,
-S3 (``bench_s3``). ``--quick`` takes fewer runs. Tables go to stdout, progress to stderr.
+(``bench_profile``), what a file per chunk object costs a save (``bench_files``), where one
+leaf's read goes (``bench_one_leaf``), start-up in a new virtualenv holding the newest
+dependency versions the project allows (``bench_startup --fresh``: ``pip install .`` from the
+package index) and, when its server is installed, S3 (``bench_s3``). ``--quick`` takes fewer
+runs. Tables go to stdout, progress to stderr.
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ def main(argv: list[str] | None = None) -> int:
         ["benchmarks.bench_stats", "--runs", runs],
         ["benchmarks.bench_profile", "--runs", runs],
         ["benchmarks.bench_files", "--runs", runs],
-        ["benchmarks.bench_startup", "--runs", "7"],
+        ["benchmarks.bench_one_leaf", "--runs", "7"],
+        ["benchmarks.bench_startup", "--runs", "7", "--fresh"],
     ]
     if importlib.util.find_spec("benchmarks.bench_s3") and importlib.util.find_spec("moto"):
         suites.append(["benchmarks.bench_s3"])
