@@ -39,10 +39,11 @@ assert HEADER.size == CHUNK_HEADER_BYTES
 RAW, ZSTD, PLANES = 0, 1, 2
 SAMPLE_BYTES = 64 * 1024
 PAYS_OFF = 0.97  # compress a plane only if a sample shrinks below this fraction
-# A pack is compressed only if that shrinks it below this fraction: stored raw, any member of it
-# is one range of the object, read alone (SPEC.md section 6.5), which is worth more to a read of
-# one small leaf than a tenth of a pack's bytes.
-PACK_PAYS_OFF = 0.8
+# A pack is compressed only if that at least halves it: stored raw, any member of it is one range
+# of the object, read alone (SPEC.md section 6.5), which is worth more to a read of one small leaf
+# than the quarter or tenth that weights in bf16 or fp32 shrink by (packs hold a model's smallest
+# leaves: a sliver of its bytes). Zeros, counters and masks still compress.
+PACK_PAYS_OFF = 0.5
 
 _tls = threading.local()
 
