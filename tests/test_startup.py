@@ -192,3 +192,18 @@ def test_parse_address_still_gives_jax_key_entries():
     assert path == treestore.parse_address("params/0/.w")
     assert [type(k) for k in treestore.parse_address("params/0/.w")] == [type(k) for k in path]
     assert treestore.format_address(path) == "params/0/.w"
+
+
+@pytest.mark.parametrize("args", [("ls",), ("show",), ("diff",)], ids=["ls", "show", "diff"])
+def test_reading_commands_on_a_local_store_import_no_fsspec(store, args):
+    """A store given by a plain path opens without fsspec (a tenth of a second of start-up):
+    ls, show and diff read its manifests through ``os`` alone."""
+    spec = [store] if args == ("ls",) else [f"{store}#step-1"] * (2 if args == ("diff",) else 1)
+    code = (
+        "import json, sys\nfrom treestore_cli.main import main\n"
+        f"main({[*args, *spec]!r})\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.partition('.')[0] == 'fsspec')))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == []

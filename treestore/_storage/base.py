@@ -24,11 +24,12 @@ import random
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
-
-import fsspec
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from treestore.errors import StorageError
+
+if TYPE_CHECKING:
+    import fsspec
 
 T = TypeVar("T")
 
@@ -97,8 +98,12 @@ class Storage:
         self.root = root.rstrip("/")
         self.url = url
         self.read_only = False
-        protocol = fs.protocol[0] if isinstance(fs.protocol, (tuple, list)) else fs.protocol
-        self.protocol = str(protocol)
+        self.protocol = self._protocol()
+
+    def _protocol(self) -> str:
+        """The filesystem's (first) protocol name."""
+        protocol = self.fs.protocol
+        return str(protocol[0] if isinstance(protocol, (tuple, list)) else protocol)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r})"

@@ -18,11 +18,13 @@ import stat
 import threading
 import uuid
 from collections.abc import Callable, Iterable
-
-import fsspec
+from typing import TYPE_CHECKING
 
 from treestore._storage.base import Buffers, ObjectInfo, Staged, Storage, T
 from treestore.errors import StorageError
+
+if TYPE_CHECKING:
+    import fsspec
 
 _TMP = re.compile(r"\.tmp-[0-9a-f]{32}")
 
@@ -105,12 +107,31 @@ class _LocalStaged(Staged):
 class LocalStorage(Storage):
     """A local folder, written through ``os`` for atomic replace and put-if-absent by link."""
 
-    def __init__(self, fs: fsspec.AbstractFileSystem, root: str, url: str) -> None:
+    def __init__(self, fs: fsspec.AbstractFileSystem | None, root: str, url: str) -> None:
+        self._fs: fsspec.AbstractFileSystem | None = None  # (None: made on first use)
         super().__init__(fs, root, url)
         self._made: set[str] = set()
         self._dirty_dirs: set[str] = set()
         self._dirty_lock = threading.Lock()
         self._inside: set[str] = set()
+
+    # A store opened by a plain path has no fsspec filesystem until something needs one: its
+    # reads, writes and listings go through ``os``, and fsspec takes a tenth of a second to import
+    # (most of what `treestore ls` waits for besides numpy).
+    @property
+    def fs(self) -> fsspec.AbstractFileSystem:
+        if self._fs is None:
+            import fsspec
+
+            self._fs = fsspec.filesystem("file")
+        return self._fs
+
+    @fs.setter
+    def fs(self, value: fsspec.AbstractFileSystem | None) -> None:
+        self._fs = value
+
+    def _protocol(self) -> str:
+        return "file"
 
     def location(self) -> tuple[str, str, str]:
         """The folder with every link and ``..`` resolved (as far as it exists)."""

@@ -1,39 +1,49 @@
 """One table of URL protocols: the storage class that serves each, the extra that installs its
 filesystem, and whether its listings must bypass fsspec's cache. :func:`open_storage` picks from
-it; any protocol not in the table gets the generic :class:`Storage`."""
+it; any protocol not in the table gets the generic :class:`Storage`.
+
+A plain local path is opened without fsspec, whose import is a tenth of a second of every
+command's start-up: :class:`LocalStorage` reads, writes and lists through ``os``, and its root
+is the one fsspec's local filesystem would give (:func:`local_root`). The other backends'
+modules, which import fsspec's, are imported when their protocol is first opened.
+"""
 
 from __future__ import annotations
 
+import importlib
 import os
 from dataclasses import dataclass
 from typing import Any
 
-import fsspec
-
 from treestore._storage.base import Storage
-from treestore._storage.cloud import AzureStorage, GCSStorage, S3Storage
-from treestore._storage.http import HTTPStorage
-from treestore._storage.local import LocalStorage, MemoryStorage
+from treestore._storage.local import LocalStorage
 from treestore.errors import InvalidInputError
 
 
 @dataclass(frozen=True)
 class Backend:
-    cls: type[Storage]
+    module: str  # the module of treestore._storage holding its class
+    name: str  # the class
     extra: str | None  # the treestore extra that installs its fsspec filesystem
     uncached_listings: bool  # pass use_listings_cache=False unless the caller set it
 
+    @property
+    def cls(self) -> type[Storage]:
+        module = importlib.import_module(f"treestore._storage.{self.module}")
+        found: type[Storage] = getattr(module, self.name)
+        return found
 
-_LOCAL = Backend(LocalStorage, None, False)
-_S3 = Backend(S3Storage, "s3", True)
-_GCS = Backend(GCSStorage, "gcs", True)
-_AZURE = Backend(AzureStorage, "azure", True)
-_HTTP = Backend(HTTPStorage, "http", False)  # fsspec's HTTP filesystem does not cache listings
+
+_LOCAL = Backend("local", "LocalStorage", None, False)
+_S3 = Backend("cloud", "S3Storage", "s3", True)
+_GCS = Backend("cloud", "GCSStorage", "gcs", True)
+_AZURE = Backend("cloud", "AzureStorage", "azure", True)
+_HTTP = Backend("http", "HTTPStorage", "http", False)  # fsspec's HTTP filesystem does not cache listings
 
 BACKENDS: dict[str, Backend] = {
     "file": _LOCAL,
     "local": _LOCAL,
-    "memory": Backend(MemoryStorage, None, False),
+    "memory": Backend("local", "MemoryStorage", None, False),
     "s3": _S3,
     "s3a": _S3,
     "gs": _GCS,
@@ -44,6 +54,24 @@ BACKENDS: dict[str, Backend] = {
     "http": _HTTP,
     "https": _HTTP,
 }
+
+
+def local_root(path: str) -> str | None:
+    """The root fsspec's local filesystem gives the plain path ``path`` (absolute, ``~``
+    expanded, ``./`` and trailing slashes dropped, nothing else normalized), or None when
+    ``path`` is not one this function answers for: off POSIX, or holding a ``:`` (a protocol,
+    a chained URL, fsspec's ``data:``), which fsspec parses."""
+    if os.sep != "/" or ":" in path:
+        return None
+    if path.startswith("~"):
+        path = os.path.expanduser(path)
+    elif not path.startswith("/"):
+        if path.startswith("./"):
+            path = path[2:]
+        elif path == ".":
+            path = ""
+        path = f"{os.getcwd()}/{path}"
+    return path.rstrip("/") or "/"
 
 
 def _protocol_of(url: str) -> str:
@@ -70,6 +98,11 @@ def open_storage(url: str | os.PathLike[str], storage_options: dict[str, Any] | 
         raise InvalidInputError(
             f"storage_options must be a dict of fsspec options, got {type(storage_options).__name__}"
         )
+    root = None if storage_options else local_root(url)
+    if root is not None:
+        return LocalStorage(None, root, url.rstrip("/"))
+    import fsspec  # (here: a local path opens without it)
+
     protocol = _protocol_of(url)
     options = dict(storage_options or {})
     backend = BACKENDS.get(protocol)

@@ -1,0 +1,48 @@
+"""A store given by a plain local path opens without fsspec, at the root fsspec's local
+filesystem gives that path, and is the same store as its ``file://`` spelling."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import fsspec
+import numpy as np
+import pytest
+
+import treestore
+from treestore._storage.local import LocalStorage
+from treestore._storage.registry import local_root, open_storage
+
+SPELLINGS = ["store", "store/", "./store", "a/../store", "a//store", "a/./store", ".", "./"]
+
+
+@pytest.mark.parametrize("spelling", SPELLINGS)
+def test_a_plain_path_opens_at_the_root_fsspec_gives_it(spelling, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    storage = open_storage(spelling)
+    assert isinstance(storage, LocalStorage) and storage._fs is None  # no filesystem object yet
+    assert storage.root == fsspec.core.url_to_fs(spelling)[1].rstrip("/")
+    assert local_root(spelling) == fsspec.core.url_to_fs(spelling)[1]
+    as_url = open_storage("file://" + os.path.abspath(spelling))
+    assert storage.location() == as_url.location() and storage.overlaps(as_url)
+
+
+@pytest.mark.parametrize("spelling", ["~", "~/store", "/", "/tmp/x/"])
+def test_absolute_and_home_paths_match_fsspec(spelling):
+    assert local_root(spelling) == fsspec.core.url_to_fs(spelling)[1]
+
+
+@pytest.mark.parametrize("url", ["file:///tmp/x", "local:///tmp/x", "memory://x", "data:x", "a::b"])
+def test_urls_are_left_to_fsspec(url):
+    assert local_root(url) is None
+
+
+def test_what_needs_the_filesystem_object_makes_it_on_first_use(tmp_path: Path):
+    url = str(tmp_path / "s")
+    treestore.save(url, {"w": np.arange(3.0)}, "c")
+    storage = open_storage(url)
+    assert storage._fs is None
+    assert storage.exists("checkpoints/c") and not storage.exists("checkpoints/d")  # fsspec's exists
+    assert storage._fs is not None and storage.protocol == "file"
+    np.testing.assert_array_equal(treestore.load(url, "c")["w"], np.arange(3.0))
