@@ -372,7 +372,8 @@ def test_one_leaf_of_a_raw_pack_reads_its_own_bytes_only(tmp_path: Path):
 
 def test_a_damaged_member_of_a_raw_pack_is_refused_by_address(tmp_path: Path):
     """The bytes of a member read alone are checked against its digest: a flipped byte in them
-    fails that leaf's read with ChunkDamagedError naming its address; its neighbours still read."""
+    fails that leaf's read with ChunkDamagedError naming its address (its neighbours still read),
+    and so does a pack object cut short inside it."""
     rng = np.random.default_rng(8)
     tree = {f"w{i}": rng.standard_normal(64).astype(np.float32) for i in range(10)}
     url = str(tmp_path / "s")
@@ -387,3 +388,7 @@ def test_a_damaged_member_of_a_raw_pack_is_refused_by_address(tmp_path: Path):
     with pytest.raises(ChunkDamagedError, match="w3"):
         np.asarray(ckpt["w3"])
     np.testing.assert_array_equal(np.asarray(ckpt["w4"]), tree["w4"])
+    obj.write_bytes(bytes(data[: 16 + 256 * 9 + 100]))  # truncated inside w9, the last member
+    ckpt = treestore.open(url, "c")
+    with pytest.raises(ChunkDamagedError, match="w9"):
+        np.asarray(ckpt["w9"])

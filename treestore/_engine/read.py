@@ -206,11 +206,11 @@ class ChunkReader:
         if not decoded and c.stored_size == CHUNK_HEADER_BYTES + c.raw_size and offset + size <= c.raw_size:
             start = CHUNK_HEADER_BYTES + offset
             data = self.storage.read_range(_paths.chunk_path(c.digest), start, start + size)
-            if data is not None and len(data) == size:
+            if data is not None:
                 with self._lock:
-                    self.bytes_read += size
-                alone = np.frombuffer(data, np.uint8)
-                if digest(alone) == chunk_digest:
+                    self.bytes_read += len(data)
+                alone = pack_member(np.frombuffer(data, np.uint8), 0, size, chunk_digest)
+                if alone is not None:
                     return alone
         part = self.member(self.pack(index, address), offset, size, chunk_digest)
         if part is None:
