@@ -458,3 +458,23 @@ def test_measuring_segments_at_once_equals_measuring_each(dtype):
     if np_dtype.kind == "f" or dtype == "bfloat16":  # a NaN in one segment: each measured alone
         values[int(starts[3])] = np.nan
         assert measure_segments(values, starts)[3] == measure(values[starts[3] : starts[4]])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16", "float8_e4m3fn", "int32"])
+@pytest.mark.parametrize("bad", [None, "nan", "inf"])
+def test_a_chunk_of_several_spans_is_measured_exactly(dtype, bad):
+    """A chunk longer than the span measured at a time (whole rows, a rest shorter than a row,
+    narrow floats converted span by span): equal to the reference, a NaN or inf in a later span
+    included."""
+    from treestore._format.stats import FLOAT, INT, ROW, SPAN, measure
+
+    np_dtype = np.dtype(getattr(ml_dtypes, dtype, dtype))
+    x = (np.random.default_rng(5).standard_normal(2 * SPAN + ROW + 3) * 50).astype(np_dtype)
+    if bad is not None and np_dtype.kind != "i":
+        x[SPAN + 7] = np.nan if bad == "nan" else np.inf
+        x[-1] = -np.inf
+    kind, nan, posinf, neginf, lo, hi, sumsq = measure(x)
+    want = reference(x)
+    assert kind == (INT if np_dtype.kind == "i" else FLOAT)
+    assert (nan, posinf, neginf, lo, hi) == want[:5]
+    assert math.sqrt(sumsq) == pytest.approx(want[5], rel=1e-12)

@@ -70,7 +70,9 @@ _EMPTY: dict[int, Record] = {
     UINT: (UINT, 0, 0, 0, 2**64 - 1, 0, 0.0),
 }
 UNKNOWN_RECORD: Record = (UNKNOWN, 0, 0, 0, 0, 0, 0.0)
-BLOCK = 8192  # elements squared per step in float64 (64 KiB: stays in the core's cache)
+ROW = 8192  # elements per dot product (OpenBLAS runs a longer one on threads of its own, which
+# fight the save's threads for the cores: a whole chunk's dot costs ten times a loop of short ones)
+SPAN = 32 * ROW  # elements converted per step (their float64 copy, 2 MiB, stays in the core's cache)
 _scratch = threading.local()
 
 
@@ -84,40 +86,67 @@ def empty(kind: int) -> Record:
     return _EMPTY.get(kind, UNKNOWN_RECORD)
 
 
+def _buffer(name: str, dtype: type, size: int) -> np.ndarray:
+    """This thread's scratch array ``name`` of ``size`` (at most SPAN) elements."""
+    buf = getattr(_scratch, name, None)
+    if buf is None:
+        buf = np.empty(SPAN, dtype)
+        setattr(_scratch, name, buf)
+    return buf[:size]
+
+
 def _sumsq(x: np.ndarray) -> float:
-    """Sum of squares of the (finite, real) elements of ``x`` in float64: blocks of BLOCK
-    elements are converted into a per-thread buffer and multiplied there (a float64 copy of a
-    whole chunk would cost more than the rest of the statistics together). Squares beyond
-    float64 make it inf (float64 leaves of elements over 1e154)."""
+    """Sum of squares of the (finite, real) elements of ``x`` (1-D, contiguous) in float64: spans
+    of SPAN elements are converted into a per-thread buffer (a float64 copy of a whole chunk would
+    cost more than the rest of the statistics together) and squared and summed there, ROW elements
+    per dot product, all of a span's in one call. Squares beyond float64 make it inf (float64
+    leaves of elements over 1e154)."""
     with np.errstate(over="ignore", invalid="ignore"):
         return _sumsq_blocks(x)
 
 
 def _sumsq_blocks(x: np.ndarray) -> float:
-    if x.dtype == np.float64:
-        return float(sum(np.dot(x[i : i + BLOCK], x[i : i + BLOCK]) for i in range(0, x.size, BLOCK)))
-    buf = getattr(_scratch, "buf", None)
-    if buf is None:
-        buf = _scratch.buf = np.empty(BLOCK, np.float64)
     total = 0.0
-    for i in range(0, x.size, BLOCK):
-        part = x[i : i + BLOCK]
-        b = buf[: part.size]
-        np.copyto(b, part, casting="unsafe")
-        total += float(np.dot(b, b))
+    for i in range(0, x.size, SPAN):
+        part = x[i : i + SPAN]
+        if part.dtype != np.float64:
+            wide = _buffer("wide", np.float64, part.size)
+            np.copyto(wide, part, casting="unsafe")
+            part = wide
+        total += _dots(part)
     return total
 
 
-def _as_float(x: np.ndarray) -> np.ndarray:
+def _dots(b: np.ndarray) -> float:
+    """The sum of the squares of float64 ``b`` (at most SPAN elements): a stacked product of its
+    rows of ROW elements, each a short dot product, and one for the rest."""
+    whole = b.size - b.size % ROW
+    total = 0.0
+    if whole:
+        rows = b[:whole].reshape(-1, 1, ROW)
+        total += float(np.matmul(rows, rows.transpose(0, 2, 1)).sum())
+    if whole < b.size:
+        rest = b[whole:]
+        total += float(np.dot(rest, rest))
+    return total
+
+
+def _as_float(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """``x`` as float32 or float64, every value exact (bfloat16 by moving its bits: numpy's
-    conversion of extended types is far slower)."""
+    conversion of extended types is far slower); into ``out`` (uint32, ``x``'s size) if given."""
     if x.dtype in (np.float32, np.float64):
         return x
     if x.dtype.name == "bfloat16":
-        bits = x.view(np.uint16).astype(np.uint32)
-        bits <<= 16  # in place: one float32-sized array, not two
-        return bits.view(np.float32)
-    return x.astype(np.float32)
+        if out is None:
+            out = np.empty(x.size, np.uint32)
+        np.copyto(out, x.view(np.uint16))
+        out <<= 16  # in place: one float32-sized array, not two
+        return out.view(np.float32)
+    if out is None:
+        return x.astype(np.float32)
+    wide = out.view(np.float32)
+    np.copyto(wide, x, casting="unsafe")
+    return wide
 
 
 def _numeric(flat: np.ndarray, kind: int) -> np.ndarray:
@@ -137,12 +166,29 @@ def measure(values: np.ndarray) -> Record:
     kind = kind_of(values.dtype.name)
     if kind == UNKNOWN or values.size == 0:
         return empty(kind)
-    x = _numeric(values.reshape(-1), kind)
+    flat = values.reshape(-1)
     if kind != FLOAT:
+        x = _numeric(flat, kind)
         return (kind, 0, 0, 0, int(x.min()), int(x.max()), _sumsq(x))
-    lo, hi = x.min(), x.max()  # NaN when any element is NaN, ±inf when any is infinite
-    if math.isfinite(lo) and math.isfinite(hi):
-        return (FLOAT, 0, 0, 0, float(lo), float(hi), _sumsq(x))
+    if flat.dtype in (np.float32, np.float64):
+        lo, hi = flat.min(), flat.max()  # NaN when any element is NaN, ±inf when any is infinite
+        if math.isfinite(lo) and math.isfinite(hi):
+            return (FLOAT, 0, 0, 0, float(lo), float(hi), _sumsq(flat))
+        return _measure_nonfinite(flat)
+    # a narrower float: a span at a time as float32 in this thread's buffer, kept in cache
+    lo, hi, total = math.inf, -math.inf, 0.0
+    for i in range(0, flat.size, SPAN):
+        part = flat[i : i + SPAN]
+        x = _as_float(part, _buffer("narrow", np.uint32, part.size))
+        a, b = float(x.min()), float(x.max())
+        if not (math.isfinite(a) and math.isfinite(b)):
+            return _measure_nonfinite(_as_float(flat))
+        lo, hi, total = min(lo, a), max(hi, b), total + _sumsq(x)
+    return (FLOAT, 0, 0, 0, lo, hi, total)
+
+
+def _measure_nonfinite(x: np.ndarray) -> Record:
+    """The record of float32 or float64 ``x`` (1-D) that holds a NaN or an infinity."""
     finite = np.isfinite(x)
     nan = int(np.count_nonzero(np.isnan(x)))
     posinf = int(np.count_nonzero(x == np.inf))
