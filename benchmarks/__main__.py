@@ -2,19 +2,19 @@
 
     python -m benchmarks [--quick]
 
-Runs, each in its own process (so one's memory and device settings cannot skew another's):
-the format comparison (``run_peers``: save, load, one leaf, size, files), partial reads and diffs
-(``bench_partial``), the training-loop manager (``bench_manager``), checkpoints of sharded arrays on 8 CPU
-devices (``bench_sharding``), restores onto meshes of up to 64 devices (``bench_mesh``), derived
-checkpoints (``bench_derive``), many small leaves and leaves in pieces (``bench_scaling``),
-verify, copy, derive and timeline over many leaves (``bench_store_ops``),
-multi-process commits (``bench_multihost``), the Hugging Face shard set (``bench_hf``), the
-cost of recording statistics (``bench_stats``), where a save's and a load's CPU goes
-(``bench_profile``), what a file per chunk object costs a save (``bench_files``), where one
-leaf's read goes (``bench_one_leaf``), start-up in a new virtualenv holding the newest
-dependency versions the project allows (``bench_startup --fresh``: ``pip install .`` from the
-package index) and, when its server is installed, S3 (``bench_s3``). ``--quick`` takes fewer
-runs. Tables go to stdout, progress to stderr.
+Runs, each in its own process (so one's memory and device settings cannot skew another's): the
+format comparison (``run_peers``: save, load, one leaf, size, files), partial reads and diffs
+(``bench_partial``), the training-loop manager (``bench_manager``), checkpoints of sharded arrays on
+8 CPU devices (``bench_sharding``), restores onto meshes of up to 64 devices (``bench_mesh``),
+derived checkpoints (``bench_derive``), many small leaves and leaves in pieces (``bench_scaling``),
+verify, copy, derive and timeline over many leaves (``bench_store_ops``), multi-process commits
+(``bench_multihost``), the Hugging Face shard set (``bench_hf``), the cost of recording statistics
+(``bench_stats``), a run's health from its manifests (``bench_health``), where a save's and a load's
+CPU goes (``bench_profile``), what a file per chunk object costs a save (``bench_files``), where one
+leaf's read goes (``bench_one_leaf``), start-up in a new virtualenv holding the newest dependency
+versions the project allows (``bench_startup --fresh``: ``pip install .`` from the package index)
+and, when its server is installed, S3 (``bench_s3``). ``--quick`` takes fewer runs. Tables go to
+stdout, progress to stderr.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         ["benchmarks.bench_multihost"],
         ["benchmarks.bench_hf", "--runs", "3"],
         ["benchmarks.bench_stats", "--runs", runs],
+        ["benchmarks.bench_health", "--runs", runs],
         ["benchmarks.bench_profile", "--runs", runs],
         ["benchmarks.bench_files", "--runs", runs],
         ["benchmarks.bench_one_leaf", "--runs", "7"],

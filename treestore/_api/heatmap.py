@@ -7,6 +7,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import numpy as np
+
 from treestore.errors import InvalidInputError
 
 BLOCKS = " ▁▂▃▄▅▆▇█"  # none, then eighths of the row's (or the whole map's) largest value
@@ -19,22 +21,36 @@ def top(values: Sequence[Sequence[float]], scale: str) -> list[float]:
     """What each row's levels are scaled to: its largest finite value, or the map's."""
     if scale not in ("row", "global"):
         raise InvalidInputError(f"scale must be 'row' or 'global', got {scale!r}")
-    tops = [max((v for v in row if math.isfinite(v)), default=0.0) for row in values]
+    table = _table(values)
+    finite = np.where(np.isfinite(table), table, -np.inf)
+    peaks = finite.max(axis=1, initial=-np.inf)
+    tops = np.where(np.isfinite(peaks), peaks, 0.0)  # 0 for a row of no finite value
     if scale == "global":
-        return [max(tops, default=0.0)] * len(tops)
-    return tops
+        return [float(tops.max())] * len(tops) if len(tops) else []
+    return tops.tolist()
+
+
+def _table(values: Sequence[Sequence[float]]) -> np.ndarray:
+    """``values`` as a 2-D float64 array, one row per address (rows of no values included)."""
+    return np.array(values, np.float64).reshape(len(values), -1) if len(values) else np.zeros((0, 0))
+
+
+def levels(values: np.ndarray, tops: np.ndarray) -> np.ndarray:
+    """Each value's level (2-D ``values``, one top per row): 0 for zero, 1..8 for a value up to
+    its row's top (any nonzero one shows as at least 1), 8 for inf or where the top is not
+    positive; -1 for NaN."""
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        scaled = np.ceil(values / tops[:, None] * 8)
+    out = np.clip(np.nan_to_num(scaled, nan=8.0, posinf=8.0, neginf=1.0), 1, 8).astype(np.int8)
+    out[np.isinf(values) | (tops[:, None] <= 0)] = 8
+    out[values == 0] = 0
+    out[np.isnan(values)] = -1
+    return out
 
 
 def level(value: float, top: float) -> int:
-    """0 for zero, 1..8 for a value up to ``top`` (any nonzero one shows as at least 1), 8 for
-    inf; -1 for NaN."""
-    if math.isnan(value):
-        return -1
-    if value == 0:
-        return 0
-    if math.isinf(value) or top <= 0:
-        return 8
-    return max(1, min(8, math.ceil(value / top * 8)))
+    """:func:`levels` of one value."""
+    return int(levels(np.array([[value]]), np.array([top]))[0, 0])
 
 
 def num(x: float) -> str:
@@ -53,20 +69,33 @@ def rows(
     """One line per address: its cells (``!`` where ``marked``), then ``max`` and the row's
     largest value; ``note`` (with ``{}`` for the number of marked cells) after a row with any.
     InvalidInputError when ``scale`` is neither ``"row"`` nor ``"global"``."""
-    tops = top(values, scale)
-    levels, absent = (ASCII_BLOCKS, ASCII_ABSENT) if ascii else (BLOCKS, ABSENT)
+    tops = np.array(top(values, scale), np.float64)
+    table = _table(values)
+    shown, absent = (ASCII_BLOCKS, ASCII_ABSENT) if ascii else (BLOCKS, ABSENT)
+    chars = np.array([*shown, absent])  # level -1: the last, absent
+    cells = chars[levels(table, tops)]
+    flags = np.array(marked, bool).reshape(table.shape)
+    cells[flags] = NONFINITE
     width = max((len(a or "(root)") for a in addresses), default=0)
     out = []
-    for i, (address, row) in enumerate(zip(addresses, values, strict=True)):
-        cells = "".join(
-            NONFINITE if m else (absent if (n := level(v, tops[i])) < 0 else levels[n])
-            for v, m in zip(row, marked[i], strict=True)
-        )
-        finite = [v for v in row if not math.isnan(v)]
-        peak = num(max(finite)) if finite else "-"
-        odd = note.format(sum(marked[i])) if note and any(marked[i]) else ""
-        out.append(f"{(address or '(root)').ljust(width)}  {cells}  max {peak}{odd}")
+    for i, address in enumerate(addresses):
+        row = table[i][~np.isnan(table[i])]
+        peak = num(float(row.max())) if row.size else "-"
+        count = int(flags[i].sum())
+        odd = note.format(count) if note and count else ""
+        out.append(f"{(address or '(root)').ljust(width)}  {''.join(cells[i].tolist())}  max {peak}{odd}")
     return out
 
 
-__all__ = ["ABSENT", "ASCII_ABSENT", "ASCII_BLOCKS", "BLOCKS", "NONFINITE", "level", "num", "rows", "top"]
+__all__ = [
+    "ABSENT",
+    "ASCII_ABSENT",
+    "ASCII_BLOCKS",
+    "BLOCKS",
+    "NONFINITE",
+    "level",
+    "levels",
+    "num",
+    "rows",
+    "top",
+]

@@ -7,10 +7,13 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from treestore._api import health as _health
+import numpy as np
+
 from treestore._api import heatmap as _heatmap
 from treestore._api.timeline import array_leaves, readable
 from treestore._format import select as _select
+from treestore._format import stats as _stats
+from treestore._format.columns import Columns
 from treestore._storage.base import Storage
 from treestore.errors import InvalidInputError
 
@@ -113,33 +116,52 @@ def norms(storage: Storage, *, select: _select.Patterns = None, depth: int | Non
         raise InvalidInputError(f"depth must be an int of at least 1, got {depth!r}")
     views, damaged = readable(storage)
     leaves = [array_leaves(v.columns) for v in views]
-    arrays = [
-        _health.leaf_stats(v.columns, list(which.values())) for v, which in zip(views, leaves, strict=True)
-    ]
     every = list(dict.fromkeys(a for which in leaves for a in which))
     chosen = _select.select(every, select, where=f"the checkpoints of {storage.url}")
-    groups: dict[str, list[str]] = {}
-    for a in chosen:
-        key = a if depth is None else "/".join(a.split("/")[:depth])
-        groups.setdefault(key, []).append(a)
-    values, nonfinite = [], []
-    for members in groups.values():
-        row, bad = [], []
-        for found in arrays:
-            known = [found[a] for a in members if a in found]
-            row.append(math.sqrt(sum(s.l2 * s.l2 for s in known)) if known else math.nan)
-            bad.append(sum(s.nonfinite for s in known))
-        values.append(tuple(row))
-        nonfinite.append(tuple(bad))
+    groups: dict[str, int] = {}
+    row_of = {
+        a: groups.setdefault(a if depth is None else "/".join(a.split("/")[:depth]), len(groups))
+        for a in chosen
+    }
+    values = np.full((len(groups), len(views)), math.nan)
+    nonfinite = np.zeros((len(groups), len(views)), np.int64)
+    for j, (view, which) in enumerate(zip(views, leaves, strict=True)):
+        index, rows = [], []
+        for a, i in which.items():
+            row = row_of.get(a)
+            if row is not None:
+                index.append(i)
+                rows.append(row)
+        sumsq, bad = _leaf_sums(view.columns, np.array(index, np.int64))
+        known = ~np.isnan(sumsq)
+        at = np.array(rows, np.int64)
+        counted = np.bincount(at[known], minlength=len(groups)) > 0
+        values[counted, j] = np.sqrt(np.bincount(at[known], sumsq[known], len(groups))[counted])
+        nonfinite[:, j] = np.bincount(at, bad, len(groups)).astype(np.int64)
     return Norms(
         storage.url,
         tuple(v.name for v in views),
         tuple(groups),
-        tuple(values),
-        tuple(nonfinite),
+        tuple(map(tuple, values.tolist())),
+        tuple(map(tuple, nonfinite.tolist())),
         depth,
         damaged,
     )
+
+
+def _leaf_sums(columns: Columns, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For array leaves ``index`` of a checkpoint: the sum of the squares of each one's finite
+    elements (NaN where unknown) and its count of NaN and ±inf elements, from the stats column
+    (checked when the manifest was decoded)."""
+    sumsq = np.full(len(index), math.nan)
+    bad = np.zeros(len(index))
+    table = columns.stats
+    if table is not None:
+        rows = table[index]
+        known = rows["kind"] != _stats.UNKNOWN
+        sumsq[known] = rows["sumsq"][known]
+        bad[known] = (rows["nan"] + rows["posinf"] + rows["neginf"])[known]
+    return sumsq, bad
 
 
 # The doctests of the methods: the class reports itself as treestore.types.Norms, which hides its
