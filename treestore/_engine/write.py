@@ -58,7 +58,8 @@ class SaveOptions:
         stats: Record each array leaf's statistics in the manifest — NaN, +inf and -inf counts,
             min and max of the finite elements, L2 norm (float64) — measured while its chunks are
             hashed, so that health checks, ``treestore show --stats`` and retention read
-            manifests only (True or False; default True; see :meth:`Checkpoint.stats`).
+            manifests only (True or False; default True; see :meth:`Checkpoint.stats`). They
+            cost about as much CPU as the hashing (the benchmarks page has the figures).
 
     Raises:
         InvalidInputError: A value is out of its range (or ``stats`` is not a bool).
@@ -78,7 +79,7 @@ class SaveOptions:
     # Threads that write (and on a local disk, publish) chunks; those that hash and compress
     # are at most one per core where the disk is waited for by the others (compute_threads).
     threads: int = field(default_factory=default_threads)
-    stats: bool = True  # per-leaf statistics in the manifest (a few % of the hashing's time)
+    stats: bool = True  # per-leaf statistics in the manifest (CPU near the hashing's own)
 
     def __post_init__(self) -> None:
         if not 4096 <= self.chunk_size <= 256 * MiB:
