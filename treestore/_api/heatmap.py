@@ -19,15 +19,19 @@ NONFINITE = "!"  # the leaf holds NaN or ±inf there (or changed to or from them
 
 def top(values: Sequence[Sequence[float]], scale: str) -> list[float]:
     """What each row's levels are scaled to: its largest finite value, or the map's."""
+    return _tops(_table(values), scale).tolist()
+
+
+def _tops(table: np.ndarray, scale: str) -> np.ndarray:
+    """:func:`top` of a table made by :func:`_table`."""
     if scale not in ("row", "global"):
         raise InvalidInputError(f"scale must be 'row' or 'global', got {scale!r}")
-    table = _table(values)
     finite = np.where(np.isfinite(table), table, -np.inf)
     peaks = finite.max(axis=1, initial=-np.inf)
     tops = np.where(np.isfinite(peaks), peaks, 0.0)  # 0 for a row of no finite value
-    if scale == "global":
-        return [float(tops.max())] * len(tops) if len(tops) else []
-    return tops.tolist()
+    if scale == "global" and len(tops):
+        tops[:] = tops.max()
+    return tops
 
 
 def _table(values: Sequence[Sequence[float]]) -> np.ndarray:
@@ -69,8 +73,8 @@ def rows(
     """One line per address: its cells (``!`` where ``marked``), then ``max`` and the row's
     largest value; ``note`` (with ``{}`` for the number of marked cells) after a row with any.
     InvalidInputError when ``scale`` is neither ``"row"`` nor ``"global"``."""
-    tops = np.array(top(values, scale), np.float64)
     table = _table(values)
+    tops = _tops(table, scale)
     shown, absent = (ASCII_BLOCKS, ASCII_ABSENT) if ascii else (BLOCKS, ABSENT)
     chars = np.array([*shown, absent])  # level -1: the last, absent
     cells = chars[levels(table, tops)]
