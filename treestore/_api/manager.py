@@ -29,8 +29,11 @@ from treestore._api.retention import (
 from treestore._api.store import Store
 from treestore._api.tiers import Tiers
 from treestore._engine import write as _write
-from treestore._engine.snapshot import Background, HostSnapshot
+from treestore._engine.snapshot import Background, HostSnapshot, device_room
 from treestore._format.manifest import check_metadata
+from treestore._tree.jax_import import imported as jax_imported
+from treestore._tree.jax_import import jax
+from treestore._tree.leaves import Keep
 from treestore.errors import (
     CheckpointExistsError,
     CheckpointNotFoundError,
@@ -324,17 +327,31 @@ class CheckpointManager:
                 checkpoint=step_name(step),
             )
         if self._background is None:
-            prepared = _write.prepare(tree)
+            prepared = _write.prepare(tree, keep=self._options.keep)
             self._last_save = self._clock()
             self._commit(prepared, step, metadata, force)
             return True
-        prepared = self._snapshot.take(tree)
+        prepared = self._snapshot.take(tree, self._device_snapshot(tree))
         self._last_save = self._clock()
         self._pending = step
-        self._background.submit(lambda: self._commit(prepared, step, metadata, force))
+        self._background.submit(lambda: self._commit_snapshot(prepared, step, metadata, force))
         if preempted:
             self._collect(block=True)
         return True
+
+    def _commit_snapshot(self, prepared: _write.Prepared, step: int, metadata: Any, overwrite: bool) -> None:
+        try:
+            self._commit(prepared, step, metadata, overwrite)
+        finally:
+            self._snapshot.release()  # the device copies, as soon as they are written
+
+    def _device_snapshot(self, tree: Any) -> Keep | None:
+        """Which arrays of ``tree`` an async save copies on their devices (None: none)."""
+        keep, limit = self._options.keep, self._options.device_snapshot
+        if keep is None or limit == 0 or not jax_imported():
+            return None
+        leaves = jax.tree_util.tree_leaves(tree)
+        return keep if device_room(leaves, keep, limit) else None
 
     def _commit(self, prepared: _write.Prepared, step: int, metadata: Any, overwrite: bool) -> None:
         name = step_name(step)

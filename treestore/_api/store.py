@@ -167,7 +167,7 @@ class Store:
             options = dataclasses.replace(options, codec=codec)
         check_name(name)
         with paused_collector():  # one pause while the caller waits (see treestore._engine.collector_pause)
-            prepared = _write.prepare(tree)
+            prepared = _write.prepare(tree, keep=options.keep)
             return _write.write(
                 self.storage,
                 prepared,

@@ -8,7 +8,10 @@ It keeps the copies of the last snapshot and reuses them: a jax array that is th
 at the last snapshot holds the same bytes (jax arrays are immutable), so it is not copied again,
 and an array that changed is copied into the last snapshot's buffer of its address when the shape
 and dtype match, which avoids the page faults of fresh allocations. The price is one host copy of
-the tree, held until :meth:`HostSnapshot.clear`.
+the tree, held until :meth:`HostSnapshot.clear`. Where the devices have the memory, the big
+arrays are copied on their devices instead (:func:`device_room`), which stalls the caller for
+the time it takes to start the copies, and the save fetches them in a bounded window of host
+memory as it writes (:mod:`treestore._engine.device_fetch`).
 
 :class:`Background` runs one job at a time on one thread and keeps its error until it is collected.
 """
@@ -26,7 +29,7 @@ import numpy as np
 
 from treestore._engine.write import Prepared, prepare
 from treestore._tree.jax_import import jax
-from treestore._tree.leaves import ArrayLeaf, Leaf, off_cpu, prepare_leaf
+from treestore._tree.leaves import ArrayLeaf, Keep, Leaf, off_cpu, prepare_leaf
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,18 +65,32 @@ class HostSnapshot:
 
     def __init__(self) -> None:
         self._kept: dict[str, _Kept] = {}
+        self._copies: list[Any] = []  # device copies of the last take
 
     def clear(self) -> None:
-        """Drop the kept host copies."""
+        """Drop the kept host copies and free the device copies."""
         self._kept = {}
+        self.release()
 
-    def take(self, tree: Any) -> Prepared:
-        """Validate ``tree`` and copy its array leaves to host; raises before keeping anything."""
+    def take(self, tree: Any, on_device: Keep | None = None) -> Prepared:
+        """Validate ``tree`` and copy its array leaves to host; raises before keeping anything.
+
+        The jax arrays that ``on_device`` keeps are copied on their devices instead (the copy is
+        started, not waited for: the device orders it before any later use of the array, a
+        donation included), and the save fetches the copies while it writes. The caller checks
+        that the devices have the memory for them (:func:`device_room`).
+        """
+        self.release()
         kept = self._kept
+        copies: list[Any] = []
         same = {id(v) for k in kept.values() if k.source is not None and (v := k.source()) is not None}
         new: dict[str, _Kept] = {}
 
         def host_leaf(address: str, value: Any) -> Leaf:
+            if on_device is not None and isinstance(value, jax.Array) and on_device.kept(value):
+                copy = value.copy()
+                copies.append(copy)
+                return prepare_leaf(copy, address, keep=on_device)
             old = kept.get(address)
             if (
                 old is not None
@@ -96,7 +113,12 @@ class HostSnapshot:
 
         def start_copies(values: list[Any]) -> None:  # every device-to-host copy at once
             for x in values:
-                if isinstance(x, jax.Array) and id(x) not in same and off_cpu(x):
+                if (
+                    isinstance(x, jax.Array)
+                    and id(x) not in same
+                    and off_cpu(x)
+                    and not (on_device is not None and on_device.kept(x))
+                ):
                     with contextlib.suppress(Exception):  # np.asarray below copies anyway
                         x.copy_to_host_async()
 
@@ -104,9 +126,42 @@ class HostSnapshot:
             prepared = prepare(tree, leaf=host_leaf, before=start_copies)
         except BaseException:
             self._kept = {}  # some kept buffers may hold this tree's data now: trust none
+            for copy in copies:
+                copy.delete()
             raise
         self._kept = new
+        self._copies = copies
         return prepared
+
+    def release(self) -> None:
+        """Free the device copies of the last :meth:`take` (call once its tree is written)."""
+        copies, self._copies = self._copies, []
+        for copy in copies:
+            with contextlib.suppress(Exception):  # already deleted
+                copy.delete()
+
+
+def device_room(tree_leaves: list[Any], keep: Keep, limit: int | None) -> bool:
+    """Whether copies of the jax arrays of ``tree_leaves`` that ``keep`` keeps fit on their
+    devices: in at most ``limit`` bytes in all (None: no bound of the caller's), and in at most
+    half of what each device has free (where the device tells; a CPU does not)."""
+    need: dict[Any, int] = {}
+    for x in tree_leaves:
+        if isinstance(x, jax.Array) and keep.kept(x):
+            for shard in x.addressable_shards:
+                need[shard.device] = need.get(shard.device, 0) + int(shard.data.nbytes)
+    if limit is not None and sum(need.values()) > limit:
+        return False
+    for device, nbytes in need.items():
+        try:
+            memory = device.memory_stats()
+        except Exception:  # a backend without memory statistics
+            memory = None
+        if memory and "bytes_limit" in memory:
+            free = int(memory["bytes_limit"]) - int(memory.get("bytes_in_use", 0))
+            if nbytes > free // 2:
+                return False
+    return True
 
 
 def _private(leaf: ArrayLeaf, old: _Kept | None) -> ArrayLeaf:

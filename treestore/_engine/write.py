@@ -7,6 +7,7 @@ run in the background. Commit order: chunks, then the manifest, then the commit 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import functools
 import time
 from collections.abc import Callable
@@ -15,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from treestore._engine import device_stats as _device_stats
 from treestore._engine import distributed as _distributed
 from treestore._engine import locks as _locks
 from treestore._engine import trusted as _trusted
@@ -22,6 +24,7 @@ from treestore._engine.chunk_writer import ChunkWriter, Measured
 from treestore._engine.chunk_writer import SaveResult as SaveResult  # the result of write()
 from treestore._engine.collector_pause import paused_collector
 from treestore._engine.commit import commit
+from treestore._engine.device_fetch import Fetcher, Window
 from treestore._engine.packs import Packer
 from treestore._engine.threads import Batch, compute_threads, default_threads, shared_pool
 from treestore._format import paths as _paths
@@ -35,7 +38,9 @@ from treestore._format.limits import MAX_MANIFEST_BYTES
 from treestore._format.manifest import check_metadata, check_name
 from treestore._format.records import ChunkRef
 from treestore._storage.base import Storage
-from treestore._tree.leaves import ArrayLeaf, Leaf, ValueLeaf, prepare_leaf
+from treestore._tree.jax_import import imported as jax_imported
+from treestore._tree.jax_import import jax
+from treestore._tree.leaves import ArrayLeaf, Keep, Leaf, ValueLeaf, off_cpu, prepare_leaf
 from treestore._tree.structure import any_node, flatten
 from treestore.errors import CheckpointExistsError, InvalidInputError, UnsupportedLeafError
 
@@ -59,7 +64,21 @@ class SaveOptions:
             min and max of the finite elements, L2 norm (float64) — measured while its chunks are
             hashed, so that health checks, ``treestore show --stats`` and retention read
             manifests only (True or False; default True; see :meth:`Checkpoint.stats`). They
-            cost about as much CPU as the hashing (the benchmarks page has the figures).
+            cost about as much CPU as the hashing (the benchmarks page has the figures). Leaves
+            that live on an accelerator are measured there (float dtypes of up to 32 bits).
+        host_window: Bytes of host memory a save of arrays on an accelerator holds at most for
+            their transfers and chunks in flight: big leaves are fetched in slices, each
+            transfer started as soon as the window has room, and hashed, compressed and
+            written as it arrives (at least ``4 * chunk_size``; default 256 MiB).
+        device_path: Which jax arrays a save fetches while it writes, in ``host_window``, and
+            measures on their device: ``"auto"`` those off the CPU (default), ``"always"``
+            every jax array (CPU ones too), ``"never"`` none (every leaf is copied to the host
+            first and measured there).
+        device_snapshot: Bytes of device memory an async save of :class:`CheckpointManager` may
+            take to copy the tree on its devices, so that the training step is blocked only while
+            the copies are started (None, the default: up to half of what each device has free;
+            0: never, the tree is copied to host memory before ``save`` returns). A tree that
+            does not fit is copied to host memory.
 
     Raises:
         InvalidInputError: A value is out of its range (or ``stats`` is not a bool).
@@ -80,6 +99,9 @@ class SaveOptions:
     # are at most one per core where the disk is waited for by the others (compute_threads).
     threads: int = field(default_factory=default_threads)
     stats: bool = True  # per-leaf statistics in the manifest (CPU near the hashing's own)
+    host_window: int = 256 * MiB  # host bytes of device transfers and chunks in flight
+    device_path: str = "auto"  # which jax arrays are fetched while writing: auto, always, never
+    device_snapshot: int | None = None  # device bytes an async save's snapshot may take
 
     def __post_init__(self) -> None:
         if not 4096 <= self.chunk_size <= 256 * MiB:
@@ -92,6 +114,29 @@ class SaveOptions:
             raise InvalidInputError(f"threads must be between 1 and 256, got {self.threads}")
         if type(self.stats) is not bool:
             raise InvalidInputError(f"stats must be True or False, got {self.stats!r}")
+        if type(self.host_window) is not int or self.host_window < 4 * self.chunk_size:
+            raise InvalidInputError(
+                f"host_window must be an int of at least 4 * chunk_size ({4 * self.chunk_size}), "
+                f"got {self.host_window!r}"
+            )
+        if self.device_path not in ("auto", "always", "never"):
+            raise InvalidInputError(
+                f"device_path must be 'auto', 'always' or 'never', got {self.device_path!r}"
+            )
+
+        if self.device_snapshot is not None and (
+            type(self.device_snapshot) is not int or self.device_snapshot < 0
+        ):
+            raise InvalidInputError(
+                f"device_snapshot must be None or an int >= 0, got {self.device_snapshot!r}"
+            )
+
+    @property
+    def keep(self) -> Keep | None:
+        """Which jax arrays :func:`prepare` leaves on their devices for these options."""
+        if self.device_path == "never":
+            return None
+        return Keep(max(self.small_leaf, 1), cpu=self.device_path == "always")
 
 
 @dataclass(frozen=True)
@@ -113,14 +158,20 @@ def prepare(
     copy: bool = False,
     leaf: Callable[[str, Any], Leaf] | None = None,
     before: Callable[[list[Any]], None] | None = None,
+    keep: Keep | None = None,
 ) -> Prepared:
     """Validate every key and leaf and copy device arrays to host; raises before any write.
 
     With ``copy=True`` numpy leaves are copied too, so the caller may change them at once.
     ``leaf(address, value)`` replaces the default conversion of each leaf; ``before(values)``
-    sees every leaf value once the structure is validated, before any is converted.
+    sees every leaf value once the structure is validated, before any is converted. The jax
+    arrays that ``keep`` keeps stay on their devices, for :func:`write` to fetch (the caller must
+    not delete or donate them before the write); the transfers of the others are all started
+    before the first is waited for.
     """
-    make = leaf or (lambda address, value: prepare_leaf(value, address, copy=copy))
+    make = leaf or (lambda address, value: prepare_leaf(value, address, copy=copy, keep=keep))
+    if before is None and keep is not None:
+        before = functools.partial(start_transfers, keep=keep)
     found: list[tuple[str, Any]] = []
 
     def visit(address: str, value: Any) -> int:
@@ -146,6 +197,17 @@ def prepare(
             address=address if biggest else None,
         )
     return Prepared(nodes, tuple(leaves))
+
+
+def start_transfers(values: list[Any], keep: Keep | None = None) -> None:
+    """Start the device-to-host copy of every jax array of ``values`` that lives off the CPU
+    (and that ``keep`` does not keep), so that their transfers overlap."""
+    if not jax_imported():  # no jax array can be among them
+        return
+    for x in values:
+        if isinstance(x, jax.Array) and off_cpu(x) and not (keep is not None and keep.kept(x)):
+            with contextlib.suppress(Exception):  # np.asarray copies anyway
+                x.copy_to_host_async()
 
 
 def _converted(
@@ -183,17 +245,22 @@ def _is_equinox(x: Any) -> bool:
 
 
 def _plan_chunks(
-    data: np.ndarray[Any, Any],
+    data: Any,
     options: SaveOptions,
     submit: Callable[..., cf.Future[Measured]],
     private: bool,
     measure: bool,
+    fetcher: Fetcher,
 ) -> list[cf.Future[Measured]]:
-    raw = data.reshape(-1).view(np.uint8)
+    """The futures of the chunks of ``data``: host data's submitted now, a device array's (a leaf
+    or piece kept on its device) appended as :meth:`Fetcher.run` fetches them."""
     itemsize = data.dtype.itemsize
     step = max(itemsize, options.chunk_size // itemsize * itemsize)
-    width = plane_width(data.dtype)
-    dtype = data.dtype if measure else None
+    width = plane_width(np.dtype(data.dtype))
+    dtype = np.dtype(data.dtype) if measure else None
+    if not isinstance(data, np.ndarray):
+        return fetcher.add(data, step, lambda raw: submit(raw, width, True, dtype))
+    raw = data.reshape(-1).view(np.uint8)
     return [submit(raw[i : i + step], width, private, dtype) for i in range(0, raw.nbytes, step)]
 
 
@@ -342,6 +409,7 @@ def _submit_leaves(
     pack = packer.add
     chunked: list[tuple[int, bool]] = []  # the leaves with chunks of their own, or pieces; private
     kinds: list[int] = []  # each leaf's statistics kind; UNKNOWN where none is recorded
+    on_device: dict[int, list[Any]] = {}  # the leaves measured on their devices: kernel results
     # Statistics of real numbers, not of PRNG key data (looked up inline: at 100k leaves a
     # function call per leaf shows).
     kind_of = _stats.KIND_OF.get
@@ -356,10 +424,24 @@ def _submit_leaves(
         measure = kind != unknown
         if isinstance(leaf, ValueLeaf) or not (primary or leaf.sharded):
             plans.append(None)
+            continue
+        if measure and (leaf.source is not None or leaf.data is None):
+            kept = [leaf.source] if leaf.source is not None else _kept_pieces(leaf)
+            if kept and _device_stats.measurable(np.dtype(kept[0].dtype)):
+                on_device[i] = _device_stats.dispatch(kept)  # before the slices, on each device
+        if leaf.source is not None:  # kept on its device: chunked as it is fetched
+            plans.append(leaf.source)
+            chunked.append((i, True))
         elif leaf.data is None:  # sharded: small pieces packed now, big ones chunked below
             plans.append(
                 [
-                    (start, piece, pack(piece, i, measure) if 0 < piece.nbytes < small else piece)
+                    (
+                        start,
+                        piece,
+                        pack(piece, i, measure)
+                        if type(piece) is np.ndarray and 0 < piece.nbytes < small
+                        else piece,
+                    )
                     for start, piece in leaf.pieces
                 ]
             )
@@ -376,19 +458,37 @@ def _submit_leaves(
     ) -> cf.Future[Measured]:
         return pool.submit(writer.put_measured, raw, width, dtype, private=private)
 
+    fetcher = Fetcher(Window(options.host_window), options.chunk_size)
     for i, private in chunked:
-        plan, measure = plans[i], kinds[i] != unknown
-        if type(plan) is np.ndarray:
-            plans[i] = _plan_chunks(plan, options, submit, private, measure) if plan.nbytes else plan
+        plan = plans[i]
+        # chunks measured on the host unless the leaf is measured on its device (its host pieces
+        # still are: they were never on a device of their own)
+        measure = kinds[i] != unknown
+        if type(plan) is not list:  # host data, or a device array
+            measure_here = measure and i not in on_device
+            plans[i] = (
+                _plan_chunks(plan, options, submit, private, measure_here, fetcher) if plan.nbytes else plan
+            )
         else:
             plans[i] = [
                 (
                     start,
                     piece.shape,
-                    [ref] if type(ref) is tuple else _plan_chunks(piece, options, submit, private, measure),
+                    [ref]
+                    if type(ref) is tuple
+                    else _plan_chunks(
+                        piece,
+                        options,
+                        submit,
+                        private,
+                        measure and not (i in on_device and type(piece) is not np.ndarray),
+                        fetcher,
+                    ),
                 )
                 for start, piece, ref in plan
             ]
+    fetcher.run()  # every device leaf's chunks submitted: its futures are in plans
+    device_records = _device_records(prepared, on_device)
 
     packs: list[ChunkRef] = []
     small_records: dict[int, list[_stats.Record | None]] = {}
@@ -407,7 +507,7 @@ def _submit_leaves(
             refs = [plan]
         elif plan is None:  # another process writes it
             continue
-        elif type(plan) is np.ndarray:  # empty
+        elif type(plan) is not list:  # empty
             refs = []
         else:
             if leaf.sharded:
@@ -420,7 +520,8 @@ def _submit_leaves(
                         else:
                             ref, record = f.result()
                             got.append(ref_of(ref))
-                            records.append(record)
+                            if record is not None:  # None: measured on its device
+                                records.append(record)
                     refs += got
                     pieces.append((start, shape, len(got)))
             else:
@@ -428,15 +529,35 @@ def _submit_leaves(
                 for f in plan:
                     ref, record = f.result()
                     refs.append(ref_of(ref))
-                    records.append(record)
+                    if record is not None:  # None: measured on its device
+                        records.append(record)
             lock.refresh(_locks.STALE_AFTER)  # after waiting for chunks: keep the save's lock fresh
         stats = None
         if options.stats:
-            stats = _stats.combine(records, kinds[i])
+            stats = _stats.combine(records + device_records.get(i, []), kinds[i])
         sink.array(
             leaf.kind, leaf.dtype, leaf.shape, leaf.prng_impl, leaf.weak_type, refs, pieces, address, i, stats
         )
     return packs
+
+
+def _kept_pieces(leaf: ArrayLeaf) -> list[Any]:
+    """The pieces of a sharded leaf that stay on their devices (jax arrays)."""
+    return [piece for _, piece in leaf.pieces if type(piece) is not np.ndarray]
+
+
+def _device_records(prepared: Prepared, on_device: dict[int, list[Any]]) -> dict[int, list[_stats.Record]]:
+    """The records of the leaves (and kept pieces) measured on their devices, fetched together."""
+    order = sorted(on_device)
+    results = [r for i in order for r in on_device[i]]
+    blocks = iter(_device_stats.fetch(results))
+    out: dict[int, list[_stats.Record]] = {}
+    for i in order:
+        leaf = prepared.leaves[i][1]
+        assert isinstance(leaf, ArrayLeaf)
+        kept = [leaf.source] if leaf.source is not None else _kept_pieces(leaf)
+        out[i] = [_device_stats.record(next(blocks), int(x.size)) for x in kept]
+    return out
 
 
 def _commit(

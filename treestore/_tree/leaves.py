@@ -35,6 +35,10 @@ class ArrayLeaf:
 
     A sharded jax.Array is not gathered: ``pieces`` holds (start index, host data) of each shard
     this process owns (replica 0 only), ``data`` is None, and ``global_shape`` is its shape.
+
+    A big jax array that a save fetches while it writes (:func:`prepare_leaf` with ``keep``) has
+    ``data`` None and ``source``, the array on its device; a sharded one keeps its big pieces on
+    their devices too (jax arrays in ``pieces``).
     """
 
     kind: str
@@ -47,12 +51,14 @@ class ArrayLeaf:
     # Nothing but the save can reach the host data (a copy made for it, or a device array's
     # host copy, which jax never changes): a save reads it without a copy of its own.
     private: bool = False
+    source: Any = None  # the jax array whose bytes are fetched as they are written (data is None)
 
     @property
     def shape(self) -> tuple[int, ...]:
         if self.global_shape is not None:
             return self.global_shape
-        assert self.data is not None
+        if self.data is None:
+            return tuple(self.source.shape)
         return tuple(self.data.shape)
 
     @property
@@ -76,6 +82,18 @@ class ValueLeaf:
 Leaf = ArrayLeaf | ValueLeaf
 
 
+@dataclass(frozen=True)
+class Keep:
+    """Which jax arrays a save leaves on their devices, to fetch while it writes: those of at
+    least ``min_bytes`` bytes that live off the CPU, or (``cpu``) on any device."""
+
+    min_bytes: int
+    cpu: bool = False
+
+    def kept(self, x: jax.Array) -> bool:
+        return x.ndim > 0 and x.nbytes >= max(1, self.min_bytes) and (self.cpu or off_cpu(x))
+
+
 def _host(array: np.ndarray[Any, Any], copy: bool = False) -> np.ndarray[Any, Any]:
     """C-contiguous little-endian host data; the caller's array is never modified."""
     if array.dtype.byteorder == ">":
@@ -92,10 +110,11 @@ def off_cpu(x: jax.Array) -> bool:
         return False
 
 
-def prepare_leaf(value: object, address: str, *, copy: bool = False) -> Leaf:
+def prepare_leaf(value: object, address: str, *, copy: bool = False, keep: Keep | None = None) -> Leaf:
     """Classify one leaf, or raise UnsupportedLeafError naming its address and type.
 
-    jax arrays are copied to host here, once.
+    jax arrays are copied to host here, once; those that ``keep`` keeps (and the pieces of a
+    sharded one that it keeps) stay on their devices, for the save to fetch.
     """
     where = address or "(root)"
     kind = PY_KINDS.get(type(value))
@@ -134,14 +153,19 @@ def prepare_leaf(value: object, address: str, *, copy: bool = False) -> Leaf:
         name = _checked_name(np.dtype(value.dtype), address)
         _checked_shape(tuple(value.shape), np.dtype(value.dtype), address)
         weak = bool(getattr(value, "weak_type", False))
-        owned = _owned_shards(value)
+        owned = _owned_shards(value, keep)
         jax_copy = off_cpu(value)  # the host data is jax's own copy
         if owned is None:
+            if keep is not None and keep.kept(value):
+                source = value if value.is_fully_addressable else value.addressable_data(0)
+                return ArrayLeaf(kind, name, None, impl, weak_type=weak, private=True, source=source)
             whole = _whole(value)
             data = _host(whole, copy)
             return ArrayLeaf(kind, name, data, impl, weak_type=weak, private=jax_copy or data is not whole)
-        shards = tuple((s, _host(d, copy)) for s, d in owned)
-        copied = all(h is not d for (_, h), (_, d) in zip(shards, owned, strict=True))
+        shards = tuple((s, d if not isinstance(d, np.ndarray) else _host(d, copy)) for s, d in owned)
+        copied = all(
+            h is not d or not isinstance(d, np.ndarray) for (_, h), (_, d) in zip(shards, owned, strict=True)
+        )
         private = jax_copy or copied
         return ArrayLeaf(kind, name, None, impl, shards, tuple(value.shape), weak, private)
     if isinstance(value, (np.matrix, np.ma.MaskedArray)):
@@ -178,11 +202,12 @@ def _whole(x: jax.Array) -> np.ndarray[Any, Any]:
     return np.asarray(x.addressable_data(0))
 
 
-def _owned_shards(x: jax.Array) -> list[tuple[tuple[int, ...], np.ndarray[Any, Any]]] | None:
+def _owned_shards(x: jax.Array, keep: Keep | None = None) -> list[tuple[tuple[int, ...], Any]] | None:
     """(start, host data) of the shards of ``x`` this process writes, or None when ``x`` is
     not sharded (one device, or every device holds all of it). Each distinct shard is read from
     the device holding its replica 0, never gathered: one process holding every shard reads
-    each once, as each process of a multi-process save reads its own."""
+    each once, as each process of a multi-process save reads its own. Shards that ``keep``
+    keeps stay on their devices (their jax arrays stand for their data)."""
     sharding = x.sharding
     if sharding.is_fully_replicated or len(sharding.device_set) == 1:
         return None
@@ -191,7 +216,8 @@ def _owned_shards(x: jax.Array) -> list[tuple[tuple[int, ...], np.ndarray[Any, A
         if shard.replica_id != 0:  # one replica owner writes each distinct shard
             continue
         start = tuple(0 if s.start is None else int(s.start) for s in shard.index)
-        parts.append((start, np.asarray(shard.data)))
+        data = shard.data
+        parts.append((start, data if keep is not None and keep.kept(data) else np.asarray(data)))
     return parts
 
 

@@ -1,0 +1,151 @@
+"""The device path of a save (issue 44): statistics measured on the device, big leaves fetched in
+a bounded window of host memory, and the async manager's snapshot on the device. CI has no
+accelerator, so the path is forced onto the CPU (``device_path="always"``); on a TPU these tests
+run as they are and take the real path."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+import treestore
+from treestore._engine import device_fetch, device_stats
+from treestore._engine.chunk_writer import ChunkWriter
+from treestore._format import stats as host_stats
+
+ALWAYS = dict(device_path="always", chunk_size=1 << 20, host_window=4 << 20)
+
+
+def _cases() -> list[np.ndarray]:
+    rng = np.random.default_rng(0)
+    with_nonfinite = rng.standard_normal((300, 517)).astype(np.float32)
+    with_nonfinite[3, 4] = with_nonfinite[9, 9] = np.nan
+    with_nonfinite[5, 6] = np.inf
+    with_nonfinite[7, 7] = -np.inf
+    return [
+        with_nonfinite,
+        rng.standard_normal(70_000).astype(ml_dtypes.bfloat16),
+        rng.standard_normal(5000).astype(ml_dtypes.float8_e4m3fn),
+        rng.standard_normal(5000).astype(ml_dtypes.float8_e5m2),
+        rng.standard_normal(3000).astype(np.float16),
+        np.zeros((0, 3), np.float32),
+        np.array(3.5, np.float32),
+        np.full(10, np.nan, np.float32),
+        np.array([np.inf, -np.inf, 1.0], np.float32),
+        (rng.standard_normal(1000) * 1e30).astype(np.float32),  # squares beyond float32
+        (rng.standard_normal(1000) * 1e-30).astype(np.float32),  # squares below float32
+        np.concatenate([rng.standard_normal(200_000), [np.nan] * 3]).astype(np.float32),  # blocks
+    ]
+
+
+@pytest.mark.parametrize("index", range(len(_cases())))
+def test_device_statistics_equal_the_host_reference(index: int) -> None:
+    values = _cases()[index]
+    (got,) = device_stats.measure([jnp.asarray(values)])
+    want = host_stats.measure(values)
+    assert got[:6] == want[:6]  # kind, counts, minimum and maximum exactly
+    assert math.isclose(got[6], want[6], rel_tol=1e-5, abs_tol=0.0)
+
+
+def test_device_statistics_of_a_sharded_array_equal_the_host_reference() -> None:
+    devices = jax.devices()
+    values = np.random.default_rng(1).standard_normal((len(devices) * 64, 300)).astype(np.float32)
+    values[5, 5] = np.nan
+    mesh = jax.sharding.Mesh(np.array(devices), ("x",))
+    x = jax.device_put(values, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("x")))
+    store = treestore.Store("memory://device-path/sharded")
+    store.save({"w": x}, "a", options=treestore.SaveOptions(**ALWAYS))
+    got = store.open("a").stats("w")["w"]
+    want = host_stats.measure(values)
+    assert (got.nan, got.posinf, got.neginf, got.min, got.max) == (want[1], want[2], want[3], want[4], want[5])
+    assert math.isclose(got.l2, math.sqrt(want[6]), rel_tol=1e-5)
+    np.testing.assert_array_equal(np.asarray(store.load("a")["w"]), values)
+
+
+def test_a_save_through_the_device_path_stores_the_same_chunks() -> None:
+    rng = np.random.default_rng(2)
+    tree = {
+        "a": jnp.asarray(rng.standard_normal((1000, 3001)).astype(np.float32)),  # chunks span slices
+        "b": jnp.asarray(rng.standard_normal(700_000).astype(ml_dtypes.bfloat16)),
+        "c": jnp.arange(300_000, dtype=jnp.int32).reshape(1000, 300),  # measured on the host
+        "d": jnp.ones(10),
+        "e": np.ones(100_000),
+    }
+    store = treestore.Store("memory://device-path/same")
+    store.save(tree, "host", options=treestore.SaveOptions(**{**ALWAYS, "device_path": "never"}))
+    r = store.save(tree, "device", options=treestore.SaveOptions(**ALWAYS))
+    assert r.chunks_written == 0  # every chunk already stored by the save from host memory
+    assert treestore.diff(store.url + "#host", store.url + "#device").changed == ()
+    loaded = store.load("device")
+    for k, v in tree.items():
+        np.testing.assert_array_equal(np.asarray(loaded[k]), np.asarray(v))
+    a, b = store.open("host").stats(), store.open("device").stats()
+    for k in tree:
+        assert (a[k].nan, a[k].min, a[k].max) == (b[k].nan, b[k].min, b[k].max)
+        assert math.isclose(a[k].l2, b[k].l2, rel_tol=1e-6)
+
+
+def test_the_host_window_bounds_the_bytes_in_flight(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bytes fetched from the device and not yet stored, counted at the two ends (not by the
+    window itself), never exceed ``host_window``."""
+    window = 4 << 20
+    state = {"fetched": 0, "stored": 0, "most": 0}
+    fetch, put = device_fetch.to_host, ChunkWriter.put_measured
+
+    def counted_fetch(x):  # type: ignore[no-untyped-def]
+        out = fetch(x)
+        state["fetched"] += out.nbytes
+        state["most"] = max(state["most"], state["fetched"] - state["stored"])
+        return out
+
+    def counted_put(self, raw, *args, **kwargs):  # type: ignore[no-untyped-def]
+        try:
+            return put(self, raw, *args, **kwargs)
+        finally:
+            state["stored"] += raw.nbytes
+
+    monkeypatch.setattr(device_fetch, "to_host", counted_fetch)
+    monkeypatch.setattr(ChunkWriter, "put_measured", counted_put)
+    rng = np.random.default_rng(3)
+    tree = {f"w{i}": jnp.asarray(rng.standard_normal((777, 1111)).astype(np.float32)) for i in range(6)}
+    treestore.save("memory://device-path/window", tree, "a", options=treestore.SaveOptions(**ALWAYS))
+    total = sum(int(x.nbytes) for x in tree.values())
+    assert state["fetched"] >= total > 4 * window  # every byte came through the window, many times over
+    assert 0 < state["most"] <= window
+    loaded = treestore.load("memory://device-path/window", "a")
+    for k, v in tree.items():
+        np.testing.assert_array_equal(np.asarray(loaded[k]), np.asarray(v))
+
+
+def test_an_async_save_survives_the_next_step_donating_its_buffers(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The manager's snapshot is a copy on the device: the step that follows ``save`` donates the
+    saved arrays (their buffers are reused at once), and every step still saves what it held."""
+    step_fn = jax.jit(lambda s: jax.tree.map(lambda x: x * 2 + 1, s), donate_argnums=0)
+    state = {"w": jnp.ones((512, 1024)), "b": jnp.arange(100_000.0)}
+    options = treestore.SaveOptions(**ALWAYS)
+    expected = {}
+    with treestore.CheckpointManager(tmp_path, async_save=True, options=options, keep_last=10) as m:
+        for step in range(4):
+            expected[step] = jax.tree.map(np.array, state)
+            m.save(step, state, force=True)
+            state = step_fn(state)  # donates the arrays just saved
+        m.wait()
+    assert state["w"].is_deleted() is False
+    for step, want in expected.items():
+        got = treestore.load(str(tmp_path), f"step-{step:09d}")
+        for k in want:
+            np.testing.assert_array_equal(np.asarray(got[k]), want[k])
+
+
+def test_save_options_of_the_device_path_are_checked() -> None:
+    with pytest.raises(treestore.InvalidInputError, match="host_window"):
+        treestore.SaveOptions(host_window=1 << 20)
+    with pytest.raises(treestore.InvalidInputError, match="device_path"):
+        treestore.SaveOptions(device_path="sometimes")
+    with pytest.raises(treestore.InvalidInputError, match="device_snapshot"):
+        treestore.SaveOptions(device_snapshot=-1)

@@ -1,0 +1,248 @@
+"""Device arrays to host chunks, pipelined, in a bounded window of host memory.
+
+A save of arrays that live on an accelerator does not copy the whole tree to the host first. Each
+big leaf is cut on its device into slices of rows (a jitted slice, compiled once per shape,
+dtype and slice height); the transfer of each slice to the host starts as soon as the window has
+room for it, so that the transfers run ahead of the hashing and compression, and the host bytes
+of a slice are given back to the window when the last chunk cut from it has been stored. Chunks
+are cut at the same boundaries as a save from host memory (every ``chunk_size`` raw bytes of the
+leaf), so both store the same chunk objects; a chunk that spans two slices is put together in a
+buffer of its own, which the window counts too.
+
+The window holds a slice and the chunks that span its two ends: slices are made smaller where
+the window is small, and a leaf whose single row is bigger than a slice is fetched through a flat
+view of it.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures as cf
+import functools
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from treestore._tree.jax_import import jax
+
+MiB = 2**20
+SLICE = 16 * MiB  # bytes a slice aims at (several chunks: one transfer each)
+
+
+class Window:
+    """A budget of host bytes for slices fetched and chunks not yet stored; safe across threads.
+
+    ``peak`` is the most bytes ever held at once (for tests and benchmarks).
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+        self.peak = 0
+        self._cond = threading.Condition()
+
+    def try_take(self, nbytes: int) -> bool:
+        """Take ``nbytes`` if they fit (always, when nothing is held); whether they were taken."""
+        with self._cond:
+            if self.held and self.held + nbytes > self.limit:
+                return False
+            self.held += nbytes
+            self.peak = max(self.peak, self.held)
+            return True
+
+    def take(self, nbytes: int, stuck: int = 0) -> None:
+        """Take ``nbytes``, waiting until they fit, or until only ``stuck`` bytes are held (bytes
+        that wait for these: the chunk a slice began, which the next slice finishes)."""
+        with self._cond:
+            self._cond.wait_for(lambda: self.held <= stuck or self.held + nbytes <= self.limit)
+            self.held += nbytes
+            self.peak = max(self.peak, self.held)
+
+    def give(self, nbytes: int) -> None:
+        with self._cond:
+            self.held -= nbytes
+            self._cond.notify_all()
+
+
+@functools.cache
+def _slicer(rows: int, flat: bool) -> Any:
+    """A jitted ``x -> rows`` rows of ``x`` (of its flat view when ``flat``) from a start row."""
+    lax = jax.lax
+
+    def take(x: Any, start: Any) -> Any:
+        return lax.dynamic_slice_in_dim(x.reshape(-1) if flat else x, start, rows, 0)
+
+    return jax.jit(take)
+
+
+def to_host(x: Any) -> np.ndarray[Any, Any]:
+    """A device slice's host data (waits for its transfer)."""
+    return np.asarray(x)
+
+
+@dataclass
+class _Slice:
+    leaf: _Leaf
+    device: Any  # the slice on the device, its transfer started
+    skip: int  # its leading bytes that the slice before already fetched (a leaf's last slice
+    # ends at the leaf's end, so it may overlap the one before)
+    first: int  # the leaf byte of its first byte after ``skip``
+    end: int  # the leaf byte after its last
+    reserved: int  # window bytes taken for the slice's host copy
+    carry: int  # window bytes taken for the chunk that begins in it and ends in a later one
+
+
+@dataclass
+class _Leaf:
+    array: Any
+    step: int  # raw bytes per chunk
+    submit: Callable[[np.ndarray[Any, Any]], cf.Future[Any]]
+    futures: list[cf.Future[Any]] = field(default_factory=list)
+    carry: np.ndarray[Any, Any] | None = None  # a chunk that spans slices, as it fills
+    carry_at: int = 0
+    carry_reserved: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.array.nbytes)
+
+    def slices(self, target: int) -> list[tuple[Any, int, int, int, int]]:
+        """(slicer, start row, skip bytes, first new byte, end byte) of each slice of the leaf."""
+        x = self.array
+        nbytes = self.nbytes
+        row = nbytes // x.shape[0] if x.ndim and x.shape[0] else nbytes
+        flat = x.ndim == 0 or row > target
+        if flat:
+            row, count = x.dtype.itemsize, x.size
+        else:
+            count = x.shape[0]
+        rows = max(1, min(count, target // row))
+        if row * rows % self.step and self.step % row == 0 and rows * row >= self.step:
+            rows -= rows % (self.step // row)  # slices of whole chunks: no chunk spans two
+        out = []
+        for first in range(0, count, rows):
+            height = min(rows, count - first)  # the last slice is shorter (compiled once more)
+            out.append((_slicer(height, flat), first, 0, first * row, (first + height) * row))
+        return out
+
+    def carry_begun(self, first: int, end: int) -> int:
+        """The size of the chunk that begins in leaf bytes [first, end) and ends after them."""
+        if end >= self.nbytes:
+            return 0
+        begin = (end - 1) // self.step * self.step
+        return min(begin + self.step, self.nbytes) - begin if begin >= first and end % self.step else 0
+
+
+class Fetcher:
+    """Streams the chunks of device arrays to ``submit`` jobs in a window of host memory."""
+
+    def __init__(self, window: Window, chunk_size: int, target: int = SLICE) -> None:
+        """Slices of about ``target`` bytes (fewer where the window is small: a slice and the
+        two chunks that may span its ends fit in the window); chunks of at most ``chunk_size``."""
+        self.window = window
+        self.target = max(1, min(target, window.limit - 2 * chunk_size))
+        self._leaves: list[_Leaf] = []
+
+    def add(
+        self, array: Any, step: int, submit: Callable[[np.ndarray[Any, Any]], cf.Future[Any]]
+    ) -> list[cf.Future[Any]]:
+        """Plan ``array``'s chunks of ``step`` raw bytes, each stored by ``submit(raw bytes)``;
+        returns the list its chunks' futures are appended to, in order, by :meth:`run`."""
+        leaf = _Leaf(array, step, submit)
+        self._leaves.append(leaf)
+        return leaf.futures
+
+    def run(self) -> None:
+        """Fetch every planned leaf and submit its chunks; returns when every chunk is submitted
+        (not stored). Transfers are started ahead while the window has room."""
+        pending: collections.deque[_Slice] = collections.deque()
+        try:
+            for leaf in self._leaves:
+                if not leaf.nbytes:
+                    continue
+                for slicer, start, skip, first, end in leaf.slices(self.target):
+                    size = skip + end - first
+                    carry = leaf.carry_begun(first, end)
+                    while not self.window.try_take(size + carry):
+                        if not pending:
+                            self.window.take(size + carry, stuck=leaf.carry_reserved)
+                            break
+                        self._store(pending.popleft())
+                    try:
+                        device = slicer(leaf.array, start)
+                        device.copy_to_host_async()
+                    except BaseException:
+                        self.window.give(size + carry)
+                        raise
+                    pending.append(_Slice(leaf, device, skip, first, end, size, carry))
+            while pending:
+                self._store(pending.popleft())
+        finally:
+            for piece in pending:  # after an error: nothing will fetch them
+                self.window.give(piece.reserved + piece.carry)
+            self._leaves = []
+
+    def _store(self, piece: _Slice) -> None:
+        """Wait for ``piece``'s bytes and submit every chunk that they complete."""
+        leaf = piece.leaf
+        try:
+            raw = to_host(piece.device).reshape(-1).view(np.uint8)[piece.skip :]
+        except BaseException:
+            self.window.give(piece.reserved + piece.carry)
+            raise
+        piece.device = None
+        step, nbytes = leaf.step, leaf.nbytes
+        views: list[cf.Future[Any]] = []
+        i = 0
+        if leaf.carry is not None:  # finish the chunk that a slice before began
+            take = min(len(leaf.carry) - leaf.carry_at, len(raw))
+            leaf.carry[leaf.carry_at : leaf.carry_at + take] = raw[:take]
+            leaf.carry_at += take
+            i = take
+            if leaf.carry_at == len(leaf.carry):
+                reserved = leaf.carry_reserved
+                job = self._submit(leaf, leaf.carry)
+                job.add_done_callback(lambda _: self.window.give(reserved))
+                leaf.carry, leaf.carry_reserved = None, 0
+        while i < len(raw):
+            at = piece.first + i
+            chunk_end = min(at - at % step + step, nbytes)
+            if chunk_end <= piece.end:
+                views.append(self._submit(leaf, raw[i : i + chunk_end - at]))
+                i += chunk_end - at
+            else:  # the chunk runs on into the next slice: copied out, counted in piece.carry
+                leaf.carry = np.empty(chunk_end - at, np.uint8)
+                leaf.carry_at = len(raw) - i
+                leaf.carry[: leaf.carry_at] = raw[i:]
+                leaf.carry_reserved = piece.carry
+                i = len(raw)
+        self._give_after(views, piece.reserved)
+
+    def _give_after(self, jobs: list[cf.Future[Any]], nbytes: int) -> None:
+        """Give ``nbytes`` back to the window once every job of ``jobs`` has finished."""
+        if not jobs:
+            self.window.give(nbytes)
+            return
+        left = [len(jobs)]
+        lock = threading.Lock()
+
+        def done(_: cf.Future[Any]) -> None:
+            with lock:
+                left[0] -= 1
+                last = not left[0]
+            if last:
+                self.window.give(nbytes)
+
+        for job in jobs:
+            job.add_done_callback(done)
+
+    def _submit(self, leaf: _Leaf, raw: np.ndarray[Any, Any]) -> cf.Future[Any]:
+        future = leaf.submit(raw)
+        leaf.futures.append(future)
+        return future
+
+
+__all__ = ["SLICE", "Fetcher", "Window", "to_host"]
