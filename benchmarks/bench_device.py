@@ -400,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
                     if m == "treestore stats=False":
                         continue
                     results[kind]["memory"][m] = _child(args, f"memory:{kind}:{m}")
-        for kind, r in results.items():
+        for r in results.values():
             print(table(r["timed"], r["memory"]))
         if args.json:
             with open(args.json, "w") as f:

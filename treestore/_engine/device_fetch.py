@@ -87,9 +87,7 @@ def to_host(x: Any) -> np.ndarray[Any, Any]:
 class _Slice:
     leaf: _Leaf
     device: Any  # the slice on the device, its transfer started
-    skip: int  # its leading bytes that the slice before already fetched (a leaf's last slice
-    # ends at the leaf's end, so it may overlap the one before)
-    first: int  # the leaf byte of its first byte after ``skip``
+    first: int  # the leaf byte of its first byte
     end: int  # the leaf byte after its last
     reserved: int  # window bytes taken for the slice's host copy
     carry: int  # window bytes taken for the chunk that begins in it and ends in a later one
@@ -109,8 +107,8 @@ class _Leaf:
     def nbytes(self) -> int:
         return int(self.array.nbytes)
 
-    def slices(self, target: int) -> list[tuple[Any, int, int, int, int]]:
-        """(slicer, start row, skip bytes, first new byte, end byte) of each slice of the leaf."""
+    def slices(self, target: int) -> list[tuple[Any, int, int, int]]:
+        """(slicer, start row, first byte, end byte) of each slice of the leaf."""
         x = self.array
         nbytes = self.nbytes
         row = nbytes // x.shape[0] if x.ndim and x.shape[0] else nbytes
@@ -125,7 +123,7 @@ class _Leaf:
         out = []
         for first in range(0, count, rows):
             height = min(rows, count - first)  # the last slice is shorter (compiled once more)
-            out.append((_slicer(height, flat), first, 0, first * row, (first + height) * row))
+            out.append((_slicer(height, flat), first, first * row, (first + height) * row))
         return out
 
     def carry_begun(self, first: int, end: int) -> int:
@@ -163,8 +161,8 @@ class Fetcher:
             for leaf in self._leaves:
                 if not leaf.nbytes:
                     continue
-                for slicer, start, skip, first, end in leaf.slices(self.target):
-                    size = skip + end - first
+                for slicer, start, first, end in leaf.slices(self.target):
+                    size = end - first
                     carry = leaf.carry_begun(first, end)
                     while not self.window.try_take(size + carry):
                         if not pending:
@@ -177,7 +175,7 @@ class Fetcher:
                     except BaseException:
                         self.window.give(size + carry)
                         raise
-                    pending.append(_Slice(leaf, device, skip, first, end, size, carry))
+                    pending.append(_Slice(leaf, device, first, end, size, carry))
             while pending:
                 self._store(pending.popleft())
         finally:
@@ -189,7 +187,7 @@ class Fetcher:
         """Wait for ``piece``'s bytes and submit every chunk that they complete."""
         leaf = piece.leaf
         try:
-            raw = to_host(piece.device).reshape(-1).view(np.uint8)[piece.skip :]
+            raw = to_host(piece.device).reshape(-1).view(np.uint8)
         except BaseException:
             self.window.give(piece.reserved + piece.carry)
             raise
