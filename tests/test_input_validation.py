@@ -315,8 +315,11 @@ def test_property_readers_accept_whatever_a_save_commits(tree):
 
 def test_manager_refuses_a_self_containing_tree_with_a_clear_error(tmp_path):
     """The manager's async path looks at the leaves before validating: it must not let jax's
-    SystemError/RecursionError escape for a tree that contains itself (issue 12.4)."""
-    tree: dict[str, object] = {"w": np.ones(2)}
+    SystemError/RecursionError escape for a tree that contains itself (issue 12.4), also when jax
+    is imported and the save may copy arrays on their devices."""
+    import jax.numpy as jnp
+
+    tree: dict[str, object] = {"w": np.ones(2), "j": jnp.ones(2)}
     tree["me"] = tree
     with treestore.CheckpointManager(str(tmp_path / "s")) as mgr:
         with pytest.raises(treestore.InvalidInputError, match="contains itself"):

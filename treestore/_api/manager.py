@@ -29,10 +29,9 @@ from treestore._api.retention import (
 from treestore._api.store import Store
 from treestore._api.tiers import Tiers
 from treestore._engine import write as _write
-from treestore._engine.snapshot import Background, HostSnapshot, device_room
+from treestore._engine.snapshot import Background, HostSnapshot
 from treestore._format.manifest import check_metadata
 from treestore._tree.jax_import import imported as jax_imported
-from treestore._tree.jax_import import jax
 from treestore._tree.leaves import Keep
 from treestore.errors import (
     CheckpointExistsError,
@@ -331,7 +330,7 @@ class CheckpointManager:
             self._last_save = self._clock()
             self._commit(prepared, step, metadata, force)
             return True
-        prepared = self._snapshot.take(tree, self._device_snapshot(tree))
+        prepared = self._snapshot.take(tree, *self._device_snapshot())
         self._last_save = self._clock()
         self._pending = step
         self._background.submit(lambda: self._commit_snapshot(prepared, step, metadata, force))
@@ -345,13 +344,13 @@ class CheckpointManager:
         finally:
             self._snapshot.release()  # the device copies, as soon as they are written
 
-    def _device_snapshot(self, tree: Any) -> Keep | None:
-        """Which arrays of ``tree`` an async save copies on their devices (None: none)."""
+    def _device_snapshot(self) -> tuple[Keep | None, int | None]:
+        """Which arrays an async save may copy on their devices (None: none), and the bound on
+        the bytes of those copies; the snapshot checks the devices' room once the tree is valid."""
         keep, limit = self._options.keep, self._options.device_snapshot
         if keep is None or limit == 0 or not jax_imported():
-            return None
-        leaves = jax.tree_util.tree_leaves(tree)
-        return keep if device_room(leaves, keep, limit) else None
+            return None, None
+        return keep, limit
 
     def _commit(self, prepared: _write.Prepared, step: int, metadata: Any, overwrite: bool) -> None:
         name = step_name(step)

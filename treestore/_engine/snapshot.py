@@ -72,25 +72,26 @@ class HostSnapshot:
         self._kept = {}
         self.release()
 
-    def take(self, tree: Any, on_device: Keep | None = None) -> Prepared:
+    def take(self, tree: Any, on_device: Keep | None = None, device_limit: int | None = None) -> Prepared:
         """Validate ``tree`` and copy its array leaves to host; raises before keeping anything.
 
-        The jax arrays that ``on_device`` keeps are copied on their devices instead (the copy is
-        started, not waited for: the device orders it before any later use of the array, a
-        donation included), and the save fetches the copies while it writes. The caller checks
-        that the devices have the memory for them (:func:`device_room`).
+        The jax arrays that ``on_device`` keeps are copied on their devices instead when the
+        copies fit there (:func:`device_room`, with at most ``device_limit`` bytes in all): the
+        copy is started, not waited for (the device orders it before any later use of the array,
+        a donation included), and the save fetches the copies while it writes.
         """
         self.release()
         kept = self._kept
         copies: list[Any] = []
         same = {id(v) for k in kept.values() if k.source is not None and (v := k.source()) is not None}
         new: dict[str, _Kept] = {}
+        device: Keep | None = None  # on_device, once the validated leaves are known to fit
 
         def host_leaf(address: str, value: Any) -> Leaf:
-            if on_device is not None and isinstance(value, jax.Array) and on_device.kept(value):
+            if device is not None and isinstance(value, jax.Array) and device.kept(value):
                 copy = value.copy()
                 copies.append(copy)
-                return prepare_leaf(copy, address, keep=on_device)
+                return prepare_leaf(copy, address, keep=device)
             old = kept.get(address)
             if (
                 old is not None
@@ -112,12 +113,15 @@ class HostSnapshot:
             return leaf
 
         def start_copies(values: list[Any]) -> None:  # every device-to-host copy at once
+            nonlocal device
+            if on_device is not None and device_room(values, on_device, device_limit):
+                device = on_device
             for x in values:
                 if (
                     isinstance(x, jax.Array)
                     and id(x) not in same
                     and off_cpu(x)
-                    and not (on_device is not None and on_device.kept(x))
+                    and not (device is not None and device.kept(x))
                 ):
                     with contextlib.suppress(Exception):  # np.asarray below copies anyway
                         x.copy_to_host_async()
