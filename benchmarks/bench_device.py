@@ -26,6 +26,7 @@ the tree's bytes. Progress goes to stderr; one markdown table per tree goes to s
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -76,27 +77,37 @@ def _is_shape(x: Any) -> bool:
 
 
 def make_tree(kind: str, quick: bool, seed: int) -> Any:
-    """A fresh tree of device arrays (new buffers every call)."""
+    """A fresh tree of device arrays (new buffers every call), made by one compiled function."""
+    import jax
+
+    tree = _generator(kind, quick)(jax.numpy.asarray(seed, jax.numpy.int32))
+    jax.block_until_ready(tree)
+    return tree
+
+
+@functools.cache
+def _generator(kind: str, quick: bool) -> Any:
     import jax
     import jax.numpy as jnp
 
     shapes = decoder_shapes(quick) if kind == "decoder" else gpt2_shapes(quick)
     leaves, treedef = jax.tree.flatten(shapes, is_leaf=_is_shape)
     dtype = jnp.bfloat16 if kind == "decoder" else jnp.float32
-    keys = jax.random.split(jax.random.key(seed), len(leaves))
 
-    def normal(key: Any, shape: tuple[int, ...], scale: float) -> Any:
-        return (jax.random.normal(key, shape, jnp.float32) * scale).astype(dtype)
+    def generate(seed: Any) -> Any:
+        keys = jax.random.split(jax.random.key(seed), len(leaves))
+        made = [
+            (jax.random.normal(k, s, jnp.float32) * 0.02).astype(dtype)
+            for k, s in zip(keys, leaves, strict=True)
+        ]
+        params = jax.tree.unflatten(treedef, made)
+        if kind == "decoder":
+            return params
+        mu = jax.tree.map(lambda p: p * 0.5, params)  # normal × 0.01
+        nu = jax.tree.map(lambda p: p * p * 1e-4, params)
+        return {"params": params, "opt": {"mu": mu, "nu": nu, "count": seed}}
 
-    params = jax.tree.unflatten(treedef, [normal(k, s, 0.02) for k, s in zip(keys, leaves, strict=True)])
-    if kind == "decoder":
-        jax.block_until_ready(params)
-        return params
-    mu = jax.tree.map(lambda p: p * 0.5, params)  # normal × 0.01
-    nu = jax.tree.map(lambda p: p * p * 1e-4, params)
-    tree = {"params": params, "opt": {"mu": mu, "nu": nu, "count": jnp.asarray(seed, jnp.int32)}}
-    jax.block_until_ready(tree)
-    return tree
+    return jax.jit(generate)
 
 
 def tree_bytes(tree: Any) -> int:
@@ -392,19 +403,23 @@ def main(argv: list[str] | None = None) -> int:
                 out = peak_memory(kind, args.quick, rest[0], root)
             print(json.dumps(out))
             return 0
-        results = {}
+        results: dict[str, Any] = {}
+
+        def keep() -> None:  # every figure so far, so that a run cut short still reports
+            if args.json:
+                with open(args.json, "w") as f:
+                    json.dump(results, f, indent=1)
+
         for kind in args.trees.split(","):
             results[kind] = {"timed": _child(args, f"timed:{kind}"), "memory": {}}
+            keep()
             if not args.no_memory:
                 for m in SAVES:
                     if m == "treestore stats=False":
                         continue
                     results[kind]["memory"][m] = _child(args, f"memory:{kind}:{m}")
-        for r in results.values():
-            print(table(r["timed"], r["memory"]))
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(results, f, indent=1)
+                    keep()
+            print(table(results[kind]["timed"], results[kind]["memory"]), flush=True)
         return 0
     finally:
         shutil.rmtree(root, ignore_errors=True)

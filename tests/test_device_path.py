@@ -149,3 +149,50 @@ def test_save_options_of_the_device_path_are_checked() -> None:
         treestore.SaveOptions(device_path="sometimes")
     with pytest.raises(treestore.InvalidInputError, match="device_snapshot"):
         treestore.SaveOptions(device_snapshot=-1)
+
+
+def test_a_load_onto_an_accelerator_reads_in_groups_and_waits_for_old_copies(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With the default device an accelerator (forced here on the CPU), a ``like=`` load reads
+    the whole leaves in groups of at most the window's bytes (a bigger leaf alone), starts each
+    group's copies to the device before reading the next, and waits for a group's copies before
+    a third group is read: the tree is the one saved, leaf for leaf."""
+    from treestore._engine import load as load_module
+    from treestore._engine import load_leaves
+
+    window = 1 << 20
+    monkeypatch.setattr(load_module, "_to_accelerator", lambda: True)
+    monkeypatch.setattr(load_module, "LOAD_WINDOW", window)
+    events: list[tuple[str, int]] = []
+    read, block = load_leaves.read_leaves, jax.block_until_ready
+
+    def counted_read(reader, columns, which, *, threads):  # type: ignore[no-untyped-def]
+        out = read(reader, columns, which, threads=threads)
+        events.append(("read", sum(int(a.nbytes) for a in out.values())))
+        return out
+
+    def counted_block(x):  # type: ignore[no-untyped-def]
+        events.append(("wait", len(x)))
+        return block(x)
+
+    monkeypatch.setattr(load_leaves, "read_leaves", counted_read)
+    monkeypatch.setattr(jax, "block_until_ready", counted_block)
+    rng = np.random.default_rng(5)
+    sizes = [100_000, 60_000, 3_000, 700_000, 40_000, 90_000, 5, 200_000, 150_000]
+    tree = {f"w{i}": jnp.asarray(rng.standard_normal(n).astype(np.float32)) for i, n in enumerate(sizes)}
+    tree["step"] = 7
+    treestore.save("memory://device-path/grouped", tree, "a")
+    like = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) if hasattr(v, "shape") else 0 for k, v in tree.items()}
+    loaded = treestore.load("memory://device-path/grouped", "a", like=like)
+    assert loaded["step"] == 7
+    for k, v in tree.items():
+        if k != "step":
+            assert isinstance(loaded[k], jax.Array)
+            np.testing.assert_array_equal(np.asarray(loaded[k]), np.asarray(v))
+    reads = [n for what, n in events if what == "read"]
+    assert len(reads) >= 3 and sum(reads) == 4 * sum(sizes)
+    assert all(n <= window for n in reads if n != 4 * 700_000)  # the 2.8 MB leaf is read alone
+    waits = [i for i, (what, _) in enumerate(events) if what == "wait"]
+    assert len(waits) == len(reads) - 2  # before the third group's read and every one after
+    assert all(events[i - 1][0] == "read" and events[i - 2][0] == "read" for i in waits[:1])

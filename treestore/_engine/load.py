@@ -26,6 +26,7 @@ from treestore._format.commit_record import CommitRecord
 from treestore._format.frame import Frame
 from treestore._storage.base import Storage
 from treestore._tree import template as _template
+from treestore._tree.jax_import import imported as jax_imported
 from treestore._tree.jax_import import jax
 from treestore._tree.leaves import restore_array
 from treestore._tree.structure import rebuild
@@ -56,7 +57,35 @@ def load(
             return _rebuilt(storage, columns, wanted, rows, threads, trusted)
         if rows is None and columns.unread.any():  # completed for the template's leaves
             rows = np.flatnonzero(~columns.unread).tolist()
-        return _like(storage, columns, rows, like, prefix, cast, partial, threads)
+        window = LOAD_WINDOW if _to_accelerator() else None
+        return _like(storage, columns, rows, like, prefix, cast, partial, threads, window)
+
+
+LOAD_WINDOW = 256 * 2**20
+"""Bytes of whole leaves read before their copies to an accelerator start (see :func:`_like`)."""
+
+
+def _to_accelerator() -> bool:
+    """Whether jax's default device is an accelerator: a template's jax leaves go there."""
+    return jax_imported() and jax.default_backend() != "cpu"
+
+
+def _groups(slots: list[_template.Slot], positions: list[int], window: int | None) -> list[list[int]]:
+    """``positions`` (of ``slots``, in order) cut into runs of at most ``window`` stored bytes
+    each (a bigger leaf alone); one run without a window."""
+    if window is None:
+        return [positions] if positions else []
+    groups: list[list[int]] = []
+    run: list[int] = []
+    size = 0
+    for k, slot in zip(positions, slots, strict=True):
+        nbytes = 0 if slot.entry is None else slot.entry.nbytes
+        if run and size + nbytes > window:
+            groups.append(run)
+            run, size = [], 0
+        run.append(k)
+        size += nbytes
+    return [*groups, run] if run else groups
 
 
 def chosen(columns: Columns, select: _select.Patterns) -> set[str]:
@@ -116,16 +145,29 @@ def _like(
     cast: bool,
     partial: bool,
     threads: int,
+    window: int | None,
 ) -> Any:
     """The checkpoint as template ``like``: matched (every difference in one error), its leaves
-    read whole or, for a template sharded over several devices, shard by shard."""
+    read whole or, for a template sharded over several devices, shard by shard. With a
+    ``window``, the whole leaves are read in groups of about that many bytes, and each group's
+    copies to the devices run while the next group is read and decoded."""
     slots, treedef = _template.match(columns, rows, like, cast=cast, prefix=prefix, partial=partial)
     shardings = [_template.target_sharding(s) for s in slots]
-    whole = [s.entry for s, sharding in zip(slots, shardings, strict=True) if sharding is None]
     reader = _read.ChunkReader(storage, columns)  # one reader: packs are read once
-    which = np.array([e.index for e in whole if e is not None and e.is_array], np.int64)
-    found = _load_leaves.read_leaves(reader, columns, which, threads=threads)
-    arrays = {columns.addresses[i]: array for i, array in found.items()}
+    whole = [k for k, sharding in enumerate(shardings) if sharding is None]
+    restored: dict[int, Any] = {}
+    moving: list[list[Any]] = []  # the groups whose host-to-device copies may be under way
+    for group in _groups([slots[k] for k in whole], whole, window):
+        entries = [slots[k].entry for k in group]
+        which = np.array([e.index for e in entries if e is not None and e.is_array], np.int64)
+        found = _load_leaves.read_leaves(reader, columns, which, threads=threads)
+        for k in group:
+            entry = slots[k].entry
+            restored[k] = _template.restore(slots[k], None if entry is None else found.get(entry.index))
+        if window is not None:  # the copies run while the next group is read; two groups at most
+            moving.append([restored[k] for k in group])
+            if len(moving) > 2:
+                jax.block_until_ready(moving.pop(0))
     sharded = [(slot, s) for slot, s in zip(slots, shardings, strict=True) if s is not None]
 
     def read(wanted: list[tuple[_template.Stored, list[_region.Region]]]) -> list[list[np.ndarray]]:
@@ -133,10 +175,7 @@ def _like(
         return _region.read_many(reader, leaves, threads)
 
     placed = iter(_template.assemble_all(sharded, read))
-    leaves = [
-        _template.restore(slot, arrays.get(slot.address)) if sharding is None else next(placed)
-        for slot, sharding in zip(slots, shardings, strict=True)
-    ]
+    leaves = [restored[k] if sharding is None else next(placed) for k, sharding in enumerate(shardings)]
     return jax.tree_util.tree_unflatten(treedef, leaves)
 
 
