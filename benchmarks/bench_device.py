@@ -390,6 +390,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trees", default="decoder,gpt2")
     ap.add_argument("--tmp-root", default=None)
     ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory processes")
+    ap.add_argument("--memory-of", default=None, help="peak memory of these methods only (comma-separated)")
     ap.add_argument("--json", default=None, help="also write the raw figures here")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)  # timed:KIND or memory:KIND:METHOD
     args = ap.parse_args(argv)
@@ -415,7 +416,9 @@ def main(argv: list[str] | None = None) -> int:
             keep()
             if not args.no_memory:
                 for m in SAVES:
-                    if m == "treestore stats=False":
+                    if m == "treestore stats=False" or (
+                        args.memory_of and m not in args.memory_of.split(",")
+                    ):
                         continue
                     results[kind]["memory"][m] = _child(args, f"memory:{kind}:{m}")
                     keep()

@@ -86,12 +86,11 @@ class HostSnapshot:
         same = {id(v) for k in kept.values() if k.source is not None and (v := k.source()) is not None}
         new: dict[str, _Kept] = {}
         device: Keep | None = None  # on_device, once the validated leaves are known to fit
+        on_device_copies: dict[int, Any] = {}  # id of a kept array: its copy on its devices
 
         def host_leaf(address: str, value: Any) -> Leaf:
-            if device is not None and isinstance(value, jax.Array) and device.kept(value):
-                copy = value.copy()
-                copies.append(copy)
-                return prepare_leaf(copy, address, keep=device)
+            if device is not None and id(value) in on_device_copies:
+                return prepare_leaf(on_device_copies[id(value)], address, keep=device)
             old = kept.get(address)
             if (
                 old is not None
@@ -116,6 +115,11 @@ class HostSnapshot:
             nonlocal device
             if on_device is not None and device_room(values, on_device, device_limit):
                 device = on_device
+                originals = {id(x): x for x in values if isinstance(x, jax.Array) and on_device.kept(x)}
+                # One call starts every copy: a copy per leaf costs a dispatch per leaf.
+                made = jax.device_put(list(originals.values()), may_alias=False)
+                on_device_copies.update(zip(originals, made, strict=True))
+                copies.extend(made)
             for x in values:
                 if (
                     isinstance(x, jax.Array)
