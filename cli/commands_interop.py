@@ -134,4 +134,4 @@ def export(
 
 def _size(text: str | None) -> int | str | None:
     """--max-shard-size as export_file takes it: plain digits are bytes."""
-    return int(text) if text is not None and text.isdigit() else text
+    return int(text) if text is not None and text.isascii() and text.isdigit() and len(text) <= 20 else text

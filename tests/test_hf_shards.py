@@ -136,7 +136,9 @@ def test_sizes_and_shard_plan(tmp_path):
     assert hf_shards.parse_size("10KiB") == 10_240
     assert hf_shards.parse_size("1.5GB") == 1_500_000_000
     assert hf_shards.parse_size(123) == 123
-    for bad in ("5 parsecs", "GB", "", 0, -1, True, 1.5):
+    assert hf_shards.parse_size("3.000000000000000001KB") == 3000  # exact, not through a float
+    huge = ("1" * 400, "1" * 5000, "9" * 20 + "TB", 10**400, "²", "١٢")  # too big; digits outside ASCII
+    for bad in ("5 parsecs", "GB", "", 0, -1, True, 1.5, *huge):
         with pytest.raises(treestore.InvalidInputError, match="max_shard_size"):
             hf_shards.parse_size(bad)  # type: ignore[arg-type]
     url = memory()
@@ -260,6 +262,20 @@ def test_hostile_shard_sets_are_refused_naming_file_and_tensor(tmp_path):
     refused(f, treestore.UnsupportedFormatError, rf"{INDEX}: expected a safetensors index")
 
 
+def test_deeply_nested_json_is_refused_with_a_clear_error(tmp_path):
+    """An index or a safetensors header nested 100,000 deep: the format error, not RecursionError."""
+    deep = "[" * 100_000 + "]" * 100_000
+    folder = tmp_path / "index"
+    folder.mkdir()
+    (folder / INDEX).write_text(deep)
+    refused(folder, treestore.UnsupportedFormatError, "nested too deep")
+    text = deep.encode()
+    path = tmp_path / "deep.safetensors"
+    path.write_bytes(len(text).to_bytes(8, "little") + text)
+    with pytest.raises(treestore.UnsupportedFormatError, match="nested too deep"):
+        read_file(path)
+
+
 def test_index_over_its_cap(tmp_path, monkeypatch):
     f = shard_set(tmp_path / "big", two())
     monkeypatch.setattr(hf_shards, "INDEX_BYTES", 50)
@@ -277,12 +293,13 @@ def test_failed_export_leaves_no_index_and_no_shard(minilm, tmp_path, monkeypatc
     real = hf_shards._write_shard
     calls = []
 
-    def failing(ckpt, tmp, shard, metadata, advance):
-        calls.append(tmp)
+    def failing(ckpt, fd, shard, metadata, advance):
+        calls.append(fd)
         if len(calls) == 3:
-            tmp.write_bytes(b"partial")
+            os.write(fd, b"partial")
+            os.close(fd)
             raise OSError("disk full")
-        real(ckpt, tmp, shard, metadata, advance)
+        real(ckpt, fd, shard, metadata, advance)
 
     monkeypatch.setattr(hf_shards, "_write_shard", failing)
     with pytest.raises(OSError, match="disk full"):
@@ -294,13 +311,13 @@ KILLED = """
 import os, sys, time, treestore
 from treestore._api import hf_shards
 real, calls = hf_shards._write_shard, []
-def slow(ckpt, tmp, shard, metadata, advance):
-    calls.append(tmp)
+def slow(ckpt, fd, shard, metadata, advance):
+    calls.append(fd)
     if len(calls) == 3:
-        tmp.write_bytes(b"partial")
+        os.write(fd, b"partial")
         print("ready", flush=True)
         time.sleep(600)
-    real(ckpt, tmp, shard, metadata, advance)
+    real(ckpt, fd, shard, metadata, advance)
 hf_shards._write_shard = slow
 treestore.export_file(sys.argv[1], sys.argv[2], max_shard_size=sys.argv[3], overwrite=True)
 """
@@ -333,6 +350,52 @@ def test_killed_export_leaves_no_index(minilm, tmp_path):
         safetensors.numpy.load_file(p)  # complete, as the safetensors package checks it
     with pytest.raises(treestore.TreestoreError):
         treestore.import_file(tmp_path, memory() + "#t")
+    left = [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
+    assert len(left) == 1 and left[0].startswith(".model.tmp-")  # the killed export's partial shard
+    treestore.export_file(f"{minilm}#m", f"{tmp_path}/", max_shard_size="30MB", overwrite=True)
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # a later export removed it
+    assert treestore.import_file(tmp_path, memory() + "#t")
+
+
+def test_export_does_not_follow_links_planted_at_temporary_names(minilm, tmp_path, monkeypatch):
+    """Another user who can write into the output folder plants links where an export writes its
+    temporaries, at the name this process would have used before and at the exact random names it
+    will try (forced here): the files the links point to are untouched, and the export is whole."""
+    from treestore._api import temporary
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    out = tmp_path / "out"
+    out.mkdir()
+    tokens = iter(["a" * 12, "b" * 12] * 3 + [f"{i:012x}" for i in range(100)])
+    monkeypatch.setattr(temporary.secrets, "token_hex", lambda n: next(tokens))
+    for stem in ("model", "model.safetensors", "w.npz"):
+        os.symlink(victim, out / f".{stem}.tmp-{os.getpid()}")
+        for token in ("a" * 12, "b" * 12):
+            os.symlink(victim, out / f".{stem}.tmp-{os.getpid()}-{token}")
+    treestore.export_file(f"{minilm}#m", f"{out}/", max_shard_size="20MB")
+    tokens = iter(["a" * 12, "b" * 12] + [f"{i:012x}" for i in range(100, 200)])
+    treestore.export_file(f"{minilm}#m", out / "w.npz")
+    assert victim.read_text() == "precious"
+    assert treestore.import_file(out, memory() + "#t")
+    assert treestore.import_file(out / "w.npz", memory() + "#t")
+
+
+def test_abandoned_temporaries_of_running_processes_are_kept(tmp_path):
+    """Only a temporary whose process has ended is removed: another export may still be writing."""
+    from treestore._api import temporary
+
+    done = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    dead = int(done.stdout)
+    (tmp_path / f".model.tmp-{dead}-{'c' * 12}").write_bytes(b"partial")
+    (tmp_path / f".model.tmp-{os.getppid()}-{'d' * 12}").write_bytes(b"in progress")
+    (tmp_path / f".other.tmp-{dead}-{'e' * 12}").write_bytes(b"not this stem")
+    temporary.remove_abandoned(tmp_path, "model")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [f".model.tmp-{os.getppid()}-{'d' * 12}", f".other.tmp-{dead}-{'e' * 12}"]
+    )
 
 
 # --- command line ----------------------------------------------------------------------------------
@@ -354,6 +417,9 @@ def test_cli_export_max_shard_size_and_import_folder(minilm, tmp_path):
         cli, ["export", f"{minilm}#m", str(tmp_path / "x"), "--max-shard-size", "5 parsecs"]
     )
     assert r.exit_code == 2 and "not a size" in r.stderr
+    for bad in ("²", "1" * 5000, "1" * 400):  # a usage error, not a crash that asks for --debug
+        r = CliRunner().invoke(cli, ["export", f"{minilm}#m", str(tmp_path / "x"), "--max-shard-size", bad])
+        assert r.exit_code == 2 and "not a size" in r.stderr and "--debug" not in r.stderr, r.output
 
 
 def test_shard_set_to_and_from_a_store_on_s3(s3_backend, tmp_path):

@@ -16,6 +16,7 @@ import numpy as np
 from treestore._api import file_formats as _formats
 from treestore._api import hf_shards as _shards
 from treestore._api import orbax_folders as _orbax
+from treestore._api import temporary
 from treestore._api.checkpoint import Checkpoint
 from treestore._api.functions import resolve
 from treestore._api.lazy_leaf import LazyLeaf
@@ -228,23 +229,26 @@ def export_file(
             advance = counter(progress, nbytes)
             index = _shards.write_shards(ckpt, shards, out.parent, stem, st_meta, advance)
             return ExportResult(str(index), fmt, len(named), nbytes, len(shards))
-    tmp = str(out.with_name(f".{out.name}.tmp-{os.getpid()}"))
     if fmt == "orbax":
+        tmp = str(out.with_name(f".{out.name}.tmp-{os.getpid()}"))
         custom = source.get("custom_metadata") if source.get("format") == "orbax" else None
         _write_orbax(ckpt, out, tmp, custom if isinstance(custom, dict) else None, progress)
         return ExportResult(str(out), fmt, len(named), sum(e.nbytes for _, e in named))
     items = _leaves(ckpt, named, progress)
+    temporary.remove_abandoned(out.parent, out.name)
+    fd, made = temporary.create(out.parent, out.name)
     try:
-        if fmt == "safetensors":
-            _formats.write_safetensors(tmp, ((sep.join(n), v) for n, v in items), st_meta)
-        elif fmt == "npz":
-            _formats.write_npz(tmp, ((sep.join(n), v) for n, v in items))
-        else:
-            _formats.write_msgpack(tmp, items)
-        os.replace(tmp, out)
+        with os.fdopen(fd, "wb") as f:
+            if fmt == "npz":
+                _formats.write_npz(f, ((sep.join(n), v) for n, v in items))
+            elif fmt != "safetensors":
+                _formats.write_msgpack(f, items)
+        if fmt == "safetensors":  # safetensors writes by name: into the file made above
+            _formats.write_safetensors(str(made), ((sep.join(n), v) for n, v in items), st_meta)
+        os.replace(made, out)
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        if os.path.lexists(made):
+            os.unlink(made)
     if sharding:
         _shards.remove_stale(out.parent, stem, out)
     return ExportResult(str(out), fmt, len(named), nbytes)

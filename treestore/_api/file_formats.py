@@ -21,7 +21,7 @@ import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -171,6 +171,8 @@ def _st_tensors(path: Path) -> dict[str, StTensor]:
             header = json.loads(f.read(n))
         except ValueError as exc:
             raise UnsupportedFormatError(f"{invalid}: its header is not JSON ({exc})") from None
+        except RecursionError:
+            raise UnsupportedFormatError(f"{invalid}: its header is nested too deep") from None
     if not isinstance(header, dict):
         raise UnsupportedFormatError(f"{invalid}: its header is not a JSON object")
     base = 8 + n
@@ -316,14 +318,14 @@ def write_safetensors(tmp: str, items: Iterator[tuple[str, Any]], metadata: dict
         raise UnsupportedFormatError(f"safetensors cannot write these tensors: {exc}") from None
 
 
-def write_npz(tmp: str, items: Iterator[tuple[str, Any]]) -> None:
-    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED, allowZip64=True) as z:
+def write_npz(out: BinaryIO, items: Iterator[tuple[str, Any]]) -> None:
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED, allowZip64=True) as z:
         for key, array in items:  # what np.savez does, one array at a time
             with z.open(key + ".npy", "w", force_zip64=True) as f:
                 np.lib.format.write_array(f, np.asarray(array), allow_pickle=False)
 
 
-def write_msgpack(tmp: str, items: Iterator[tuple[tuple[str, ...], Any]]) -> None:
+def write_msgpack(out: BinaryIO, items: Iterator[tuple[tuple[str, ...], Any]]) -> None:
     try:
         from flax import serialization
     except ImportError:
@@ -334,4 +336,4 @@ def write_msgpack(tmp: str, items: Iterator[tuple[tuple[str, ...], Any]]) -> Non
         for part in names[:-1]:
             node = node.setdefault(part, {})
         node[names[-1]] = value
-    Path(tmp).write_bytes(serialization.msgpack_serialize(root))
+    out.write(serialization.msgpack_serialize(root))

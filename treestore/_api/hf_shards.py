@@ -23,12 +23,14 @@ import re
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from treestore._api import file_formats as _formats
+from treestore._api import temporary
 from treestore._api.checkpoint import Checkpoint
 from treestore._format.limits import MiB
 from treestore._format.record_views import Stored
@@ -37,6 +39,7 @@ from treestore.errors import DamagedError, InvalidInputError, StorageError, Unsu
 INDEX_SUFFIX = ".safetensors.index.json"
 DEFAULT_SHARD_SIZE = "5GB"  # what transformers' save_pretrained uses
 INDEX_BYTES = 64 * MiB  # the most of an index file read (a model of 100k tensors needs ~10 MiB)
+MAX_SHARD_SIZE = 2**63 - 1  # bytes a file offset can reach
 _UNITS = {
     "": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
     "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40,
@@ -50,15 +53,18 @@ def parse_size(value: int | str) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, str)):
         raise InvalidInputError(f"max_shard_size must be bytes or a size like '5GB', got {value!r}")
     if isinstance(value, str):
-        m = re.fullmatch(r"\s*(\d+(?:\.\d*)?)\s*([A-Za-z]*)\s*", value)
+        m = re.fullmatch(r"\s*([0-9]{1,20}(?:\.[0-9]{0,20})?)\s*([A-Za-z]*)\s*", value)
         unit = _UNITS.get(m.group(2).upper()) if m else None
         if m is None or unit is None:
+            shown = value if len(value) <= 40 else value[:40] + "..."
             raise InvalidInputError(
-                f"max_shard_size {value!r} is not a size; use bytes or e.g. '5GB', '500MB', '10KB'"
+                f"max_shard_size {shown!r} is not a size; use bytes or e.g. '5GB', '500MB', '10KB'"
             )
-        value = int(float(m.group(1)) * unit)
+        value = int(Fraction(m.group(1)) * unit)  # exact: no float to overflow or round
     if value < 1:
         raise InvalidInputError(f"max_shard_size must be at least 1 byte, got {value}")
+    if value > MAX_SHARD_SIZE:
+        raise InvalidInputError(f"max_shard_size must be at most {MAX_SHARD_SIZE:,} bytes (8 EiB), got more")
     return value
 
 
@@ -132,14 +138,15 @@ def _item_size(t: Tensor) -> int:
 
 def _write_shard(
     ckpt: Checkpoint,
-    tmp: Path,
+    fd: int,
     shard: list[Tensor],
     metadata: dict[str, str] | None,
     advance: Callable[[int], None] | None,
 ) -> None:
-    """Write one shard to ``tmp``: its header, then each tensor read from the checkpoint alone."""
+    """Write one shard to the file open as ``fd`` (closed after): its header, then each tensor
+    read from the checkpoint alone."""
     head, ordered = header(shard, metadata)
-    with open(tmp, "wb") as f:
+    with os.fdopen(fd, "wb") as f:
         f.write(head)
         for t in ordered:
             data = np.asarray(ckpt[t.entry.address])
@@ -185,12 +192,14 @@ def write_shards(
     index = folder / (stem + INDEX_SUFFIX)
     stale = [p for p in existing(folder, stem) if p.name not in names and p != index]
     placed: list[Path] = []
-    tmp = folder / f".{stem}.tmp-{os.getpid()}"
+    temporary.remove_abandoned(folder, stem)
+    tmp: Path | None = None
     try:
         if os.path.lexists(index):
             index.unlink()
         for name, shard in zip(names, shards, strict=True):
-            _write_shard(ckpt, tmp, shard, metadata, advance)
+            fd, tmp = temporary.create(folder, stem)
+            _write_shard(ckpt, fd, shard, metadata, advance)
             os.replace(tmp, folder / name)
             placed.append(folder / name)
         weight_map = {t.name: name for name, shard in zip(names, shards, strict=True) for t in shard}
@@ -198,14 +207,17 @@ def write_shards(
             "metadata": {"total_size": sum(t.nbytes for s in shards for t in s)},
             "weight_map": weight_map,
         }
-        tmp.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")  # as transformers writes it
+        fd, tmp = temporary.create(folder, stem)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(json.dumps(record, indent=2, sort_keys=True) + "\n")  # as transformers writes it
         os.replace(tmp, index)
     except BaseException:
         for p in placed:
             p.unlink(missing_ok=True)
         raise
     finally:
-        tmp.unlink(missing_ok=True)
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
     for p in stale:
         p.unlink(missing_ok=True)
     return index
@@ -245,6 +257,8 @@ def load_index(index: Path) -> tuple[dict[str, str], int | None]:
         record = json.loads(index.read_bytes())
     except ValueError as exc:
         raise UnsupportedFormatError(f"{index} is not JSON: {exc}") from None
+    except RecursionError:
+        raise UnsupportedFormatError(f"{index}: its JSON is nested too deep for an index") from None
     weight_map = record.get("weight_map") if isinstance(record, dict) else None
     if not isinstance(weight_map, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()

@@ -100,7 +100,7 @@ def _json_file(path: Path) -> Any:
     try:
         with open(path, "rb") as f:
             return json.loads(f.read(MAX_METADATA_BYTES + 1))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
 
 

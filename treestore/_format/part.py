@@ -193,7 +193,7 @@ def decode_summary(text: str, layout: bytes) -> Summary | str:
     error, another tree, or malformed text."""
     try:
         rec = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # nested too deep: no summary a process writes
         return "its summary is not valid JSON"
     if not isinstance(rec, dict) or type(rec.get("ok")) is not bool:
         return "its summary is malformed"
