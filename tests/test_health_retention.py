@@ -84,7 +84,7 @@ def test_without_keep_healthy_the_last_good_step_goes(tmp_path):
 
 def test_a_callers_check_and_unknown_statistics(tmp_path):
     """The caller's check over the statistics (a norm that exploded) marks a step unhealthy; a
-    step saved without statistics is unknown, kept as if healthy, never deleted for it."""
+    step saved without statistics is unknown: never taken for healthy, never deleted for it."""
     url = str(tmp_path / "run")
 
     def small_norm(info, stats):
@@ -99,7 +99,36 @@ def test_a_callers_check_and_unknown_statistics(tmp_path):
     off = treestore.SaveOptions(stats=False)
     with treestore.CheckpointManager(str(tmp_path / "off"), keep_last=1, async_save=False, options=off) as m:
         m.save(0, {"w": np.array([np.nan])})
-        assert m.latest_step(healthy=True) == 0  # unknown: not taken for unhealthy
+        assert m.latest_step(healthy=True) is None and m.steps() == [0]  # unknown, and kept
+        with pytest.raises(treestore.errors.CheckpointNotFoundError, match="none is known to hold no NaN"):
+            m.restore(healthy=True)
+
+
+def test_a_complex_leaf_holding_nan_is_never_healthy(tmp_path):
+    """Complex leaves have no statistics: a checkpoint holding one is of unknown health, so a NaN
+    inside it is never reported healthy (library, retention and the health command alike)."""
+    url = str(tmp_path / "run")
+    with treestore.CheckpointManager(url, keep_last=1, async_save=False) as m:
+        m.save(0, {"w": np.ones(3, np.float32), "z": np.ones(2, np.complex64)})
+        m.save(1, {"w": np.ones(3, np.float32), "z": np.array([np.nan, 1], np.complex64)})
+        assert treestore.open(f"{url}#step-000000001").healthy is None
+        assert m.latest_step(healthy=True) is None
+
+
+def test_an_unknown_newer_step_does_not_take_the_healthy_steps_protection(tmp_path):
+    """Steps 1-2 finite, 3-4 NaN, keep_last=2; step 5 saved without statistics: step 2, the
+    newest known healthy, is kept, and latest_step(healthy=True) names it."""
+    url = str(tmp_path / "run")
+    with treestore.CheckpointManager(url, keep_last=2, async_save=False) as m:
+        for step in (1, 2):
+            m.save(step, {"w": np.ones(3)})
+        for step in (3, 4):
+            m.save(step, {"w": np.array([np.nan, 1, 2])})
+        assert m.steps() == [2, 3, 4]
+    off = treestore.SaveOptions(stats=False)
+    with treestore.CheckpointManager(url, keep_last=2, async_save=False, options=off) as m:
+        m.save(5, {"w": np.ones(3)})
+        assert m.steps() == [2, 4, 5] and m.latest_step(healthy=True) == 2
 
 
 def test_the_remote_tier_keeps_its_last_healthy_step(tmp_path):

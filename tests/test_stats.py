@@ -294,7 +294,8 @@ def test_a_sound_record_still_reads_after_the_check():
 
 
 def test_statistics_cost_no_pass_over_a_leaf_the_save_does_not_measure():
-    """PRNG key data and complex numbers have no statistics; their records are unknown."""
+    """PRNG key data and complex numbers have no statistics; their records are unknown, and a
+    complex leaf without statistics makes the checkpoint's health unknown, never healthy."""
     import jax
 
     tree = {"key": jax.random.key(0), "c": np.ones(4, np.complex64)}
@@ -303,7 +304,9 @@ def test_statistics_cost_no_pass_over_a_leaf_the_save_does_not_measure():
     from treestore._engine.write import write
 
     write(store.storage, p, "k")
-    assert store.open("k").stats() == {} and store.open("k").healthy is True
+    assert store.open("k").stats() == {} and store.open("k").healthy is None
+    write(store.storage, prepare({"key": jax.random.key(0)}), "keys-only")
+    assert store.open("keys-only").healthy is True  # key data cannot hold NaN
 
 
 # --- readers: manifests only ----------------------------------------------------------------------

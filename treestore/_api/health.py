@@ -172,13 +172,22 @@ def nonfinite_leaves(columns: Columns) -> np.ndarray:
     return np.flatnonzero(found)
 
 
+_MAY_HOLD_NAN = np.array([_stats.kind_of(n) == _stats.FLOAT or n.startswith("complex") for n in DTYPE_NAMES])
+
+
 def health(columns: Columns) -> bool | None:
-    """Whether a checkpoint is healthy: False when a leaf holds NaN or ±inf, True when its
-    manifest has statistics and none does, None (unknown) when it has none and no Python scalar
-    says otherwise."""
+    """Whether a checkpoint is healthy: False when a leaf holds NaN or ±inf, True when every
+    leaf that could hold them (floating and complex arrays with elements) has statistics and
+    none does, None (unknown) otherwise: unknown is never taken for healthy."""
     if len(nonfinite_leaves(columns)):
         return False
-    return None if columns.stats is None else True
+    table = columns.stats
+    if table is None:
+        return None
+    rows = columns.leaves
+    arrays = (rows["kind"] < ARRAY_CODES) & (columns.leaf_nbytes > 0)
+    unmeasured = arrays & _MAY_HOLD_NAN[rows["dtype"]] & (table["kind"] == _stats.UNKNOWN)
+    return None if unmeasured.any() else True
 
 
 __all__ = ["ValueStats", "health", "leaf_stats", "nonfinite_leaves"]

@@ -129,8 +129,9 @@ class CheckpointManager:
         storage_options: fsspec options of the (local) store.
         trust_previous: False checks every chunk in the store instead of trusting the newest
             checkpoint's manifest.
-        keep_healthy: Never let retention delete the newest step whose statistics show no NaN/inf
-            while newer steps hold them (in both tiers).
+        keep_healthy: Never let retention delete the newest step known to be healthy (its
+            statistics show no NaN/inf; a step without statistics is unknown, never healthy),
+            in both tiers.
         healthy: ``healthy(info, stats) -> bool``, a further test of health over a step's
             :class:`StepInfo` and its statistics by address; a step it rejects counts as
             unhealthy, one it raises on as unknown (kept).
@@ -388,7 +389,7 @@ class CheckpointManager:
             # The steps being replicated stay until they are copied.
             busy = set() if self._replicator is None else self._replicator.busy()
             keep = self._policy.retained(infos) | busy
-            if set(infos) - keep:  # the newest step not known unhealthy stays (keep_healthy)
+            if set(infos) - keep:  # the newest step known healthy stays (keep_healthy)
                 keep |= kept_healthy(self.store, self._policy, infos)
             for step, info in infos.items():
                 if step not in keep:
@@ -576,7 +577,8 @@ class CheckpointManager:
             step = self.latest_step(healthy=True)
             if step is None:
                 raise CheckpointNotFoundError(
-                    f"no healthy step in {self.store.url}: every step holds NaN/inf"
+                    f"no healthy step in {self.store.url}: none is known to hold no NaN/inf "
+                    "(statistics showing none, and accepted by the healthy= check if one is set)"
                 )
         kwargs: dict[str, Any] = {"like": like, "select": select, "cast": cast, "partial": partial}
         if types is not None:

@@ -96,7 +96,7 @@ class Policy:
     keep_best: int | None = None
     best_metric: str | None = None
     best_mode: str | None = None
-    keep_healthy: bool = True  # never delete the newest step not known unhealthy (see kept_healthy)
+    keep_healthy: bool = True  # never delete the newest step known healthy (see kept_healthy)
     healthy: HealthCheck | None = None  # the caller's test, beside "no NaN/inf"
 
     def __post_init__(self) -> None:
@@ -192,17 +192,18 @@ def step_health(store: Store, info: StepInfo, check: HealthCheck | None = None) 
 def newest_healthy(
     store: Store, infos: Mapping[int, StepInfo], check: HealthCheck | None = None
 ) -> int | None:
-    """The newest step not known to be unhealthy (healthy or unknown), reading manifests from
-    the newest down until it finds one (usually one manifest); None when every step is unhealthy."""
+    """The newest step known to be healthy (unknown is never taken for healthy), reading
+    manifests from the newest down until it finds one; None when no step is known healthy."""
     for step in sorted(infos, reverse=True):
-        if step_health(store, infos[step], check) is not False:
+        if step_health(store, infos[step], check) is True:
             return step
     return None
 
 
 def kept_healthy(store: Store, policy: Policy, infos: Mapping[int, StepInfo]) -> set[int]:
-    """With ``policy.keep_healthy``, the newest step not known unhealthy: kept whatever the other
-    rules say, so that a run whose newest steps hold NaN/inf never loses its last good one."""
+    """With ``policy.keep_healthy``, the newest step known to be healthy: kept whatever the other
+    rules say, so that a run whose newest steps hold NaN/inf, or whose health is unknown (saved
+    without statistics, a manifest that cannot be read), never loses its last good step."""
     if not policy.keep_healthy or not infos:
         return set()
     found = newest_healthy(store, infos, policy.healthy)
