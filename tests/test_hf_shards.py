@@ -129,6 +129,18 @@ def test_overwrite_replaces_every_file_of_the_earlier_export(minilm, tmp_path):
     assert os.listdir(tmp_path) == ["model.safetensors"]  # index and shards gone
 
 
+def test_overwrite_refuses_a_folder_under_an_old_shards_name_before_writing(minilm, tmp_path):
+    """A folder under the name of an earlier export's shard: refused with a clear error before
+    any file is written, and the earlier export still imports."""
+    treestore.export_file(f"{minilm}#m", f"{tmp_path}/", max_shard_size="20MB")
+    before = sorted(os.listdir(tmp_path))
+    (tmp_path / "model-00002-of-00005.safetensors").unlink()
+    (tmp_path / "model-00002-of-00005.safetensors").mkdir()
+    with pytest.raises(treestore.InvalidInputError, match="is a folder"):
+        treestore.export_file(f"{minilm}#m", f"{tmp_path}/", max_shard_size="30MB", overwrite=True)
+    assert sorted(os.listdir(tmp_path)) == before
+
+
 def test_sizes_and_shard_plan(tmp_path):
     assert hf_shards.parse_size("5GB") == 5 * 10**9
     assert hf_shards.parse_size("500MB") == 500 * 10**6

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import uuid
 
 import msgpack
@@ -167,3 +168,30 @@ def test_cli_verify_repair_from(two, tmp_path):
     fixed = CliRunner().invoke(cli, ["verify", two, "--repair-from", backup])
     assert fixed.exit_code == 0, fixed.output
     assert "repaired 1 chunk(s)" in fixed.output and "ok: every digest matches" in fixed.output
+
+
+@pytest.mark.parametrize("planted", ["link", "fifo"])
+def test_a_link_or_fifo_in_the_repair_source_is_reported_and_the_rest_repaired(tmp_path, planted):
+    """A link (to a file outside the store) or a FIFO under a chunk's name in the source: that
+    chunk stays unrepaired and reported, and every other damaged chunk is still repaired."""
+    url, backup = str(tmp_path / "store"), str(tmp_path / "backup")
+    rng = np.random.default_rng(0)
+    tree = {k: rng.standard_normal(40_000).astype(np.float32) for k in ("a", "b", "c")}
+    treestore.save(url, tree, "s")
+    treestore.copy(f"{url}#s", backup)
+    paths = hostile.chunk_paths(url, "s")
+    for k in ("a", "b", "c"):
+        hostile.flip_byte(url, paths[k][0], -3)
+    target = os.path.join(backup, paths["a"][0])
+    os.remove(target)
+    if planted == "link":
+        outside = tmp_path / "outside"
+        outside.write_bytes(b"x" * 100)
+        os.symlink(outside, target)
+    else:
+        os.mkfifo(target)
+    report = treestore.verify(url, repair_from=backup)
+    assert len(report.repaired) == 2
+    assert [p.address for p in report.problems] == ["a"]
+    loaded = treestore.load(url, "s", select=["b", "c"])
+    assert all(loaded[k].tobytes() == tree[k].tobytes() for k in ("b", "c"))

@@ -205,6 +205,12 @@ def export_file(
     if (out.exists() or there) and not overwrite:
         found = str(out) if out.exists() else str(there[0])
         raise InvalidInputError(f"{found!r} exists; pass overwrite=True (--overwrite) to replace it")
+    folders = [p for p in there if p.is_dir() and not p.is_symlink()]
+    if folders:  # checked before anything is written: an export replaces files, never folders
+        raise InvalidInputError(
+            f"{str(folders[0])!r} is a folder where the export would replace a file of an earlier "
+            "export; move it away first"
+        )
     ckpt = resolve(src, storage_options)
     source = ckpt.metadata.get("source") if isinstance(ckpt.metadata, dict) else None
     source = source if isinstance(source, dict) else {}

@@ -290,10 +290,12 @@ def _checked(
 
 def _repair(storage: Storage, source: Storage, ref: ChunkRef) -> bool:
     """Write chunk ``ref``'s object from ``source`` into ``storage`` if the source holds it intact
-    (decoded and checked against its digest first); False if it does not."""
+    (decoded and checked against its digest first); False if it does not, or if what stands
+    under the chunk's name there cannot be read (a link, a FIFO, a failing read): the chunk stays
+    reported and the other chunks are still repaired."""
     try:
         data, _ = fetch_chunk(source, ref)
-    except (ChunkMissingError, ChunkDamagedError):
+    except (ChunkMissingError, ChunkDamagedError, StorageError):
         return False
     storage.write(_paths.chunk_path(ref.digest), [data])
     return True
