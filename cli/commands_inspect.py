@@ -286,31 +286,56 @@ def health(url: str, patterns: tuple[str, ...], as_json: bool) -> int:
     """Which checkpoints of the store at URL hold NaN or inf values, and in which leaves, from
     the statistics their manifests recorded at save: no chunk is read. For each leaf, the first
     checkpoint (oldest first) that held a non-finite value; each checkpoint is healthy, holds
-    NaN/inf, or is unknown (saved without statistics). PATTERNS (patterns over addresses) keep only
-    the leaves that match. Exit status 1 when any checkpoint holds NaN/inf."""
+    NaN/inf, or is unknown (saved without statistics), or is damaged (its commit record or
+    manifest cannot be read: named, and the others still reported). PATTERNS (patterns over
+    addresses) keep only the leaves that match. Exit status 1 when any checkpoint holds NaN/inf
+    or is damaged."""
     store = open_store(url)
-    infos = store.list()
+    infos = store.list(damaged=True)
     if not infos:
         require_store(store)
     rows: list[dict[str, Any]] = []
     first: dict[str, str] = {}
+    damaged = False
     for info in infos:
-        ckpt = store.open(info.name)
-        bad = ckpt.nonfinite()
+        problem = info.problem
+        if problem is None:
+            try:
+                ckpt = store.open(info.name)
+                bad = ckpt.nonfinite()
+            except treestore.errors.CheckpointNotFoundError:
+                continue  # deleted since the listing
+            except (treestore.DamagedError, treestore.UnsupportedFormatError) as exc:
+                problem = str(exc)
+        if problem is not None:
+            damaged = True
+            row = {"name": info.name, "created": info.created, "healthy": None, "nonfinite": []}
+            rows.append(row | {"problem": problem})
+            continue
         if patterns and bad:
             bad = [a for a in bad if a in set(_matching(ckpt, patterns))]
         healthy = False if bad else (None if ckpt.healthy is None else True)
         for a in bad:
             first.setdefault(a, info.name)
         rows.append({"name": info.name, "created": info.created, "healthy": healthy, "nonfinite": bad})
-    status = 1 if first else 0
+    status = 1 if first or damaged else 0
     if as_json:
         echo_json({"url": store.url, "checkpoints": rows, "first_nonfinite": first})
         return status
     state = {True: "ok", False: "NaN/inf", None: "unknown"}
-    cells = [[r["name"], state[r["healthy"]], _first(r["nonfinite"]) if r["nonfinite"] else ""] for r in rows]
+    cells = [
+        [
+            r["name"],
+            "damaged" if "problem" in r else state[r["healthy"]],
+            _first(r["nonfinite"]) if r["nonfinite"] else "",
+        ]
+        for r in rows
+    ]
     for line in render.table(["name", "values", "leaves with NaN/inf"], cells):
         click.echo(line)
+    for r in rows:
+        if "problem" in r:
+            click.echo(f"damaged: {r['name']}: {r['problem']}")
     if first:
         click.echo("")
         click.echo("first held NaN/inf:")

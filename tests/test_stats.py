@@ -481,3 +481,28 @@ def test_a_chunk_of_several_spans_is_measured_exactly(dtype, bad):
     assert kind == (INT if np_dtype.kind == "i" else FLOAT)
     assert (nan, posinf, neginf, lo, hi) == want[:5]
     assert math.sqrt(sumsq) == pytest.approx(want[5], rel=1e-12)
+
+
+def test_health_names_a_damaged_manifest_and_reports_the_rest(tmp_path):
+    """One manifest overwritten with garbage: ``treestore health`` still reports every other
+    checkpoint, names the damaged one and exits 1 (it gave up with exit 2 and one line)."""
+    import json
+
+    from .support import hostile
+
+    url = str(tmp_path / "run")
+    diverging_run(url)
+    hostile.damage_manifest(url, "step-2")
+    out = run_cli("health", url)
+    assert out.exit_code == 1, out.output
+    assert "damaged: step-2:" in out.output and "first held NaN/inf" in out.output
+    data = json.loads(run_cli("health", "--json", url).output)
+    assert [c["healthy"] for c in data["checkpoints"]] == [True, None, False, False, None]
+    assert "problem" in data["checkpoints"][1] and data["first_nonfinite"] == {
+        "opt/mu": "step-3",
+        "w": "step-4",
+    }
+    healthy = treestore.Store(url)
+    healthy.delete("step-3")
+    healthy.delete("step-4")
+    assert run_cli("health", url).exit_code == 1  # a damaged checkpoint alone is reason enough
