@@ -463,6 +463,41 @@ MUTATIONS: list[Mutation] = [
         ["tests/test_verify.py::test_a_repair_source_without_an_intact_copy_repairs_nothing"],
         "verify --repair-from writes a source object without checking it against its digest",
     ),
+    # --- health and exports (round 4) ---------------------------------------------------------
+    m(
+        "-inf is not unhealthy",
+        "treestore/_api/health.py",
+        '(table["nan"] | table["posinf"] | table["neginf"]) > 0',
+        '(table["nan"] | table["posinf"]) > 0',
+        ["tests/test_health_retention.py::test_negative_infinity_alone_makes_a_step_unhealthy"],
+        "a step holding -inf counts as healthy, and retention deletes the finite step before it",
+    ),
+    m(
+        "a healthy= check overrides recorded NaN",
+        "treestore/_api/retention.py",
+        "        if state is False or check is None:\n",
+        "        if check is None:\n",
+        ["tests/test_health_retention.py::test_a_check_that_accepts_everything_cannot_override_recorded_nan"],
+        "a caller's check that accepts everything makes a NaN step the one restore(healthy=True) loads",
+    ),
+    m(
+        "unknown health taken for healthy",
+        "treestore/_api/retention.py",
+        "        if step_health(store, infos[step], check) is True:\n",
+        "        if step_health(store, infos[step], check) is not False:\n",
+        [
+            "tests/test_health_retention.py::test_an_unknown_newer_step_does_not_take_the_healthy_steps_protection"
+        ],
+        "a step saved without statistics takes the last healthy step's protection, which is deleted",
+    ),
+    m(
+        "export temporaries through links",
+        "treestore/_api/temporary.py",
+        'os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)',
+        "os.O_WRONLY | os.O_CREAT | os.O_TRUNC",
+        ["tests/test_hf_shards.py::test_export_does_not_follow_links_planted_at_temporary_names"],
+        "an export writes shard bytes through a link planted at its temporary name, outside the folder",
+    ),
 ]
 
 PROBE = """\

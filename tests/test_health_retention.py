@@ -144,3 +144,28 @@ def test_the_remote_tier_keeps_its_last_healthy_step(tmp_path):
     # The same rule applied to a store directly.
     apply_retention(treestore.Store(remote), Policy(keep_last=1, keep_healthy=False))
     assert [c.name for c in treestore.Store(remote).list()] == ["step-000000002"]
+
+
+def test_negative_infinity_alone_makes_a_step_unhealthy(tmp_path):
+    """A step whose only non-finite value is -inf is unhealthy: retention keeps the finite step
+    before it, and the library and the CLI name it."""
+    url = str(tmp_path / "run")
+    with treestore.CheckpointManager(url, keep_last=1, async_save=False) as m:
+        m.save(0, {"w": np.ones(3, np.float32)})
+        m.save(1, {"w": np.array([1.0, -np.inf, 2.0], np.float32)})
+        assert treestore.open(f"{url}#step-000000001").healthy is False
+        assert m.steps() == [0, 1] and m.latest_step(healthy=True) == 0
+    found = json.loads(run_cli("health", "--json", url).output)
+    assert [c["healthy"] for c in found["checkpoints"]] == [True, False]
+
+
+def test_a_check_that_accepts_everything_cannot_override_recorded_nan(tmp_path):
+    """The caller's healthy= check is asked only of steps whose statistics show no NaN/inf: a
+    check that accepts every step never makes a NaN step healthy."""
+    url = str(tmp_path / "run")
+    with treestore.CheckpointManager(url, keep_last=1, async_save=False, healthy=lambda info, s: True) as m:
+        m.save(0, {"w": np.ones(3)})
+        m.save(1, {"w": np.array([np.nan, 1.0])})
+        assert m.steps() == [0, 1] and m.latest_step(healthy=True) == 0
+        restored = m.restore(healthy=True)
+        np.testing.assert_array_equal(np.asarray(restored["w"]), np.ones(3))
