@@ -498,6 +498,38 @@ MUTATIONS: list[Mutation] = [
         ["tests/test_hf_shards.py::test_export_does_not_follow_links_planted_at_temporary_names"],
         "an export writes shard bytes through a link planted at its temporary name, outside the folder",
     ),
+    m(
+        "commit trusts the object under its manifest's name",
+        "treestore/_engine/commit.py",
+        "    if storage.read_range(path, 0, len(manifest) + 1) != manifest:",
+        "    if storage.read_range(path, 0, 1) is None:",
+        ["tests/test_commit_order.py::test_a_commit_replaces_a_damaged_object_under_its_manifests_name"],
+        "a copy over a damaged object of the same name commits a checkpoint that does not load",
+    ),
+    m(
+        "gc ages objects without a modification time",
+        "treestore/_engine/gc.py",
+        "        return mtime is not None and now - mtime >= limit\n",
+        "        return mtime is None or now - mtime >= limit\n",
+        ["tests/test_gc_age.py"],
+        "gc deletes objects of a backend that reports no mtime, which may belong to a save in flight",
+    ),
+    m(
+        "lazy reads skip the digest",
+        "treestore/_engine/read.py",
+        "        self._decode(self._object(c, address, room), c, out, address, room)\n",
+        "        self._decode(self._object(c, address, room), c, out, address, room, check=False)\n",
+        ["tests/test_integrity.py::test_a_chunk_that_decodes_to_other_bytes_fails_every_lazy_read"],
+        "a slice of a leaf returns other bytes silently when a chunk object was replaced",
+    ),
+    m(
+        "addresses unbounded together",
+        "treestore/_format/columns_tree.py",
+        "    if int(length.sum()) > MAX_ADDRESSES_CHARS:\n",
+        "    if False:\n",
+        [ADDRESSES + "::test_many_leaves_under_one_long_key_are_refused_by_their_addresses_together"],
+        "a manifest under 1 MiB names hundreds of MiB of addresses, built by every reader",
+    ),
 ]
 
 PROBE = """\

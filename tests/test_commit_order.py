@@ -360,3 +360,31 @@ def test_chunks_still_waiting_when_one_cannot_take_its_name_are_removed(tmp_path
     monkeypatch.undo()
     assert 1 < calls < 25, calls  # some chunks were published, some never got their turn
     _nothing_left(store, chunks)
+
+
+@pytest.mark.parametrize("damage", ["flipped", "truncated", "longer"])
+def test_a_commit_replaces_a_damaged_object_under_its_manifests_name(tmp_path, damage):
+    """A copy commits exactly the source's manifest bytes, so their object name is known ahead: an
+    object already under that name whose bytes differ (damaged, cut short, or with bytes after
+    them) is replaced, never trusted, and the copy loads."""
+    from treestore._engine import committed as _committed
+
+    src, dst = str(tmp_path / "src"), str(tmp_path / "dst")
+    tree = {"w": np.arange(1000, dtype=np.float32), "b": np.ones(3)}
+    treestore.save(src, tree, "a")
+    storage = treestore.Store(src).storage
+    path = _paths.manifest_path(_committed.read_commit_record(storage, "a").manifest)
+    good = storage.read(path)
+    assert good is not None
+    bad = {
+        "flipped": good[:-8] + bytes([good[-8] ^ 0xFF]) + good[-7:],
+        "truncated": good[: len(good) // 2],
+        "longer": good + b"\0",
+    }[damage]
+    planted = Path(dst) / path
+    planted.parent.mkdir(parents=True)
+    planted.write_bytes(bad)
+    treestore.copy(f"{src}#a", dst)
+    assert planted.read_bytes() == good
+    assert_tree_equal(treestore.load(dst, "a"), tree)
+    assert treestore.verify(dst).ok

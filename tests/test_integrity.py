@@ -356,3 +356,31 @@ def test_a_load_hashes_packed_bytes_once(store_url, monkeypatch):
     got = treestore.load(store_url, "packed")
     assert all(np.array_equal(got[k], v) for k, v in tree.items())
     assert sum(hashed) == sum(v.nbytes for v in tree.values())
+
+
+@pytest.mark.parametrize(
+    "read",
+    [
+        pytest.param(lambda leaf: leaf[80:96], id="whole-chunks"),
+        pytest.param(lambda leaf: leaf[82:83], id="part-of-a-chunk"),
+        pytest.param(lambda leaf: leaf[70:90, 5], id="across-chunks-one-column"),
+        pytest.param(lambda leaf: leaf.region((slice(81, 200), slice(3, 9))), id="region"),
+        pytest.param(lambda leaf: np.asarray(leaf), id="whole-leaf"),
+    ],
+)
+def test_a_chunk_that_decodes_to_other_bytes_fails_every_lazy_read(store_url, read):
+    """A chunk object replaced by a well-formed object of other bytes decodes without complaint:
+    only its digest tells. Every read that touches it — whole chunks, part of one, a column
+    across several, a region, the whole leaf — raises ChunkDamagedError naming the leaf."""
+    from treestore._format import codecs
+
+    treestore.save(store_url, {"w": W}, "ckpt", options=treestore.SaveOptions(chunk_size=64 * 1024))
+    paths = hostile.chunk_paths(store_url, "ckpt")["w"]
+    assert len(paths) == 16  # rows 16k..16k+15 in chunk k
+    other = W[80:96].copy()
+    other[2, 7] += 1.0  # one element of row 82
+    hostile.storage(store_url).write(paths[5], codecs.encode(other.view(np.uint8).ravel(), 4, codecs.Codec()))
+    leaf = treestore.open(store_url, "ckpt")["w"]
+    np.testing.assert_array_equal(leaf[0:80], W[0:80])  # the other chunks read as they are
+    with pytest.raises(treestore.errors.ChunkDamagedError, match=r"w: chunk .* does not match its digest"):
+        read(leaf)

@@ -285,3 +285,28 @@ def test_a_save_refuses_an_address_over_the_bound(store_url):
         treestore.save(store_url, {"a" * MAX_ADDRESS_CHARS: {"b": 1}}, "long")
     assert str(MAX_ADDRESS_CHARS) in str(info.value) and info.value.address.startswith("aaaa")
     assert not treestore.Store(store_url).exists("long")
+
+
+@pytest.mark.timeout(120)
+def test_many_leaves_under_one_long_key_are_refused_by_their_addresses_together(store):
+    """20,000 leaves under one key of 16,000 characters: each address is within the bound of one,
+    but together they are 320 million characters, from a manifest of a few hundred KiB. Every
+    reader refuses it by the bound on all addresses together, within a small memory bound."""
+    from treestore._format.limits import MAX_ADDRESS_CHARS, MAX_ADDRESSES_CHARS
+
+    treestore.Store(store.url).save({"k": list(range(20_000))}, "wide")
+    ref = hostile.commit_record(store.url, "wide")
+    rec = msgpack.unpackb(store.storage.read(_paths.manifest_path(ref["manifest"])), raw=False)
+    long_key = "k" * (MAX_ADDRESS_CHARS - 400)
+    assert 20_000 * len(long_key) > MAX_ADDRESSES_CHARS
+    rec["segments"] = [long_key if s == "k" else s for s in rec["segments"]]
+    hostile.write_manifest(store.url, "wide", rec, leaves=ref["leaves"])
+    assert (
+        len(store.storage.read(_paths.manifest_path(hostile.commit_record(store.url, "wide")["manifest"])))
+        < 2**20
+    )
+    out = store.check(name="wide", ops=["manifest", "load", "open", "verify"], memory=128 * 2**20)
+    for op in ("manifest", "load", "open"):
+        assert isinstance(out[op].error, treestore.errors.ManifestDamagedError), (op, out[op])
+        assert "addresses add up to" in str(out[op].error) and "'wide'" in str(out[op].error)
+    assert not out["verify"].value.ok
