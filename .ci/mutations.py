@@ -530,6 +530,27 @@ MUTATIONS: list[Mutation] = [
         [ADDRESSES + "::test_many_leaves_under_one_long_key_are_refused_by_their_addresses_together"],
         "a manifest under 1 MiB names hundreds of MiB of addresses, built by every reader",
     ),
+    Mutation(
+        "a save looks for gc before announcing itself",
+        "treestore/_engine/locks.py",
+        (
+            ('    lock = Lock(storage, "save")\n', ""),
+            (
+                "        delay = min(delay * 2, 1.0)\n    return lock\n",
+                '        delay = min(delay * 2, 1.0)\n    return Lock(storage, "save")\n',
+            ),
+        ),
+        ("tests/test_locks.py::test_a_save_announces_itself_before_it_looks_for_a_gc",),
+        "a gc that starts while a save looks for gc locks deletes the chunks that save writes",
+    ),
+    m(
+        "a gc looks for saves before announcing itself",
+        "treestore/_engine/locks.py",
+        '        lock = Lock(storage, "gc")\n        saves = live_locks(storage, "save", stale_after)\n',
+        '        saves = live_locks(storage, "save", stale_after)\n        lock = Lock(storage, "gc")\n',
+        ["tests/test_locks.py::test_a_gc_announces_itself_before_it_looks_for_saves"],
+        "a save that starts while a gc looks for save locks writes chunks that gc deletes",
+    ),
 ]
 
 PROBE = """\

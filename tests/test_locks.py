@@ -359,3 +359,47 @@ def test_only_objects_named_like_locks_count_as_locks(tmp_path: Path, name: str)
     finally:
         stray.unlink()  # lets a blocked save go on
     assert not blocked and done == [None], f"the stray object locks/{name} held the save"
+
+
+def _between_announcing_and_looking(
+    monkeypatch: pytest.MonkeyPatch, kind: str, other: Callable[[], Any]
+) -> list[Any]:
+    """Run ``other`` the first time a ``kind`` lock looks for the other kind's locks, at the
+    moment a racing process could act: after its own lock is announced, if the order is kept."""
+    seen: list[Any] = []
+    looking_for = "gc" if kind == "save" else "save"
+    real = _locks.live_locks
+
+    def live_locks(storage, which, stale_after):  # type: ignore[no-untyped-def]
+        found = real(storage, which, stale_after)
+        if which == looking_for and not seen:
+            try:
+                seen.append(other())
+            except treestore.errors.StoreBusyError as exc:
+                seen.append(exc)
+        return found
+
+    monkeypatch.setattr(_locks, "live_locks", live_locks)
+    return seen
+
+
+def test_a_save_announces_itself_before_it_looks_for_a_gc(monkeypatch: pytest.MonkeyPatch):
+    """The lock order, made deterministic: a gc that starts between a save's look for gc locks
+    and the save's going on must see the save's lock (and defer), whatever the timing."""
+    store = _store()
+    seen = _between_announcing_and_looking(
+        monkeypatch, "save", lambda: _locks.gc_lock(store.storage, stale_after=3600, wait=0)
+    )
+    with _locks.save_lock(store.storage):
+        assert len(seen) == 1 and isinstance(seen[0], treestore.errors.StoreBusyError), seen
+
+
+def test_a_gc_announces_itself_before_it_looks_for_saves(monkeypatch: pytest.MonkeyPatch):
+    """The other side: a save that starts between a gc's look for save locks and the gc's going
+    on must see the gc's lock (and wait for it, here: give up at once)."""
+    store = _store()
+    seen = _between_announcing_and_looking(
+        monkeypatch, "gc", lambda: _locks.save_lock(store.storage, timeout=0)
+    )
+    with _locks.gc_lock(store.storage, stale_after=3600, wait=0):
+        assert len(seen) == 1 and isinstance(seen[0], treestore.errors.StoreBusyError), seen
