@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import struct
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -417,3 +419,57 @@ def test_overlapping_pieces_over_a_fine_grid_are_refused_without_counting_every_
     with pytest.raises(Bad, match="overlap"):
         check_tiling(start, extent, (n + 1, n + 1))
     assert (n + 1) ** 2 <= MAX_GRID_CELLS
+
+
+def test_two_pieces_that_overlap_and_leave_a_hole_are_refused_in_version_1(store):
+    """A leaf of two pieces made from its own two intact chunks: both at the top, so the bottom
+    half is covered by none. The bytes add up and every chunk matches its digest, so only the
+    tiling check tells: every reader refuses it (it would load uninitialised memory), and verify
+    reports it. The same two chunks tiling the leaf (top and bottom) load as saved. (The hostile
+    manifest is written in format version 1.)"""
+    want = np.asarray(treestore.load(store.url, "good", select="w")["w"])
+
+    def pieces(second_row: int) -> Callable[[dict[str, Any]], None]:
+        def change(m: dict[str, Any]) -> None:
+            leaf = next(x for x in m["leaves"] if x["address"] == "w")
+            c0, c1 = leaf.pop("chunks")
+            leaf["pieces"] = [[[0, 0], [128, 128], [c0]], [[second_row, 0], [128, 128], [c1]]]
+
+        return change
+
+    store.mutate_manifest(pieces(128), name="good")
+    np.testing.assert_array_equal(np.asarray(treestore.load(store.url, "good", select="w")["w"]), want)
+    store.mutate_manifest(pieces(0))
+    out = store.check(ops=["manifest", "load", "open", "verify"], memory=96 * MiB)
+    for op in ("manifest", "load", "open"):
+        assert isinstance(out[op].error, treestore.errors.ManifestDamagedError), errors(out)
+        assert "overlap or leave holes" in str(out[op].error)
+    assert not out["verify"].value.ok
+
+
+def test_two_pieces_that_overlap_and_leave_a_hole_are_refused(tmp_path):
+    """Format version 2: a leaf saved in two pieces (sharded over two devices), the second
+    piece's start moved onto the first. Its packed bytes and their digests are intact, so only
+    the tiling check tells: every reader refuses it (it would load uninitialised memory for the
+    bottom half), and verify reports it."""
+    import jax
+    import msgpack
+
+    from ._harness import check_readers
+
+    url = str(tmp_path / "store")
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("x",))
+    spec = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("x"))
+    values = np.arange(512.0, dtype=np.float32).reshape(16, 32)
+    treestore.save(url, {"w": jax.device_put(values, spec)}, "bad")
+    ref = hostile.commit_record(url, "bad")
+    rec = msgpack.unpackb(hostile.storage(url).read(_paths.manifest_path(ref["manifest"])), raw=False)
+    start = np.frombuffer(rec["piece_start"], "<u8").reshape(-1, 2)
+    assert rec["version"] == 2 and start.tolist() == [[0, 0], [8, 0]]
+    rec["piece_start"] = np.zeros_like(start).tobytes()
+    hostile.write_manifest(url, "bad", rec, leaves=ref["leaves"])
+    out = check_readers(url, good=None, ops=["manifest", "load", "open", "verify"])
+    for op in ("manifest", "load", "open"):
+        assert isinstance(out[op].error, treestore.errors.ManifestDamagedError), (op, out[op])
+        assert "overlap or leave holes" in str(out[op].error)
+    assert not out["verify"].value.ok
