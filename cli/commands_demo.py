@@ -15,6 +15,7 @@ from . import render
 from .commands_inspect import leaf_record, open_store, show_lines
 
 FOLDERS = {"checkpoints", "chunks", "manifests", "locks"}
+NOTE = "treestore demo"  # in the metadata of every checkpoint the demo saves
 WIDTH = 512  # a 512x512 float32 layer is 1 MiB: four chunks of 256 KiB
 CHUNK_SIZE = 256 * 1024
 
@@ -47,8 +48,8 @@ def same(a: Any, b: Any) -> bool:
 
 
 def fresh_store(folder: Path) -> treestore.Store:
-    """The demo store at ``folder``, emptied of an earlier run's checkpoints and chunks; refuses a
-    folder that holds anything else."""
+    """The demo store at ``folder``, emptied of an earlier demo's checkpoints and chunks; refuses a
+    folder that holds anything else, a store with checkpoints the demo did not save included."""
     if folder.exists():
         if not folder.is_dir():
             raise treestore.InvalidInputError(f"{folder} is a file, not a folder for the demo store")
@@ -59,10 +60,22 @@ def fresh_store(folder: Path) -> treestore.Store:
                 "give the demo a new folder: treestore demo DIR"
             )
     store = open_store(os.fspath(folder))
-    for info in store.list():
+    infos = store.list(damaged=True)
+    theirs = [i.name for i in infos if i.problem is not None or not _demo_metadata(i.metadata)]
+    if theirs:
+        raise treestore.InvalidInputError(
+            f"{folder} is a treestore store with {len(theirs)} checkpoint(s) the demo did not save "
+            f"({', '.join(theirs[:3])}{', ...' if len(theirs) > 3 else ''}); the demo deletes only its "
+            "own: give it another folder: treestore demo DIR"
+        )
+    for info in infos:
         store.delete(info.name)
     store.gc(grace=0)
     return store
+
+
+def _demo_metadata(metadata: Any) -> bool:
+    return isinstance(metadata, dict) and metadata.get("note") == NOTE
 
 
 def saved_line(label: str, r: treestore.types.SaveResult) -> str:
@@ -77,11 +90,12 @@ def saved_line(label: str, r: treestore.types.SaveResult) -> str:
 def demo(folder: str) -> int:
     """Run a short demonstration in a local store at DIR (default ./treestore-demo): save a small
     model as step-1, change one layer and save step-2 (only the changed chunks are written), load
-    step-2 back and check it bit for bit, then show and diff the two steps. Running it again starts
-    the store afresh."""
+    step-2 back and check it bit for bit, then show and diff the two steps. Running it again
+    replaces the demo's own two checkpoints; a folder holding anything else (another store's
+    checkpoints included) is refused and left as it is."""
     store = fresh_store(Path(folder))
     url = store.url
-    meta = {"model": "mlp-4x512", "note": "treestore demo"}
+    meta = {"model": "mlp-4x512", "note": NOTE}
     options = treestore.SaveOptions(chunk_size=CHUNK_SIZE)
     first = store.save(params(1), "step-1", metadata={**meta, "step": 1}, options=options)
     click.echo(saved_line("step-1", first))

@@ -201,6 +201,22 @@ def test_demo_is_rerunnable(tmp_path):
     assert "not empty" in error_line(run("demo", str(tmp_path / "other")))
 
 
+def test_demo_never_deletes_checkpoints_it_did_not_save(tmp_path):
+    """A store of the user's own is refused, whatever it holds, and left exactly as it was; so is
+    a demo store into which the user saved a checkpoint of their own."""
+    mine = tmp_path / "mine"
+    treestore.save(str(mine), {"w": np.arange(3.0)}, "run-7")
+    before = sorted(p.relative_to(mine) for p in mine.rglob("*"))
+    line = error_line(run("demo", str(mine)))
+    assert "1 checkpoint(s) the demo did not save (run-7)" in line and "treestore demo DIR" in line
+    assert sorted(p.relative_to(mine) for p in mine.rglob("*")) == before
+    demo = tmp_path / "demo"
+    assert run("demo", str(demo)).exit_code == 0
+    treestore.save(str(demo), {"w": np.arange(3.0)}, "mine", metadata={"note": "mine"})
+    assert "(mine)" in error_line(run("demo", str(demo)))
+    assert [c.name for c in treestore.Store(str(demo)).list()] == ["step-1", "step-2", "mine"]
+
+
 def test_errors(tmp_path):
     assert "no treestore store" in error_line(run("ls", str(tmp_path / "missing")))
     assert "no treestore store" in error_line(run("gc", str(tmp_path / "missing")))
