@@ -711,7 +711,7 @@ def test_missing_optional_package_names_the_extra(
         protos = cls.protocol if isinstance(cls.protocol, tuple) else (cls.protocol,)
         for p in {protocol, *protos}:
             monkeypatch.delitem(registry, p, raising=False)
-    hint = f"pip install 'treestore[{extra}]'"
+    hint = f"pip install 'treestore-jax[{extra}]'"
     for op in (
         lambda: treestore.Store(url),
         lambda: treestore.load(url),

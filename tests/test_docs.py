@@ -218,3 +218,35 @@ def test_public_docstrings_list_every_argument_and_the_return(qualname: str, obj
     problems = _docstring_problems(qualname, obj)
     if problems:
         pytest.fail("\n".join(problems), pytrace=False)
+
+
+def test_the_error_table_names_every_error_class_and_its_builtin() -> None:
+    """docs/index.md's table of errors names every class of treestore.errors (a class left out
+    is one users do not know to catch), each beside the builtin it also is."""
+    text = (ROOT / "docs/index.md").read_text()
+    table = text[text.index("## Errors") : text.index("## Addresses")]
+    classes = {
+        name: cls
+        for name, cls in vars(errors).items()
+        if isinstance(cls, type)
+        and issubclass(cls, errors.TreestoreError)
+        and cls.__module__ == errors.__name__
+        and cls is not errors.TreestoreError  # the base, named above the table
+    }
+    missing = [name for name in classes if not re.search(rf"`(errors\.)?{name}`", table)]
+    assert not missing, f"docs/index.md's error table leaves out {missing}"
+    for name, cls in classes.items():
+        builtin = next(
+            (
+                b.__name__
+                for b in cls.__mro__
+                if b.__module__ == "builtins"
+                and b is not Exception
+                and b is not BaseException
+                and b is not object
+            ),
+            None,
+        )
+        row = next(line for line in table.splitlines() if line.startswith("|") and f"{name}`" in line)
+        if builtin is not None and re.match(rf"\| `(errors\.)?{name}`", row):  # a group row names its builtin
+            assert f"`{builtin}`" in row, (name, builtin, row)

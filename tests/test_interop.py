@@ -429,7 +429,7 @@ def test_export_to_orbax_leaves_the_old_folder_when_orbax_fails(tmp_path, monkey
 def test_orbax_missing(tmp_path, monkeypatch):
     (tmp_path / "d").mkdir()
     monkeypatch.setitem(sys.modules, "orbax.checkpoint", None)
-    with pytest.raises(treestore.UnsupportedFormatError, match=r"pip install 'treestore\[orbax\]'"):
+    with pytest.raises(treestore.UnsupportedFormatError, match=r"pip install 'treestore-jax\[orbax\]'"):
         treestore.import_file(tmp_path / "d", memory() + "#x")
 
 

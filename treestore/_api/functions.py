@@ -55,7 +55,11 @@ def save(
         A :class:`treestore.types.SaveResult`.
 
     Raises:
-        InvalidInputError: A leaf or key is unsupported (before anything is written).
+        UnsupportedLeafError: A leaf has a type treestore cannot store (a ``TypeError``,
+            raised before anything is written; so are the errors below).
+        UnsupportedKeyError: A key cannot become an address (a ``TypeError``).
+        InvalidInputError: The name, an option or the tree is refused (a cycle, a tree too
+            deep, an address over its bound).
         CheckpointExistsError: ``name`` exists and ``overwrite`` is False.
 
     Examples:

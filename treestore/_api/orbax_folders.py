@@ -165,7 +165,7 @@ def _orbax(what: str) -> Any:
     except ImportError:
         raise UnsupportedFormatError(
             f"{what} needs the orbax-checkpoint package, which is not installed: "
-            "pip install 'treestore[orbax]'"
+            "pip install 'treestore-jax[orbax]'"
         ) from None
     return ocp
 

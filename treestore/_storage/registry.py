@@ -112,7 +112,7 @@ def open_storage(url: str | os.PathLike[str], storage_options: dict[str, Any] | 
         fs, root = fsspec.core.url_to_fs(url, **options)
     except ImportError as exc:
         extra = backend.extra if backend is not None else None
-        hint = f"; install it with: pip install 'treestore[{extra}]'" if extra else ""
+        hint = f"; install it with: pip install 'treestore-jax[{extra}]'" if extra else ""
         raise InvalidInputError(f"no filesystem for {url!r}: {exc}{hint}") from None
     except (ValueError, TypeError) as exc:
         raise InvalidInputError(f"not a usable store URL {url!r} (or storage options): {exc}") from None
