@@ -95,7 +95,10 @@ def gc(url: str, dry_run: bool, grace: float, wait: float, as_json: bool) -> int
     if report.locks_removed:
         click.echo(f"{verb} {report.locks_removed} stale lock(s)")
     if report.kept_young:
-        click.echo(f"kept {report.kept_young} unreferenced chunk(s) younger than {grace:g} s")
+        click.echo(
+            f"kept {report.kept_young} unreferenced chunk(s) younger than {grace:g} s (they may belong "
+            "to a save still running); when none runs, `--grace 0` removes them now"
+        )
     if report.damaged:
         names = ", ".join(report.damaged)
         click.echo(

@@ -7,6 +7,7 @@ traceback too with ``--debug``); commands that compare or check exit 1 to say "d
 
 from __future__ import annotations
 
+import re
 import sys
 import traceback
 from collections.abc import Sequence
@@ -27,6 +28,25 @@ from .context import Settings, parse_option
 ERROR = 2
 
 
+# The library's messages name its arguments; on the command line the flags are meant.
+_SPELLINGS = (
+    (re.compile(r"\b[a-z_]+=\S* \((--[a-z-]+)\)"), r"\1"),  # overwrite=True (--overwrite)
+    (re.compile(r"\([a-z_]+=\S*, (--[a-z-]+)\)"), r"(\1)"),  # (nest=False, --flat)
+    (re.compile(r"\bpass overwrite=True\b"), "pass --overwrite"),
+)
+
+
+def cli_spelling(message: str) -> str:
+    """``message`` with the library's argument spellings turned into the command's flags.
+
+    >>> cli_spelling("'a' exists; pass overwrite=True (--overwrite) to replace it")
+    "'a' exists; pass --overwrite to replace it"
+    """
+    for pattern, flag in _SPELLINGS:
+        message = pattern.sub(flag, message)
+    return message
+
+
 def _fail(message: str, settings: Settings, exc: BaseException | None = None) -> int:
     if exc is not None and settings.debug:
         traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
@@ -35,6 +55,37 @@ def _fail(message: str, settings: Settings, exc: BaseException | None = None) ->
     for line in rest:  # errors that list several problems keep one per line
         click.echo(f"  {line.strip()}", err=True)
     return ERROR
+
+
+_GLOBAL_FLAGS = {"-q", "--quiet", "--debug"}
+_GLOBAL_VALUED = {"-o", "--storage-option"}
+
+
+def globals_first(args: Sequence[str]) -> list[str]:
+    """``args`` with the global options moved before the subcommand, so that they may be given
+    anywhere (``treestore ls DIR -q``); nothing after ``--`` moves.
+
+    >>> globals_first(["ls", "DIR", "-q", "-o", "anon=true", "--", "-q"])
+    ['-q', '-o', 'anon=true', 'ls', 'DIR', '--', '-q']
+    """
+    front: list[str] = []
+    rest: list[str] = []
+    items = list(args)
+    i = 0
+    while i < len(items):
+        a = items[i]
+        if a == "--":
+            rest += items[i:]
+            break
+        if a in _GLOBAL_FLAGS or a.startswith("--storage-option=") or (a.startswith("-o") and a != "-o"):
+            front.append(a)
+        elif a in _GLOBAL_VALUED and i + 1 < len(items):
+            front += items[i : i + 2]
+            i += 1
+        else:
+            rest.append(a)
+        i += 1
+    return front + rest
 
 
 class TreestoreGroup(click.Group):
@@ -49,6 +100,7 @@ class TreestoreGroup(click.Group):
         **extra: Any,
     ) -> Any:
         settings = Settings()
+        args = globals_first(sys.argv[1:] if args is None else args)
         try:
             code = super().main(
                 args, prog_name or "treestore", complete_var, standalone_mode=False, obj=settings, **extra
@@ -65,7 +117,7 @@ class TreestoreGroup(click.Group):
         except click.Abort:
             code = _fail("aborted", settings)
         except treestore.TreestoreError as exc:
-            code = _fail(str(exc), settings, exc)
+            code = _fail(cli_spelling(str(exc)), settings, exc)
         except OSError as exc:  # a local file the command was given: missing, unwritable, ...
             code = _fail(str(exc), settings, exc)
         except KeyboardInterrupt:
@@ -117,7 +169,16 @@ def cli(ctx: click.Context, quiet: bool, debug: bool, storage_options: dict[str,
     settings.storage_options = storage_options
 
 
+def _plain(text: str | None) -> str | None:
+    """Help text without the docstrings' RST markup (``x`` prints as `x`)."""
+    return None if text is None else text.replace("``", "`")
+
+
 for command in (ls, show, diff, health, verify, gc, rm, cp, import_, export, demo, watch, timeline, derive):
+    command.help = _plain(command.help)
+    for param in command.params:
+        if isinstance(param, click.Option):
+            param.help = _plain(param.help)
     cli.add_command(command)
 
 

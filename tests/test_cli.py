@@ -217,11 +217,58 @@ def test_demo_never_deletes_checkpoints_it_did_not_save(tmp_path):
     assert [c.name for c in treestore.Store(str(demo)).list()] == ["step-1", "step-2", "mine"]
 
 
+def test_a_folder_that_is_no_store_is_named_so_by_every_command(tmp_path):
+    """Reading commands say there is no store at a path that is not one, in one wording, and
+    never that an absent folder has "no checkpoints in it"."""
+    (tmp_path / "empty").mkdir()
+    for where in (tmp_path / "missing", tmp_path / "empty"):
+        for command in (["show"], ["ls"], ["health"], ["timeline"], ["verify"], ["diff", str(where)]):
+            line = error_line(run(*command, str(where)))
+            assert line == f"treestore: error: no treestore store at {where}", (command, line)
+
+
+def test_global_options_go_anywhere(tmp_path):
+    """-q, --debug and -o work after the subcommand and its arguments too."""
+    assert run("demo", str(tmp_path / "d"), "-q").exit_code == 0
+    result = run("ls", str(tmp_path / "d"), "-q", "--debug", "-o", "auto_mkdir=true", "--json")
+    assert result.exit_code == 0, result.output
+    assert [c["name"] for c in json.loads(result.stdout)["checkpoints"]] == ["step-1", "step-2"]
+    assert "no treestore store" in error_line(run("ls", str(tmp_path / "nope"), "-q"))
+
+
+def test_gc_right_after_rm_names_the_grace_option(tmp_path):
+    folder = str(tmp_path / "d")
+    assert run("demo", folder).exit_code == 0
+    assert run("rm", f"{folder}#step-2").exit_code == 0
+    out = run("gc", folder).stdout
+    assert "removed 0 chunk(s)" in out and "younger than 600 s" in out and "`--grace 0`" in out
+    out = run("gc", folder, "--grace", "0").stdout
+    assert "removed 5 chunk(s) and 1 manifest(s)" in out and "younger" not in out
+
+
+def test_help_texts_print_no_rst_markup():
+    for name in cli.commands:
+        text = run(name, "--help").output
+        assert "``" not in text and ":class:" not in text and ":meth:" not in text, name
+
+
+def test_errors_name_the_flags_not_the_library_arguments(tmp_path):
+    folder = str(tmp_path / "d")
+    assert run("demo", folder).exit_code == 0
+    assert run("export", folder, str(tmp_path / "w.npz")).exit_code == 0
+    line = error_line(run("export", folder, str(tmp_path / "w.npz")))
+    assert "pass --overwrite to replace it" in line and "overwrite=True" not in line
+    line = error_line(run("export", folder, str(tmp_path / "w.bin")))
+    assert "say which with --format" in line and "format=" not in line
+    line = error_line(run("derive", f"{folder}#step-1", "step-2"))
+    assert "pass --overwrite" in line and "overwrite=True" not in line, line
+
+
 def test_errors(tmp_path):
     assert "no treestore store" in error_line(run("ls", str(tmp_path / "missing")))
     assert "no treestore store" in error_line(run("gc", str(tmp_path / "missing")))
     assert not (tmp_path / "missing").exists()
-    assert "no checkpoints" in error_line(run("show", str(tmp_path / "missing")))
+    assert "no treestore store at" in error_line(run("show", str(tmp_path / "missing")))
     assert "nosuchproto" in error_line(run("ls", "nosuchproto://x"))
     assert "No such command" in error_line(run("frobnicate"))
     assert "KEY=VALUE" in error_line(run("-o", "bad", "ls", str(tmp_path)))

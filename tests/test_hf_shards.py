@@ -488,3 +488,17 @@ def jax_leaves(tree):
     import jax
 
     return jax.tree_util.tree_leaves(tree)
+
+
+def test_cli_export_with_a_shard_size_to_a_bare_name_writes_a_folder(minilm, tmp_path):
+    """``export STORE hf2 --max-shard-size 20MB``: a destination without a file suffix is the
+    folder of the shard set, as ``hf2/`` is (it failed: "cannot tell the format of 'hf2'")."""
+    r = CliRunner().invoke(cli, ["export", f"{minilm}#m", str(tmp_path / "hf2"), "--max-shard-size", "20MB"])
+    assert r.exit_code == 0, r.output
+    check_shard_set(tmp_path / "hf2", 20_000_000)
+    r = CliRunner().invoke(
+        cli, ["export", f"{minilm}#m", str(tmp_path / "one.safetensors"), "--max-shard-size", "20MB"]
+    )
+    assert r.exit_code == 0, r.output  # a .safetensors path stays a file name: its shards beside it
+    assert (tmp_path / "one.safetensors.index.json").is_file()
+    assert len(list(tmp_path.glob("one-0000?-of-00005.safetensors"))) == 5

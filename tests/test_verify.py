@@ -103,8 +103,12 @@ def test_commit_record_that_disagrees_with_its_manifest(two):
 
 
 def test_nothing_to_verify(tmp_path):
-    with pytest.raises(treestore.errors.CheckpointNotFoundError, match="no checkpoints"):
+    with pytest.raises(treestore.errors.CheckpointNotFoundError, match="no treestore store at"):
         treestore.verify(tmp_path / "nothing")
+    treestore.save(tmp_path / "empty", {"x": 1}, "a")
+    treestore.Store(tmp_path / "empty").delete("a")
+    with pytest.raises(treestore.errors.CheckpointNotFoundError, match="no checkpoints in store"):
+        treestore.verify(tmp_path / "empty")
     treestore.save(tmp_path / "s", {"x": 1}, "a")
     with pytest.raises(treestore.errors.CheckpointNotFoundError, match="'b'"):
         treestore.verify(f"{tmp_path / 's'}#b")

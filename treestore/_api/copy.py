@@ -46,7 +46,6 @@ from treestore._storage.base import Storage
 from treestore._storage.registry import open_storage
 from treestore.errors import (
     CheckpointExistsError,
-    CheckpointNotFoundError,
     ChunkDamagedError,
     DamagedError,
     InvalidInputError,
@@ -147,7 +146,7 @@ def _names(src: Storage, name: str | None, all_checkpoints: bool) -> list[str]:
             raise InvalidInputError("copy every checkpoint (all_checkpoints=True) or one named one, not both")
         refs = [_committed.read_commit_record(src, n) for n in _committed.checkpoint_names(src)]
         if not refs:
-            raise CheckpointNotFoundError(f"no checkpoints in {src.url}")
+            raise _committed.not_found(src, None)
         return [r.name for r in sorted(refs, key=lambda r: (r.created, r.name))]
     return [check_name(name) if name is not None else _committed.newest_record(src).name]
 

@@ -144,8 +144,9 @@ def export_file(
     gets back the metadata block of the file it was imported from.
 
     Hugging Face's shard set: with ``max_shard_size`` (bytes, or a size such as ``"5GB"``,
-    ``"500MB"``: decimal units, as Hugging Face reads them), or with ``path`` a folder (existing,
-    or ending in ``/``) and ``format="safetensors"`` (5GB shards by default), tensors that exceed
+    ``"500MB"``: decimal units, as Hugging Face reads them; ``path`` is then a folder unless it
+    ends in ``.safetensors``), or with ``path`` a folder (existing, or ending in ``/``) and
+    ``format="safetensors"`` (5GB shards by default), tensors that exceed
     one shard go in ``model-00001-of-0000N.safetensors`` ... (``STEM-...`` next to a
     ``STEM.safetensors`` path) with a ``model.safetensors.index.json``, as transformers'
     ``save_pretrained`` writes them; tensors that fit in one shard go in one plain
@@ -262,10 +263,14 @@ def export_file(
 
 def _shard_folder(path: str | os.PathLike[str], format: str | None, max_shard_size: object) -> Path | None:
     """The folder to write Hugging Face's shard set in, when ``path`` names one (an existing folder,
-    or a path ending in ``/``) and the export is a safetensors one (``format``, or a
-    ``max_shard_size`` without a format: a folder alone means orbax)."""
+    a path ending in ``/``, or with ``max_shard_size`` a path without a file format's suffix) and
+    the export is a safetensors one (``format``, or a ``max_shard_size`` without a format: a
+    folder alone means orbax)."""
     text = os.fspath(path)
-    folder = Path(text).is_dir() or text.endswith(("/", os.sep))
+    named_file = Path(text).suffix.lower() in _formats.SUFFIXES
+    folder = (
+        Path(text).is_dir() or text.endswith(("/", os.sep)) or (max_shard_size is not None and not named_file)
+    )
     wanted = format == "safetensors" or (format is None and max_shard_size is not None)
     return Path(text) if folder and wanted else None
 

@@ -263,7 +263,7 @@ def readable(storage: Storage) -> tuple[list[Checkpoint], tuple[tuple[str, str],
     raises UnsupportedFormatError (as listing does: upgrade treestore)."""
     records, bad = _committed.committed_records(storage)
     if not records and not bad:
-        raise CheckpointNotFoundError(f"no checkpoints in {storage.url}")
+        raise _committed.not_found(storage, None)
     problems: dict[str, TreestoreError] = dict(bad)
     views = []
     for r in sorted(records, key=lambda r: (r.created, r.name)):

@@ -263,7 +263,7 @@ def verify(
     else:
         names = _committed.checkpoint_names(storage)
         if not names:
-            raise CheckpointNotFoundError(f"no checkpoints in {storage.url}")
+            raise _committed.not_found(storage, None)
     v = _checked(storage, names, name is not None, threads or default_threads(), progress)
     repaired: list[str] = []
     if repair_from is not None and v.bad:

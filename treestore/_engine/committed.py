@@ -43,7 +43,7 @@ def not_found(storage: Storage, name: str | None) -> CheckpointNotFoundError:
     there, else "no checkpoint 'NAME' in store URL (did you mean 'N1'?)" or "no checkpoints in
     store URL". Only this error path lists the store (a listing that fails adds nothing)."""
     if not _is_store(storage):
-        wanted = f" (looking for checkpoint {name!r})" if name is not None else " (no checkpoints in it)"
+        wanted = f" (looking for checkpoint {name!r})" if name is not None else ""
         return CheckpointNotFoundError(f"no treestore store at {storage.url}{wanted}", checkpoint=name)
     if name is None:
         return CheckpointNotFoundError(f"no checkpoints in store {storage.url}")
