@@ -137,3 +137,23 @@ def test_a_packed_leaf_a_load_refuses_is_not_copied(src):
         assert info.value.address == "b" and info.value.checkpoint == "step-2"
         assert "nothing was committed" in str(info.value)
     assert [i.name for i in treestore.Store(mem).list()] == ["step-2"]
+
+
+def test_a_copy_of_many_checkpoints_counts_each_chunk_once(tmp_path):
+    """Five checkpoints sharing one big leaf: the report counts chunk objects, not references
+    to them (a store of 55 chunks was reported as "251 already there")."""
+    url = str(tmp_path / "five")
+    for step in range(5):
+        treestore.save(url, tree(step), f"step-{step}")
+    stored = len(hostile.storage(url).list(_paths.CHUNKS))
+    mem = memory()
+    r = treestore.copy(url, mem, all_checkpoints=True)
+    assert (r.chunks_copied, r.chunks_present) == (stored, 0)
+    assert len(hostile.storage(mem).list(_paths.CHUNKS)) == stored
+    again = memory()
+    treestore.copy(f"{url}#step-0", again)
+    held = len(hostile.storage(again).list(_paths.CHUNKS))
+    r = treestore.copy(url, again, all_checkpoints=True)
+    assert r.unchanged == ("step-0",) and r.chunks_copied == stored - held
+    assert 1 <= r.chunks_present <= held  # the shared leaf's chunks at least, each once
+    assert len(hostile.storage(again).list(_paths.CHUNKS)) == stored

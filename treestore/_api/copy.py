@@ -65,9 +65,11 @@ class CopyReport:
         copied: The names of the checkpoints committed at the destination, in copy order.
         unchanged: The names of those the destination already held with the same contents
             (nothing was written for them).
-        chunks_copied: Chunk objects transferred.
+        chunks_copied: Chunk objects transferred (each once, however many of the copied
+            checkpoints share it).
         bytes_copied: Stored bytes transferred.
-        chunks_present: Chunk objects the destination already held (not transferred).
+        chunks_present: Chunk objects the destination already held (not transferred), each
+            counted once.
         chunks_trusted: Of those, the ones a checkpoint at the destination references, taken as
             present without a request.
     """
@@ -91,6 +93,7 @@ class _Copier:
         self.progress = progress
         self.copied = self.copied_bytes = self.present = self.trusted_hits = 0
         self.trusted: set[bytes] = set()  # chunks the destination holds (learned under its lock)
+        self.counted: set[bytes] = set()  # chunks counted in the report, once each
         self.done = self.total = 0
         self._lock = threading.Lock()
 
@@ -113,21 +116,23 @@ class _Copier:
                     problem = ChunkDamagedError(member_mismatch(c.digest, offset, size))
                     address = obj.addresses(np.array([row]))[0]
                     raise _refused(problem, address, obj.columns.name, self.src.url)
+        written = 0  # stored bytes transferred; -1: present, taken from trusted chunks
         if c.digest in self.trusted:
-            with self._lock:
-                self.present += 1
-                self.trusted_hits += 1
+            written = -1
         elif reusable_size(self.dst, c.digest, c.raw_size) is None:  # none, or a bad one: replace it
             if data is None:
                 data, _ = self._fetch(obj)
             self.dst.write(path, [data])
-            with self._lock:
-                self.copied += 1
-                self.copied_bytes += len(data)
-        else:
-            with self._lock:
-                self.present += 1
+            written = len(data)
         with self._lock:
+            if c.digest not in self.counted:  # each chunk object once, however many checkpoints share it
+                self.counted.add(c.digest)
+                if written > 0:
+                    self.copied += 1
+                    self.copied_bytes += written
+                else:
+                    self.present += 1
+                    self.trusted_hits += written < 0
             self.done += c.raw_size
             if self.progress is not None:
                 self.progress(self.done, self.total)
