@@ -64,12 +64,13 @@ def watch(url: str, timeout: float | None, since: str | None, as_json: bool) -> 
 
 @click.command("timeline", short_help="Show how much each leaf changed from checkpoint to checkpoint.")
 @click.argument("url")
+@click.argument("patterns", nargs=-1)
 @click.option(
     "--select",
-    "patterns",
+    "selected",
     multiple=True,
     metavar="PATTERN",
-    help="Only leaves matching PATTERN (repeatable).",
+    help="Only leaves matching PATTERN (repeatable); the same as giving PATTERNS after URL.",
 )
 @click.option(
     "--depth",
@@ -103,6 +104,7 @@ def watch(url: str, timeout: float | None, since: str | None, as_json: bool) -> 
 def timeline(
     url: str,
     patterns: tuple[str, ...],
+    selected: tuple[str, ...],
     depth: int | None,
     scale: str,
     html_file: Path | None,
@@ -110,12 +112,14 @@ def timeline(
     as_json: bool,
 ) -> int:
     """For the checkpoints of the store at URL, oldest first, show the relative L2 change
-    ||b - a|| / ||a|| of each array leaf (or group, with --depth) from one checkpoint to the
-    next: one row per leaf, one character per step, blank where unchanged, '·' where the leaf is
-    absent. Only the chunks that changed are read. With --norms, each leaf's L2 norm at each
-    checkpoint instead, '!' where it holds NaN/inf, from the statistics recorded at save:
-    nothing but manifests is read. A damaged checkpoint is left out and named with its problem
-    (``damaged`` with --json); the exit status is then 1."""
+    ||b - a|| / ||a|| of each array leaf matching PATTERNS (all without; or of each group, with
+    --depth) from one checkpoint to the next: one row per leaf, one character per step, blank
+    where unchanged, '·' where the leaf is absent. Only the chunks that changed are read.
+    With --norms, each leaf's L2 norm at each checkpoint instead, '!' where it holds NaN/inf,
+    from the statistics recorded at save: nothing but manifests is read. A damaged checkpoint
+    is left out and named with its problem (``damaged`` with --json); the exit status is
+    then 1."""
+    patterns = patterns + selected
     store = open_store(url)
     require_store(store)
     if norms:

@@ -10,7 +10,7 @@ import click
 import treestore
 
 from . import render
-from .context import echo_json, settings
+from .context import echo_json, progress, settings
 
 JSON = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 
@@ -375,9 +375,15 @@ def diff(a: str, b: str, patterns: tuple[str, ...], values: bool, old_stats: boo
     limit the comparison. Exit status 0 when identical, 1 when different, 2 on error."""
     if old_stats:
         click.echo("treestore: diff --stats is deprecated: use --values", err=True)
-    result = treestore.diff(
-        a, b, values=values or old_stats, select=patterns or None, storage_options=settings().storage_options
-    )
+    with progress("diff") as bar:  # reading leaves by value can take a while; manifests alone do not
+        result = treestore.diff(
+            a,
+            b,
+            values=values or old_stats,
+            select=patterns or None,
+            storage_options=settings().storage_options,
+            progress=bar,
+        )
     if as_json:
         echo_json(result.to_json())
     else:

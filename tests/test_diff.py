@@ -330,3 +330,20 @@ def test_diff_of_leaves_saved_in_pieces_agrees_with_the_entries_and_with_numpy(t
             assert got["w"].change.frac_changed == pytest.approx(16 / w.size)
     d = {x.address: x for x in treestore.diff(f"{url}#b", f"{url}#whole", values=True).leaves}
     assert (d["w"].status, d["w"].chunks_changed, d["same"].status) == ("unchanged", None, "unchanged")
+
+
+def test_a_diff_of_values_reports_progress_chunk_by_chunk():
+    url = f"memory://diff-progress/{uuid.uuid4().hex}"
+    w = np.random.default_rng(0).standard_normal((1024, 1024)).astype(np.float32)
+    options = treestore.SaveOptions(chunk_size=256 * 1024)
+    treestore.save(url, {"w": w, "same": np.ones(1000)}, "a", options=options)
+    treestore.save(url, {"w": w * 2, "same": np.ones(1000)}, "b", options=options)
+    calls: list[tuple[int, int]] = []
+    d = treestore.diff(
+        f"{url}#a", f"{url}#b", values=True, progress=lambda done, total: calls.append((done, total))
+    )
+    assert d.changed == ("w",)
+    assert calls[0] == (0, 2 * w.nbytes) and calls[-1] == (2 * w.nbytes, 2 * w.nbytes)
+    assert len(calls) == 17 and [c for c, _ in calls] == sorted(c for c, _ in calls)
+    treestore.diff(f"{url}#a", f"{url}#b", progress=lambda done, total: calls.append((-1, -1)))
+    assert calls[-1] != (-1, -1)  # manifests alone: nothing to report

@@ -6,6 +6,7 @@ import json
 import math
 import shutil
 import subprocess
+import uuid
 from html.parser import HTMLParser
 
 import numpy as np
@@ -281,3 +282,28 @@ def test_timeline_on_s3(s3_backend):
 
 def test_levels() -> None:
     assert _heatmap.level(math.nan, 1.0) == -1 and _heatmap.level(1e-9, 1.0) == 1
+
+
+def test_progress_moves_within_one_pair_of_checkpoints():
+    """Two checkpoints (one step) whose changed leaf has 16 chunks: the bar advances chunk by
+    chunk, not once at the end (it stood at 0 B until the whole step was done)."""
+    url = f"memory://timeline-progress/{uuid.uuid4().hex}"
+    w = np.random.default_rng(0).standard_normal((1024, 1024)).astype(np.float32)
+    options = treestore.SaveOptions(chunk_size=256 * 1024)
+    treestore.save(url, {"w": w}, "a", options=options)
+    treestore.save(url, {"w": w + 1}, "b", options=options)
+    calls: list[tuple[int, int]] = []
+    treestore.Store(url).timeline(progress=lambda done, total: calls.append((done, total)))
+    inside = {d for d, t in calls if 0 < d < t}
+    assert len(inside) >= 15 and calls[-1][0] == calls[-1][1] == 2 * w.nbytes
+    assert [d for d, _ in calls] == sorted(d for d, _ in calls)
+
+
+def test_timeline_takes_patterns_after_the_url_as_show_and_diff_do(tmp_path):
+    url = str(tmp_path / "run")
+    for step in range(3):
+        treestore.save(url, {"a": {"w": np.full(8, float(step))}, "b": np.full(8, float(step))}, f"s{step}")
+    for args in (["a/*"], ["--select", "a/*"]):
+        r = CliRunner().invoke(cli, ["timeline", url, *args, "--json"])
+        assert r.exit_code == 0, r.output
+        assert [row["address"] for row in json.loads(r.stdout)["rows"]] == ["a/w"], args

@@ -4,7 +4,7 @@ or changed, and the share of each leaf's chunks that differ (numeric change: :mo
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any, overload
 
@@ -14,6 +14,7 @@ from treestore._api import diff_values as _values
 from treestore._api.checkpoint import Checkpoint
 from treestore._api.diff_values import ValueChange
 from treestore._api.lazy_leaf import LazyLeaf
+from treestore._api.progress import Progress, counter
 from treestore._deprecated import renamed_attribute
 from treestore._format import select as _select
 from treestore._format.columns import ARRAY_CODES, DTYPE_NAMES, KINDS, PRNG_SHIFT, Columns
@@ -357,7 +358,12 @@ def _contains(sorted_rows: np.ndarray, row: int) -> bool:
 
 
 def diff_checkpoints(
-    a: Checkpoint, b: Checkpoint, *, values: bool = False, select: _select.Patterns = None
+    a: Checkpoint,
+    b: Checkpoint,
+    *,
+    values: bool = False,
+    select: _select.Patterns = None,
+    progress: Progress | None = None,
 ) -> Diff:
     """Compare two checkpoints (possibly in different stores on different filesystems).
 
@@ -365,7 +371,8 @@ def diff_checkpoints(
     matched by address (without building an address when both trees are the same) and compared
     by their digests' parts; only the leaves that differ are looked at one by one. With ``values``,
     how much each changed array leaf's values changed is computed chunk by chunk, reading the chunks
-    whose digests differ (and a's unchanged chunks once, for the norm ‖a‖). ``select`` (its
+    whose digests differ (and a's unchanged chunks once, for the norm ‖a‖), ``progress`` told
+    the raw bytes compared (both sides) of the leaves compared by value. ``select`` (its
     patterns) limits the comparison, values included, to matching addresses.
     """
     ca, cb = a.columns, b.columns
@@ -400,6 +407,14 @@ def diff_checkpoints(
     pairs = pairs[partner[pairs] >= 0]
     status, share = _compare(ca, pairs, cb, partner[pairs])
     compared = dict(zip(pairs.tolist(), zip(status, share.tolist(), strict=True), strict=True))
+    tick = None
+    if values and progress is not None:
+        by_value = [
+            int(ca.leaf_nbytes[i] + cb.leaf_nbytes[partner[i]])
+            for i, s in zip(pairs.tolist(), status, strict=True)
+            if s in (CHANGED, CUT) and ca.leaves["kind"][i] < ARRAY_CODES
+        ]
+        tick = counter(progress, sum(by_value))
     for row in found.tolist():
         if row >= na:
             j = int(added[row - na])
@@ -408,14 +423,21 @@ def diff_checkpoints(
             differing[row] = LeafDiff(ca.address(row), REMOVED, _describe(ca, row), None)
         else:
             status_of, share_of = compared[row]
-            leaf = _compared(a, b, row, int(partner[row]), status_of, share_of, values)
+            leaf = _compared(a, b, row, int(partner[row]), status_of, share_of, values, tick)
             if leaf.status != UNCHANGED:
                 differing[row] = leaf
     return Diff(f"{a.url}#{a.name}", f"{b.url}#{b.name}", DiffLeaves(a, b, rows, partner, added, differing))
 
 
 def _compared(
-    a: Checkpoint, b: Checkpoint, i: int, j: int, status: str, share: float, values: bool
+    a: Checkpoint,
+    b: Checkpoint,
+    i: int,
+    j: int,
+    status: str,
+    share: float,
+    values: bool,
+    tick: Callable[[int], None] | None = None,
 ) -> LeafDiff:
     """How leaf i of a and leaf j of b (at one address) differ, given their :func:`_compare`."""
     address = a.columns.address(i)
@@ -424,9 +446,11 @@ def _compared(
     if status == CUT:
         status = CHANGED if _bytes_differ(a[address], b[address]) else UNCHANGED
         if values and status == CHANGED:
-            change = _values.whole_change(a[address], b[address])
+            change = _values.whole_change(a[address], b[address], tick)
+        elif tick is not None and a.columns.leaves["kind"][i] < ARRAY_CODES:
+            tick(int(a.columns.leaf_nbytes[i] + b.columns.leaf_nbytes[j]))  # compared: equal
     elif values and status == CHANGED and a.columns.leaves["kind"][i] < ARRAY_CODES:
-        change = _values.chunk_change(a, i, b, j)
+        change = _values.chunk_change(a, i, b, j, tick)
     return LeafDiff(address, status, _describe(a.columns, i), _describe(b.columns, j), frac, change)
 
 

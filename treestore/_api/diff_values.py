@@ -5,6 +5,7 @@ over the elements finite in both, with the non-finite ones counted apart."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -138,16 +139,22 @@ class _Accumulator:
         )
 
 
-def whole_change(a: LazyLeaf, b: LazyLeaf) -> ValueChange:
-    """The statistics of two leaves of one shape and dtype, compared whole."""
+def whole_change(a: LazyLeaf, b: LazyLeaf, tick: Callable[[int], None] | None = None) -> ValueChange:
+    """The statistics of two leaves of one shape and dtype, compared whole; ``tick`` is told
+    the raw bytes of both once they are compared."""
     acc = _Accumulator()
     acc.add(np.asarray(a).reshape(-1), np.asarray(b).reshape(-1))
+    if tick is not None:
+        tick(a.nbytes + b.nbytes)
     return acc.result()
 
 
-def chunk_change(a: Checkpoint, i: int, b: Checkpoint, j: int) -> ValueChange:
+def chunk_change(
+    a: Checkpoint, i: int, b: Checkpoint, j: int, tick: Callable[[int], None] | None = None
+) -> ValueChange:
     """The statistics of leaf i of a and leaf j of b, cut into chunks alike, read chunk by chunk:
-    a chunk whose digest is the same in both is read once (for the norm of a)."""
+    a chunk whose digest is the same in both is read once (for the norm of a). ``tick`` is told
+    the raw bytes of both sides of each chunk once it is compared."""
     acc = _Accumulator()
     pa, pb = leaf_pieces(a.columns, i), leaf_pieces(b.columns, j)  # the same pieces, chunk for chunk
     ra, rb = a.columns.chunks, b.columns.chunks
@@ -166,6 +173,8 @@ def chunk_change(a: Checkpoint, i: int, b: Checkpoint, j: int) -> ValueChange:
                 if same
                 else chunk_bytes(b.reader, pb.chunks(p, at, end), at, end, pb.address).view(pb.dtype)
             )
-            at = end
             acc.add(xa, xb)
+            if tick is not None:
+                tick(2 * (end - at))
+            at = end
     return acc.result()

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from treestore._api import diff as _diff
 from treestore._api.checkpoint import Checkpoint
+from treestore._api.progress import Progress
 from treestore._api.spec import Spec, parse_spec
 from treestore._api.store import Store
 from treestore._deprecated import warn_renamed
@@ -194,6 +195,7 @@ def diff(
     select: Patterns = None,
     storage_options: dict[str, Any] | None = None,
     stats: bool | None = None,
+    progress: Progress | None = None,
 ) -> _diff.Diff:
     """The exact difference between two checkpoints, possibly in stores on different filesystems.
 
@@ -210,6 +212,8 @@ def diff(
             match a leaf of either checkpoint.
         storage_options: Options for the fsspec filesystem of both.
         stats: Deprecated: ``values`` (statistics are what a save records, SPEC.md section 6.8).
+        progress: With ``values``, called as ``progress(bytes_done, bytes_total)`` as the
+            leaves compared by value are read (raw bytes of both sides).
 
     Returns:
         A :class:`treestore.types.Diff`.
@@ -234,4 +238,4 @@ def diff(
         values = values or stats
     left, right = resolve(a, storage_options), resolve(b, storage_options)
     with _memory.memory_named(f"comparing checkpoints {left.name!r} and {right.name!r}", right.name):
-        return _diff.diff_checkpoints(left, right, values=values, select=select)
+        return _diff.diff_checkpoints(left, right, values=values, select=select, progress=progress)

@@ -319,7 +319,13 @@ def timeline(
             pair = [p for p in pats if any(_select.matches(x, (p,)) for x in present)]
             if not pair:
                 continue
-        compared = _diff.diff_checkpoints(a, b, values=True, select=pair).leaves
+        share, before = work[j], done
+
+        def advance(part: int, whole: int, share: int = share, before: int = before) -> None:
+            if progress is not None:  # this pair's fraction, on its share of the total
+                progress(before + (share * part // whole if whole else 0), total)
+
+        compared = _diff.diff_checkpoints(a, b, values=True, select=pair, progress=advance).leaves
         assert isinstance(compared, _diff.DiffLeaves)
         # Every chosen array leaf of both is compared (it matches a pattern of the pair): 0.0
         # unless it differs; one of another shape or type has no relative change (NaN).
