@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 import subprocess
 import uuid
@@ -115,10 +116,12 @@ def test_heatmap_text():
         "memory://x", ("a", "b", "c", "d"), ("w", "v"), ((0.1, 0.2, 0.0), (4.0, math.nan, math.inf)), (4, 4)
     )
     lines = t.heatmap().splitlines()
-    assert lines[1] == "w  ▄█   max 0.2"
-    assert lines[2] == "v  █·█  max inf"
-    assert t.heatmap(scale="global").splitlines()[1] == "w  ▁▁   max 0.2"
-    assert t.heatmap(ascii=True).splitlines()[2] == "v  @x@  max inf"
+    assert lines[1] == "   012"  # the steps, numbered
+    assert lines[2] == "w  ▄█   max 0.2"
+    assert lines[3] == "v  █·█  max inf"
+    assert lines[4] == "steps: 0 a -> b, 1 b -> c, 2 c -> d"
+    assert t.heatmap(scale="global").splitlines()[2] == "w  ▁▁   max 0.2"
+    assert t.heatmap(ascii=True).splitlines()[3] == "v  @x@  max inf"
     assert json.loads(json.dumps(t.to_json()))["rows"][1]["values"] == [4.0, "nan", "inf"]
     with pytest.raises(treestore.InvalidInputError):
         t.heatmap(scale="log")
@@ -131,7 +134,9 @@ def test_cli_timeline(tmp_path):
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     assert lines[0].startswith("3 checkpoints, 2 steps: step-0 -> step-2")
-    assert lines[1].startswith("enc/b ") and "max 0" in lines[1]
+    assert lines[1].strip() == "01" and lines[2].startswith("enc/")
+    assert lines[-2].startswith("unchanged at every step: ") and "frozen" in lines[-2]
+    assert lines[-1] == "steps: 0 step-0 -> step-1, 1 step-1 -> step-2"
     result = CliRunner().invoke(cli, ["timeline", url, "--select", "head/*", "--depth", "1", "--json"])
     data = json.loads(result.stdout)
     assert [r["address"] for r in data["rows"]] == ["head"] and data["depth"] == 1
@@ -307,3 +312,48 @@ def test_timeline_takes_patterns_after_the_url_as_show_and_diff_do(tmp_path):
         r = CliRunner().invoke(cli, ["timeline", url, *args, "--json"])
         assert r.exit_code == 0, r.output
         assert [row["address"] for row in json.loads(r.stdout)["rows"]] == ["a/w"], args
+
+
+def test_a_long_run_draws_changed_leaves_numbered_steps_and_names_the_rest():
+    """105 leaves of which 3 change over 24 steps: 3 rows, a ruler every 10 steps, a key naming
+    the checkpoints at the marks, and one line for the unchanged leaves (it printed 105 rows,
+    102 of them "max 0", and no checkpoint labels)."""
+    frozen = {f"frozen/{k:03d}": np.ones(4) for k in range(102)}
+    t = treestore.types.Timeline(
+        "memory://x",
+        tuple(f"ckpt-{k}" for k in range(25)),
+        ("a", "b", "c", *frozen),
+        tuple([(0.1,) * 24] * 3 + [(0.0,) * 24] * 102),
+        (4,) * 105,
+    )
+    lines = t.heatmap().splitlines()
+    assert len(lines) == 1 + 1 + 3 + 2
+    assert lines[1] == " " * 3 + "0         10        20"
+    assert (
+        lines[5]
+        == "unchanged at every step: frozen/000, frozen/001, frozen/002, frozen/003, frozen/004 and 97 more"
+    )
+    assert lines[6] == (
+        "steps: 0 ckpt-0 -> ckpt-1, 10 ckpt-10 -> ckpt-11, 20 ckpt-20 -> ckpt-21, 23 ckpt-23 -> ckpt-24"
+    )
+
+
+def test_the_html_page_has_a_colour_scale_and_each_rows_maximum():
+    """A change of 8e-5 and one of 0.29 are drawn in the same brightest colour when each row is
+    scaled to itself: the page says so, shows the colour bar, and writes each row's maximum at
+    its end (it had no scale and no numbers beside the map)."""
+    t = treestore.types.Timeline(
+        "memory://x",
+        ("a", "b", "c"),
+        ("tiny", "big", "still"),
+        ((8e-5, 0.0), (0.29, 0.1), (0.0, 0.0)),
+        (4, 4, 4),
+    )
+    page = t.to_html()
+    assert '<svg id="scale"' in page and "the row&#x27;s largest change" in page
+    assert "Colours are scaled per row" in page
+    tops = re.findall(r'<text class="top"[^>]*>([^<]*)</text>', page)
+    assert tops == ["8e-05", "0.29", "unchanged"]
+    everything = t.to_html(scale="global")
+    assert "Colours are scaled to the largest change of all rows." in everything
+    assert "0.29 (the largest of all)" in everything

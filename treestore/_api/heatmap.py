@@ -62,6 +62,23 @@ def num(x: float) -> str:
     return "inf" if math.isinf(x) else f"{x:.3g}"
 
 
+def ruler(columns: int, indent: int) -> list[str]:
+    """The line above a heatmap's cells that numbers its columns from 0 (``indent`` spaces
+    first): every column's last digit up to 10 columns, else every tenth column's index.
+
+    >>> ruler(3, 2)
+    ['  012']
+    >>> ruler(23, 0)
+    ['0         10        20']
+    """
+    if columns <= 10:
+        return [" " * indent + "".join(str(j) for j in range(columns))]
+    line = ""
+    for j in range(0, columns, 10):
+        line = line.ljust(j) + str(j)
+    return [" " * indent + line]
+
+
 def rows(
     addresses: Sequence[str],
     values: Sequence[Sequence[float]],
@@ -101,5 +118,6 @@ __all__ = [
     "levels",
     "num",
     "rows",
+    "ruler",
     "top",
 ]

@@ -171,11 +171,14 @@ class Timeline:
         }
 
     def heatmap(self, *, scale: str = "row", ascii: bool = False) -> str:
-        """One line per address: one character per step, `` ▁▂▃▄▅▆▇█`` for no change up to the
-        largest change of the row (``scale="row"``) or of the whole map (``scale="global"``),
-        ``·`` where the leaf is absent, ``!`` where elements changed to, from or between NaN and
-        ±inf; then the row's largest change (of the finite elements) and the steps with such
-        non-finite changes. With ``ascii=True`` the levels are `` .:-=+*#@`` and absence is ``x``.
+        """One line per address that changed: one character per step, `` ▁▂▃▄▅▆▇█`` for no
+        change up to the largest change of the row (``scale="row"``) or of the whole map
+        (``scale="global"``), ``·`` where the leaf is absent, ``!`` where elements changed to,
+        from or between NaN and ±inf; then the row's largest change (of the finite elements) and
+        the steps with such non-finite changes. A line above numbers the steps, and a key below
+        names the checkpoints of each numbered step; the addresses unchanged at every step are
+        named on one line instead of drawn. With ``ascii=True`` the levels are `` .:-=+*#@`` and
+        absence is ``x``.
 
         Args:
             scale: ``"row"`` or ``"global"``: what the levels are relative to.
@@ -190,23 +193,45 @@ class Timeline:
 
         Examples:
             >>> from treestore.types import Timeline
-            >>> t = Timeline(
-            ...     "memory://x", ("a", "b", "c"), ("w", "b"), ((0.5, 1.0), (0.0, float("nan"))), (4, 2)
-            ... )
+            >>> values = ((0.5, 1.0), (0.0, 0.0), (0.0, float("nan")))
+            >>> t = Timeline("memory://x", ("a", "b", "c"), ("w", "b", "v"), values, (4, 2, 2))
             >>> print(t.heatmap())
             3 checkpoints, 2 steps: a -> c; relative L2 change of leaves, scaled per row
+               01
             w  ▄█  max 1
-            b   ·  max 0
+            v   ·  max 0
+            unchanged at every step: b
+            steps: 0 a -> b, 1 b -> c
         """
         marked = [[self.nonfinite_at(i, j) > 0 for j in range(len(row))] for i, row in enumerate(self.values)]
+        shown = [i for i, row in enumerate(self.values) if any(v != 0 for v in row) or any(marked[i])]
+        quiet = [self.addresses[i] for i in range(len(self.addresses)) if i not in set(shown)]
         body = _heatmap.rows(
-            self.addresses, self.values, marked, scale, ascii, "  non-finite changes in {} step(s)"
+            [self.addresses[i] for i in shown],
+            [self.values[i] for i in shown],
+            [marked[i] for i in shown],
+            scale,
+            ascii,
+            "  non-finite changes in {} step(s)",
         )
         span = f"{self.checkpoints[0]} -> {self.checkpoints[-1]}" if self.checkpoints else "no checkpoints"
         scaled = "per row" if scale == "row" else "to the largest change of all"
         rows = f"groups of depth {self.depth}" if self.depth else "leaves"
         what = f"relative L2 change of {rows}, scaled {scaled}"
-        lines = [f"{len(self.checkpoints)} checkpoints, {len(self.steps)} steps: {span}; {what}", *body]
+        lines = [f"{len(self.checkpoints)} checkpoints, {len(self.steps)} steps: {span}; {what}"]
+        if body and self.steps:
+            width = max(len(self.addresses[i] or "(root)") for i in shown)
+            lines += _heatmap.ruler(len(self.steps), width + 2)
+        lines += body
+        if quiet:
+            names = ", ".join(a or "(root)" for a in quiet[:5])
+            more = f" and {len(quiet) - 5} more" if len(quiet) > 5 else ""
+            lines.append(f"unchanged at every step: {names}{more}")
+        if self.steps:
+            every = 1 if len(self.steps) <= 10 else 10
+            marks = sorted({*range(0, len(self.steps), every), len(self.steps) - 1})
+            key = ", ".join(f"{j} {self.checkpoints[j]} -> {self.checkpoints[j + 1]}" for j in marks)
+            lines.append(f"steps: {key}")
         lines += [f"damaged, left out: {name}: {problem}" for name, problem in self.damaged]
         return "\n".join(lines)
 
@@ -227,7 +252,7 @@ class Timeline:
         """
         tops = _heatmap.top(self.values, scale)  # checks scale
         lines = self if self.depth == 1 else self.grouped(1)
-        return _html.page(self, lines, tops, title or f"treestore timeline: {self.url}")
+        return _html.page(self, lines, tops, title or f"treestore timeline: {self.url}", scale)
 
 
 def _pool(pairs: list[tuple[int, float]]) -> float:

@@ -111,7 +111,7 @@ def _heatmap(t: Any, tops: list[float]) -> str:
     labels = [a or "(root)" for a in t.addresses]
     left = min(400, 7 * max((len(a) for a in labels), default=4) + 10)
     top_margin = 12
-    width = left + cell * len(steps) + 10
+    width = left + cell * len(steps) + 90  # each row's maximum to the right of its cells
     bottom = top_margin + row_h * len(labels)
     height = bottom + 20
     parts = [
@@ -130,12 +130,41 @@ def _heatmap(t: Any, tops: list[float]) -> str:
                 f'data-from="{e(a)}" data-to="{e(b)}" data-value="{v!r}" data-nonfinite="{n}">'
                 f"<title>{e(label)}: {e(a)} \u2192 {e(b)}: {_text(v)}{_nonfinite_text(n)}</title></rect>"
             )
+        parts.append(
+            f'<text class="top" x="{left + cell * len(steps) + 6}" y="{y + row_h - 3}">'
+            f"{_text(tops[i]) if tops[i] > 0 else 'unchanged'}</text>"
+        )
     if steps:  # the run's first and last checkpoint under the map's ends
         parts.append(f'<text x="{left}" y="{bottom + 14}">{e(steps[0][0])}</text>')
         parts.append(
             f'<text x="{left + cell * len(steps)}" y="{bottom + 14}" text-anchor="end">'
             f"{e(steps[-1][1])}</text>"
         )
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _scale(tops: list[float], scale: str) -> str:
+    """The colour bar: what each colour means, from white (no change) to the brightest (the
+    row's largest change, or the largest of all)."""
+    steps = 10
+    width, bar = 360, 300
+    x0 = 30
+    parts = [
+        f'<svg id="scale" xmlns="http://www.w3.org/2000/svg" width="{width}" height="36" '
+        f'viewBox="0 0 {width} 36" role="img" aria-label="colour scale">',
+        f'<rect x="0" y="4" width="16" height="12" fill="{_ZERO}" stroke="#888"/>',
+        '<text x="0" y="30">0</text>',
+    ]
+    for k in range(steps):
+        parts.append(
+            f'<rect x="{x0 + k * bar // steps}" y="4" width="{bar // steps}" height="12" '
+            f'fill="{colour((k + 1) / steps)}"/>'
+        )
+    peak = max(tops, default=0.0)
+    right = "the row's largest change" if scale == "row" else f"{_text(peak)} (the largest of all)"
+    parts.append(f'<text x="{x0}" y="30">&gt; 0</text>')
+    parts.append(f'<text x="{x0 + bar}" y="30" text-anchor="end">{html.escape(right)}</text>')
     parts.append("</svg>")
     return "".join(parts)
 
@@ -226,22 +255,30 @@ def _damaged(t: Any) -> str:
     return f'<p class="note">Damaged checkpoints, left out:</p><ul id="damaged">{items}</ul>' if items else ""
 
 
-def page(t: Any, groups: Any, tops: list[float], title: str) -> str:
-    """The whole page of timeline ``t``; ``groups`` is its top-level grouping (the lines)."""
+def page(t: Any, groups: Any, tops: list[float], title: str, scale: str = "row") -> str:
+    """The whole page of timeline ``t``; ``groups`` is its top-level grouping (the lines);
+    ``tops``: what each row's colours are scaled to (``scale``: ``"row"`` or ``"global"``)."""
     e = html.escape
     what = "groups (pooled by size)" if t.depth else "leaves"
+    scaled = (
+        "Colours are scaled per row: each row's brightest colour is that row's own largest "
+        "change, written at its right end, so rows of very different sizes look alike; compare "
+        'the numbers, or draw with one scale for all (scale="global", --scale global).'
+        if scale == "row"
+        else "Colours are scaled to the largest change of all rows."
+    )
     note = (
         f"{len(t.checkpoints)} checkpoints, {len(t.steps)} steps, {len(t.addresses)} {what}. "
         "Each cell: relative L2 change \u2016b \u2212 a\u2016 / \u2016a\u2016 from one checkpoint "
         "to the next; "
         "white: unchanged, grey: absent at that step; measured over the elements finite in both, "
-        "a red outline where elements changed to, from or between NaN and \u00b1inf."
+        f"a red outline where elements changed to, from or between NaN and \u00b1inf. {scaled}"
     )
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f"<title>{e(title)}</title><style>{_STYLE}</style></head>"
         f'<body data-url="{e(t.url)}"><h1>{e(title)}</h1><p class="note">{e(note)}</p>{_damaged(t)}'
-        f'{_heatmap(t, tops)}<div id="detail"></div>'
+        f'<div>{_scale(tops, scale)}</div>{_heatmap(t, tops)}<div id="detail"></div>'
         f"<h2>By group</h2>{_lines(groups)}"
         f"<h2>Values</h2>{_table(t)}"
         f"<script>{_SCRIPT}</script></body></html>\n"
