@@ -188,7 +188,9 @@ class StoreConformance:
     def test_missing_checkpoint(self, target: Target) -> None:
         reader = target.reader()
         assert reader.list() == []
-        with pytest.raises(treestore.errors.CheckpointNotFoundError, match="no checkpoints in store|no treestore store at"):
+        with pytest.raises(
+            treestore.errors.CheckpointNotFoundError, match=r"no checkpoints in store|no treestore store at"
+        ):
             reader.latest()
         with pytest.raises(treestore.errors.CheckpointNotFoundError):
             treestore.load(target.read_url, storage_options=target.read_options)

@@ -347,3 +347,21 @@ def test_a_diff_of_values_reports_progress_chunk_by_chunk():
     assert len(calls) == 17 and [c for c, _ in calls] == sorted(c for c, _ in calls)
     treestore.diff(f"{url}#a", f"{url}#b", progress=lambda done, total: calls.append((-1, -1)))
     assert calls[-1] != (-1, -1)  # manifests alone: nothing to report
+
+
+def test_the_table_marks_a_leaf_that_gained_a_nan_and_leaves_finite_leaves_blank():
+    """A leaf that gained one NaN is marked `!` with its counts (it showed "max abs inf, rel L2
+    0" and an empty bar, easy to read as unchanged); a finite leaf shows no NaN/Inf counts (it
+    showed "NaN 0->0, Inf 0->0")."""
+    url = f"memory://diff-nan/{uuid.uuid4().hex}"
+    treestore.save(url, {"w": np.ones(100, np.float32), "v": np.arange(10.0)}, "a")
+    w = np.ones(100, np.float32)
+    w[3] = np.nan
+    treestore.save(url, {"w": w, "v": np.arange(10.0) * 1.1}, "b")
+    lines = treestore.diff(f"{url}#a", f"{url}#b", values=True).table().splitlines()
+    row = {line.split()[1]: line for line in lines if line.startswith("~")}
+    assert row["w"].endswith("NaN 0->1, 1 changed   !")
+    assert "NaN" not in row["v"] and "Inf" not in row["v"] and row["v"].endswith("█")
+    assert lines[-1].startswith("!: elements changed to, from or between NaN and ±inf")
+    finite = treestore.diff(f"{url}#a", f"{url}#a", values=True).table()
+    assert "!:" not in finite

@@ -186,8 +186,10 @@ class Diff:
     def table(self, *, ascii: bool = False) -> str:
         """A human-readable table of what differs: one row per added, removed or changed
         address; with values compared, each leaf's max |a-b|, relative L2 change and share of elements
-        changed, NaN/Inf counts when there are any, and the relative change of floating-point
-        leaves drawn as a bar scaled to the largest; then a one-line summary.
+        changed, NaN/Inf counts of the leaves that hold any, and the relative change of
+        floating-point leaves drawn as a bar scaled to the largest, ``!`` after it where elements
+        changed to, from or between NaN and ±inf; then a one-line summary (and a line saying what
+        ``!`` means, when one is shown).
 
         Args:
             ascii: Draw the bars with ``#`` instead of block characters.
@@ -225,7 +227,8 @@ class Diff:
                 if nonfinite:
                     row.append(_nonfinite(s) if s else "")
                 rel = barred.get(d.address, 0.0)
-                row.append(_bar(top if math.isinf(rel) else rel, top or 1.0, ascii) if rel else "")
+                bar = _bar(top if math.isinf(rel) else rel, top or 1.0, ascii) if rel else ""
+                row.append(bar + (" !" if s is not None and s.nonfinite_changed else ""))
             rows.append(row)
         lines = [f"--- {self.a}", f"+++ {self.b}"]
         if rows:
@@ -233,6 +236,11 @@ class Diff:
         counts = self._counts()
         parts = [f"{counts[k]} {k.replace('_', ' ')}" for k in _MARKS if counts[k]]
         lines.append(f"{', '.join(parts) if parts else 'identical'}; {counts[UNCHANGED]} leaves unchanged")
+        if any(d.change is not None and d.change.nonfinite_changed for d in shown):
+            lines.append(
+                "!: elements changed to, from or between NaN and ±inf (max abs is then inf; rel L2 "
+                "and the bar measure the elements finite in both)"
+            )
         return "\n".join(lines)
 
 
@@ -246,8 +254,13 @@ def _num(x: float) -> str:
 
 
 def _nonfinite(s: ValueChange) -> str:
-    changed = f", {s.nonfinite_changed} changed" if s.nonfinite_changed else ""
-    return f"NaN {s.nan_a}->{s.nan_b}, Inf {s.inf_a}->{s.inf_b}{changed}"
+    """The NaN and Inf counts of a leaf that has any, on either side (blank for one without)."""
+    parts = [
+        f"{what} {a}->{b}" for what, a, b in (("NaN", s.nan_a, s.nan_b), ("Inf", s.inf_a, s.inf_b)) if a or b
+    ]
+    if s.nonfinite_changed:
+        parts.append(f"{s.nonfinite_changed} changed")
+    return ", ".join(parts)
 
 
 def _bar(value: float, top: float, ascii: bool, width: int = 20) -> str:
