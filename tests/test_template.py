@@ -215,7 +215,9 @@ def test_scalars_are_kept_only_where_the_checkpoint_holds_none(store_url):
 def test_partial_loads_a_subset_of_the_checkpoint(saved):
     url, tree = saved
     like = {"params": {"w": blank(tree["params"]["w"])}}
-    with pytest.raises(treestore.StructureMismatchError, match=r"params/b: unexpected: .*pass partial=True"):
+    with pytest.raises(
+        treestore.StructureMismatchError, match=r"(?s)params/b: unexpected: .*hint: .*pass partial=True"
+    ):
         treestore.load(url, like=like)
     out = treestore.load(url, like=like, partial=True)
     assert_tree_equal(out, {"params": {"w": tree["params"]["w"]}})
@@ -236,3 +238,37 @@ def test_partial_reads_only_the_templates_chunks():
     out = treestore.load(url, like={"params": {"w": np.zeros(4, np.float32)}}, partial=True)
     assert same_bytes(out["params"]["w"], np.ones(4, np.float32))
     assert CountingFileSystem.bytes_read("/chunks/") < 64 * 1024
+
+
+def test_a_subset_template_names_the_real_problem_above_one_hint():
+    """A template of one leaf against a checkpoint of 104, that leaf's dtype wrong: the message
+    shows the real problem first, at most ten of the 103 unexpected leaves with a count of the
+    rest, and the partial=True hint once (it was 104 lines, the hint repeated 103 times)."""
+    url = f"memory://template-subset/{uuid.uuid4().hex}"
+    tree = {f"layer{k:03d}": np.zeros(4, np.float32) for k in range(104)}
+    treestore.save(url, tree, "c")
+    with pytest.raises(treestore.StructureMismatchError) as info:
+        treestore.load(url, like={"layer000": np.zeros(4, np.int32)})
+    lines = str(info.value).splitlines()
+    assert lines[0] == "104 structure mismatch(es) in checkpoint 'c':"
+    assert lines[1].strip() == "layer000: expected dtype int32, found float32 (pass cast=True to convert)"
+    assert lines[12].strip() == "... and 93 more unexpected" and len(lines) == 14
+    assert lines[13].strip() == (
+        "hint: 103 leaves of the checkpoint are not in the template: pass partial=True to load only "
+        "the template's leaves"
+    )
+    assert len(info.value.problems) == 104 and str(info.value).count("partial=True") == 1
+
+
+def test_a_list_template_against_digit_string_keys_says_so():
+    """A flax-style list of layers against a tree imported from Hugging Face (keys "0", "1"):
+    the message says the template has list indices where the checkpoint has digit-string keys,
+    and does not suggest partial=True for those leaves."""
+    url = f"memory://template-digits/{uuid.uuid4().hex}"
+    treestore.save(url, {"layer": {"0": {"w": np.zeros(2)}, "1": {"w": np.zeros(2)}}}, "hf")
+    with pytest.raises(treestore.StructureMismatchError) as info:
+        treestore.load(url, like={"layer": [{"w": np.zeros(2)}, {"w": np.zeros(2)}]})
+    (hint,) = info.value.hints
+    assert hint.startswith("2 template leaves are missing only because the template has list indices")
+    assert 'layer/0/w in the template, layer/"0"/w in the checkpoint' in hint
+    assert "partial=True" not in str(info.value)

@@ -89,12 +89,15 @@ class UnsupportedKeyError(TreestoreError, TypeError):
 class StructureMismatchError(TreestoreError, ValueError):
     """The stored tree does not match the structure the caller expected (``like=``).
 
-    The message counts the mismatches and lists them, one line each; ``problems`` holds the
-    lines. There is no ``address``: each line starts with the address it concerns.
+    The message counts the mismatches and lists them, one line each, at most
+    :attr:`SHOWN` of each kind (missing, unexpected, other) with a count of the rest, then the
+    ``hints`` (what to do, said once); ``problems`` holds every line. There is no ``address``:
+    each line starts with the address it concerns.
 
     Args:
         problems: Every mismatch found, one line each (kept as a tuple in ``problems``).
         checkpoint: The name of the checkpoint compared with the template; None when unknown.
+        hints: What to do about them, one line each (kept in ``hints``).
 
     Examples:
         >>> import numpy as np, treestore
@@ -106,13 +109,28 @@ class StructureMismatchError(TreestoreError, ValueError):
         a ('w: expected shape (3,), found (2,)',)
     """
 
-    def __init__(self, problems: Sequence[str], *, checkpoint: str | None = None) -> None:
+    SHOWN = 10  # lines of each kind of mismatch the message shows
+
+    def __init__(
+        self, problems: Sequence[str], *, checkpoint: str | None = None, hints: Sequence[str] = ()
+    ) -> None:
         self.problems = tuple(problems)
+        self.hints = tuple(hints)
         where = f" in checkpoint {checkpoint!r}" if checkpoint else ""
-        lines = "\n  ".join(self.problems)
+        kinds: dict[str, list[str]] = {}
+        for line in self.problems:
+            kind = next((k for k in (": missing:", ": unexpected:") if k in line), "other")
+            kinds.setdefault(kind, []).append(line)
+        lines = []
+        for kind, found in kinds.items():
+            lines += found[: self.SHOWN]
+            if len(found) > self.SHOWN:
+                what = kind.strip(": ") if kind != "other" else "other mismatches"
+                lines.append(f"... and {len(found) - self.SHOWN} more {what}")
+        lines += [f"hint: {h}" for h in self.hints]
+        text = "\n  ".join(lines)
         super().__init__(
-            f"{len(self.problems)} structure mismatch(es){where}:\n  {lines}",
-            checkpoint=checkpoint,
+            f"{len(self.problems)} structure mismatch(es){where}:\n  {text}", checkpoint=checkpoint
         )
 
 

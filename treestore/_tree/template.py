@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -107,16 +108,42 @@ def match(
         if problem is not None:
             problems.append(f"{address or '(root)'}: {problem}")
         slots.append(Slot(address, leaf, entry))
-    for address, i in leaf_at.items():
-        if address not in wanted and under(address, prefix) and not partial:
-            found = describe(stored(columns, i))
-            problems.append(
-                f"{address or '(root)'}: unexpected: found {found}, not in the template "
-                "(pass partial=True to load only the template's leaves)"
-            )
+    unexpected = [a for a in leaf_at if a not in wanted and under(a, prefix) and not partial]
+    for address in unexpected:
+        found = describe(stored(columns, leaf_at[address]))
+        problems.append(f"{address or '(root)'}: unexpected: found {found}, not in the template")
     if problems:
-        raise StructureMismatchError(problems, checkpoint=columns.name)
+        missing = [joined(rel) for rel, _ in pairs if joined(rel) not in leaf_at]
+        raise StructureMismatchError(
+            problems, checkpoint=columns.name, hints=_hints(missing, unexpected, len(problems))
+        )
     return slots, treedef
+
+
+_DIGITS_QUOTED = re.compile(r'(?<![^/])"(\d+)"(?![^/])')  # a digit-string key segment: "0"
+
+
+def _hints(missing: list[str], unexpected: list[str], problems: int) -> list[str]:
+    """What to do about a mismatch, said once: list indices in the template where the checkpoint
+    has digit-string dict keys (a flax- or Hugging Face-style tree), and ``partial=True`` when
+    leaves of the checkpoint are not in the template."""
+    hints = []
+    bare = {_DIGITS_QUOTED.sub(r"\1", a): a for a in unexpected}
+    paired = [(m, bare[m]) for m in missing if m in bare and bare[m] != m]
+    if paired:
+        m, u = paired[0]
+        hints.append(
+            f"{len(paired)} template leaves are missing only because the template has list indices "
+            f"where the checkpoint has dict keys that are digit strings ({m} in the template, {u} in "
+            'the checkpoint): build that part of the template as a dict with string keys {"0": ...}, '
+            "or load without like= to see the stored structure"
+        )
+    if unexpected and len(paired) < len(unexpected):
+        hints.append(
+            f"{len(unexpected) - len(paired)} leaves of the checkpoint are not in the template: pass "
+            "partial=True to load only the template's leaves"
+        )
+    return hints
 
 
 def rooted(prefix: str) -> Callable[[str], str]:
