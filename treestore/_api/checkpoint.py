@@ -226,7 +226,7 @@ class Checkpoint:
             select: Patterns over addresses (one or a list); every pattern must match one.
 
         Returns:
-            ``{address: ValueStats}``.
+            dict[str, ValueStats]: ``{address: ValueStats}``.
 
         Raises:
             NoMatchError: A pattern matches no leaf.
@@ -264,8 +264,8 @@ class Checkpoint:
         """The chunk objects this checkpoint references (of one stored in parts, every part's).
 
         Returns:
-            ``{digest: stored size in bytes}``, each object once (a pack once for all the leaves
-            it holds).
+            dict[bytes, int]: ``{digest: stored size in bytes}``, each object once (a pack once
+            for all the leaves it holds).
         """
         return self.columns.chunk_objects()
 

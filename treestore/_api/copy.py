@@ -189,7 +189,7 @@ def copy(
         trust_previous: False checks every chunk at the destination.
 
     Returns:
-        A :class:`treestore.types.CopyReport`.
+        CopyReport: A :class:`treestore.types.CopyReport`.
 
     Raises:
         CheckpointNotFoundError: No such source checkpoint.

@@ -105,7 +105,8 @@ class Diff:
                 ``"shape_changed"``, ``"dtype_changed"`` or ``"unchanged"``.
 
         Returns:
-            Their :class:`LeafDiff`, in the order of ``leaves`` (empty for any other status).
+            tuple[LeafDiff, ...]: Their :class:`LeafDiff`, in the order of ``leaves`` (empty for
+            any other status).
         """
         if status != UNCHANGED:
             return tuple(d for d in self if d.status == status)
@@ -146,7 +147,7 @@ class Diff:
                 pattern that matches nothing is no error.
 
         Returns:
-            A :class:`Diff` of the matching addresses, in the same order.
+            Diff: A :class:`Diff` of the matching addresses, in the same order.
         """
         if isinstance(self.leaves, DiffLeaves):
             addresses = self.leaves.addresses()
@@ -162,8 +163,8 @@ class Diff:
         """The diff as plain data, ready for :func:`json.dumps`.
 
         Returns:
-            ``{"a", "b", "identical", "counts", "leaves"}``: ``counts`` maps each status to its
-            number of addresses, ``leaves`` holds every :class:`LeafDiff` as a dict (non-finite
+            dict[str, Any]: ``{"a", "b", "identical", "counts", "leaves"}``: ``counts`` maps each
+            status to its number of addresses, ``leaves`` holds every :class:`LeafDiff` as a dict (non-finite
             statistics as the strings "nan" and "inf").
         """
 

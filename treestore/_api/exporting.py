@@ -155,8 +155,8 @@ def export_file(
     metadata block a single file would (the imported file's, if any: a file imported from
     transformers has ``{"format": "pt"}``, which older transformers versions require; a
     checkpoint saved by treestore gets none). The export streams one tensor at a time, and a
-    killed one never leaves an index naming a missing or partial shard (see
-    :mod:`treestore._api.hf_shards`); with ``overwrite`` the files of an earlier export there
+    killed one never leaves an index naming a missing or partial shard (each shard is written
+    under a temporary name and the index last); with ``overwrite`` the files of an earlier export there
     (single file, index, shards of any count) are replaced.
 
     Args:
@@ -173,7 +173,7 @@ def export_file(
             bytes (an int, or a size such as ``"5GB"``).
 
     Returns:
-        A :class:`treestore.types.ExportResult`.
+        ExportResult: A :class:`treestore.types.ExportResult`.
 
     Raises:
         NotFoundError: The checkpoint, or the folder to write in, does not exist.

@@ -53,7 +53,7 @@ def save(
             checkpoint's manifest.
 
     Returns:
-        A :class:`treestore.types.SaveResult`.
+        SaveResult: A :class:`treestore.types.SaveResult`.
 
     Raises:
         UnsupportedLeafError: A leaf has a type treestore cannot store (a ``TypeError``,
@@ -164,7 +164,7 @@ def open(spec: Spec, name: str | None = None, *, storage_options: dict[str, Any]
         storage_options: Options for the fsspec filesystem.
 
     Returns:
-        A :class:`Checkpoint`.
+        Checkpoint: A :class:`Checkpoint`.
 
     Raises:
         CheckpointNotFoundError: No such checkpoint.
@@ -216,7 +216,7 @@ def diff(
             leaves compared by value are read (raw bytes of both sides).
 
     Returns:
-        A :class:`treestore.types.Diff`.
+        Diff: A :class:`treestore.types.Diff`.
 
     Raises:
         CheckpointNotFoundError: Either checkpoint does not exist.

@@ -144,7 +144,7 @@ def import_file(
         source_storage_options: Options for the fsspec filesystem of ``path`` when it is a URL.
 
     Returns:
-        A :class:`treestore.types.SaveResult`.
+        SaveResult: A :class:`treestore.types.SaveResult`.
 
     Raises:
         UnsupportedFormatError: The file is not in a format treestore reads.

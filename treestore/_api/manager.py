@@ -61,8 +61,9 @@ class CheckpointManager:
     ``trust_previous=False`` checks every chunk in the store instead.
 
     **Async.** With ``async_save=True`` (the default) ``save`` blocks only while the tree is
-    validated and its arrays are copied to host (see :class:`treestore._engine.snapshot.HostSnapshot`,
-    which keeps one host copy of the last save to reuse); hashing, compressing, writing,
+    validated and its arrays are copied: big arrays on an accelerator are copied on their
+    devices where they have the room (``SaveOptions.device_snapshot``), the rest to host, into
+    one host copy of the last save that is kept to reuse; hashing, compressing, writing,
     retention and gc run on one background thread. At most one save is in flight: a save waits
     for the previous one. An error of a background save is raised, as it was raised, by the next
     ``save``, ``wait``, ``restore`` or ``close`` that finds it finished, and that call saves
@@ -527,7 +528,7 @@ class CheckpointManager:
             step: The step (default: the newest).
 
         Returns:
-            Its :class:`StepInfo`: step, metrics, user data and creation time.
+            StepInfo: Its :class:`StepInfo`: step, metrics, user data and creation time.
 
         Raises:
             CheckpointNotFoundError: No such step.

@@ -88,7 +88,7 @@ class Norms:
         """The norms as plain data, ready for :func:`json.dumps`.
 
         Returns:
-            ``{"url", "checkpoints", "depth", "measure", "rows", "damaged"}``: one row per
+            dict[str, Any]: ``{"url", "checkpoints", "depth", "measure", "rows", "damaged"}``: one row per
             address with its values and non-finite counts; non-finite values as the strings
             "nan" and "inf".
         """

@@ -111,7 +111,7 @@ class Store:
             storage_options: Options for the fsspec filesystem.
 
         Returns:
-            The :class:`Store` and the checkpoint name (None for a bare URL).
+            tuple[Store, str | None]: The :class:`Store` and the checkpoint name (None for a bare URL).
 
         Raises:
             InvalidInputError: ``spec`` is none of those forms, or the name is not a valid
@@ -153,7 +153,7 @@ class Store:
                 checkpoint's manifest.
 
         Returns:
-            A :class:`treestore.types.SaveResult`: leaves, bytes, chunks written and reused.
+            SaveResult: A :class:`treestore.types.SaveResult`: leaves, bytes, chunks written and reused.
 
         Raises:
             UnsupportedLeafError: A leaf has a type treestore cannot store (a ``TypeError``,
@@ -219,7 +219,7 @@ class Store:
             stale_after: Seconds after which a lock left by a crashed process is ignored.
 
         Returns:
-            A :class:`treestore.types.GcReport` of what was (or would be) removed.
+            GcReport: A :class:`treestore.types.GcReport` of what was (or would be) removed.
 
         Raises:
             StoreBusyError: Saves were still in flight after ``wait`` seconds.
@@ -242,7 +242,7 @@ class Store:
                 nothing hidden, nothing fatal).
 
         Returns:
-            A list of :class:`treestore.types.CheckpointInfo`.
+            list[CheckpointInfo]: A list of :class:`treestore.types.CheckpointInfo`.
 
         Raises:
             UnsupportedFormatError: A checkpoint of a newer format (without ``damaged``).
@@ -304,7 +304,7 @@ class Store:
             name: The checkpoint (default: the newest).
 
         Returns:
-            A :class:`treestore.types.Manifest`.
+            Manifest: A :class:`treestore.types.Manifest`.
 
         Raises:
             CheckpointNotFoundError: No such checkpoint.
@@ -331,7 +331,7 @@ class Store:
             name: The checkpoint (default: the newest).
 
         Returns:
-            A :class:`Checkpoint`.
+            Checkpoint: A :class:`Checkpoint`.
 
         Raises:
             CheckpointNotFoundError: No checkpoint of that name (or none at all).
@@ -454,7 +454,7 @@ class Store:
             options: Chunk sizes, packing and threads for the leaves of ``set``.
 
         Returns:
-            A :class:`treestore.types.SaveResult`.
+            SaveResult: A :class:`treestore.types.SaveResult`.
 
         Raises:
             CheckpointNotFoundError: ``base`` does not exist.
@@ -505,7 +505,7 @@ class Store:
             progress: Called as ``progress(done, total)`` with raw bytes compared.
 
         Returns:
-            A :class:`treestore.types.Timeline` of relative L2 changes (0.0 unchanged, NaN
+            Timeline: A :class:`treestore.types.Timeline` of relative L2 changes (0.0 unchanged, NaN
             absent), with ``heatmap()`` and ``to_html()``.
 
         Examples:
@@ -530,7 +530,7 @@ class Store:
             depth: Pool leaves by the first ``depth`` segments of their addresses.
 
         Returns:
-            A :class:`treestore.types.Norms` (NaN where a leaf is absent or has no statistics),
+            Norms: A :class:`treestore.types.Norms` (NaN where a leaf is absent or has no statistics),
             with ``heatmap()`` and ``to_json()``.
         """
         from treestore._api import norms as _norms

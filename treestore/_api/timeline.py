@@ -110,7 +110,7 @@ class Timeline:
             depth: How many leading address segments name a group (at least 1).
 
         Returns:
-            A :class:`Timeline` with one row per group, whose values pool its leaves'
+            Timeline: A :class:`Timeline` with one row per group, whose values pool its leaves'
             changes weighted by size (see the class).
 
         Raises:
@@ -146,8 +146,8 @@ class Timeline:
         """The timeline as plain data, ready for :func:`json.dumps`.
 
         Returns:
-            ``{"url", "checkpoints", "depth", "rows", "damaged"}``: one row per address with its
-            size, values and non-finite counts; non-finite values as the strings "nan" and
+            dict[str, Any]: ``{"url", "checkpoints", "depth", "rows", "damaged"}``: one row per
+            address with its size, values and non-finite counts; non-finite values as the strings "nan" and
             "inf".
         """
 

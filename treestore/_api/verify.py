@@ -243,7 +243,7 @@ def verify(
         repair_storage_options: Options for the filesystem of ``repair_from``.
 
     Returns:
-        A :class:`treestore.types.VerifyReport`.
+        VerifyReport: A :class:`treestore.types.VerifyReport`.
 
     Raises:
         CheckpointNotFoundError: No such checkpoint, or no checkpoints at all.

@@ -137,7 +137,7 @@ def watch(
         storage_options: Options for the fsspec filesystem.
 
     Yields:
-        A :class:`Checkpoint` view of each new checkpoint.
+        Checkpoint: A :class:`Checkpoint` view of each new checkpoint.
 
     Raises:
         CheckpointNotFoundError: ``since`` names no checkpoint.

@@ -262,7 +262,7 @@ def format_address(path: Sequence[object]) -> str:
             as ``jax.tree_util.tree_flatten_with_path`` gives.
 
     Returns:
-        The address, such as ``params/layers/0/w``; :func:`parse_address` gives the path back.
+        str: The address, such as ``params/layers/0/w``; :func:`parse_address` gives the path back.
 
     Raises:
         UnsupportedKeyError: A key entry no address can name: a dict key that is not a str,

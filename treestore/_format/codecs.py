@@ -84,7 +84,7 @@ class Codec:
         """The codec as a manifest records it (what :attr:`Checkpoint.codec` gives back).
 
         Returns:
-            ``{"name": ..., "level": ..., "byte_planes": ...}``.
+            dict[str, object]: ``{"name": ..., "level": ..., "byte_planes": ...}``.
 
         Examples:
             >>> Codec(level=3).to_record()
