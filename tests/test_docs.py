@@ -250,3 +250,30 @@ def test_the_error_table_names_every_error_class_and_its_builtin() -> None:
         row = next(line for line in table.splitlines() if line.startswith("|") and f"{name}`" in line)
         if builtin is not None and re.match(rf"\| `(errors\.)?{name}`", row):  # a group row names its builtin
             assert f"`{builtin}`" in row, (name, builtin, row)
+
+
+def _python_blocks(page: Path) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", page.read_text(encoding="utf-8"), flags=re.S)
+
+
+@pytest.mark.parametrize("page", ["docs/guides/migrating.md"])
+def test_each_example_block_runs_alone_and_pastes_into_a_repl(page: str) -> None:
+    """Every python block of the page runs in a fresh namespace (a reader pastes one section, not
+    the page), and every compound statement (def, with, for, ...) ends with an empty ``...``
+    line, which the interactive interpreter needs to run it."""
+    import doctest
+
+    parser = doctest.DocTestParser()
+    compound = re.compile(r"(?:def|with|for|while|if|try|class|async)\b")
+    for k, block in enumerate(_python_blocks(ROOT / page)):
+        lines = block.splitlines()
+        for i, line in enumerate(lines):
+            if line.startswith(">>> ") and compound.match(line[4:]):
+                end = i + 1
+                while end < len(lines) and lines[end].startswith("..."):
+                    end += 1
+                assert lines[end - 1] == "...", (page, k, line)  # the empty line that runs the block
+        test = parser.get_doctest(block, {}, f"{page} block {k}", page, 0)
+        runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
+        runner.run(test, out=lambda text: None)
+        assert runner.failures == 0, f"{page} block {k} does not run alone"
