@@ -426,7 +426,7 @@ def _submit_leaves(
             plans.append(None)
             continue
         if measure and (leaf.source is not None or leaf.data is None):
-            kept = [leaf.source] if leaf.source is not None else _kept_pieces(leaf)
+            kept = _on_device(leaf)
             if kept and _device_stats.measurable(np.dtype(kept[0].dtype)):
                 on_device[i] = _device_stats.dispatch(kept)  # before the slices, on each device
         if leaf.source is not None:  # kept on its device: chunked as it is fetched
@@ -541,8 +541,11 @@ def _submit_leaves(
     return packs
 
 
-def _kept_pieces(leaf: ArrayLeaf) -> list[Any]:
-    """The pieces of a sharded leaf that stay on their devices (jax arrays)."""
+def _on_device(leaf: ArrayLeaf) -> list[Any]:
+    """The jax arrays of a leaf that stay on their devices: the leaf itself, or the pieces of a
+    sharded one that are kept there (measured on their devices, in this order)."""
+    if leaf.source is not None:
+        return [leaf.source]
     return [piece for _, piece in leaf.pieces if type(piece) is not np.ndarray]
 
 
@@ -555,7 +558,7 @@ def _device_records(prepared: Prepared, on_device: dict[int, list[Any]]) -> dict
     for i in order:
         leaf = prepared.leaves[i][1]
         assert isinstance(leaf, ArrayLeaf)
-        kept = [leaf.source] if leaf.source is not None else _kept_pieces(leaf)
+        kept = _on_device(leaf)
         out[i] = [_device_stats.record(next(blocks), int(x.size)) for x in kept]
     return out
 
