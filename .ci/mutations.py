@@ -559,6 +559,14 @@ MUTATIONS: list[Mutation] = [
         [SIZES + "::test_two_pieces_that_overlap_and_leave_a_hole_are_refused"],
         "a leaf of two overlapping pieces loads uninitialised memory and verify calls it sound",
     ),
+    m(
+        "complex leaves unmeasured",
+        "treestore/_format/stats.py",
+        "    | dict.fromkeys(_PARTS, COMPLEX)\n",
+        "",
+        ["tests/test_health_retention.py::test_a_complex_leaf_holding_nan_is_never_healthy"],
+        "a NaN in a complex leaf leaves health unknown, and retention may drop the good step",
+    ),
 ]
 
 PROBE = """\

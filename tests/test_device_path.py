@@ -196,3 +196,15 @@ def test_a_load_onto_an_accelerator_reads_in_groups_and_waits_for_old_copies(
     waits = [i for i, (what, _) in enumerate(events) if what == "wait"]
     assert len(waits) == len(reads) - 2  # before the third group's read and every one after
     assert all(events[i - 1][0] == "read" and events[i - 2][0] == "read" for i in waits[:1])
+
+
+def test_a_complex_leaf_on_the_device_path_is_measured_by_its_parts_on_the_host() -> None:
+    z = (np.arange(50_000) + 1j * np.arange(50_000)[::-1]).astype(np.complex64)
+    z[7] = complex(np.nan, 0)
+    store = treestore.Store("memory://device-path/complex")
+    options = treestore.SaveOptions(**{**ALWAYS, "chunk_size": 64 * 1024})
+    store.save({"z": jnp.asarray(z)}, "a", options=options)
+    got = store.open("a").stats()["z"]
+    want = host_stats.measure(z)
+    assert (got.nan, got.posinf, got.neginf, got.min, got.max) == tuple(want[1:6]) and got.nan == 1
+    assert math.isclose(got.l2, math.sqrt(want[6]), rel_tol=1e-12) and store.open("a").healthy is False

@@ -105,14 +105,19 @@ def test_a_callers_check_and_unknown_statistics(tmp_path):
 
 
 def test_a_complex_leaf_holding_nan_is_never_healthy(tmp_path):
-    """Complex leaves have no statistics: a checkpoint holding one is of unknown health, so a NaN
-    inside it is never reported healthy (library, retention and the health command alike)."""
+    """A complex leaf is measured by its real and imaginary parts: a NaN in either makes the step
+    unhealthy (library, retention and the health command alike), and retention keeps the step
+    before it (it was reported healthy: complex leaves had no statistics)."""
     url = str(tmp_path / "run")
     with treestore.CheckpointManager(url, keep_last=1, async_save=False) as m:
         m.save(0, {"w": np.ones(3, np.float32), "z": np.ones(2, np.complex64)})
-        m.save(1, {"w": np.ones(3, np.float32), "z": np.array([np.nan, 1], np.complex64)})
-        assert treestore.open(f"{url}#step-000000001").healthy is None
-        assert m.latest_step(healthy=True) is None
+        m.save(1, {"w": np.ones(3, np.float32), "z": np.array([complex(1, np.nan), 1], np.complex64)})
+        assert treestore.open(f"{url}#step-000000000").healthy is True
+        ckpt = treestore.open(f"{url}#step-000000001")
+        assert ckpt.healthy is False and ckpt.nonfinite() == ["z"]
+        assert m.steps() == [0, 1] and m.latest_step(healthy=True) == 0
+    found = json.loads(run_cli("health", "--json", url).output)
+    assert [c["healthy"] for c in found["checkpoints"]] == [True, False]
 
 
 def test_an_unknown_newer_step_does_not_take_the_healthy_steps_protection(tmp_path):

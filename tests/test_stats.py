@@ -28,6 +28,8 @@ SMALL = SaveOptions(chunk_size=4096, small_leaf=1024, pack_size=4096, threads=2)
 def reference(x: np.ndarray) -> tuple[int, int, int, object, object, float]:
     """NaN, +inf, -inf counts, finite min and max, L2 norm: computed the plain way, in float64."""
     x = np.asarray(x)
+    if x.dtype.kind == "c":  # its real and imaginary parts, as real numbers
+        x = np.stack([x.real, x.imag], axis=-1)
     if x.dtype.kind in "iub":
         ints = x.astype(np.int64 if x.dtype.kind != "u" else np.uint64).ravel()
         lo = int(ints.min()) if ints.size else None
@@ -79,7 +81,18 @@ def values() -> dict[str, np.ndarray]:
         "all_nan": np.full(2000, np.nan, np.float32),
         "inf_only": np.array([np.inf, -np.inf, np.inf]),
         "f32_big": rng.standard_normal(20000).astype(np.float32) * 3e18,  # float32 squares overflow
+        "c64": _complex(rng, 3000, np.complex64),  # NaN and inf in either part, across chunks
+        "c128": _complex(rng, 700, np.complex128),
+        "c_small": np.array([1 + 2j, np.nan + 1j, 3 - np.inf * 1j], np.complex64),  # packed
     }
+
+
+def _complex(rng: np.random.Generator, n: int, dtype: type) -> np.ndarray:
+    z = (rng.standard_normal(n) + 1j * rng.standard_normal(n)).astype(dtype)
+    z[5] = complex(np.nan, 1.0)
+    z[n // 2] = complex(2.0, np.inf)
+    z[n - 1] = complex(-np.inf, np.nan)
+    return z
 
 
 @pytest.mark.parametrize("options", [SMALL, SaveOptions()], ids=["many-chunks", "defaults"])
@@ -91,6 +104,7 @@ def test_stats_equal_an_independent_numpy_reference(options):
         "n": 3,
         "flag": True,
         "c": np.ones(3, complex),
+        "c_finite": np.array([3 + 4j, 0j], np.complex64),
     }
     store = treestore.Store(f"memory://stats/ref-{options.chunk_size}")
     store.save(tree, "a", options=options)
@@ -103,7 +117,9 @@ def test_stats_equal_an_independent_numpy_reference(options):
     assert (got["scalar"].min, got["scalar"].l2) == (2.5, 2.5)
     assert got["scalar_nan"].nan == 1 and not got["scalar_nan"].healthy
     assert (got["n"].max, got["flag"].max) == (3, True)
-    assert "c" not in got  # complex: unknown
+    assert (got["c"].l2, got["c"].min, got["c"].max) == (math.sqrt(3), 0.0, 1.0)  # parts 1, 0
+    assert got["c_finite"].l2 == 5.0 and got["c_finite"].healthy and got["c_finite"].finite == 4
+    assert got["c64"].nonfinite == 4 and not got["c64"].healthy
     assert got["bool"].dtype == "bool" and got["bool"].max is True
 
 
@@ -232,6 +248,7 @@ def tampered(change) -> tuple[Checkpoint, object]:
         "w": np.array([1.0, -2.0, np.nan]),
         "i": np.arange(10, dtype=np.int8),
         "x": np.ones(4, np.float32),
+        "z": np.array([complex(np.nan, np.nan), complex(np.nan, 1), 3 + 4j], np.complex64),
     }
     store.save(tree, "a", overwrite=True)
     rec = manifest_record(store, "a")
@@ -256,7 +273,7 @@ def test_a_stats_field_of_the_wrong_size_or_type_is_ignored_and_the_rest_read(st
 
 def _set(address: str, **fields):
     def change(rec, table):
-        index = sorted(["w", "i", "x"]).index(address)  # leaves in jax's order: sorted keys
+        index = sorted(["w", "i", "x", "z"]).index(address)  # leaves in jax's order: sorted keys
         for key, value in fields.items():
             table[key][index] = value
         return table.tobytes()
@@ -278,24 +295,29 @@ def _set(address: str, **fields):
         ("i", {"max": 1000}),  # outside int8
         ("i", {"kind": 1}),  # a float record for an int8 leaf
         ("x", {"kind": 9}),  # no such kind
+        ("z", {"nan": 7}),  # more NaN parts than a 3-element complex leaf has parts
+        ("z", {"kind": 1}),  # a float record for a complex leaf
+        ("w", {"kind": 4}),  # a complex record for a float leaf
     ],
 )
 def test_a_record_that_makes_no_sense_is_ignored_alone(address, fields):
     ckpt, columns = tampered(_set(address, **fields))
     stats = ckpt.stats()
-    assert address not in stats and len(stats) == 2, stats
+    assert address not in stats and len(stats) == 3, stats
     assert "statistics of 1 leaves ignored" in columns.stats_note
 
 
 def test_a_sound_record_still_reads_after_the_check():
     ckpt, columns = tampered(lambda rec, table: table.tobytes())
     assert columns.stats_note is None
-    assert ckpt.nonfinite() == ["w"] and as_tuple(ckpt.stats()["w"])[:5] == (1, 0, 0, -2.0, 1.0)
+    assert ckpt.nonfinite() == ["w", "z"] and as_tuple(ckpt.stats()["w"])[:5] == (1, 0, 0, -2.0, 1.0)
+    z = ckpt.stats()["z"]  # 3 NaN parts of 6: more than its 3 elements, as parts may be
+    assert as_tuple(z)[:5] == (3, 0, 0, 1.0, 4.0) and z.finite == 3 and z.l2 == math.sqrt(26)
 
 
 def test_statistics_cost_no_pass_over_a_leaf_the_save_does_not_measure():
-    """PRNG key data and complex numbers have no statistics; their records are unknown, and a
-    complex leaf without statistics makes the checkpoint's health unknown, never healthy."""
+    """PRNG key data has no statistics (its record is unknown): a checkpoint of keys alone is
+    healthy (key data cannot hold NaN); complex leaves are measured by their parts."""
     import jax
 
     tree = {"key": jax.random.key(0), "c": np.ones(4, np.complex64)}
@@ -304,7 +326,7 @@ def test_statistics_cost_no_pass_over_a_leaf_the_save_does_not_measure():
     from treestore._engine.write import write
 
     write(store.storage, p, "k")
-    assert store.open("k").stats() == {} and store.open("k").healthy is None
+    assert list(store.open("k").stats()) == ["c"] and store.open("k").healthy is True
     write(store.storage, prepare({"key": jax.random.key(0)}), "keys-only")
     assert store.open("keys-only").healthy is True  # key data cannot hold NaN
 

@@ -27,16 +27,18 @@ class ValueStats:
 
     ``min`` and ``max`` are over the finite elements (None when there is none); ``l2`` is the
     L2 norm of the finite elements, accumulated in float64. Integer and bool leaves have no
-    non-finite elements. They are read from the manifest alone and are advisory: shown, and used
-    to decide retention, never to check data.
+    non-finite elements. A complex leaf is described by its elements' real and imaginary parts,
+    ``2 * size`` real numbers: the counts, ``min``, ``max`` and ``l2`` are theirs (``l2`` is the
+    norm of the complex vector when every part is finite). They are read from the manifest alone
+    and are advisory: shown, and used to decide retention, never to check data.
 
     Attributes:
         address: The leaf's address.
         dtype: Its numpy dtype name; ``"float"``, ``"int"`` or ``"bool"`` for a Python scalar.
         size: Its number of elements.
-        nan: NaN elements.
-        posinf: +inf elements.
-        neginf: -inf elements.
+        nan: NaN elements (of a complex leaf: NaN parts).
+        posinf: +inf elements (parts).
+        neginf: -inf elements (parts).
         min: The smallest finite element (None when there is none).
         max: The largest finite element (None when there is none).
         l2: The L2 norm of the finite elements.
@@ -67,8 +69,8 @@ class ValueStats:
 
     @property
     def finite(self) -> int:
-        """Elements that are neither NaN nor ±inf."""
-        return self.size - self.nonfinite
+        """Elements (of a complex leaf: parts) that are neither NaN nor ±inf."""
+        return self.size * _stats.parts(self.dtype) - self.nonfinite
 
     @property
     def healthy(self) -> bool:
@@ -127,7 +129,7 @@ def _of_value(address: str, kind: str, value: object) -> ValueStats | None:
 
 def _of_record(address: str, dtype: str, size: int, r: _stats.Record) -> ValueStats:
     kind, nan, pos, neg, lo, hi, sumsq = r
-    finite = size - nan - pos - neg
+    finite = size * _stats.parts(dtype) - nan - pos - neg
     if kind == _stats.UINT and dtype == "bool":
         lo, hi = bool(lo), bool(hi)
     return ValueStats(
@@ -164,7 +166,8 @@ def nonfinite_leaves(columns: Columns) -> np.ndarray:
     found = np.zeros(len(columns), bool)
     table = columns.stats
     if table is not None:
-        found |= (table["kind"] == _stats.FLOAT) & ((table["nan"] | table["posinf"] | table["neginf"]) > 0)
+        real = (table["kind"] == _stats.FLOAT) | (table["kind"] == _stats.COMPLEX)
+        found |= real & ((table["nan"] | table["posinf"] | table["neginf"]) > 0)
     kinds = columns.leaves["kind"]
     for i in np.flatnonzero(kinds == KINDS.index("float")).tolist():
         value = columns.value(i)
@@ -172,7 +175,7 @@ def nonfinite_leaves(columns: Columns) -> np.ndarray:
     return np.flatnonzero(found)
 
 
-_MAY_HOLD_NAN = np.array([_stats.kind_of(n) == _stats.FLOAT or n.startswith("complex") for n in DTYPE_NAMES])
+_MAY_HOLD_NAN = np.array([_stats.kind_of(n) in (_stats.FLOAT, _stats.COMPLEX) for n in DTYPE_NAMES])
 
 
 def health(columns: Columns) -> bool | None:

@@ -1,6 +1,8 @@
 """Per-leaf statistics of the values a save stored (the optional ``stats`` column of a version-2
 manifest): how many elements are NaN, +inf and -inf, the smallest and largest finite element,
 and the sum of the squares of the finite elements (the L2 norm squared), accumulated in float64.
+A complex leaf is measured as the real numbers that make it up (each element's real and imaginary
+parts): its counts are of parts, and its L2 norm is the norm of the complex vector.
 
 A save measures each chunk on the thread that hashes and compresses it (the bytes are in cache
 then) and combines the chunks' records into the leaf's exactly: counts add, minima and maxima
@@ -24,7 +26,9 @@ from typing import Any
 import numpy as np
 
 # Record kinds: how ``min`` and ``max`` are read (the 8 bytes as float64, int64 or uint64).
-UNKNOWN, FLOAT, INT, UINT = 0, 1, 2, 3
+# COMPLEX: a complex leaf's parts (2 per element) measured as FLOAT ones.
+UNKNOWN, FLOAT, INT, UINT, COMPLEX = 0, 1, 2, 3, 4
+_REAL = (FLOAT, COMPLEX)  # kinds whose min and max are float64
 STATS_DTYPE = np.dtype(
     [
         ("kind", "u1"),
@@ -58,14 +62,19 @@ _FLOATS = [
 _INTS = {"int8": 8, "int16": 16, "int32": 32, "int64": 64, "int2": 2, "int4": 4}
 _UINTS = {"bool": 1, "uint8": 8, "uint16": 16, "uint32": 32, "uint64": 64, "uint2": 2, "uint4": 4}
 _SUB_BYTE = {"int2": np.int8, "int4": np.int8, "uint2": np.uint8, "uint4": np.uint8}
+_PARTS = {"complex64": np.float32, "complex128": np.float64}  # the real type of a complex one
 KIND_OF: dict[str, int] = (
-    {n: FLOAT for n in _FLOATS} | dict.fromkeys(_INTS, INT) | dict.fromkeys(_UINTS, UINT)
+    {n: FLOAT for n in _FLOATS}
+    | dict.fromkeys(_INTS, INT)
+    | dict.fromkeys(_UINTS, UINT)
+    | dict.fromkeys(_PARTS, COMPLEX)
 )
 
 # A record is (kind, nan, posinf, neginf, min, max, sumsq) with min and max as Python numbers.
 Record = tuple[int, int, int, int, Any, Any, float]
 _EMPTY: dict[int, Record] = {
     FLOAT: (FLOAT, 0, 0, 0, math.inf, -math.inf, 0.0),
+    COMPLEX: (COMPLEX, 0, 0, 0, math.inf, -math.inf, 0.0),
     INT: (INT, 0, 0, 0, 2**63 - 1, -(2**63), 0.0),
     UINT: (UINT, 0, 0, 0, 2**64 - 1, 0, 0.0),
 }
@@ -77,7 +86,7 @@ _scratch = threading.local()
 
 
 def kind_of(dtype_name: str) -> int:
-    """The record kind of a leaf of dtype ``dtype_name`` (UNKNOWN for complex dtypes)."""
+    """The record kind of a leaf of dtype ``dtype_name`` (UNKNOWN for a dtype without one)."""
     return KIND_OF.get(dtype_name, UNKNOWN)
 
 
@@ -161,12 +170,19 @@ def _numeric(flat: np.ndarray, kind: int) -> np.ndarray:
     return flat
 
 
+def parts(dtype_name: str) -> int:
+    """The real numbers a record counts per element of ``dtype_name``: 2 for a complex dtype."""
+    return 2 if dtype_name in _PARTS else 1
+
+
 def measure(values: np.ndarray) -> Record:
     """The record of the elements of ``values`` (any shape; UNKNOWN for a dtype without one)."""
     kind = kind_of(values.dtype.name)
     if kind == UNKNOWN or values.size == 0:
         return empty(kind)
     flat = values.reshape(-1)
+    if kind == COMPLEX:  # its parts, as a float leaf of twice the elements
+        return (COMPLEX, *measure(flat.view(_PARTS[flat.dtype.name]))[1:])
     if kind != FLOAT:
         x = _numeric(flat, kind)
         return (kind, 0, 0, 0, int(x.min()), int(x.max()), _sumsq(x))
@@ -205,6 +221,9 @@ def measure_segments(values: np.ndarray, starts: np.ndarray) -> list[Record]:
     kind = kind_of(values.dtype.name)
     if kind == UNKNOWN:
         return [empty(kind)] * len(starts)
+    if kind == COMPLEX:
+        real = measure_segments(values.view(_PARTS[values.dtype.name]), starts * 2)
+        return [(COMPLEX, *r[1:]) for r in real]
     x = _numeric(values, kind)
     lo, hi = np.minimum.reduceat(x, starts), np.maximum.reduceat(x, starts)
     if kind == FLOAT and not (np.isfinite(lo).all() and np.isfinite(hi).all()):
@@ -254,7 +273,7 @@ def column(records: list[Record]) -> np.ndarray:
         out[name] = [r[j] for r in records]
     out["sumsq"] = [r[6] for r in records]
     for j, name in ((4, "min"), (5, "max")):
-        for kind, dtype in ((FLOAT, "<f8"), (INT, "<i8"), (UINT, "<u8")):
+        for kind, dtype in ((FLOAT, "<f8"), (COMPLEX, "<f8"), (INT, "<i8"), (UINT, "<u8")):
             rows = np.flatnonzero(kinds == kind)
             if len(rows):
                 out[name][rows] = np.array([records[i][j] for i in rows.tolist()], dtype).view("<i8")
@@ -267,7 +286,7 @@ def records(table: np.ndarray) -> list[Record]:
     f_lo, f_hi = table["min"].view("<f8"), table["max"].view("<f8")
     u_lo, u_hi = table["min"].view("<u8"), table["max"].view("<u8")
     for i, kind in enumerate(table["kind"].tolist()):
-        if kind == FLOAT:
+        if kind in _REAL:
             lo, hi = float(f_lo[i]), float(f_hi[i])
         elif kind == UINT:
             lo, hi = int(u_lo[i]), int(u_hi[i])
@@ -294,7 +313,7 @@ def combine_columns(tables: list[np.ndarray], kinds: np.ndarray) -> np.ndarray:
         out[name] = stack[name].sum(axis=0, dtype=np.uint64)
     out["sumsq"] = stack["sumsq"].sum(axis=0)
     for name, pick in (("min", np.min), ("max", np.max)):
-        for kind, dtype in ((FLOAT, "<f8"), (INT, "<i8"), (UINT, "<u8")):
+        for kind, dtype in ((FLOAT, "<f8"), (COMPLEX, "<f8"), (INT, "<i8"), (UINT, "<u8")):
             rows = np.flatnonzero(kinds == kind)
             if len(rows):
                 out[name][rows] = pick(stack[name][:, rows].view(dtype), axis=0).view("<i8")
@@ -333,7 +352,7 @@ def check_column(
     expect = np.where(measured, by_code[np.minimum(codes, len(names) - 1)], UNKNOWN)
     kind = table["kind"]
     ok = (kind == expect) | (kind == UNKNOWN)
-    size = elements.astype(np.uint64)
+    size = elements.astype(np.uint64) * np.where(kind == COMPLEX, 2, 1).astype(np.uint64)  # real parts
     nan, pos, neg = table["nan"], table["posinf"], table["neginf"]
     with np.errstate(over="ignore"):
         ok &= (nan <= size) & (pos <= size - np.minimum(nan, size))
@@ -342,12 +361,12 @@ def check_column(
         finite = size - np.minimum(nan + pos + neg, size)
     sumsq = table["sumsq"]
     ok &= ~np.isnan(sumsq) & (sumsq >= 0)
-    ok &= (kind == FLOAT) | ((nan == 0) & (pos == 0) & (neg == 0))
+    floats = (kind == FLOAT) | (kind == COMPLEX)
+    ok &= floats | ((nan == 0) & (pos == 0) & (neg == 0))
     has = finite > 0
     ok &= has | (sumsq == 0)
     lo_f, hi_f = table["min"].view("<f8"), table["max"].view("<f8")
     with np.errstate(invalid="ignore", over="ignore"):
-        floats = kind == FLOAT
         ok &= ~(floats & has) | (np.isfinite(lo_f) & np.isfinite(hi_f) & (lo_f <= hi_f))
         top = np.maximum(np.abs(lo_f), np.abs(hi_f))
         big = top * top
@@ -373,6 +392,7 @@ def check_column(
 
 
 __all__ = [
+    "COMPLEX",
     "FLOAT",
     "INT",
     "STATS_DTYPE",
@@ -387,5 +407,6 @@ __all__ = [
     "empty",
     "kind_of",
     "measure",
+    "parts",
     "records",
 ]
