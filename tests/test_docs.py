@@ -257,11 +257,19 @@ def _python_blocks(page: Path) -> list[str]:
 
 
 @pytest.mark.parametrize("page", ["docs/guides/migrating.md"])
-def test_each_example_block_runs_alone_and_pastes_into_a_repl(page: str) -> None:
+def test_each_example_block_runs_alone_and_pastes_into_a_repl(
+    page: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Every python block of the page runs in a fresh namespace (a reader pastes one section, not
     the page), and every compound statement (def, with, for, ...) ends with an empty ``...``
-    line, which the interactive interpreter needs to run it."""
+    line, which the interactive interpreter needs to run it. The blocks' memory:// stores are
+    their own (the page's doctest saves under the same names)."""
     import doctest
+
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    monkeypatch.setattr(MemoryFileSystem, "store", {})
+    monkeypatch.setattr(MemoryFileSystem, "pseudo_dirs", [""])
 
     parser = doctest.DocTestParser()
     compound = re.compile(r"(?:def|with|for|while|if|try|class|async)\b")
