@@ -95,6 +95,22 @@ def _a_shape_over_the_size_bound(rec: dict[str, Any], a: dict[str, np.ndarray]) 
     a["shapes"][start : start + 2] = 2**47
 
 
+def _no_root_node(rec: dict[str, Any], a: dict[str, np.ndarray]) -> None:  # check_nodes
+    a["nodes"] = a["nodes"][:0]
+
+
+def _root_with_a_parent(rec: dict[str, Any], a: dict[str, np.ndarray]) -> None:  # check_nodes
+    a["nodes"]["parent"][0] = 1
+
+
+def _key_outside_the_segments(rec: dict[str, Any], a: dict[str, np.ndarray]) -> None:  # check_nodes
+    a["nodes"]["key"][1] = len(rec["segments"]) + 5
+
+
+def _a_name_without_its_node(rec: dict[str, Any], a: dict[str, np.ndarray]) -> None:  # check_nodes
+    rec["node_names"] = ["Point"]  # no namedtuple or custom node to name
+
+
 @pytest.mark.parametrize(
     "change, words",
     [
@@ -107,6 +123,10 @@ def _a_shape_over_the_size_bound(rec: dict[str, Any], a: dict[str, np.ndarray]) 
         (_segments_not_str, "'segments' should be a list of str"),
         (_metadata_over_its_bound, "metadata is"),
         (_a_shape_over_the_size_bound, "is too large to exist"),
+        (_no_root_node, "the tree has no root node"),
+        (_root_with_a_parent, "the root node should have parent 0 and key 0"),
+        (_key_outside_the_segments, "key is outside the"),
+        (_a_name_without_its_node, "one str name per namedtuple or custom node"),
     ],
     ids=lambda x: getattr(x, "__name__", "")[1:] or None,
 )
