@@ -6,6 +6,7 @@ import io
 import json
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import textwrap
@@ -472,3 +473,40 @@ def test_import_safetensors_without_the_package_names_what_to_install(tmp_path):
     message = rest.partition(" ")[2].replace("weights.safetensors", "<file>")
     assert "safetensors" in message and "install" in message.lower(), message
     assert store_files(url) == set(), "the failed import wrote objects"
+
+
+def _st_file(path: Path, header: bytes, data: bytes = b"") -> Path:
+    path.write_bytes(struct.pack("<Q", len(header)) + header + data)
+    return path
+
+
+@pytest.mark.parametrize(
+    "header, data, words",
+    [
+        (b"{}", b"", None),  # (a sound empty file, for contrast: it imports)
+        (b'{"a": 1}' + b" " * 10, b"", "header of 1,000,000 bytes"),
+        (b"{not json", b"", "its header is not JSON"),
+        (b"[1, 2]", b"", "its header is not a JSON object"),
+        (b'{"w": {"shape": [2], "data_offsets": [0, 8]}}', b"\0" * 8, "has header entry"),
+        (b'{"w": {"dtype": "X99", "shape": [2], "data_offsets": [0, 8]}}', b"\0" * 8, "has dtype X99"),
+        (  # each entry sound alone, the two overlap: the safetensors package refuses the file
+            b'{"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},'
+            b' "b": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}',
+            b"\0" * 8,
+            "is not a valid safetensors file",
+        ),
+    ],
+    ids=["sound", "header-longer-than-file", "not-json", "not-an-object", "entry", "dtype", "overlap"],
+)
+def test_a_hostile_safetensors_header_is_refused_naming_what_is_wrong(tmp_path, header, data, words):
+    if words is not None and words.startswith("header of"):
+        path = tmp_path / "h.safetensors"
+        path.write_bytes(struct.pack("<Q", 1_000_000) + header)
+    else:
+        path = _st_file(tmp_path / "h.safetensors", header, data)
+    if words is None:
+        assert treestore.import_file(path, memory() + "#x").leaves == 0
+        return
+    with pytest.raises(treestore.UnsupportedFormatError) as info:
+        treestore.import_file(path, memory() + "#x")
+    assert words in str(info.value)
