@@ -322,3 +322,50 @@ def test_memory_store_reads_only_under_its_root():
     assert treestore.Store(url).gc(grace=0).damaged == ("bad",)  # its manifest is refused
     outside = sorted({p for p in AuditedMemory.paths if not p.startswith(f"{base}/store/")})
     assert not outside, f"paths outside the store were used: {outside[:5]}"
+
+
+def _swapped_after_lstat(monkeypatch: pytest.MonkeyPatch, target: str) -> None:
+    """``os.lstat`` of ``target`` reports a regular file, as it was a moment before another
+    process swapped it: the window between a reader's look and its open, made deterministic."""
+    from treestore._storage import local
+
+    real = os.lstat
+    regular = os.lstat(__file__)
+
+    def lstat(path: Any, *args: Any, **kwargs: Any) -> os.stat_result:
+        return regular if os.fspath(path) == target else real(path, *args, **kwargs)
+
+    monkeypatch.setattr(local.os, "lstat", lstat)
+
+
+@pytest.mark.parametrize("swap", ["symlink", "fifo"])
+def test_an_object_swapped_for_a_link_or_fifo_after_it_was_looked_at_is_refused(tmp_path, monkeypatch, swap):
+    """A chunk replaced by a link (or a FIFO) between the reader's lstat and its open: the open
+    refuses to follow the link (O_NOFOLLOW) and the open file is checked again (fstat), so the
+    read fails with StorageError instead of reading outside the store or blocking on a FIFO."""
+    url = str(tmp_path / "s")
+    treestore.save(url, {"w": np.arange(50_000, dtype=np.float32)}, "a")
+    (path,) = hostile.chunk_paths(url, "a")["w"]
+    full = os.path.join(url, path)
+    os.unlink(full)
+    if swap == "symlink":
+        outside = tmp_path / "outside"
+        outside.write_bytes(b"secret")
+        os.symlink(outside, full)
+    else:
+        os.mkfifo(full)
+    _swapped_after_lstat(monkeypatch, full)
+    with pytest.raises(
+        treestore.StorageError, match="is a symlink" if swap == "symlink" else "not a regular file"
+    ):
+        treestore.load(url, "a")
+
+
+def test_an_object_path_through_a_file_is_a_storage_error(tmp_path):
+    """Inspecting an object whose folder is a file (lstat fails with ENOTDIR) is a StorageError
+    naming it, not a bare OSError and not "absent"."""
+    url = str(tmp_path / "s")
+    treestore.save(url, {"w": np.arange(10.0)}, "a")
+    (tmp_path / "s" / "chunks" / "zz").write_bytes(b"a file where a folder would be")
+    with pytest.raises(treestore.StorageError, match=r"inspecting .*chunks/zz/x failed"):
+        hostile.storage(url).object_size("chunks/zz/x")

@@ -202,3 +202,15 @@ def test_plane_fields_of_a_chunk_without_planes(store, field, leaf):
     assert isinstance(out["load"].error, treestore.errors.ChunkDamagedError), (
         "a non-canonical chunk header was accepted"
     )
+
+
+def test_a_version_1_leaf_whose_shape_its_chunks_do_not_hold(store):
+    """Version 1: a leaf's shape one element larger than its chunks hold is refused by every
+    reader, naming the leaf and both sizes (never a read past the data)."""
+    store.mutate_manifest(hostile.set_leaf("ids", shape=[40_001]))
+    out = store.check(ops=["manifest", "load", "open", "verify"])
+    for op in ("manifest", "load", "open"):
+        error = out[op].error
+        assert isinstance(error, treestore.errors.ManifestDamagedError), errors(out)
+        assert "leaf ids" in str(error) and "needs 160004 bytes, chunks hold 160000" in str(error)
+    assert not out["verify"].value.ok
