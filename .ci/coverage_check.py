@@ -41,30 +41,29 @@ SAFETY = {
 
 def _raises(path: Path) -> list[tuple[int, str]]:
     """(line, key) of each ``raise`` of a SAFETY error in ``path``; the key names the file, the
-    enclosing function, the error and its rank among those of the function (stable across edits
-    that only move lines)."""
+    innermost enclosing function, the error and its rank, in source order, among that
+    function's raises of it (stable across edits that only move lines)."""
     tree = ast.parse((ROOT / path).read_text(encoding="utf-8"))
-    out: list[tuple[int, str]] = []
+    found: list[tuple[int, str, str]] = []  # (line, function, error)
 
     def visit(node: ast.AST, where: str) -> None:
-        seen: dict[str, int] = {}
         for child in ast.iter_child_nodes(node):
             if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 visit(child, f"{where}.{child.name}" if where else child.name)
                 continue
-            for sub in [child, *ast.walk(child)]:
-                if isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                    break
-                if isinstance(sub, ast.Raise) and sub.exc is not None:
-                    fn = sub.exc.func if isinstance(sub.exc, ast.Call) else sub.exc
-                    name = fn.attr if isinstance(fn, ast.Attribute) else getattr(fn, "id", "")
-                    if name in SAFETY:
-                        seen[name] = seen.get(name, 0) + 1
-                        out.append(
-                            (sub.lineno, f"{path.as_posix()}:{where or '<module>'}:{name}#{seen[name]}")
-                        )
+            if isinstance(child, ast.Raise) and child.exc is not None:
+                fn = child.exc.func if isinstance(child.exc, ast.Call) else child.exc
+                name = fn.attr if isinstance(fn, ast.Attribute) else getattr(fn, "id", "")
+                if name in SAFETY:
+                    found.append((child.lineno, where or "<module>", name))
+            visit(child, where)
 
     visit(tree, "")
+    out: list[tuple[int, str]] = []
+    rank: dict[tuple[str, str], int] = {}
+    for line, function, name in sorted(found):
+        rank[function, name] = rank.get((function, name), 0) + 1
+        out.append((line, f"{path.as_posix()}:{function}:{name}#{rank[function, name]}"))
     return out
 
 

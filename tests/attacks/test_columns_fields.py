@@ -32,6 +32,7 @@ def _saved(tmp_path: Any) -> str:
         "j": jax.numpy.ones(4),  # a jax array
         "key": jax.random.key(0),  # PRNG key data, uint32[2]
         "sharded": jax.device_put(np.arange(512, dtype=np.float32).reshape(16, 32), spec),  # 2 pieces
+        "step": 3,  # a scalar
     }
     treestore.save(url, tree, "bad", options=treestore.SaveOptions(chunk_size=64 * 1024, small_leaf=4096))
     return url
@@ -111,6 +112,18 @@ def _a_name_without_its_node(rec: dict[str, Any], a: dict[str, np.ndarray]) -> N
     rec["node_names"] = ["Point"]  # no namedtuple or custom node to name
 
 
+def _a_piece_record_missing(rec: dict[str, Any], a: dict[str, np.ndarray]) -> None:  # _check_pieces
+    a["piece_chunks"] = a["piece_chunks"][:-1]
+
+
+def _a_piece_start_missing(rec: dict[str, Any], a: dict[str, np.ndarray]) -> None:  # _check_pieces
+    a["piece_start"] = a["piece_start"][:-1]
+
+
+def _a_scalar_with_dimensions(rec: dict[str, Any], a: dict[str, np.ndarray]) -> None:  # validate
+    a["leaves"]["ndim"][_leaf(rec, a, "int")] = 1
+
+
 @pytest.mark.parametrize(
     "change, words",
     [
@@ -127,6 +140,9 @@ def _a_name_without_its_node(rec: dict[str, Any], a: dict[str, np.ndarray]) -> N
         (_root_with_a_parent, "the root node should have parent 0 and key 0"),
         (_key_outside_the_segments, "key is outside the"),
         (_a_name_without_its_node, "one str name per namedtuple or custom node"),
+        (_a_piece_record_missing, "piece records for"),
+        (_a_piece_start_missing, "piece boxes hold"),
+        (_a_scalar_with_dimensions, "a scalar leaf has a dtype, dimensions, flags or chunks"),
     ],
     ids=lambda x: getattr(x, "__name__", "")[1:] or None,
 )
