@@ -120,6 +120,10 @@ def _a_piece_start_missing(rec: dict[str, Any], a: dict[str, np.ndarray]) -> Non
     a["piece_start"] = a["piece_start"][:-1]
 
 
+def _a_piece_start_beyond_any_dimension(rec: dict[str, Any], a: dict[str, np.ndarray]) -> None:
+    a["piece_start"][0] = 2**49  # _check_pieces: over 2**48, before any arithmetic on it
+
+
 def _a_scalar_with_dimensions(rec: dict[str, Any], a: dict[str, np.ndarray]) -> None:  # validate
     a["leaves"]["ndim"][_leaf(rec, a, "int")] = 1
 
@@ -143,6 +147,7 @@ def _a_scalar_with_dimensions(rec: dict[str, Any], a: dict[str, np.ndarray]) -> 
         (_a_piece_record_missing, "piece records for"),
         (_a_piece_start_missing, "piece boxes hold"),
         (_a_scalar_with_dimensions, "a scalar leaf has a dtype, dimensions, flags or chunks"),
+        (_a_piece_start_beyond_any_dimension, "a piece start or dimension is over 2**48"),
     ],
     ids=lambda x: getattr(x, "__name__", "")[1:] or None,
 )
