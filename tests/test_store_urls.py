@@ -46,3 +46,19 @@ def test_what_needs_the_filesystem_object_makes_it_on_first_use(tmp_path: Path):
     assert storage.exists("checkpoints/c") and not storage.exists("checkpoints/d")  # fsspec's exists
     assert storage._fs is not None and storage.protocol == "file"
     np.testing.assert_array_equal(treestore.load(url, "c")["w"], np.arange(3.0))
+
+
+def test_checkpoint_arguments_of_the_wrong_form_are_refused_naming_the_forms(tmp_path):
+    """A checkpoint is URL, URL#NAME or (URL, NAME): a pair of the wrong shape, another type, or
+    a name given twice that disagrees are InvalidInputErrors that say so; a name given twice
+    that agrees is fine."""
+    url = str(tmp_path / "s")
+    treestore.save(url, {"w": np.arange(3.0)}, "a")
+    for bad in ((url, 5), (url,), (url, "a", "b"), (5, "a")):
+        with pytest.raises(treestore.InvalidInputError, match=r"URL, URL#NAME or \(URL, NAME\), got \("):
+            treestore.load(bad)  # type: ignore[arg-type]
+    with pytest.raises(treestore.InvalidInputError, match="got int"):
+        treestore.load(42)  # type: ignore[arg-type]
+    with pytest.raises(treestore.InvalidInputError, match=r"named twice: 'a' in .*#\.\.\. and 'b'"):
+        treestore.open(f"{url}#a", "b")
+    assert treestore.open(f"{url}#a", "a").name == "a" and treestore.open((url, "a")).name == "a"
