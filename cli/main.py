@@ -114,15 +114,16 @@ class TreestoreGroup(click.Group):
             code = _fail(exc.format_message() + hint, settings, exc)
         except click.ClickException as exc:
             code = _fail(exc.format_message(), settings, exc)
-        except click.Abort:
-            code = _fail("aborted", settings)
+        except click.Abort as exc:  # click turns Ctrl-C (KeyboardInterrupt) into Abort
+            if isinstance(exc.__cause__, KeyboardInterrupt):
+                click.echo("treestore: interrupted", err=True)
+                code = 130
+            else:
+                code = _fail("aborted", settings)
         except treestore.TreestoreError as exc:
             code = _fail(cli_spelling(str(exc)), settings, exc)
         except OSError as exc:  # a local file the command was given: missing, unwritable, ...
             code = _fail(str(exc), settings, exc)
-        except KeyboardInterrupt:
-            click.echo("treestore: interrupted", err=True)
-            code = 130
         except Exception as exc:  # a bug, or a failure the library did not classify
             code = _fail(f"{type(exc).__name__}: {exc} (run with --debug for a traceback)", settings, exc)
         if standalone_mode:

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import click
 import numpy as np
 import pytest
 from click.testing import CliRunner
@@ -421,3 +422,43 @@ def test_every_command_renders_the_extreme_values_a_record_may_hold(store, creat
         assert "step-2" in result.stdout and (args[0] == "show" or "step-1" in result.stdout), args
         if args[0] in ("ls", "show", "watch") and "--json" not in args and abs(float(created)) >= 1e12:
             assert f"{shown} s" in result.stdout, (args, result.stdout)
+
+
+@pytest.mark.parametrize(
+    "raised, code, line",
+    [
+        (RuntimeError("boom"), 2, "treestore: error: RuntimeError: boom (run with --debug for a traceback)"),
+        (KeyboardInterrupt(), 130, "treestore: interrupted"),
+        (click.Abort(), 2, "treestore: error: aborted"),
+        (click.ClickException("a click failure"), 2, "treestore: error: a click failure"),
+        (
+            PermissionError(13, "Permission denied", "/x"),
+            2,
+            "treestore: error: [Errno 13] Permission denied: '/x'",
+        ),
+    ],
+    ids=["bug", "interrupt", "abort", "click", "oserror"],
+)
+def test_every_failure_ends_as_one_line_and_its_exit_status(tmp_path, monkeypatch, raised, code, line):
+    """Whatever a command raises, the command line prints one line (a traceback only with
+    --debug) and exits 2, or 130 when interrupted."""
+    treestore.save(str(tmp_path / "s"), {"w": np.arange(3.0)}, "a")
+
+    def fail(self, *args, **kwargs):
+        raise raised
+
+    monkeypatch.setattr(treestore.Store, "list", fail)
+    result = run("ls", str(tmp_path / "s"))
+    assert result.exit_code == code and result.stderr.strip().splitlines() == [line], result.stderr
+    if code == 2 and not isinstance(raised, click.Abort):
+        debug = run("ls", str(tmp_path / "s"), "--debug")
+        assert "Traceback (most recent call last)" in debug.stderr and debug.stderr.strip().endswith(line)
+
+
+def test_bare_treestore_prints_its_help_and_exits_0():
+    result = run()
+    assert (
+        result.exit_code == 0
+        and "Usage: treestore" in result.stdout
+        and "Try `treestore demo` first" in result.stdout
+    )
