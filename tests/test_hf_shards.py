@@ -502,3 +502,15 @@ def test_cli_export_with_a_shard_size_to_a_bare_name_writes_a_folder(minilm, tmp
     assert r.exit_code == 0, r.output  # a .safetensors path stays a file name: its shards beside it
     assert (tmp_path / "one.safetensors.index.json").is_file()
     assert len(list(tmp_path.glob("one-0000?-of-00005.safetensors"))) == 5
+
+
+def test_abandoned_temporaries_of_unknowable_processes_are_kept(tmp_path):
+    """A temporary whose process id cannot be asked about (beyond the system's pid range) is
+    kept, as one of a running process is; a folder that cannot be listed removes nothing."""
+    from treestore._api import temporary
+
+    huge = f".model.tmp-{2**70}-{'f' * 12}"
+    (tmp_path / huge).write_bytes(b"whose?")
+    temporary.remove_abandoned(tmp_path, "model")
+    assert [p.name for p in tmp_path.iterdir()] == [huge]
+    temporary.remove_abandoned(tmp_path / "no-such-folder", "model")  # nothing to list: no error
