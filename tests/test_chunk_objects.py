@@ -392,3 +392,36 @@ def test_a_damaged_member_of_a_raw_pack_is_refused_by_address(tmp_path: Path):
     ckpt = treestore.open(url, "c")
     with pytest.raises(ChunkDamagedError, match="w9"):
         np.asarray(ckpt["w9"])
+
+
+@pytest.mark.parametrize("width", range(2, 9))
+def test_without_blosc2_planes_split_and_join_by_word_arithmetic_exactly(monkeypatch, width):
+    """Without c-blosc2, 2- and 4-byte elements are split into planes, and 2-byte ones joined
+    again, by arithmetic on unsigned words; other widths keep numpy's copies. Either way the
+    planes are exactly SPEC's, and every decoder (whole, in place) gives the bytes back."""
+    import sys
+
+    from treestore._format import codecs
+
+    monkeypatch.setattr(codecs, "_SHUFFLE", None)
+    assert codecs.joined_fast(width) == (width == 2 and sys.byteorder == "little")
+    rng = np.random.default_rng(width)
+    n = 5000 * width  # not a multiple of the words' SIMD lanes
+    raw = rng.integers(0, 256, n, dtype=np.uint8)
+    raw[: n // 2] = 7  # compressible planes beside incompressible ones
+    planes = np.empty(n, np.uint8)
+    codecs._shuffle(raw, planes, width)
+    assert np.array_equal(planes.reshape(width, -1), raw.reshape(-1, width).T)
+    joined = np.empty(n, np.uint8)
+    codecs._unshuffle(planes, joined, width)
+    assert np.array_equal(joined, raw)
+    obj = b"".join(bytes(b) for b in codecs.encode(raw, width, codecs.Codec()))
+    assert obj[4] == codecs.PLANES
+    out = np.empty(n, np.uint8)
+    codecs.decode_into(obj, out)
+    assert np.array_equal(out, raw)
+    room = np.zeros(codecs.in_place_room(n), np.uint8)
+    room[: len(obj)] = np.frombuffer(obj, np.uint8)
+    out[:] = 0
+    codecs.decode_in_place(room, len(obj), out)
+    assert np.array_equal(out, raw)

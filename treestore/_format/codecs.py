@@ -22,6 +22,7 @@ import glob
 import importlib.util
 import os
 import struct
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -226,17 +227,66 @@ def _same_as_numpy(shuffle: _Shuffle, unshuffle: _Shuffle) -> bool:
 _SHUFFLE = _blosc2_shuffle()
 
 
+# Without c-blosc2, the planes of 2- and 4-byte elements are split, and those of 2-byte ones
+# joined, by arithmetic on the elements as unsigned words (plane j is the word's byte j: on
+# little-endian hosts) in a few contiguous numpy passes, where that beats numpy's strided copy;
+# wider joins stay plane-by-plane copies, which numpy does faster than the word passes.
+_LITTLE = sys.byteorder == "little"
+_SPLIT_WORDS: dict[int, type[np.unsignedinteger[Any]]] = {2: np.uint16, 4: np.uint32} if _LITTLE else {}
+_JOIN_WORDS: dict[int, type[np.unsignedinteger[Any]]] = {2: np.uint16} if _LITTLE else {}
+
+
+def joined_fast(width: int) -> bool:
+    """Whether planes of ``width`` bytes are joined in one step after all are decoded (c-blosc2's
+    SIMD unshuffle, or word arithmetic) rather than copied into place plane by plane."""
+    return _SHUFFLE is not None or width in _JOIN_WORDS
+
+
 def _shuffle(raw: np.ndarray[Any, Any], planes: np.ndarray[Any, Any], width: int) -> None:
     """Byte planes of ``raw`` (1-D uint8, a multiple of ``width``) into ``planes`` (as long)."""
     size = raw.nbytes
-    fast = _SHUFFLE is not None and size < 2**31 and raw.flags.c_contiguous and planes.flags.c_contiguous
+    whole = raw.flags.c_contiguous and planes.flags.c_contiguous
     if (
-        fast
-        and _SHUFFLE is not None
+        _SHUFFLE is not None
+        and whole
+        and size < 2**31
         and _SHUFFLE[0](width, size, raw.ctypes.data, planes.ctypes.data) == size
     ):
         return
-    np.copyto(planes.reshape(width, -1), raw.reshape(-1, width).T)
+    word = _SPLIT_WORDS.get(width)
+    if word is None or not whole:
+        np.copyto(planes.reshape(width, -1), raw.reshape(-1, width).T)
+        return
+    values: np.ndarray[Any, Any] = raw.view(word)
+    rows = planes.reshape(width, -1)
+    shifted: np.ndarray[Any, Any] = scratch(size, "words").view(word)
+    np.copyto(rows[0], values, casting="unsafe")  # the low byte
+    for j in range(1, width):
+        np.right_shift(values, 8 * j, out=shifted)
+        np.copyto(rows[j], shifted, casting="unsafe")
+
+
+def _unshuffle(planes: np.ndarray[Any, Any], out: np.ndarray[Any, Any], width: int) -> None:
+    """Join byte planes ``planes`` (1-D uint8, ``width`` planes one after the other) into ``out``
+    (1-D uint8, as long, C-contiguous)."""
+    size = out.nbytes
+    if (
+        _SHUFFLE is not None
+        and size < 2**31
+        and _SHUFFLE[1](width, size, planes.ctypes.data, out.ctypes.data) == size
+    ):
+        return
+    rows = planes[:size].reshape(width, -1)
+    word = _JOIN_WORDS.get(width)
+    if word is None:
+        out.reshape(-1, width)[:] = rows.T
+        return
+    values: np.ndarray[Any, Any] = out.view(word)
+    shifted: np.ndarray[Any, Any] = scratch(size, "words").view(word)
+    np.copyto(values, rows[0], casting="unsafe")
+    for j in range(1, width):
+        np.left_shift(rows[j], 8 * j, out=shifted, dtype=word, casting="unsafe")
+        np.bitwise_or(values, shifted, out=values)
 
 
 def encode(
@@ -393,7 +443,7 @@ def decode_in_place(buf: np.ndarray[Any, Any], n: int, out: np.ndarray[Any, Any]
     raw_planes = (~mask & ((1 << width) - 1)).bit_length()  # planes below the first compressed one
     if (
         codec != PLANES
-        or _SHUFFLE is None
+        or not joined_fast(width)
         or not out.flags.c_contiguous
         or not 2 <= width <= MAX_PLANE_WIDTH
         or size % width
@@ -424,8 +474,7 @@ def decode_in_place(buf: np.ndarray[Any, Any], n: int, out: np.ndarray[Any, Any]
             at += lengths[j]
     except zstandard.ZstdError as exc:
         raise ChunkDamagedError(f"zstd frame does not decode: {exc}") from None
-    if _SHUFFLE[1](width, size, buf[table:].ctypes.data, out.ctypes.data) != size:
-        out.reshape(-1, width)[:] = buf[table:span].reshape(width, -1).T
+    _unshuffle(buf[table:span], out, width)
 
 
 def in_place_room(raw_size: int) -> int:
@@ -445,10 +494,11 @@ def _decode_planes(body: memoryview, out: np.ndarray[Any, Any], width: int, mask
     if sum(lengths) != len(body) - table:
         raise ChunkDamagedError(f"byte planes declare {sum(lengths)} bytes, chunk holds {len(body) - table}")
     plane_size = size // width
-    fast = _SHUFFLE is not None and size < 2**31 and out.flags.c_contiguous
-    # With blosc2 every plane goes to this thread's scratch (compressed ones decompressed there
-    # directly) and one SIMD unshuffle writes ``out``; numpy instead writes each plane into
-    # ``out`` with a strided copy, straight from the chunk object when the plane is raw.
+    fast = joined_fast(width) and size < 2**31 and out.flags.c_contiguous
+    # Where planes join fast (c-blosc2's SIMD unshuffle, or word arithmetic) every plane goes to
+    # this thread's scratch (compressed ones decompressed there directly) and one join writes
+    # ``out``; otherwise each plane is written into ``out`` with a strided copy, straight from
+    # the chunk object when the plane is raw.
     planes = scratch(size, "planes").reshape(width, -1)
     grid = out.reshape(-1, width)
     at = table
@@ -466,9 +516,5 @@ def _decode_planes(body: memoryview, out: np.ndarray[Any, Any], width: int, mask
                 grid[:, j] = np.frombuffer(data, np.uint8)
         else:
             raise ChunkDamagedError(f"raw byte plane {j} holds {length} bytes, expected {plane_size}")
-    if (
-        fast
-        and _SHUFFLE is not None
-        and _SHUFFLE[1](width, size, planes.ctypes.data, out.ctypes.data) != size
-    ):
-        grid[:] = planes.T
+    if fast:
+        _unshuffle(planes.reshape(-1), out, width)
