@@ -510,3 +510,59 @@ def test_a_hostile_safetensors_header_is_refused_naming_what_is_wrong(tmp_path, 
     with pytest.raises(treestore.UnsupportedFormatError) as info:
         treestore.import_file(path, memory() + "#x")
     assert words in str(info.value)
+
+
+def test_an_npz_member_of_a_newer_npy_version_is_refused(tmp_path):
+    import zipfile
+
+    path = tmp_path / "v3.npz"
+    with zipfile.ZipFile(path, "w") as z, z.open("a.npy", "w") as f:
+        np.lib.format.write_array(f, np.arange(4.0), version=(3, 0))
+    with pytest.raises(
+        treestore.UnsupportedFormatError, match=r"\.npy format version \(3, 0\); expected 1\.0 or 2\.0"
+    ):
+        treestore.import_file(path, memory() + "#x")
+
+
+def test_a_flax_msgpack_file_that_is_not_a_state_dict_is_refused(tmp_path):
+    from flax import serialization
+
+    path = tmp_path / "list.msgpack"
+    path.write_bytes(serialization.msgpack_serialize([np.arange(3.0), np.ones(2)]))
+    with pytest.raises(treestore.UnsupportedFormatError, match="holds a list, not a flax state dict"):
+        treestore.import_file(path, memory() + "#x")
+
+
+@pytest.mark.parametrize(
+    "where, raised, error, words",
+    [
+        ("encoding", MemoryError(), treestore.errors.OutOfMemoryError, "out of memory decoding it"),
+        ("columns", MemoryError(), treestore.errors.OutOfMemoryError, "out of memory decoding it"),
+        (
+            "columns",
+            IndexError("a check missed"),
+            treestore.errors.ManifestDamagedError,
+            "unexpected malformation",
+        ),
+    ],
+)
+def test_what_a_manifest_decoder_did_not_foresee_still_names_the_checkpoint(
+    monkeypatch, where, raised, error, words
+):
+    """Memory running out while a manifest is decoded, or an exception a check let through, is
+    a treestore error naming the checkpoint, never a bare MemoryError or IndexError."""
+    from treestore._format import columns_codec, encoding
+
+    url = memory()
+    treestore.save(url, {"w": np.arange(3.0)}, "m")
+
+    def fail(*args, **kwargs):
+        raise raised
+
+    if where == "encoding":
+        monkeypatch.setattr(encoding.msgpack, "unpackb", fail)
+    else:
+        monkeypatch.setattr(columns_codec, "_array", fail)
+    with pytest.raises(error, match=words) as info:
+        treestore.load(url, "m")
+    assert info.value.checkpoint == "m"
