@@ -566,3 +566,28 @@ def test_what_a_manifest_decoder_did_not_foresee_still_names_the_checkpoint(
     with pytest.raises(error, match=words) as info:
         treestore.load(url, "m")
     assert info.value.checkpoint == "m"
+
+
+def test_when_orbax_itself_fails_the_error_says_so(tmp_path, monkeypatch):
+    """orbax failing to restore a folder, or to write one, is an UnsupportedFormatError naming
+    orbax and what it raised, not orbax's own exception."""
+    ocp = pytest.importorskip("orbax.checkpoint")
+    url = memory()
+    treestore.save(url, {"w": np.arange(3.0)}, "m")
+    folder = tmp_path / "ok"
+    treestore.export_file(f"{url}#m", folder, format="orbax")
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("orbax had a bad day")
+
+    monkeypatch.setattr(ocp.PyTreeCheckpointer, "restore", fail)
+    with pytest.raises(
+        treestore.UnsupportedFormatError, match=r"orbax could not restore .*RuntimeError: orbax had"
+    ):
+        treestore.import_file(folder, memory() + "#x")
+    monkeypatch.setattr(ocp.StandardCheckpointer, "save", fail)
+    with pytest.raises(
+        treestore.UnsupportedFormatError, match="orbax cannot write this checkpoint: RuntimeError"
+    ):
+        treestore.export_file(f"{url}#m", tmp_path / "no", format="orbax")
+    assert not (tmp_path / "no").exists()  # nothing left under the name asked for
