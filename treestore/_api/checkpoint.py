@@ -219,8 +219,9 @@ class Checkpoint:
         min and max of the finite elements, L2 norm — by address, in tree order, for the leaves
         that match ``select`` (patterns over addresses; default: every leaf). Read from the
         manifest alone (of one stored in parts, its frame): no chunk is read. Leaves without
-        statistics (saved with ``SaveOptions(stats=False)``, by an older treestore, complex or
-        PRNG key data) are left out: unknown, not healthy.
+        statistics (saved with ``SaveOptions(stats=False)``, by an older treestore, complex
+        leaves saved before complex statistics existed, PRNG key data) are left out: unknown,
+        not healthy.
 
         Args:
             select: Patterns over addresses (one or a list); every pattern must match one.

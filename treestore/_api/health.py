@@ -4,8 +4,8 @@
 Statistics come from the manifest's optional ``stats`` column (checked as hostile input when
 decoded: see :mod:`treestore._format.stats`); a Python scalar leaf's come from its value, which
 the manifest holds. A leaf without them (a checkpoint saved without statistics, of format 1, a
-complex or PRNG key leaf, a record that made no sense) is *unknown*, never taken for healthy or
-unhealthy.
+PRNG key leaf, a complex leaf saved before complex statistics existed, a record that made no
+sense) is *unknown*, never taken for healthy or unhealthy.
 """
 
 from __future__ import annotations
