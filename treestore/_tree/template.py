@@ -86,6 +86,7 @@ def match(
     nones: set[str] | None = None  # found on the first leaf the checkpoint lacks
     joined = rooted(prefix)
     problems: list[str] = []
+    missing: list[str] = []  # the template's addresses the checkpoint has no leaf for
     slots: list[Slot] = []
     wanted = set()
     for rel, leaf in pairs:
@@ -98,6 +99,7 @@ def match(
                 slots.append(Slot(address, leaf, None))
                 continue
             held = " (it holds None there)" if address in nones else ""
+            missing.append(address)
             problems.append(
                 f"{address or '(root)'}: missing: expected {_describe_like(leaf)}, not in the "
                 f"checkpoint{held}"
@@ -113,17 +115,14 @@ def match(
         found = describe(stored(columns, leaf_at[address]))
         problems.append(f"{address or '(root)'}: unexpected: found {found}, not in the template")
     if problems:
-        missing = [joined(rel) for rel, _ in pairs if joined(rel) not in leaf_at]
-        raise StructureMismatchError(
-            problems, checkpoint=columns.name, hints=_hints(missing, unexpected, len(problems))
-        )
+        raise StructureMismatchError(problems, checkpoint=columns.name, hints=_hints(missing, unexpected))
     return slots, treedef
 
 
 _DIGITS_QUOTED = re.compile(r'(?<![^/])"(\d+)"(?![^/])')  # a digit-string key segment: "0"
 
 
-def _hints(missing: list[str], unexpected: list[str], problems: int) -> list[str]:
+def _hints(missing: list[str], unexpected: list[str]) -> list[str]:
     """What to do about a mismatch, said once: list indices in the template where the checkpoint
     has digit-string dict keys (a flax- or Hugging Face-style tree), and ``partial=True`` when
     leaves of the checkpoint are not in the template."""
