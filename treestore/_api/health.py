@@ -166,8 +166,9 @@ def nonfinite_leaves(columns: Columns) -> np.ndarray:
     found = np.zeros(len(columns), bool)
     table = columns.stats
     if table is not None:
-        real = (table["kind"] == _stats.FLOAT) | (table["kind"] == _stats.COMPLEX)
-        found |= real & ((table["nan"] | table["posinf"] | table["neginf"]) > 0)
+        found |= np.isin(table["kind"], _stats.REAL) & (
+            (table["nan"] | table["posinf"] | table["neginf"]) > 0
+        )
     kinds = columns.leaves["kind"]
     for i in np.flatnonzero(kinds == KINDS.index("float")).tolist():
         value = columns.value(i)
@@ -175,7 +176,7 @@ def nonfinite_leaves(columns: Columns) -> np.ndarray:
     return np.flatnonzero(found)
 
 
-_MAY_HOLD_NAN = np.array([_stats.kind_of(n) in (_stats.FLOAT, _stats.COMPLEX) for n in DTYPE_NAMES])
+_MAY_HOLD_NAN = np.array([_stats.kind_of(n) in _stats.REAL for n in DTYPE_NAMES])
 
 
 def health(columns: Columns) -> bool | None:

@@ -205,7 +205,8 @@ class Timeline:
         """
         marked = [[self.nonfinite_at(i, j) > 0 for j in range(len(row))] for i, row in enumerate(self.values)]
         shown = [i for i, row in enumerate(self.values) if any(v != 0 for v in row) or any(marked[i])]
-        quiet = [self.addresses[i] for i in range(len(self.addresses)) if i not in set(shown)]
+        drawn = set(shown)
+        quiet = [a for i, a in enumerate(self.addresses) if i not in drawn]
         body = _heatmap.rows(
             [self.addresses[i] for i in shown],
             [self.values[i] for i in shown],

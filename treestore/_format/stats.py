@@ -28,7 +28,7 @@ import numpy as np
 # Record kinds: how ``min`` and ``max`` are read (the 8 bytes as float64, int64 or uint64).
 # COMPLEX: a complex leaf's parts (2 per element) measured as FLOAT ones.
 UNKNOWN, FLOAT, INT, UINT, COMPLEX = 0, 1, 2, 3, 4
-_REAL = (FLOAT, COMPLEX)  # kinds whose min and max are float64
+REAL = (FLOAT, COMPLEX)  # kinds of real numbers: NaN/inf counts, float64 min and max
 STATS_DTYPE = np.dtype(
     [
         ("kind", "u1"),
@@ -286,7 +286,7 @@ def records(table: np.ndarray) -> list[Record]:
     f_lo, f_hi = table["min"].view("<f8"), table["max"].view("<f8")
     u_lo, u_hi = table["min"].view("<u8"), table["max"].view("<u8")
     for i, kind in enumerate(table["kind"].tolist()):
-        if kind in _REAL:
+        if kind in REAL:
             lo, hi = float(f_lo[i]), float(f_hi[i])
         elif kind == UINT:
             lo, hi = int(u_lo[i]), int(u_hi[i])
@@ -361,7 +361,7 @@ def check_column(
         finite = size - np.minimum(nan + pos + neg, size)
     sumsq = table["sumsq"]
     ok &= ~np.isnan(sumsq) & (sumsq >= 0)
-    floats = (kind == FLOAT) | (kind == COMPLEX)
+    floats = np.isin(kind, REAL)
     ok &= floats | ((nan == 0) & (pos == 0) & (neg == 0))
     has = finite > 0
     ok &= has | (sumsq == 0)
@@ -395,6 +395,7 @@ __all__ = [
     "COMPLEX",
     "FLOAT",
     "INT",
+    "REAL",
     "STATS_DTYPE",
     "UINT",
     "UNKNOWN",
