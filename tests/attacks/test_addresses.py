@@ -261,11 +261,12 @@ def test_a_deep_chain_of_long_keys_is_refused_before_its_addresses_are_built(sto
     for _ in range(480):
         tree = {"k": tree}
     treestore.Store(store.url).save(tree, "deep")
-    ref = hostile.commit_record(store.url, "deep")
-    rec = msgpack.unpackb(store.storage.read(_paths.manifest_path(ref["manifest"])), raw=False)
-    assert rec["version"] == 2 and "k" in rec["segments"]
-    rec["segments"] = ["k" * 8192 if s == "k" else s for s in rec["segments"]]
-    hostile.write_manifest(store.url, "deep", rec, leaves=ref["leaves"])
+
+    def longer(rec, arrays):
+        assert "k" in rec["segments"]
+        rec["segments"] = ["k" * 8192 if s == "k" else s for s in rec["segments"]]
+
+    hostile.mutate_v2_manifest(store.url, "deep", longer)
     out = store.check(name="deep", ops=["manifest", "load", "open", "verify"], memory=64 * 2**20)
     for op in ("manifest", "load", "open"):
         assert isinstance(out[op].error, treestore.errors.ManifestDamagedError), (op, out[op])
@@ -295,12 +296,13 @@ def test_many_leaves_under_one_long_key_are_refused_by_their_addresses_together(
     from treestore._format.limits import MAX_ADDRESS_CHARS, MAX_ADDRESSES_CHARS
 
     treestore.Store(store.url).save({"k": list(range(20_000))}, "wide")
-    ref = hostile.commit_record(store.url, "wide")
-    rec = msgpack.unpackb(store.storage.read(_paths.manifest_path(ref["manifest"])), raw=False)
     long_key = "k" * (MAX_ADDRESS_CHARS - 400)
     assert 20_000 * len(long_key) > MAX_ADDRESSES_CHARS
-    rec["segments"] = [long_key if s == "k" else s for s in rec["segments"]]
-    hostile.write_manifest(store.url, "wide", rec, leaves=ref["leaves"])
+
+    def longer(rec, arrays):
+        rec["segments"] = [long_key if s == "k" else s for s in rec["segments"]]
+
+    hostile.mutate_v2_manifest(store.url, "wide", longer)
     assert (
         len(store.storage.read(_paths.manifest_path(hostile.commit_record(store.url, "wide")["manifest"])))
         < 2**20

@@ -10,13 +10,11 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-import msgpack
 import numpy as np
 import pytest
 
 import treestore
-from treestore._format import paths as _paths
-from treestore._format.columns import ARRAY_FIELDS, DTYPE_NAMES, KINDS
+from treestore._format.columns import DTYPE_NAMES, KINDS
 
 from ..support import hostile
 from ._harness import check_readers
@@ -39,15 +37,7 @@ def _saved(tmp_path: Any) -> str:
 
 
 def _edit(url: str, change: Callable[[dict[str, Any], dict[str, np.ndarray]], None]) -> None:
-    """Decode the manifest's array fields, let ``change`` edit them (or the record), write it back."""
-    ref = hostile.commit_record(url, "bad")
-    rec = msgpack.unpackb(hostile.storage(url).read(_paths.manifest_path(ref["manifest"])), raw=False)
-    assert rec["version"] == 2
-    arrays = {k: np.frombuffer(rec[k], dtype).copy() for k, dtype in ARRAY_FIELDS.items() if k in rec}
-    change(rec, arrays)
-    for k, a in arrays.items():
-        rec[k] = a.tobytes()
-    hostile.write_manifest(url, "bad", rec, leaves=ref["leaves"])
+    hostile.mutate_v2_manifest(url, "bad", change)
 
 
 def _leaf(rec: dict[str, Any], arrays: dict[str, np.ndarray], kind: str) -> int:

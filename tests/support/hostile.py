@@ -7,9 +7,11 @@ from typing import Any
 
 import blake3
 import msgpack
+import numpy as np
 
 import treestore
 from treestore._format import paths as _paths
+from treestore._format.columns import ARRAY_FIELDS
 from treestore._format.columns_codec import decode_any, encode
 
 
@@ -91,6 +93,22 @@ def mutate_manifest(url: str, name: str, change: Callable[[dict[str, Any]], None
     rec = manifest_record(url, name)
     change(rec)
     write_manifest(url, name, rec)
+
+
+def mutate_v2_manifest(
+    url: str, name: str, change: Callable[[dict[str, Any], dict[str, np.ndarray]], None]
+) -> None:
+    """Edit the version-2 manifest of ``name`` in place: ``change`` gets its decoded record and
+    its array fields as writable arrays (written back after), and the commit record is made
+    consistent with the result, as a hostile store would."""
+    ref = commit_record(url, name)
+    rec = msgpack.unpackb(storage(url).read(_paths.manifest_path(ref["manifest"])), raw=False)
+    assert rec["version"] == 2, rec["version"]
+    arrays = {k: np.frombuffer(rec[k], dtype).copy() for k, dtype in ARRAY_FIELDS.items() if k in rec}
+    change(rec, arrays)
+    for k, a in arrays.items():
+        rec[k] = a.tobytes()
+    write_manifest(url, name, rec, leaves=ref["leaves"])
 
 
 def chunk_paths(url: str, name: str) -> dict[str, list[str]]:
