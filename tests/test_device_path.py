@@ -167,8 +167,8 @@ def test_a_load_onto_an_accelerator_reads_in_groups_and_waits_for_old_copies(
     events: list[tuple[str, int]] = []
     read, block = load_leaves.read_leaves, jax.block_until_ready
 
-    def counted_read(reader, columns, which, *, threads):  # type: ignore[no-untyped-def]
-        out = read(reader, columns, which, threads=threads)
+    def counted_read(reader, columns, which, **options):  # type: ignore[no-untyped-def]
+        out = read(reader, columns, which, **options)
         events.append(("read", sum(int(a.nbytes) for a in out.values())))
         return out
 
@@ -208,3 +208,58 @@ def test_a_complex_leaf_on_the_device_path_is_measured_by_its_parts_on_the_host(
     want = host_stats.measure(z)
     assert (got.nan, got.posinf, got.neginf, got.min, got.max) == tuple(want[1:6]) and got.nan == 1
     assert math.isclose(got.l2, math.sqrt(want[6]), rel_tol=1e-12) and store.open("a").healthy is False
+
+
+def test_a_load_onto_an_accelerator_reuses_two_host_buffers_and_returns_none_of_their_memory(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The groups of a load onto an accelerator (forced here on the CPU) are read into two host
+    buffers, each made once and reused: the host memory the load holds is two groups' worth,
+    not the tree's. Nothing returned shares a buffer's memory: numpy leaves of the template and
+    jax arrays on a CPU device (which may use host bytes in place) are copied out, and each leaf
+    is the one saved although the buffers were overwritten by later groups."""
+    from treestore._engine import load as load_module
+    from treestore._engine import staging
+
+    window = 1 << 20
+    monkeypatch.setattr(load_module, "_to_accelerator", lambda: True)
+    monkeypatch.setattr(load_module, "LOAD_WINDOW", window)
+    made: list[np.ndarray] = []
+    populated = staging._populated
+
+    def counted(nbytes: int, checkpoint: str) -> np.ndarray:
+        made.append(populated(nbytes, checkpoint))
+        return made[-1]
+
+    monkeypatch.setattr(staging, "_populated", counted)
+    rng = np.random.default_rng(9)
+    tree: dict[str, object] = {
+        f"w{i}": jnp.asarray(rng.standard_normal(n).astype(np.float32))
+        for i, n in enumerate([100_000, 60_000, 200_000, 90_000, 150_000, 120_000, 80_000])
+    }
+    tree["n"] = rng.standard_normal((300, 300)).astype(np.float32)  # a numpy leaf, 360 KB
+    tree["h"] = jnp.asarray(rng.standard_normal(50_000).astype(ml_dtypes.bfloat16))
+    tree["key"] = jax.random.key(3)
+    small_chunks = treestore.SaveOptions(chunk_size=1 << 16)
+    treestore.save("memory://device-path/staged", tree, "a", options=small_chunks)
+    like = {
+        k: v if isinstance(v, np.ndarray) else jax.ShapeDtypeStruct(v.shape, v.dtype)  # type: ignore[attr-defined]
+        for k, v in tree.items()
+    }
+    loaded = treestore.load("memory://device-path/staged", "a", like=like)
+    assert len(made) == 2  # five groups or more, two buffers
+    biggest = max(int(v.nbytes) for v in tree.values())  # type: ignore[attr-defined]
+    assert all(len(b) <= max(window, biggest) + 64 * len(tree) for b in made)
+    spans = [(b.ctypes.data, b.ctypes.data + len(b)) for b in made]
+    for k, v in tree.items():
+        got = loaded[k]
+        if k == "key":
+            assert jnp.array_equal(jax.random.key_data(got), jax.random.key_data(v))  # type: ignore[arg-type]
+            continue
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(v))
+        if isinstance(got, np.ndarray):
+            at = got.ctypes.data
+        else:
+            assert isinstance(got, jax.Array)
+            at = got.unsafe_buffer_pointer()
+        assert not any(lo <= at < hi for lo, hi in spans), k

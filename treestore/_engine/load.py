@@ -18,7 +18,9 @@ from treestore._engine import load_leaves as _load_leaves
 from treestore._engine import parts as _parts
 from treestore._engine import read as _read
 from treestore._engine import region as _region
+from treestore._engine import staging as _staging
 from treestore._engine.collector_pause import paused_collector
+from treestore._engine.memory import ALIGN
 from treestore._engine.threads import default_threads
 from treestore._format import select as _select
 from treestore._format.columns import Columns
@@ -68,6 +70,11 @@ LOAD_WINDOW = 256 * 2**20
 def _to_accelerator() -> bool:
     """Whether jax's default device is an accelerator: a template's jax leaves go there."""
     return jax_imported() and jax.default_backend() != "cpu"
+
+
+def _restore(slot: _template.Slot, found: _load_leaves.Arrays) -> Any:
+    """Template slot ``slot`` restored from the host arrays read for it."""
+    return _template.restore(slot, None if slot.entry is None else found.get(slot.entry.index))
 
 
 def _groups(slots: list[_template.Slot], positions: list[int], window: int | None) -> list[list[int]]:
@@ -149,25 +156,33 @@ def _like(
 ) -> Any:
     """The checkpoint as template ``like``: matched (every difference in one error), its leaves
     read whole or, for a template sharded over several devices, shard by shard. With a
-    ``window``, the whole leaves are read in groups of about that many bytes, and each group's
-    copies to the devices run while the next group is read and decoded."""
+    ``window``, the whole leaves are read in groups of about that many bytes into reused host
+    buffers (:mod:`treestore._engine.staging`), and each group's copies to the devices run while
+    the next group is read and decoded."""
     slots, treedef = _template.match(columns, rows, like, cast=cast, prefix=prefix, partial=partial)
     shardings = [_template.target_sharding(s) for s in slots]
     reader = _read.ChunkReader(storage, columns)  # one reader: packs are read once
     whole = [k for k, sharding in enumerate(shardings) if sharding is None]
     restored: dict[int, Any] = {}
-    moving: list[list[Any]] = []  # the groups whose host-to-device copies may be under way
-    for group in _groups([slots[k] for k in whole], whole, window):
-        entries = [slots[k].entry for k in group]
-        which = np.array([e.index for e in entries if e is not None and e.is_array], np.int64)
-        found = _load_leaves.read_leaves(reader, columns, which, threads=threads)
-        for k in group:
-            entry = slots[k].entry
-            restored[k] = _template.restore(slots[k], None if entry is None else found.get(entry.index))
-        if window is not None:  # the copies run while the next group is read; two groups at most
-            moving.append([restored[k] for k in group])
-            if len(moving) > 2:
-                jax.block_until_ready(moving.pop(0))
+    groups = [
+        (group, [e for k in group if (e := slots[k].entry) is not None and e.is_array])
+        for group in _groups([slots[k] for k in whole], whole, window)
+    ]
+    staging = None
+    if window is not None and groups:  # buffers that hold the biggest group (aligned)
+        staging = _staging.Staging(columns.name, max(sum(e.nbytes + ALIGN for e in a) for _, a in groups))
+    for group, arrays in groups:
+        which = np.array([e.index for e in arrays], np.int64)
+        if staging is None:
+            found = _load_leaves.read_leaves(reader, columns, which, threads=threads)
+            restored.update((k, _restore(slots[k], found)) for k in group)
+            continue
+        # Read into one of two reused buffers; the group's copies to the devices start here
+        # and run while the next group is read (waited for before the buffer is read into again).
+        arena = staging.next()
+        found = _load_leaves.read_leaves(reader, columns, which, threads=threads, allocate=arena.allocate)
+        restored.update((k, arena.detach(_restore(slots[k], found))) for k in group)
+        staging.placed([restored[k] for k in group])
     sharded = [(slot, s) for slot, s in zip(slots, shardings, strict=True) if s is not None]
 
     def read(wanted: list[tuple[_template.Stored, list[_region.Region]]]) -> list[list[np.ndarray]]:

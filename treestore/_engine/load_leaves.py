@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from treestore._engine.memory import allocate
+from treestore._engine import memory
 from treestore._engine.read import ChunkReader
 from treestore._engine.region import copy_members, leaf_pieces, plan_regions, run_in_threads
 from treestore._format.columns import ARRAY_CODES, DTYPE_NAMES, IN_PIECES, Columns
@@ -29,9 +29,19 @@ from treestore._format.dtypes import dtype_from_name
 Arrays = dict[int, np.ndarray[Any, Any]]
 
 
-def read_leaves(reader: ChunkReader, columns: Columns, which: np.ndarray, *, threads: int) -> Arrays:
+def read_leaves(
+    reader: ChunkReader,
+    columns: Columns,
+    which: np.ndarray,
+    *,
+    threads: int,
+    allocate: Callable[..., np.ndarray[Any, Any]] = memory.allocate,
+) -> Arrays:
     """The host arrays of the array leaves among leaf indices ``which``, by leaf index, every
-    byte verified against its digest (scalar leaves, which live in the manifest, are skipped)."""
+    byte verified against its digest (scalar leaves, which live in the manifest, are skipped).
+    The leaves with chunks of their own are read into arrays that ``allocate`` makes (with the
+    signature of :func:`treestore._engine.memory.allocate`); packed leaves are views of their
+    decoded packs."""
     which = np.asarray(which, np.int64)
     rows = columns.leaves[which]
     which, rows = which[rows["kind"] < ARRAY_CODES], rows[rows["kind"] < ARRAY_CODES]

@@ -1,0 +1,111 @@
+"""Host memory that a load onto an accelerator reads into, reused from one group of leaves to the
+next instead of allocated afresh.
+
+A load onto an accelerator reads its whole leaves in groups (:mod:`treestore._engine.load`) and
+starts each group's copies to the devices before reading the next. The host arrays a group is
+read into are only the source of those copies: :class:`Staging` hands out views of one of two
+buffers for them, and before a buffer takes a new group it waits for the copies made from it.
+New memory costs a page fault per page on first touch, which on some hosts costs more than
+decoding the bytes into it; two buffers, faulted in once (in one call where the system can), are
+what a load holds on the host.
+
+A value made from a buffer that is not a copy on an accelerator's own memory (a numpy template
+leaf, or a jax array on a CPU device, which may use the host bytes in place) is copied out of it
+(:meth:`Arena.detach`): nothing a load returns shares memory with the buffers.
+"""
+
+from __future__ import annotations
+
+import math
+import mmap
+from typing import Any
+
+import numpy as np
+
+from treestore._engine.memory import ALIGN, allocate, physical_memory
+from treestore._tree.jax_import import jax
+from treestore.errors import OutOfMemoryError
+
+
+class Arena:
+    """One buffer, handed out front to back as aligned arrays (:meth:`allocate`, the signature
+    of :func:`treestore._engine.memory.allocate`), a fresh allocation once it is used up."""
+
+    def __init__(self, buf: np.ndarray[Any, Any]) -> None:
+        self.buf = buf
+        self._at = 0
+
+    def allocate(
+        self, shape: int | tuple[int, ...], address: str, checkpoint: str, dtype: Any = np.uint8
+    ) -> np.ndarray[Any, Any]:
+        dims = (shape,) if isinstance(shape, int) else shape
+        nbytes = math.prod(dims) * np.dtype(dtype).itemsize
+        at = self._at + (-(self.buf.ctypes.data + self._at) % ALIGN)
+        if at + nbytes > len(self.buf):
+            return allocate(dims, address, checkpoint, dtype)
+        self._at = at + nbytes
+        return self.buf[at : at + nbytes].view(dtype).reshape(dims)
+
+    def detach(self, value: Any) -> Any:
+        """``value``, or a copy of it where it may share this buffer's memory."""
+        if isinstance(value, np.ndarray):
+            return value.copy() if np.may_share_memory(value, self.buf) else value
+        if isinstance(value, jax.Array) and not _on_accelerator(value):
+            return jax.device_put(value, may_alias=False)
+        return value
+
+
+def _on_accelerator(x: Any) -> bool:
+    """Whether jax array ``x`` lives in an accelerator's own memory (never in host bytes)."""
+    try:
+        kind = x.sharding.memory_kind
+        return all(d.platform != "cpu" for d in x.devices()) and kind in (None, "device")
+    except Exception:  # deleted, abstract: trusted with nothing
+        return False
+
+
+class Staging:
+    """Two buffers of ``nbytes`` each that groups of leaves are read into in turn
+    (:meth:`next`); the values made from a group are handed to :meth:`placed`, and waited for
+    before its buffer is read into again."""
+
+    def __init__(self, name: str, nbytes: int, buffers: int = 2) -> None:
+        self.name = name  # the checkpoint, for an allocation's error
+        self.nbytes = nbytes
+        self._buffers: list[np.ndarray[Any, Any] | None] = [None] * buffers
+        self._placed: list[list[Any]] = [[] for _ in range(buffers)]
+        self._turn = -1
+
+    def next(self) -> Arena:
+        """The next buffer, once the copies made from it before have finished."""
+        self._turn = turn = (self._turn + 1) % len(self._buffers)
+        if self._placed[turn]:
+            jax.block_until_ready(self._placed[turn])
+            self._placed[turn] = []
+        buf = self._buffers[turn]
+        if buf is None:
+            buf = self._buffers[turn] = _populated(self.nbytes, self.name)
+        return Arena(buf)
+
+    def placed(self, values: list[Any]) -> None:
+        """The values made from the current buffer: waited for before it is read into again."""
+        self._placed[self._turn] = values
+
+
+def _populated(nbytes: int, checkpoint: str) -> np.ndarray[Any, Any]:
+    """``nbytes`` of new memory with every page faulted in by one call where the system offers
+    one (MAP_POPULATE), else as :func:`allocate` makes it."""
+    populate = getattr(mmap, "MAP_POPULATE", 0)
+    if not populate or not nbytes or nbytes > physical_memory():  # allocate refuses too much
+        return allocate(nbytes, "(staging)", checkpoint)
+    try:
+        region = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | populate)
+    except OSError:
+        raise OutOfMemoryError(
+            f"cannot map {nbytes:,} bytes to read checkpoint {checkpoint!r} into",
+            checkpoint=checkpoint,
+        ) from None
+    return np.frombuffer(region, np.uint8)
+
+
+__all__ = ["Arena", "Staging"]
