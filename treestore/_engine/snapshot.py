@@ -21,6 +21,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import contextlib
 import dataclasses
+import functools
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -116,8 +117,7 @@ class HostSnapshot:
             if on_device is not None and device_room(values, on_device, device_limit):
                 device = on_device
                 originals = {id(x): x for x in values if isinstance(x, jax.Array) and on_device.kept(x)}
-                # One call starts every copy: a copy per leaf costs a dispatch per leaf.
-                made = jax.device_put(list(originals.values()), may_alias=False)
+                made = _copier()(list(originals.values()))
                 on_device_copies.update(zip(originals, made, strict=True))
                 copies.extend(made)
             for x in values:
@@ -147,6 +147,17 @@ class HostSnapshot:
         for copy in copies:
             with contextlib.suppress(Exception):  # already deleted
                 copy.delete()
+
+
+@functools.cache
+def _copier() -> Any:
+    """One compiled program that copies a list of arrays on their devices, each with its own
+    sharding, dtype and weak type (jax compiles it once per list of shapes, dtypes and shardings).
+    Its dispatch returns before the copies run, and the devices order them before any later
+    use of the originals, a donation included. (``jax.device_put(..., may_alias=False)`` copies
+    too, but a TPU v5e took 345 ms to finish its copies of a 2.6 GB tree, against 9 ms for
+    this program.)"""
+    return jax.jit(lambda xs: [jax.numpy.copy(x) for x in xs])
 
 
 def device_room(tree_leaves: list[Any], keep: Keep, limit: int | None) -> bool:
