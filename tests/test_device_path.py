@@ -225,13 +225,13 @@ def test_a_load_onto_an_accelerator_reuses_two_host_buffers_and_returns_none_of_
     monkeypatch.setattr(load_module, "_to_accelerator", lambda: True)
     monkeypatch.setattr(load_module, "LOAD_WINDOW", window)
     made: list[np.ndarray] = []
-    populated = staging._populated
+    new_buffer = staging._new_buffer
 
     def counted(nbytes: int, checkpoint: str) -> np.ndarray:
-        made.append(populated(nbytes, checkpoint))
+        made.append(new_buffer(nbytes, checkpoint))
         return made[-1]
 
-    monkeypatch.setattr(staging, "_populated", counted)
+    monkeypatch.setattr(staging, "_new_buffer", counted)
     rng = np.random.default_rng(9)
     tree: dict[str, object] = {
         f"w{i}": jnp.asarray(rng.standard_normal(n).astype(np.float32))
