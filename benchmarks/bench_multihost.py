@@ -56,12 +56,13 @@ from treestore._engine import distributed as D
 from treestore._engine import stats_gather
 from treestore._engine.committed import read_commit_record, read_manifest_bytes
 from treestore._engine.group_runtime import LocalRuntime
-from treestore._engine.write import Prepared, SaveOptions, prepare, write
+from treestore._engine.write import SaveOptions, write
 from treestore._format.columns_codec import decode_any
 from treestore._format.frame import Frame
 from treestore._storage.base import Storage
 from treestore._storage.registry import open_storage
 from treestore._tree.leaves import ArrayLeaf
+from treestore._tree.prepare import Prepared, prepare
 
 PIECE = (8, 8)
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import treestore
-from treestore._engine.collector_pause import MANY_LEAVES, paused_collector
+from treestore._tree.collector_pause import MANY_LEAVES, paused_collector
 
 
 @pytest.fixture

@@ -28,7 +28,7 @@ from treestore._engine.commit import commit
 from treestore._engine.committed import read_columns, read_commit_record, read_frame, read_manifest_bytes
 from treestore._engine.group_runtime import LocalRuntime
 from treestore._engine.parts import UNREAD_PART, complete
-from treestore._engine.write import SaveOptions, SaveResult, prepare
+from treestore._engine.write import SaveOptions, SaveResult
 from treestore._format import frame as frame_module
 from treestore._format.columns import CHUNK_DTYPE
 from treestore._format.columns_codec import decode_any, decode_columns, encode, encode_columns
@@ -42,6 +42,7 @@ from treestore._format.record_views import Manifest, leaf_entry
 from treestore._format.records import ChunkRef, LeafEntry, Piece
 from treestore._storage.registry import open_storage
 from treestore._tree.leaves import ArrayLeaf
+from treestore._tree.prepare import prepare
 from treestore.errors import (
     BarrierTimeoutError,
     ChunkDamagedError,

@@ -16,9 +16,10 @@ from treestore._api.checkpoint import Checkpoint
 from treestore._engine import committed as _committed
 from treestore._engine import stats_gather
 from treestore._engine.group_runtime import LocalRuntime
-from treestore._engine.write import SaveOptions, prepare
+from treestore._engine.write import SaveOptions
 from treestore._format.columns_codec import decode_any, decode_columns, encode_columns
 from treestore._format.stats import STATS_DTYPE
+from treestore._tree.prepare import prepare
 
 from .support.jobs import prepared, rows, run_job
 

@@ -25,8 +25,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import treestore
-from treestore._engine.write import prepare
 from treestore._format.columns_tree import nodes_from_tree
+from treestore._tree.prepare import prepare
 
 from . import strategies
 from .support.helpers import assert_leaf_equal, assert_tree_equal, is_key

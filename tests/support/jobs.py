@@ -15,9 +15,10 @@ import numpy as np
 
 from treestore._engine import distributed as D
 from treestore._engine.group_runtime import LocalRuntime
-from treestore._engine.write import Prepared, SaveOptions, prepare, write
+from treestore._engine.write import SaveOptions, write
 from treestore._format.dtypes import dtype_name
 from treestore._tree.leaves import ArrayLeaf, prepare_leaf
+from treestore._tree.prepare import Prepared, prepare
 
 Box = tuple[tuple[int, ...], tuple[int, ...]]  # (start, shape)
 

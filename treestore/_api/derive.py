@@ -6,7 +6,7 @@ no object per node), so nodes that are not touched keep their type, keys and typ
 with the same template as before; the edited table is the derived manifest's. Leaves that are
 kept keep their chunk refs (with their pack indices renumbered, keeping only the packs still
 referenced) under their new addresses; new subtrees go through the one write path
-(:func:`treestore._engine.write.prepare`, the chunk writer) and the result through the one
+(:func:`treestore._tree.prepare.prepare`, the chunk writer) and the result through the one
 commit, under a save lock taken before the base is read, so no gc can remove the base's chunks
 before the derived checkpoint references them.
 """
@@ -37,6 +37,7 @@ from treestore._format.leaf_table import LeafTable
 from treestore._format.manifest import check_metadata, check_name
 from treestore._format.nodes_edit import Derived, NodesEdit
 from treestore._storage.base import Storage
+from treestore._tree import prepare as _prepare
 from treestore.errors import CheckpointExistsError, InvalidInputError, TreestoreError, UnsupportedFormatError
 
 KEEP: Any = ...  # metadata=KEEP (the default) keeps the base's metadata
@@ -107,7 +108,7 @@ def derive(
     grafts: list[tuple[str, Nodes]] = []
     for address, tree in sets:
         try:
-            prepared = _write.prepare(tree)
+            prepared = _prepare.prepare(tree)
         except TreestoreError as exc:
             where = f"{address}/{exc.address}" if address and exc.address else address or exc.address
             exc.message = f"set {address!r}: {exc.message}"
@@ -226,7 +227,7 @@ def _write_derived(
     in the order of the new tree."""
     placed = np.flatnonzero(tree.source == 1)
     addresses = dict(zip(tree.leaf[placed].tolist(), tree.nodes.leaf_addresses(placed), strict=True))
-    prepared = _write.Prepared(  # only its leaves are written: the tree is the one built here
+    prepared = _prepare.Prepared(  # only its leaves are written: the tree is the one built here
         nodes_from_tree({"type": "none"}, 0),
         tuple((addresses.get(i, ""), leaf) for i, leaf in enumerate(new_leaves)),
     )

@@ -25,6 +25,7 @@ from treestore._api.retention import step_name
 from treestore._api.spec import parse_spec
 from treestore._engine import write as _write
 from treestore._storage.registry import open_storage
+from treestore._tree import prepare as _prepare
 from treestore._tree.jax_import import jax
 from treestore.errors import InvalidInputError, NotFoundError
 
@@ -173,7 +174,7 @@ def import_file(
             named = local if local.is_file() else Path(os.fspath(path).rstrip("/"))
             name = step_name(step["step"]) if "step" in step else _default_name(named)
         storage = open_storage(url, storage_options)
-        prepared = _write.prepare(tree)
+        prepared = _prepare.prepare(tree)
         total = sum(getattr(x, "nbytes", 0) for x in jax.tree_util.tree_leaves(tree))
         return _write.write(
             storage,

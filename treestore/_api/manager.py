@@ -31,6 +31,7 @@ from treestore._api.tiers import Tiers
 from treestore._engine import write as _write
 from treestore._engine.snapshot import Background, HostSnapshot
 from treestore._format.manifest import check_metadata
+from treestore._tree import prepare as _prepare
 from treestore._tree.jax_import import imported as jax_imported
 from treestore._tree.leaves import Keep
 from treestore.errors import (
@@ -328,7 +329,7 @@ class CheckpointManager:
                 checkpoint=step_name(step),
             )
         if self._background is None:
-            prepared = _write.prepare(tree, keep=self._options.keep)
+            prepared = _prepare.prepare(tree, keep=self._options.keep)
             self._last_save = self._clock()
             self._commit(prepared, step, metadata, force)
             return True
@@ -340,7 +341,9 @@ class CheckpointManager:
             self._collect(block=True)
         return True
 
-    def _commit_snapshot(self, prepared: _write.Prepared, step: int, metadata: Any, overwrite: bool) -> None:
+    def _commit_snapshot(
+        self, prepared: _prepare.Prepared, step: int, metadata: Any, overwrite: bool
+    ) -> None:
         try:
             self._commit(prepared, step, metadata, overwrite)
         finally:
@@ -354,7 +357,7 @@ class CheckpointManager:
             return None, None
         return keep, limit
 
-    def _commit(self, prepared: _write.Prepared, step: int, metadata: Any, overwrite: bool) -> None:
+    def _commit(self, prepared: _prepare.Prepared, step: int, metadata: Any, overwrite: bool) -> None:
         name = step_name(step)
         self.last_result = _write.write(
             self.store.storage,

@@ -164,14 +164,15 @@ class Store:
             CheckpointExistsError: ``name`` exists and ``overwrite`` is False.
         """
         from treestore._engine import write as _write
-        from treestore._engine.collector_pause import paused_collector
+        from treestore._tree import prepare as _prepare
+        from treestore._tree.collector_pause import paused_collector
 
         options = options or _write.SaveOptions()
         if codec is not None:
             options = dataclasses.replace(options, codec=codec)
         check_name(name)
-        with paused_collector():  # one pause while the caller waits (see treestore._engine.collector_pause)
-            prepared = _write.prepare(tree, keep=options.keep)
+        with paused_collector():  # one pause while the caller waits (see treestore._tree.collector_pause)
+            prepared = _prepare.prepare(tree, keep=options.keep)
             return _write.write(
                 self.storage,
                 prepared,

@@ -19,7 +19,6 @@ from treestore._engine import parts as _parts
 from treestore._engine import read as _read
 from treestore._engine import region as _region
 from treestore._engine import staging as _staging
-from treestore._engine.collector_pause import paused_collector
 from treestore._engine.memory import ALIGN
 from treestore._engine.threads import default_threads
 from treestore._format import select as _select
@@ -28,6 +27,7 @@ from treestore._format.commit_record import CommitRecord
 from treestore._format.frame import Frame
 from treestore._storage.base import Storage
 from treestore._tree import template as _template
+from treestore._tree.collector_pause import paused_collector
 from treestore._tree.jax_import import imported as jax_imported
 from treestore._tree.jax_import import jax
 from treestore._tree.leaves import restore_array

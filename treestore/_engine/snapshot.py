@@ -2,7 +2,7 @@
 worker that writes it while the caller goes on.
 
 :class:`HostSnapshot` does the part of a save that must block the caller: it validates the tree
-(as :func:`treestore._engine.write.prepare` does) and copies every array leaf to host memory the caller
+(as :func:`treestore._tree.prepare.prepare` does) and copies every array leaf to host memory the caller
 cannot reach, so the caller may mutate its numpy arrays or donate its jax arrays to the next step.
 It keeps the copies of the last snapshot and reuses them: a jax array that is the *same object* as
 at the last snapshot holds the same bytes (jax arrays are immutable), so it is not copied again,
@@ -28,9 +28,9 @@ from typing import Any
 
 import numpy as np
 
-from treestore._engine.write import Prepared, prepare
 from treestore._tree.jax_import import jax
 from treestore._tree.leaves import ArrayLeaf, Keep, Leaf, off_cpu, prepare_leaf
+from treestore._tree.prepare import Prepared, prepare
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,7 +2,7 @@
 attached, the work of :func:`treestore._api.derive.derive`.
 
 :class:`NodesEdit` lays the base's node table (:class:`~treestore._format.columns_tree.Nodes`)
-and the tables of the new subtrees (as :func:`treestore._engine.write.prepare` makes them) end to
+and the tables of the new subtrees (as :func:`treestore._tree.prepare.prepare` makes them) end to
 end in one pool of numpy arrays: each node's kind, parent, key segment, type name and leaf. An
 edit changes a few entries (a dropped or moved node's parent, a moved node's key), so nodes not
 touched keep their kind, key and type name (a flax module stays a ``custom`` node with
