@@ -62,3 +62,19 @@ def test_checkpoint_arguments_of_the_wrong_form_are_refused_naming_the_forms(tmp
     with pytest.raises(treestore.InvalidInputError, match=r"named twice: 'a' in .*#\.\.\. and 'b'"):
         treestore.open(f"{url}#a", "b")
     assert treestore.open(f"{url}#a", "a").name == "a" and treestore.open((url, "a")).name == "a"
+
+
+def test_save_takes_every_checkpoint_form_that_load_takes(tmp_path):
+    """``save`` names its checkpoint as ``load`` does: ``URL, NAME``, ``URL#NAME`` or
+    ``(URL, NAME)``; without a name, or with two that disagree, it refuses before writing."""
+    url = str(tmp_path / "s")
+    treestore.save(url, {"w": np.arange(3.0)}, "a")
+    treestore.save(f"{url}#b", {"w": np.arange(4.0)})
+    treestore.save((url, "c"), {"w": np.arange(5.0)})
+    treestore.save(f"{url}#d", {"w": np.arange(6.0)}, "d")
+    assert [len(treestore.load(f"{url}#{n}")["w"]) for n in "abcd"] == [3, 4, 5, 6]
+    with pytest.raises(treestore.InvalidInputError, match=r"save needs a checkpoint name: .*#NAME"):
+        treestore.save(url, {"w": np.arange(3.0)})
+    with pytest.raises(treestore.InvalidInputError, match=r"named twice: 'e' in .*#\.\.\. and 'f'"):
+        treestore.save(f"{url}#e", {"w": np.arange(3.0)}, "f")
+    assert [info.name for info in treestore.Store(url).list()] == ["a", "b", "c", "d"]

@@ -3,7 +3,6 @@ checkpoint named by a URL spec (``url#name``), each through a :class:`Store`."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -15,6 +14,7 @@ from treestore._api.store import Store
 from treestore._deprecated import warn_renamed
 from treestore._engine import memory as _memory
 from treestore._format import select as _select
+from treestore.errors import InvalidInputError
 
 if TYPE_CHECKING:
     from treestore._engine import write as _write
@@ -24,9 +24,9 @@ Patterns = _select.Patterns
 
 
 def save(
-    url: str | os.PathLike[str],
+    url: Spec,
     tree: Any,
-    name: str,
+    name: str | None = None,
     *,
     metadata: Any = None,
     overwrite: bool = False,
@@ -41,9 +41,10 @@ def save(
     :meth:`Store.save` for what a save reads and writes.
 
     Args:
-        url: The store: a local path or an fsspec URL.
+        url: The store (a local path or an fsspec URL), or the checkpoint as ``URL#NAME`` or
+            ``(URL, NAME)``, as :func:`load` takes it.
         tree: A pytree of arrays (numpy, jax, PRNG keys) and Python scalars.
-        name: The checkpoint's name.
+        name: The checkpoint's name, unless ``url`` names it.
         metadata: Any msgpack-able value stored with the checkpoint.
         overwrite: Replace a checkpoint of that name instead of raising.
         codec: How chunks are compressed (see :class:`Codec`).
@@ -60,7 +61,7 @@ def save(
             raised before anything is written; so are the errors below).
         UnsupportedKeyError: A key cannot become an address (a ``TypeError``).
         InvalidInputError: The name, an option or the tree is refused (a cycle, a tree too
-            deep, an address over its bound).
+            deep, an address over its bound), no name is given, or two different ones are.
         CheckpointExistsError: ``name`` exists and ``overwrite`` is False.
 
     Examples:
@@ -68,7 +69,15 @@ def save(
         >>> r = treestore.save("memory://doc/save", {"w": np.zeros((2, 2))}, "first")
         >>> r.leaves, r.nbytes
         (1, 32)
+        >>> _ = treestore.save("memory://doc/save#second", {"w": np.ones((2, 2))})
+        >>> treestore.load("memory://doc/save#second")["w"].sum()
+        np.float64(4.0)
     """
+    url, name = parse_spec(url, name)
+    if name is None:
+        raise InvalidInputError(
+            f"save needs a checkpoint name: save({url!r}, tree, NAME) or save('{url}#NAME', tree)"
+        )
     store = Store(url, storage_options=storage_options)
     return store.save(
         tree,
