@@ -135,3 +135,25 @@ def test_a_manager_recreates_a_removed_store(tmp_path: Path):
         assert failure is None, f"save after removing the store raised {failure!r}"
         assert m.latest_step() == 2
         assert_tree_equal(m.restore(), data)
+
+
+def test_a_local_path_that_leads_out_of_the_store_is_refused_before_any_file_is_touched(tmp_path: Path):
+    """Store paths are built from checked names, but the local backend does not rely on it: a
+    path whose folder lies outside the store's root (``..``) is a StorageError for reads,
+    listings and writes alike, and nothing outside the root is read, listed or made."""
+    from treestore._storage.registry import open_storage
+
+    root, outside = tmp_path / "store", tmp_path / "outside"
+    root.mkdir()
+    outside.mkdir()
+    (outside / "secret").write_bytes(b"not the store's")
+    storage = open_storage(str(root))
+    calls = {
+        "read": lambda: storage.read("../outside/secret"),
+        "list": lambda: storage.list("../outside"),
+        "write": lambda: storage.write("../outside/made", [b"x"]),
+    }
+    for what, call in calls.items():
+        with pytest.raises(treestore.StorageError, match=r"outside.* leads outside the store"):
+            call()
+        assert sorted(p.name for p in outside.iterdir()) == ["secret"], what

@@ -234,3 +234,35 @@ def test_blake3_keeps_room_under_an_address_space_limit(tmp_path):
         ["verify", "OutOfMemoryError"],
         ["load", "OutOfMemoryError"],
     ], child.stdout
+
+
+BIGGER_THAN_THE_LIMIT = """
+import resource, sys, treestore
+store = sys.argv[1]
+treestore.load(store + "#small")  # threads, imports and caches in place first
+size = int(open("/proc/self/statm").read().split()[0]) * resource.getpagesize()
+resource.setrlimit(resource.RLIMIT_AS, (size + 256 * 2**20, resource.getrlimit(resource.RLIMIT_AS)[1]))
+try:
+    treestore.load(store + "#big")
+    print("loaded")
+except treestore.errors.OutOfMemoryError as exc:
+    print("OutOfMemoryError", exc.address, exc.checkpoint, exc)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="address-space limits as Linux counts them")
+def test_a_leaf_the_address_space_cannot_hold_is_out_of_memory_naming_it(tmp_path):
+    """A leaf that fits the machine's memory but not what the process may still map (a real
+    RLIMIT_AS in a child process, 256 MiB above what it holds; the leaf is 512 MiB) fails where
+    its array is allocated: OutOfMemoryError naming the leaf and the checkpoint, not a bare
+    MemoryError."""
+    store = str(tmp_path / "s")
+    treestore.save(store, {"w": np.ones(3)}, "small")
+    treestore.save(store, {"layer": {"w": np.zeros(2**27, np.float32)}}, "big")  # 512 MiB of zeros
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
+    command = [sys.executable, "-c", BIGGER_THAN_THE_LIMIT, store]
+    child = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
+    assert child.returncode == 0, child.stderr
+    assert child.stdout.split()[:3] == ["OutOfMemoryError", "layer/w", "big"], child.stdout
+    assert "cannot allocate (134217728,) of float32" in child.stdout, child.stdout
