@@ -263,3 +263,26 @@ def test_a_load_onto_an_accelerator_reuses_two_host_buffers_and_returns_none_of_
             assert isinstance(got, jax.Array)
             at = got.unsafe_buffer_pointer()
         assert not any(lo <= at < hi for lo, hi in spans), k
+
+
+def test_a_staging_buffer_hands_out_aligned_views_to_its_leaves_and_copies_what_shares_it() -> None:
+    """An arena gives the leaves it stages aligned views of its buffer, one after another, and
+    fresh arrays to other leaves and once the buffer is used up; what it detaches is copied
+    only where it shares the buffer's memory."""
+    from treestore._engine import staging
+
+    arena = staging.Arena(np.zeros(1000, np.uint8), {"a", "b"})
+    a = arena.allocate((3,), "a", "c", np.float32)
+    b = arena.allocate(100, "b", "c")
+    other = arena.allocate(10, "x", "c")
+    full = arena.allocate(900, "b", "c")  # past the end of the buffer: a fresh array
+    assert np.shares_memory(a, arena.buf) and np.shares_memory(b, arena.buf)
+    assert a.ctypes.data % 64 == 0 and b.ctypes.data % 64 == 0 and not np.shares_memory(a, b)
+    assert not np.shares_memory(other, arena.buf) and not np.shares_memory(full, arena.buf)
+    a[:] = 5.0
+    copied = arena.detach(a)
+    assert not np.shares_memory(copied, arena.buf) and copied.tolist() == [5.0, 5.0, 5.0]
+    assert arena.detach(other) is other
+    on_cpu = jnp.asarray(np.arange(3.0))
+    assert arena.detach(on_cpu) is not on_cpu  # a CPU device may use host bytes in place
+    np.testing.assert_array_equal(np.asarray(arena.detach(on_cpu)), [0.0, 1.0, 2.0])

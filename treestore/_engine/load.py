@@ -77,6 +77,20 @@ def _restore(slot: _template.Slot, found: _load_leaves.Arrays) -> Any:
     return _template.restore(slot, None if slot.entry is None else found.get(slot.entry.index))
 
 
+def _device_bound(slot: _template.Slot) -> _template.Stored | None:
+    """The stored array leaf of ``slot`` when it becomes a jax array on a device (its template
+    leaf is a jax array or an abstract one, not a numpy array or a Python scalar)."""
+    entry, like = slot.entry, slot.like
+    if entry is None or not entry.is_array or isinstance(like, (np.ndarray, np.generic)):
+        return None
+    return entry if hasattr(like, "dtype") else None
+
+
+def _onto_devices(slots: list[_template.Slot], group: list[int], align: int) -> int:
+    """Bytes of the leaves of ``group`` bound for devices, each aligned to ``align``."""
+    return sum(e.nbytes + align for k in group if (e := _device_bound(slots[k])) is not None)
+
+
 def _groups(slots: list[_template.Slot], positions: list[int], window: int | None) -> list[list[int]]:
     """``positions`` (of ``slots``, in order) cut into runs of at most ``window`` stored bytes
     each (a bigger leaf alone); one run without a window."""
@@ -169,8 +183,8 @@ def _like(
         for group in _groups([slots[k] for k in whole], whole, window)
     ]
     staging = None
-    if window is not None and groups:  # buffers that hold the biggest group (aligned)
-        staging = _staging.Staging(columns.name, max(sum(e.nbytes + ALIGN for e in a) for _, a in groups))
+    if window is not None and groups:  # buffers that hold the biggest group bound for devices
+        staging = _staging.Staging(columns.name, max(_onto_devices(slots, g, ALIGN) for g, _ in groups))
     for group, arrays in groups:
         which = np.array([e.index for e in arrays], np.int64)
         if staging is None:
@@ -179,7 +193,8 @@ def _like(
             continue
         # Read into one of two reused buffers; the group's copies to the devices start here
         # and run while the next group is read (waited for before the buffer is read into again).
-        arena = staging.next()
+        staged = {columns.address(e.index) for k in group if (e := _device_bound(slots[k])) is not None}
+        arena = staging.next(staged)
         found = _load_leaves.read_leaves(reader, columns, which, threads=threads, allocate=arena.allocate)
         restored.update((k, arena.detach(_restore(slots[k], found))) for k in group)
         staging.placed([restored[k] for k in group])

@@ -3,8 +3,9 @@ next instead of allocated afresh.
 
 A load onto an accelerator reads its whole leaves in groups (:mod:`treestore._engine.load`) and
 starts each group's copies to the devices before reading the next. The host arrays a group is
-read into are only the source of those copies: :class:`Staging` hands out views of one of two
-buffers for them, and before a buffer takes a new group it waits for the copies made from it.
+read into are only the source of those copies (for the leaves whose template leaf is a jax
+array or an abstract one): :class:`Staging` hands out views of one of two buffers for them, and
+before a buffer takes a new group it waits for the copies made from it.
 New memory costs a page fault per page on first touch (on a TPU v5e host, filling 2 GiB of new
 memory took 2.23 s, refilling it 0.99 s); two buffers, faulted in once, are what a load holds
 on the host.
@@ -26,11 +27,13 @@ from treestore._tree.jax_import import jax
 
 
 class Arena:
-    """One buffer, handed out front to back as aligned arrays (:meth:`allocate`, the signature
-    of :func:`treestore._engine.memory.allocate`), a fresh allocation once it is used up."""
+    """One buffer, handed out front to back as aligned arrays to the leaves at ``addresses``
+    (:meth:`allocate`, the signature of :func:`treestore._engine.memory.allocate`); other
+    leaves, and any once the buffer is used up, get fresh allocations."""
 
-    def __init__(self, buf: np.ndarray[Any, Any]) -> None:
+    def __init__(self, buf: np.ndarray[Any, Any], addresses: set[str]) -> None:
         self.buf = buf
+        self.addresses = addresses
         self._at = 0
 
     def allocate(
@@ -39,7 +42,7 @@ class Arena:
         dims = (shape,) if isinstance(shape, int) else shape
         nbytes = math.prod(dims) * np.dtype(dtype).itemsize
         at = self._at + (-(self.buf.ctypes.data + self._at) % ALIGN)
-        if at + nbytes > len(self.buf):
+        if address not in self.addresses or at + nbytes > len(self.buf):
             return allocate(dims, address, checkpoint, dtype)
         self._at = at + nbytes
         return self.buf[at : at + nbytes].view(dtype).reshape(dims)
@@ -74,8 +77,9 @@ class Staging:
         self._placed: list[list[Any]] = [[] for _ in range(buffers)]
         self._turn = -1
 
-    def next(self) -> Arena:
-        """The next buffer, once the copies made from it before have finished."""
+    def next(self, addresses: set[str]) -> Arena:
+        """The next buffer, for the leaves at ``addresses``, once the copies made from it
+        before have finished."""
         self._turn = turn = (self._turn + 1) % len(self._buffers)
         if self._placed[turn]:
             jax.block_until_ready(self._placed[turn])
@@ -83,7 +87,7 @@ class Staging:
         buf = self._buffers[turn]
         if buf is None:
             buf = self._buffers[turn] = _new_buffer(self.nbytes, self.name)
-        return Arena(buf)
+        return Arena(buf, addresses)
 
     def placed(self, values: list[Any]) -> None:
         """The values made from the current buffer: waited for before it is read into again."""
