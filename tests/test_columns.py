@@ -655,3 +655,30 @@ def test_a_frame_decodes_and_bad_frames_are_refused():
     refused(edited(rec, "leaves", "chunks", 1, in_pieces), "1 chunk refs stored for 2")
     refused({**rec, "piece_counts": np.ones(1, "<u4").tobytes()}, "lists pieces or chunk refs")
     refused({**rec, "parts": [], "layout": b""}, "its shape needs")  # a frame alone is not a manifest
+
+
+def test_columns_say_what_each_leaf_is_and_whether_two_are_of_one_type():
+    """What the layers above ask of a manifest's leaves: array or Python scalar, the kind, the
+    dtype's name, a value per dtype, and whether two leaves are of one type as a diff tells
+    types (numpy and jax arrays of one dtype alike; PRNG implementations and scalar kinds not)."""
+    tree = {
+        "a": np.zeros(3, np.float32),
+        "b": jnp.ones(2, jnp.bfloat16),
+        "c": jax.random.key(0),
+        "d": jax.random.key(0, impl="rbg"),
+        "e": 3,
+        "f": 1.5,
+        "g": jnp.zeros(3, jnp.float32),
+    }
+    treestore.save("memory://columns/what", tree, "c")
+    c = treestore.open("memory://columns/what#c").columns
+    at = {a: i for i, a in enumerate(c.addresses)}
+    assert [bool(c.is_array[at[k]]) for k in "abcdefg"] == [True] * 4 + [False, False, True]
+    assert [c.kind(at[k]) for k in "abefg"] == ["numpy", "jax", "int", "float", "jax"]
+    assert [c.dtype_name(at[k]) for k in "abg"] == ["float32", "bfloat16", "float32"]
+    floating = c.by_dtype(lambda name: "float" in name) & c.is_array
+    assert sorted(c.addresses[i] for i in np.flatnonzero(floating)) == ["a", "b", "g"]
+    pairs = [("a", "g"), ("a", "b"), ("c", "d"), ("c", "c"), ("e", "f"), ("e", "e"), ("a", "e")]
+    ia = np.array([at[x] for x, _ in pairs])
+    ib = np.array([at[y] for _, y in pairs])
+    assert c.same_types(ia, c, ib).tolist() == [True, False, False, True, False, True, False]

@@ -16,7 +16,7 @@ from treestore._engine import memory as _memory
 from treestore._engine import parts as _parts
 from treestore._engine import read as _read
 from treestore._format import select as _select
-from treestore._format.columns import ARRAY_CODES, Columns
+from treestore._format.columns import Columns
 from treestore._format.frame import Frame
 from treestore._format.record_views import Manifest
 from treestore._storage.base import Storage
@@ -123,7 +123,7 @@ class Checkpoint:
             columns, reader = self._source, self.reader
             if columns.unread[i]:  # a sharded leaf of a frame: only the parts it needs are read
                 columns, reader = self._completing(i)
-            array = columns.leaves["kind"][i] < ARRAY_CODES
+            array = columns.is_array[i]
             found = self._made[i] = LazyLeaf(reader, columns, i) if array else columns.value(i)
         return found
 

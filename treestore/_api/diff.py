@@ -17,7 +17,7 @@ from treestore._api.lazy_leaf import LazyLeaf
 from treestore._api.progress import Progress, counter
 from treestore._deprecated import renamed_attribute
 from treestore._format import select as _select
-from treestore._format.columns import ARRAY_CODES, DTYPE_NAMES, KINDS, PRNG_SHIFT, Columns
+from treestore._format.columns import Columns
 
 ADDED, REMOVED, CHANGED, SHAPE, DTYPE, UNCHANGED = (
     "added",
@@ -59,8 +59,7 @@ class LeafDiff:
 
 def _describe(c: Columns, i: int) -> str:
     """Leaf i's type as a diff shows it: ``float32[3, 4]``, or a Python scalar's kind."""
-    kind = int(c.leaves["kind"][i])
-    return _array_type(DTYPE_NAMES[c.leaves["dtype"][i]], c.shape(i)) if kind < ARRAY_CODES else KINDS[kind]
+    return _array_type(c.dtype_name(i), c.shape(i)) if c.is_array[i] else c.kind(i)
 
 
 def _array_type(dtype: str | None, shape: tuple[int, ...]) -> str:
@@ -292,15 +291,13 @@ def _compare(ca: Columns, ia: np.ndarray, cb: Columns, ib: np.ndarray) -> tuple[
     """How pairs of leaves at one address whose digests differ (``ca`` leaf ia[k], ``cb`` leaf
     ib[k]) differ, column by column: each pair's status (CUT when only their data can tell)
     and, where they are cut into chunks alike, the share of chunks whose digests differ (else NaN)."""
-    a, b = ca.leaves[ia], cb.leaves[ib]
-    array_a, array_b = a["kind"] < ARRAY_CODES, b["kind"] < ARRAY_CODES
-    arrays = array_a & array_b
+    arrays = ca.is_array[ia] & cb.is_array[ib]
+    types = ca.same_types(ia, cb, ib)
     status = np.full(len(ia), CHANGED, object)  # Python scalars of one kind: changed values
-    status[(array_a != array_b) | (~arrays & (a["kind"] != b["kind"]))] = DTYPE
+    status[~arrays & ~types] = DTYPE  # an array and a scalar, or scalars of two kinds
     shape = arrays & ~ca.same_shapes(ia, cb, ib)
     status[shape] = SHAPE
-    dtype = arrays & ~shape & (a["dtype"] != b["dtype"])
-    dtype |= arrays & ~shape & ((a["flags"] >> PRNG_SHIFT) != (b["flags"] >> PRNG_SHIFT))
+    dtype = arrays & ~shape & ~types
     status[dtype] = DTYPE
     rest = arrays & ~shape & ~dtype
     plain, share = ca.chunk_changes(ia, cb, ib)
@@ -426,7 +423,7 @@ def diff_checkpoints(
         by_value = [
             int(ca.leaf_nbytes[i] + cb.leaf_nbytes[partner[i]])
             for i, s in zip(pairs.tolist(), status, strict=True)
-            if s in (CHANGED, CUT) and ca.leaves["kind"][i] < ARRAY_CODES
+            if s in (CHANGED, CUT) and ca.is_array[i]
         ]
         tick = counter(progress, sum(by_value))
     for row in found.tolist():
@@ -461,9 +458,9 @@ def _compared(
         status = CHANGED if _bytes_differ(a[address], b[address]) else UNCHANGED
         if values and status == CHANGED:
             change = _values.whole_change(a[address], b[address], tick)
-        elif tick is not None and a.columns.leaves["kind"][i] < ARRAY_CODES:
+        elif tick is not None and a.columns.is_array[i]:
             tick(int(a.columns.leaf_nbytes[i] + b.columns.leaf_nbytes[j]))  # compared: equal
-    elif values and status == CHANGED and a.columns.leaves["kind"][i] < ARRAY_CODES:
+    elif values and status == CHANGED and a.columns.is_array[i]:
         change = _values.chunk_change(a, i, b, j, tick)
     return LeafDiff(address, status, _describe(a.columns, i), _describe(b.columns, j), frac, change)
 

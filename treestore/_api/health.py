@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from treestore._format import stats as _stats
-from treestore._format.columns import ARRAY_CODES, DTYPE_NAMES, KINDS, Columns
+from treestore._format.columns import Columns
 from treestore._format.dtypes import ITEMSIZES
 
 
@@ -142,19 +142,18 @@ def leaf_stats(columns: Columns, which: Sequence[int] | None = None) -> dict[str
     leaf order; the others are left out (unknown)."""
     which = range(len(columns)) if which is None else which
     table = columns.stats
-    kinds = columns.leaves["kind"]
     out: dict[str, ValueStats] = {}
     for i in which:
         address = columns.address(i)
-        if kinds[i] >= ARRAY_CODES:
-            found = _of_value(address, KINDS[kinds[i]], columns.value(i))
+        if not columns.is_array[i]:
+            found = _of_value(address, columns.kind(i), columns.value(i))
             if found is not None:
                 out[address] = found
             continue
         if table is None or table["kind"][i] == _stats.UNKNOWN:
             continue
         (record,) = _stats.records(table[i : i + 1])
-        dtype = DTYPE_NAMES[columns.leaves["dtype"][i]]
+        dtype = columns.dtype_name(i)
         size = int(columns.leaf_nbytes[i]) // ITEMSIZES[dtype]
         out[address] = _of_record(address, dtype, size, record)
     return out
@@ -169,14 +168,17 @@ def nonfinite_leaves(columns: Columns) -> np.ndarray:
         found |= np.isin(table["kind"], _stats.REAL) & (
             (table["nan"] | table["posinf"] | table["neginf"]) > 0
         )
-    kinds = columns.leaves["kind"]
-    for i in np.flatnonzero(kinds == KINDS.index("float")).tolist():
+    for i in np.flatnonzero(~columns.is_array).tolist():
+        if columns.kind(i) != "float":
+            continue
         value = columns.value(i)
         found[i] = isinstance(value, float) and not math.isfinite(value)
     return np.flatnonzero(found)
 
 
-_MAY_HOLD_NAN = np.array([_stats.kind_of(n) in _stats.REAL for n in DTYPE_NAMES])
+def _may_hold_nan(dtype: str) -> bool:
+    """Whether arrays of ``dtype`` (a SPEC.md name) can hold NaN or ±inf: floating and complex."""
+    return _stats.kind_of(dtype) in _stats.REAL
 
 
 def health(columns: Columns) -> bool | None:
@@ -188,9 +190,8 @@ def health(columns: Columns) -> bool | None:
     table = columns.stats
     if table is None:
         return None
-    rows = columns.leaves
-    arrays = (rows["kind"] < ARRAY_CODES) & (columns.leaf_nbytes > 0)
-    unmeasured = arrays & _MAY_HOLD_NAN[rows["dtype"]] & (table["kind"] == _stats.UNKNOWN)
+    arrays = columns.is_array & (columns.leaf_nbytes > 0)
+    unmeasured = arrays & columns.by_dtype(_may_hold_nan) & (table["kind"] == _stats.UNKNOWN)
     return None if unmeasured.any() else True
 
 

@@ -12,7 +12,7 @@ import numpy as np
 from treestore._engine import read as _read
 from treestore._engine import region as _region
 from treestore._format.codecs import stored_codec
-from treestore._format.columns import DTYPE_NAMES, Columns
+from treestore._format.columns import Columns
 from treestore._format.dtypes import dtype_from_name
 from treestore._format.record_views import leaf_entry
 from treestore._format.records import LeafEntry
@@ -59,7 +59,7 @@ class LazyLeaf:
         self._i = i
         self.address = columns.address(i)
         self.shape: tuple[int, ...] = columns.shape(i)
-        self.dtype = dtype_from_name(DTYPE_NAMES[columns.leaves["dtype"][i]], address=self.address)
+        self.dtype = dtype_from_name(columns.dtype_name(i), address=self.address)
         self.kind, self._prng_impl, self._weak_type = columns.restore_kind(i)
 
     @functools.cached_property

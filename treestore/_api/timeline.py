@@ -23,7 +23,6 @@ from treestore._api import timeline_html as _html
 from treestore._api.checkpoint import Checkpoint
 from treestore._engine import committed as _committed
 from treestore._format import select as _select
-from treestore._format.columns import ARRAY_CODES as _ARRAY_CODES
 from treestore._format.columns import Columns
 from treestore._storage.base import Storage
 from treestore.errors import (
@@ -267,14 +266,14 @@ def _pool(pairs: list[tuple[int, float]]) -> float:
 
 def array_leaves(c: Columns) -> dict[str, int]:
     """The array leaves of a checkpoint: leaf index by address."""
-    return {c.addresses[i]: i for i in np.flatnonzero(c.leaves["kind"] < _ARRAY_CODES).tolist()}
+    return {c.addresses[i]: i for i in np.flatnonzero(c.is_array).tolist()}
 
 
 def _changed_bytes(a: Columns, b: Columns, chosen: set[str]) -> int:
     """Raw bytes of the leaves a diff of values reads for this pair (both sides): array leaves
     at one address whose digests differ and whose shapes are equal."""
     ia, ib = a.match(b)
-    arrays = (a.leaves["kind"][ia] < _ARRAY_CODES) & (b.leaves["kind"][ib] < _ARRAY_CODES)
+    arrays = a.is_array[ia] & b.is_array[ib]
     read = arrays & ~a.same_leaves(ia, b, ib) & a.same_shapes(ia, b, ib)
     return sum(
         int(a.leaf_nbytes[i] + b.leaf_nbytes[j])

@@ -16,6 +16,7 @@ reader and writer works on its arrays; the public read-only records (``Store.man
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -204,6 +205,25 @@ class Columns:
         ia = np.flatnonzero(ib >= 0)
         return ia, ib[ia]
 
+    @functools.cached_property
+    def is_array(self) -> np.ndarray:
+        """bool [n]: which leaves are arrays (the others are Python scalars, kept in the manifest)."""
+        return self.leaves["kind"] < ARRAY_CODES
+
+    def by_dtype(self, fn: Callable[[str], Any]) -> np.ndarray:
+        """``fn`` of each leaf's dtype name, for every leaf at once (``fn`` runs once per dtype
+        SPEC.md names; a Python scalar leaf gets a value too: mask with :attr:`is_array`)."""
+        return np.array([fn(name) for name in DTYPE_NAMES])[self.leaves["dtype"]]
+
+    def kind(self, i: int) -> str:
+        """Leaf i's kind: ``numpy``, ``jax``, ``npscalar``, ``prng_key`` for arrays, or the Python
+        scalar's type (``bool``, ``int``, ``float``, ``complex``, ``str``, ``bytes``)."""
+        return KINDS[self.leaves["kind"][i]]
+
+    def dtype_name(self, i: int) -> str:
+        """Array leaf i's dtype, by its name in SPEC.md (``float32``, ``bfloat16`` ...)."""
+        return DTYPE_NAMES[self.leaves["dtype"][i]]
+
     def value(self, i: int) -> object:
         """The value of scalar leaf i (a Python scalar, kept in the manifest)."""
         return self.values[self._value_rank[i]]
@@ -360,6 +380,15 @@ class Columns:
         share = np.zeros(len(ia))
         share[cand] = self._differing(other, "digest", ia[cand], ib[cand], k) / np.maximum(k, 1)
         return ok, np.where(ok, share, 0.0)
+
+    def same_types(self, ia: np.ndarray, other: Columns, ib: np.ndarray) -> np.ndarray:
+        """bool [k]: whether leaf ``ia[k]`` here and leaf ``ib[k]`` of ``other`` are of one type as
+        a diff tells types: arrays of one dtype and PRNG implementation (numpy or jax alike), or
+        Python scalars of one kind."""
+        a, b = self.leaves[ia], other.leaves[ib]
+        arrays_a, arrays_b = self.is_array[ia], other.is_array[ib]
+        same_array = (a["dtype"] == b["dtype"]) & ((a["flags"] >> PRNG_SHIFT) == (b["flags"] >> PRNG_SHIFT))
+        return np.where(arrays_a & arrays_b, same_array, ~arrays_a & ~arrays_b & (a["kind"] == b["kind"]))
 
     def same_shapes(self, ia: np.ndarray, other: Columns, ib: np.ndarray) -> np.ndarray:
         """For pairs of leaves (``self`` leaf ia[k], ``other`` leaf ib[k]): whether their shapes
