@@ -255,6 +255,9 @@ def test_hostile_shard_sets_are_refused_naming_file_and_tensor(tmp_path):
     refused(f, treestore.DamagedError, rf"{C}: a shard file .* that the index does not name")
     f = shard_set(tmp_path / "total", two(), total=29)
     refused(f, treestore.DamagedError, r"total_size is 29 bytes, but its tensors hold 28")
+    for bad in ("28", -1, 28.0, True):  # not a number of bytes: refused before any shard is read
+        f = shard_set(tmp_path / f"total-{bad}", two(), total=bad)
+        refused(f, treestore.UnsupportedFormatError, rf"total_size is {bad!r}, not a number of bytes")
     f = shard_set(tmp_path / "escape", two(), {"x": "../ok/" + A, "y": B})
     refused(f, treestore.UnsupportedFormatError, r"tensor 'x' is in '../ok/.*not a file name")
     f = shard_set(tmp_path / "offsets", two())
