@@ -147,6 +147,13 @@ def test_export_refusals_list_every_leaf(tmp_path):
     assert "cannot export 3 leaves" in text
     assert '"a.b"/w' in text or "a.b/w" in text
     assert "PRNG" in text and "n: a Python float" in text
+    odd = {"w": np.zeros(4, ml_dtypes.int4), "v": {"f": np.zeros(2, ml_dtypes.float8_e3m4)}, "ok": np.ones(2)}
+    treestore.save(url, odd, "odd")
+    for out in (tmp_path / "odd.safetensors", tmp_path / "odd-shards"):  # one file, a shard set
+        named = r"hold the dtype of v/f \(float8_e3m4\), w \(int4\)"
+        with pytest.raises(treestore.InvalidInputError, match=named):
+            treestore.export_file(f"{url}#odd", out, max_shard_size=None if out.suffix else "1MB")
+        assert not out.exists()
     treestore.save(url, {"x": np.ones(2, ml_dtypes.bfloat16)}, "bf")
     with pytest.raises(treestore.InvalidInputError, match="numpy dtypes only"):
         treestore.export_file(f"{url}#bf", tmp_path / "t.npz")

@@ -217,6 +217,8 @@ def export_file(
     source = source if isinstance(source, dict) else {}
     sep: str = separator or (source["separator"] if source.get("separator") in (".", "/") else ".")
     named = _names(ckpt, sep if fmt in _formats.FLAT else None, fmt)
+    if fmt == "safetensors" and not sharding:  # one error naming every leaf it cannot hold
+        _shards.tensors([(sep.join(n), e) for n, e in named])
     if fmt == "npz":
         bad = [e.address for _, e in named if e.dtype not in _formats.NPY_DTYPES]
         if bad:
