@@ -43,3 +43,42 @@ def test_the_public_layer_does_not_decode_leaf_table_codes():
             ):
                 found.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
     assert not found, found
+
+
+def _calls_and_imports(path: Path, names: set[str]) -> list[str]:
+    """Where ``path`` imports or calls one of ``names``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom):
+            found += [f"{path}:{node.lineno}" for a in node.names if a.name in names]
+        elif isinstance(node, ast.Call):
+            fn = node.func
+            name = fn.attr if isinstance(fn, ast.Attribute) else getattr(fn, "id", "")
+            if name in names:
+                found.append(f"{path}:{node.lineno}")
+    return found
+
+
+def test_commit_records_are_encoded_by_the_one_commit_only():
+    """Only ``_engine/commit.py`` encodes a commit record (the step that makes a checkpoint
+    visible, after its chunks and manifest): no other module can publish a checkpoint."""
+    allowed = {ROOT / "treestore/_engine/commit.py", ROOT / "treestore/_format/commit_record.py"}
+    found = []
+    for path in sorted((ROOT / "treestore").rglob("*.py")):
+        if path not in allowed:
+            found += _calls_and_imports(path, {"encode_commit_record"})
+    assert not found, found
+
+
+def test_jax_is_imported_at_import_time_by_no_module():
+    """No module imports jax when it is imported itself (``import treestore`` stays cheap);
+    jax comes through ``_tree/jax_import``, on first use, or inside functions that run after."""
+    found = []
+    for path in sorted((ROOT / "treestore").rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in tree.body:  # module level only; TYPE_CHECKING blocks never run
+            if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "jax" for a in node.names):
+                found.append(f"{path.name}:{node.lineno}")
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "jax":
+                found.append(f"{path.name}:{node.lineno}")
+    assert not found, found
