@@ -286,3 +286,36 @@ def test_a_staging_buffer_hands_out_aligned_views_to_its_leaves_and_copies_what_
     on_cpu = jnp.asarray(np.arange(3.0))
     assert arena.detach(on_cpu) is not on_cpu  # a CPU device may use host bytes in place
     np.testing.assert_array_equal(np.asarray(arena.detach(on_cpu)), [0.0, 1.0, 2.0])
+
+
+@pytest.mark.parametrize("bound", [1 << 20, None])
+def test_an_async_snapshot_over_its_device_bound_is_copied_to_host(tmp_path, monkeypatch, bound) -> None:  # type: ignore[no-untyped-def]
+    """``SaveOptions.device_snapshot`` bounds the bytes an async save copies on the devices: a
+    tree over it (a 2 MiB leaf against 1 MiB) is copied to host instead, sharded leaves shard by
+    shard, and survives the next step's donation as the device copy does; within the bound
+    (none set) the copy is made on the devices."""
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from treestore._engine import snapshot
+
+    calls: list[int] = []
+    copier = snapshot._copier
+    monkeypatch.setattr(snapshot, "_copier", lambda: (calls.append(1), copier())[1])
+    mesh = Mesh(np.array(jax.devices()[:4]), ("x",))
+    sharded = jax.device_put(jnp.arange(64 * 64.0).reshape(64, 64), NamedSharding(mesh, P("x")))
+    state = {"w": jnp.ones((512, 1024)), "s": sharded}
+    step_fn = jax.jit(lambda s: jax.tree.map(lambda x: x * 2 + 1, s), donate_argnums=0)
+    options = treestore.SaveOptions(**ALWAYS, device_snapshot=bound)
+    expected = {}
+    with treestore.CheckpointManager(tmp_path, async_save=True, options=options, keep_last=10) as m:
+        for step in range(3):
+            expected[step] = jax.tree.map(np.array, state)
+            m.save(step, state, force=True)
+            state = step_fn(state)  # donates the arrays just saved
+        m.wait()
+    assert (calls == []) == (bound is not None)
+    for step, want in expected.items():
+        got = treestore.load(str(tmp_path), f"step-{step:09d}")
+        for k in want:
+            np.testing.assert_array_equal(np.asarray(got[k]), want[k])

@@ -42,13 +42,6 @@ class _Kept:
     owned: bool  # the buffer is ours to overwrite (False: jax's own host copy, read-only)
 
 
-def _weak(value: object) -> weakref.ref[Any] | None:
-    try:
-        return weakref.ref(value)
-    except TypeError:
-        return None
-
-
 class HostSnapshot:
     """Host copies of trees' array leaves, reused from one snapshot to the next.
 
@@ -105,10 +98,10 @@ class HostSnapshot:
             leaf = prepare_leaf(value, address)
             if isinstance(leaf, ArrayLeaf):
                 if isinstance(value, jax.Array) and off_cpu(value):
-                    new[address] = _Kept(_weak(value), leaf, owned=False)
+                    new[address] = _Kept(weakref.ref(value), leaf, owned=False)
                 else:
                     leaf = _private(leaf, old)
-                    source = _weak(value) if isinstance(value, jax.Array) else None
+                    source = weakref.ref(value) if isinstance(value, jax.Array) else None
                     new[address] = _Kept(source, leaf, owned=True)
             return leaf
 
