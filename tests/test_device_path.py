@@ -319,3 +319,50 @@ def test_an_async_snapshot_over_its_device_bound_is_copied_to_host(tmp_path, mon
         got = treestore.load(str(tmp_path), f"step-{step:09d}")
         for k in want:
             np.testing.assert_array_equal(np.asarray(got[k]), want[k])
+
+
+def _fetched(arrays: list, window: device_fetch.Window, chunk: int, target: int | None = None) -> list[bytes]:  # type: ignore[type-arg]
+    """The chunks a Fetcher with ``window`` submits for ``arrays``, each leaf's in order."""
+    import concurrent.futures as cf
+
+    fetcher = (
+        device_fetch.Fetcher(window, chunk) if target is None else device_fetch.Fetcher(window, chunk, target)
+    )
+    pool = cf.ThreadPoolExecutor(2)
+    futures = [
+        fetcher.add(x, chunk, lambda raw: pool.submit(lambda r=raw: bytes(r)))  # type: ignore[misc]
+        for x in arrays
+    ]
+    try:
+        fetcher.run()
+        return [f.result() for fs in futures for f in fs]
+    finally:
+        pool.shutdown(wait=True)
+
+
+def test_the_fetcher_cuts_chunks_at_the_leaf_s_boundaries_whatever_its_slices() -> None:
+    """Slices smaller than a chunk (each chunk put together from several), a leaf whose one row
+    is bigger than a slice (fetched through a flat view) and an empty leaf: the chunks are the
+    leaf's bytes cut every ``chunk`` bytes, and the window is empty again after."""
+    rng = np.random.default_rng(4)
+    small_slices = jnp.asarray(rng.standard_normal((30, 25)).astype(np.float32))  # rows of 100 bytes
+    wide_rows = jnp.asarray(rng.standard_normal((2, 3000)).astype(np.float32))  # rows of 12,000 bytes
+    empty = jnp.zeros((0, 3), jnp.float32)
+    window = device_fetch.Window(2300)
+    chunks = _fetched([small_slices, wide_rows, empty], window, chunk=1000, target=300)
+    raw = [np.asarray(x).tobytes() for x in (small_slices, wide_rows)]
+    want = [r[i : i + 1000] for r in raw for i in range(0, len(r), 1000)]
+    assert chunks == want
+    assert window.held == 0 and 0 < window.peak <= 2300
+
+
+def test_a_fetch_that_fails_gives_its_window_back() -> None:
+    """A leaf that cannot be sliced (deleted before the fetch) raises its error, and every byte
+    taken for slices started before it is given back to the window."""
+    first = jnp.arange(5000.0, dtype=jnp.float32)
+    gone = jnp.arange(5000.0, dtype=jnp.float32)
+    gone.delete()
+    window = device_fetch.Window(1 << 20)
+    with pytest.raises(RuntimeError, match="deleted"):
+        _fetched([first, gone], window, chunk=4096)
+    assert window.held == 0 and window.peak > 0
