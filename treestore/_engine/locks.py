@@ -47,9 +47,10 @@ def _boot_id() -> str:
         return ""
 
 
-@functools.cache
 def _boot_time() -> float | None:
-    """When this host booted, seconds since the epoch (Linux ``/proc/stat`` ``btime``)."""
+    """When this host booted, seconds since the epoch (Linux ``/proc/stat`` ``btime``), read
+    anew each time: the kernel moves it when the wall clock is set, and a value kept from
+    earlier in a long-running process would put every process start off by each step since."""
     try:
         with open("/proc/stat", "rb") as f:
             for line in f:
