@@ -283,7 +283,7 @@ def test_a_staging_buffer_hands_out_aligned_views_to_its_leaves_and_copies_what_
     copied = arena.detach(a)
     assert not np.shares_memory(copied, arena.buf) and copied.tolist() == [5.0, 5.0, 5.0]
     assert arena.detach(other) is other
-    on_cpu = jnp.asarray(np.arange(3.0))
+    on_cpu = jax.device_put(np.arange(3.0), jax.devices("cpu")[0])  # on a TPU machine too
     assert arena.detach(on_cpu) is not on_cpu  # a CPU device may use host bytes in place
     np.testing.assert_array_equal(np.asarray(arena.detach(on_cpu)), [0.0, 1.0, 2.0])
 
