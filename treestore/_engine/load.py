@@ -9,6 +9,7 @@ template the stored tree is rebuilt, with one the template's structure is matche
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -75,6 +76,11 @@ def _to_accelerator() -> bool:
 def _restore(slot: _template.Slot, found: _load_leaves.Arrays) -> Any:
     """Template slot ``slot`` restored from the host arrays read for it."""
     return _template.restore(slot, None if slot.entry is None else found.get(slot.entry.index))
+
+
+def _made(slots: list[_template.Slot], found: _load_leaves.Arrays, arena: _staging.Arena) -> list[Any]:
+    """The values of ``slots`` restored from host arrays read into ``arena``, none sharing it."""
+    return [arena.detach(_restore(slot, found)) for slot in slots]
 
 
 def _device_bound(slot: _template.Slot) -> _template.Stored | None:
@@ -191,13 +197,15 @@ def _like(
             found = _load_leaves.read_leaves(reader, columns, which, threads=threads)
             restored.update((k, _restore(slots[k], found)) for k in group)
             continue
-        # Read into one of two reused buffers; the group's copies to the devices start here
-        # and run while the next group is read (waited for before the buffer is read into again).
+        # Read into one of two reused buffers; the group's values are made (their copies to the
+        # devices started) on another thread while the next group is read.
         staged = {columns.address(e.index) for k in group if (e := _device_bound(slots[k])) is not None}
         arena = staging.next(staged)
         found = _load_leaves.read_leaves(reader, columns, which, threads=threads, allocate=arena.allocate)
-        restored.update((k, arena.detach(_restore(slots[k], found))) for k in group)
-        staging.placed([restored[k] for k in group])
+        staging.place(functools.partial(_made, [slots[k] for k in group], found, arena))
+    if staging is not None:
+        for (group, _), values in zip(groups, staging.values(), strict=True):
+            restored.update(zip(group, values, strict=True))
     sharded = [(slot, s) for slot, s in zip(slots, shardings, strict=True) if s is not None]
 
     def read(wanted: list[tuple[_template.Stored, list[_region.Region]]]) -> list[list[np.ndarray]]:
