@@ -125,21 +125,27 @@ def test_the_host_window_bounds_the_bytes_in_flight(monkeypatch: pytest.MonkeyPa
 def test_an_async_save_survives_the_next_step_donating_its_buffers(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """The manager's snapshot is a copy on the device: the step that follows ``save`` donates the
     saved arrays (their buffers are reused at once), and every step still saves what it held."""
-    step_fn = jax.jit(lambda s: jax.tree.map(lambda x: x * 2 + 1, s), donate_argnums=0)
     state = {"w": jnp.ones((512, 1024)), "b": jnp.arange(100_000.0)}
-    options = treestore.SaveOptions(**ALWAYS)
+    state = _saved_while_donating(tmp_path, state, treestore.SaveOptions(**ALWAYS), steps=4)
+    assert state["w"].is_deleted() is False
+
+
+def _saved_while_donating(path, state, options, steps):  # type: ignore[no-untyped-def]
+    """Save ``state`` at each step with an async manager, the next step donating its arrays;
+    check every step loads back what it held; the last state."""
+    step_fn = jax.jit(lambda s: jax.tree.map(lambda x: x * 2 + 1, s), donate_argnums=0)
     expected = {}
-    with treestore.CheckpointManager(tmp_path, async_save=True, options=options, keep_last=10) as m:
-        for step in range(4):
+    with treestore.CheckpointManager(path, async_save=True, options=options, keep_last=10) as m:
+        for step in range(steps):
             expected[step] = jax.tree.map(np.array, state)
             m.save(step, state, force=True)
             state = step_fn(state)  # donates the arrays just saved
         m.wait()
-    assert state["w"].is_deleted() is False
     for step, want in expected.items():
-        got = treestore.load(str(tmp_path), f"step-{step:09d}")
+        got = treestore.load(str(path), f"step-{step:09d}")
         for k in want:
             np.testing.assert_array_equal(np.asarray(got[k]), want[k])
+    return state
 
 
 def test_save_options_of_the_device_path_are_checked() -> None:
@@ -305,20 +311,8 @@ def test_an_async_snapshot_over_its_device_bound_is_copied_to_host(tmp_path, mon
     mesh = Mesh(np.array(jax.devices()[:4]), ("x",))
     sharded = jax.device_put(jnp.arange(64 * 64.0).reshape(64, 64), NamedSharding(mesh, P("x")))
     state = {"w": jnp.ones((512, 1024)), "s": sharded}
-    step_fn = jax.jit(lambda s: jax.tree.map(lambda x: x * 2 + 1, s), donate_argnums=0)
-    options = treestore.SaveOptions(**ALWAYS, device_snapshot=bound)
-    expected = {}
-    with treestore.CheckpointManager(tmp_path, async_save=True, options=options, keep_last=10) as m:
-        for step in range(3):
-            expected[step] = jax.tree.map(np.array, state)
-            m.save(step, state, force=True)
-            state = step_fn(state)  # donates the arrays just saved
-        m.wait()
+    _saved_while_donating(tmp_path, state, treestore.SaveOptions(**ALWAYS, device_snapshot=bound), steps=3)
     assert (calls == []) == (bound is not None)
-    for step, want in expected.items():
-        got = treestore.load(str(tmp_path), f"step-{step:09d}")
-        for k in want:
-            np.testing.assert_array_equal(np.asarray(got[k]), want[k])
 
 
 def _fetched(arrays: list, window: device_fetch.Window, chunk: int, target: int | None = None) -> list[bytes]:  # type: ignore[type-arg]
