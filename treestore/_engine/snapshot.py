@@ -148,8 +148,8 @@ def _copier() -> Any:
     sharding, dtype and weak type (jax compiles it once per list of shapes, dtypes and shardings).
     Its dispatch returns before the copies run, and the devices order them before any later
     use of the originals, a donation included. (``jax.device_put(..., may_alias=False)`` copies
-    too, but a TPU v5e took 345 ms to finish its copies of a 2.6 GB tree, against 9 ms for
-    this program.)"""
+    too, but on a TPU its copies finished far later than this program's: docs/benchmarks.md,
+    "On an accelerator".)"""
     return jax.jit(lambda xs: [jax.numpy.copy(x) for x in xs])
 
 

@@ -7,11 +7,10 @@ read into are only the source of those copies (for the leaves whose template lea
 array or an abstract one): :class:`Staging` hands out views of one of two buffers for them, and
 before a buffer takes a new group it waits for the copies made from it. The values of a group
 are made on a thread of their own while the next group is read: on a TPU host, starting a
-group's copies took the loading thread about a tenth of a load's time, during which no leaf
-was read.
-New memory costs a page fault per page on first touch (on a TPU v5e host, filling 2 GiB of new
-memory took 2.23 s, refilling it 0.99 s); two buffers, faulted in once, are what a load holds
-on the host.
+group's copies took the loading thread a tenth of a load's time, during which no leaf was read.
+New memory costs a page fault per page on first touch, which on a TPU host cost more than the
+decoding (docs/benchmarks.md, "On an accelerator"); two buffers, faulted in once, are what a load
+holds on the host.
 
 A value made from a buffer that is not a copy on an accelerator's own memory (a numpy template
 leaf, or a jax array on a CPU device, which may use the host bytes in place) is copied out of it
@@ -111,8 +110,8 @@ class Staging:
 
 def _new_buffer(nbytes: int, checkpoint: str) -> np.ndarray[Any, Any]:
     """A buffer of ``nbytes``; its pages are faulted in by the threads that first decode into it.
-    (Faulting them in by one call, MAP_POPULATE, before reading made a TPU v5e host's load of
-    the 2.6 GB decoder slower, 1.08 s against 0.74-0.87 s: that call runs on one thread.)"""
+    (Faulting them in by one call, MAP_POPULATE, before reading made loads on a TPU host slower:
+    that call runs on one thread; docs/benchmarks.md, "On an accelerator".)"""
     return allocate(nbytes, "(staging)", checkpoint)
 
 
