@@ -675,6 +675,7 @@ def test_columns_say_what_each_leaf_is_and_whether_two_are_of_one_type():
     at = {a: i for i, a in enumerate(c.addresses)}
     assert [bool(c.is_array[at[k]]) for k in "abcdefg"] == [True] * 4 + [False, False, True]
     assert [c.kind(at[k]) for k in "abefg"] == ["numpy", "jax", "int", "float", "jax"]
+    assert sorted(c.addresses[i] for i in np.flatnonzero(c.of_kind("jax"))) == ["b", "g"]
     assert [c.dtype_name(at[k]) for k in "abg"] == ["float32", "bfloat16", "float32"]
     floating = c.by_dtype(lambda name: "float" in name) & c.is_array
     assert sorted(c.addresses[i] for i in np.flatnonzero(floating)) == ["a", "b", "g"]

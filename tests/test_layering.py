@@ -1,5 +1,5 @@
 """Rules of the layering that import contracts cannot state: the public layer asks a manifest's
-columns what its leaves are (``Columns.is_array``, ``kind``, ``dtype_name``, ``by_dtype``,
+columns what its leaves are (``Columns.is_array``, ``kind``, ``of_kind``, ``dtype_name``, ``by_dtype``,
 ``same_types``) instead of decoding the leaf table's codes and bit fields itself."""
 
 from __future__ import annotations

@@ -168,9 +168,7 @@ def nonfinite_leaves(columns: Columns) -> np.ndarray:
         found |= np.isin(table["kind"], _stats.REAL) & (
             (table["nan"] | table["posinf"] | table["neginf"]) > 0
         )
-    for i in np.flatnonzero(~columns.is_array).tolist():
-        if columns.kind(i) != "float":
-            continue
+    for i in np.flatnonzero(columns.of_kind("float")).tolist():
         value = columns.value(i)
         found[i] = isinstance(value, float) and not math.isfinite(value)
     return np.flatnonzero(found)

@@ -92,11 +92,6 @@ def _device_bound(slot: _template.Slot) -> _template.Stored | None:
     return entry if hasattr(like, "dtype") else None
 
 
-def _onto_devices(slots: list[_template.Slot], group: list[int], align: int) -> int:
-    """Bytes of the leaves of ``group`` bound for devices, each aligned to ``align``."""
-    return sum(e.nbytes + align for k in group if (e := _device_bound(slots[k])) is not None)
-
-
 def _groups(slots: list[_template.Slot], positions: list[int], window: int | None) -> list[list[int]]:
     """``positions`` (of ``slots``, in order) cut into runs of at most ``window`` stored bytes
     each (a bigger leaf alone); one run without a window."""
@@ -190,7 +185,9 @@ def _like(
     ]
     staging = None
     if window is not None and groups:  # buffers that hold the biggest group bound for devices
-        staging = _staging.Staging(columns.name, max(_onto_devices(slots, g, ALIGN) for g, _ in groups))
+        bound = {k: e for k in whole if (e := _device_bound(slots[k])) is not None}
+        sizes = [sum(bound[k].nbytes + ALIGN for k in group if k in bound) for group, _ in groups]
+        staging = _staging.Staging(columns.name, max(sizes))
     for group, arrays in groups:
         which = np.array([e.index for e in arrays], np.int64)
         if staging is None:
@@ -199,8 +196,7 @@ def _like(
             continue
         # Read into one of two reused buffers; the group's values are made (their copies to the
         # devices started) on another thread while the next group is read.
-        staged = {columns.address(e.index) for k in group if (e := _device_bound(slots[k])) is not None}
-        arena = staging.next(staged)
+        arena = staging.next({columns.address(bound[k].index) for k in group if k in bound})
         found = _load_leaves.read_leaves(reader, columns, which, threads=threads, allocate=arena.allocate)
         staging.place(functools.partial(_made, [slots[k] for k in group], found, arena))
     if staging is not None:

@@ -29,6 +29,7 @@ import numpy as np
 from treestore._engine.memory import ALIGN, allocate
 from treestore._engine.threads import shared_pool
 from treestore._tree.jax_import import jax
+from treestore._tree.leaves import off_cpu
 
 
 class Arena:
@@ -62,12 +63,9 @@ class Arena:
 
 
 def _on_accelerator(x: Any) -> bool:
-    """Whether jax array ``x`` lives in an accelerator's own memory (never in host bytes)."""
-    try:
-        kind = x.sharding.memory_kind
-        return all(d.platform != "cpu" for d in x.devices()) and kind in (None, "device")
-    except Exception:  # deleted, abstract: trusted with nothing
-        return False
+    """Whether jax array ``x`` lives in an accelerator's own memory (not on a CPU device, nor in
+    an accelerator's host memory kinds): it never uses host bytes in place."""
+    return off_cpu(x) and getattr(x.sharding, "memory_kind", None) in (None, "device")
 
 
 class Staging:

@@ -215,6 +215,10 @@ class Columns:
         SPEC.md names; a Python scalar leaf gets a value too: mask with :attr:`is_array`)."""
         return np.array([fn(name) for name in DTYPE_NAMES])[self.leaves["dtype"]]
 
+    def of_kind(self, kind: str) -> np.ndarray:
+        """bool [n]: which leaves are of ``kind`` (a name :meth:`kind` gives)."""
+        return self.leaves["kind"] == KINDS.index(kind)
+
     def kind(self, i: int) -> str:
         """Leaf i's kind: ``numpy``, ``jax``, ``npscalar``, ``prng_key`` for arrays, or the Python
         scalar's type (``bool``, ``int``, ``float``, ``complex``, ``str``, ``bytes``)."""
