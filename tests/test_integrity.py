@@ -384,3 +384,29 @@ def test_a_chunk_that_decodes_to_other_bytes_fails_every_lazy_read(store_url, re
     np.testing.assert_array_equal(leaf[0:80], W[0:80])  # the other chunks read as they are
     with pytest.raises(treestore.errors.ChunkDamagedError, match=r"w: chunk .* does not match its digest"):
         read(leaf)
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "pack"])
+def test_damage_read_into_a_load_s_staging_buffers(saved, damage, monkeypatch):
+    """A load onto an accelerator (forced here on the CPU) reads into reused host buffers: a
+    damaged chunk or pack is the same ChunkDamagedError naming the leaf and the checkpoint."""
+    import jax
+
+    from treestore._engine import load as load_module
+
+    monkeypatch.setattr(load_module, "_to_accelerator", lambda: True)
+    chunks = hostile.chunk_paths(saved, "ckpt")
+    if damage == "pack":
+        hostile.flip_byte(saved, chunks["<pack 0>"][0], -1)
+    elif damage == "flip":
+        hostile.flip_byte(saved, chunks["layer/w"][0], 100)
+    else:
+        hostile.truncate(saved, chunks["layer/w"][0], 16)
+    like = {
+        "layer": {"w": jax.ShapeDtypeStruct(W.shape, W.dtype), "b": jax.ShapeDtypeStruct((8,), np.float32)}
+    }
+    like["step"] = 0  # type: ignore[assignment]
+    address = "layer/b" if damage == "pack" else "layer/w"
+    with pytest.raises(treestore.errors.ChunkDamagedError, match=f"{address}: chunk") as info:
+        treestore.load(saved, like=like)
+    assert info.value.address == address and info.value.checkpoint == "ckpt"
