@@ -188,9 +188,19 @@ def check_same(method: str, loaded: Any, saved: Any) -> None:
         raise SystemExit(f"{method}: the load's keys differ from the save's")
     for got, expected in pairs:
         same = got.dtype == expected.dtype and got.shape == expected.shape
-        bits = [jnp.asarray(x).reshape(-1).view(jnp.uint8) for x in (got, expected)]
-        if not same or not bool(jnp.array_equal(*bits)):
+        if not same or not bool(jnp.array_equal(*(_bits(jnp.asarray(x)) for x in (got, expected)))):
             raise SystemExit(f"{method}: a load did not give back the bytes its save wrote")
+
+
+def _bits(x: Any) -> Any:
+    """``x``'s bits as unsigned integers of its own width, shape kept (a uint8 view of a
+    whole leaf would make the TPU lay out a new array many times the leaf's size)."""
+    import jax
+    import jax.numpy as jnp
+
+    width = x.dtype.itemsize
+    unsigned = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}[width]
+    return x if x.dtype == jnp.bool_ else jax.lax.bitcast_convert_type(x, unsigned)
 
 
 def _abstract(tree: Any) -> Any:
