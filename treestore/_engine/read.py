@@ -11,7 +11,13 @@ import numpy as np
 
 from treestore._engine.memory import allocate
 from treestore._format import paths as _paths
-from treestore._format.codecs import decode_in_place, decode_into, in_place_room, scratch
+from treestore._format.codecs import (
+    decode_in_place,
+    decode_into,
+    in_place_room,
+    scratch,
+    scratch_held,
+)
 from treestore._format.columns import Columns
 from treestore._format.encoding import digest
 from treestore._format.limits import CHUNK_HEADER_BYTES, CHUNK_SLACK
@@ -142,11 +148,16 @@ class ChunkReader:
         this thread's scratch and its byte planes decoded there: no copy of the object is made."""
         room = None
         if self.storage.reads_into and IN_PLACE_FROM <= c.raw_size <= IN_PLACE_UP_TO:
-            # Scratch only for an object that is there and within its size bound: what a
-            # hostile manifest declares allocates nothing until the store holds it.
-            stored = self.storage.object_size(_paths.chunk_path(c.digest))
-            if stored is not None and stored <= c.raw_size + CHUNK_SLACK:
-                room = scratch(in_place_room(c.raw_size), "read")
+            # New scratch only for an object that is there and within its size bound: what a
+            # hostile manifest declares allocates nothing until the store holds it. Scratch
+            # this thread holds already costs nothing, and needs no request for the size.
+            need = in_place_room(c.raw_size)
+            if scratch_held(need, "read"):
+                room = scratch(need, "read")
+            else:
+                stored = self.storage.object_size(_paths.chunk_path(c.digest))
+                if stored is not None and stored <= c.raw_size + CHUNK_SLACK:
+                    room = scratch(need, "read")
         self._decode(self._object(c, address, room), c, out, address, room)
 
     def _decode(

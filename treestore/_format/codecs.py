@@ -177,6 +177,12 @@ def scratch(size: int, name: str = "scratch") -> np.ndarray[Any, Any]:
     return buf[:size]
 
 
+def scratch_held(size: int, name: str = "scratch") -> bool:
+    """Whether :func:`scratch` would hand this thread a buffer it holds already (no allocation)."""
+    buf = getattr(_tls, name, None)
+    return buf is not None and buf.nbytes >= size
+
+
 _Shuffle = Callable[[int, int, int, int], int]
 
 
