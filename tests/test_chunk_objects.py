@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import struct
+import sys
 import threading
 import uuid
 from pathlib import Path
@@ -186,14 +187,56 @@ def test_a_local_chunk_is_fsynced_before_it_takes_its_name(tmp_path: Path, monke
         assert fsynced, f"{path} took its final name before it was fsynced"
 
 
+def test_the_install_splits_and_joins_planes_with_its_compiled_part():
+    """The README's install builds the byte planes' compiled loops (setup.py): the codec path the
+    benchmarks measure is the one ``pip install`` gives. Without a C compiler the build goes on
+    without them, and this test says so."""
+    from treestore._format import codecs
+
+    assert codecs._SHUFFLE is not None, "treestore/_format/_planes.c was not built: numpy splits the planes"
+    assert codecs.joined_fast(3)
+
+
+def test_compiled_planes_that_differ_from_numpy_are_not_used(monkeypatch):
+    """The compiled loops are checked against numpy's planes at import, every width: loops that
+    make other bytes (a miscompiled build, say) are left for numpy's."""
+    from treestore._format import codecs
+
+    split, join = codecs._SHUFFLE or pytest.skip("no compiled part in this install")
+
+    def wrong_split(src, dst, width):
+        split(src, dst, width)
+        if width == 5:
+            np.frombuffer(dst, np.uint8)[0] ^= 1
+
+    def wrong_join(src, dst, width):
+        join(src, dst, width)
+        if width == 7:
+            np.frombuffer(dst, np.uint8)[-1] ^= 1
+
+    assert codecs._same_as_numpy(split, join)
+    assert not codecs._same_as_numpy(wrong_split, join)
+    assert not codecs._same_as_numpy(split, wrong_join)
+    from treestore._format import _planes
+
+    monkeypatch.setattr(codecs, "_same_as_numpy", lambda *fns: False)
+    assert codecs._compiled() is None
+    monkeypatch.setitem(sys.modules, "treestore._format._planes", None)  # not built
+    assert codecs._compiled() is None
+    with pytest.raises(ValueError, match="whole number of elements"):
+        _planes.split(np.zeros(7, np.uint8), np.zeros(7, np.uint8), 2)
+    with pytest.raises(ValueError, match="at least as long"):
+        _planes.join(np.zeros(8, np.uint8), np.zeros(6, np.uint8), 2)
+
+
 @pytest.mark.parametrize("width", [2, 4, 8])
 def test_the_fast_and_the_numpy_byte_planes_are_the_same_bytes(monkeypatch, width):
-    """Chunk objects do not depend on whether c-blosc2's shuffle is installed: encoding with it
-    and without it gives identical objects, and each decodes the other's."""
+    """Chunk objects do not depend on whether the compiled part was built: encoding with it and
+    without it gives identical objects, and each decodes the other's."""
     from treestore._format import codecs
 
     if codecs._SHUFFLE is None:
-        pytest.skip("python-blosc2 is not installed: only the numpy path exists")
+        pytest.skip("no compiled part in this install: only the numpy path exists")
     rng = np.random.default_rng(width)
     raw = (rng.standard_normal(4096 * width) * 0.02).astype(np.float32).view(np.uint8)[: 4096 * width]
     fast = b"".join(bytes(b) for b in codecs.encode(raw, width, codecs.Codec()))
@@ -395,8 +438,8 @@ def test_a_damaged_member_of_a_raw_pack_is_refused_by_address(tmp_path: Path):
 
 
 @pytest.mark.parametrize("width", range(2, 9))
-def test_without_blosc2_planes_split_and_join_by_word_arithmetic_exactly(monkeypatch, width):
-    """Without c-blosc2, 2- and 4-byte elements are split into planes, and 2-byte ones joined
+def test_without_the_compiled_part_planes_split_and_join_by_word_arithmetic_exactly(monkeypatch, width):
+    """Without the compiled part, 2- and 4-byte elements are split into planes, and 2-byte ones joined
     again, by arithmetic on unsigned words; other widths keep numpy's copies. Either way the
     planes are exactly SPEC's, and every decoder (whole, in place) gives the bytes back."""
     import sys

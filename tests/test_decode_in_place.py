@@ -68,7 +68,7 @@ def test_weights_take_the_in_place_path(case, monkeypatch):
     """The planes of weights are raw below the compressed exponent plane, which is what the
     path needs: it decodes them without falling back to decoding a copy."""
     if not C.joined_fast(CASES[case].dtype.itemsize):
-        pytest.skip("planes of this width are joined plane by plane here (no c-blosc2): not in place")
+        pytest.skip("planes of this width are joined plane by plane here (no compiled part): not in place")
     obj = chunk(CASES[case])
     monkeypatch.setattr(C, "decode_into", lambda *a: pytest.fail("fell back to decode_into"))
     assert np.array_equal(in_place(obj, SIZE), CASES[case].reshape(-1).view(np.uint8))

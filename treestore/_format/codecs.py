@@ -10,16 +10,14 @@ set, else stored raw, preceded by a table of the planes' stored lengths (u64 eac
 whole chunk) is compressed is decided from a small sample, so incompressible mantissa bytes cost no CPU.
 Decoding trusts nothing: every length is checked against the declared raw size before allocating.
 
-Planes are made and undone by c-blosc2's SIMD byte shuffle when python-blosc2 is installed (about
-four times numpy's strided copies), else by numpy; both give the same bytes. Decoding decompresses
+Planes are made and undone by the package's compiled part (``_planes.c``: loops the compiler
+vectorises, several times numpy's passes) where it was built, else by numpy; both give the same
+bytes. Decoding decompresses
 each plane straight into this thread's scratch buffer and unshuffles it into the caller's array.
 """
 
 from __future__ import annotations
 
-import ctypes
-import glob
-import importlib.util
 import os
 import struct
 import sys
@@ -183,57 +181,39 @@ def scratch_held(size: int, name: str = "scratch") -> bool:
     return buf is not None and buf.nbytes >= size
 
 
-_Shuffle = Callable[[int, int, int, int], int]
+_Planes = Callable[[Any, Any, int], None]
 
 
-def _blosc2_shuffle() -> tuple[_Shuffle, _Shuffle] | None:
-    """c-blosc2's SIMD byte shuffle and unshuffle (``blosc2_shuffle``, ``blosc2_unshuffle``: its
-    public C API) from the library the python-blosc2 wheel ships, loaded with ctypes (which
-    releases the GIL during each call) without importing blosc2's Python modules; None when
-    python-blosc2 is not installed or its library does not pass a self-test (numpy then)."""
+def _compiled() -> tuple[_Planes, _Planes] | None:
+    """The compiled byte planes (``split(src, dst, width)``, ``join(src, dst, width)``:
+    ``_planes.c``, built when the package is installed); None where no compiler built them or
+    they fail a self-test (numpy then)."""
     try:
-        spec = importlib.util.find_spec("blosc2")
-    except (ImportError, ValueError):
+        from treestore._format import _planes
+    except ImportError:
         return None
-    folders = list(spec.submodule_search_locations or []) if spec is not None else []
-    for folder in folders:
-        for path in sorted(glob.glob(os.path.join(folder, "lib*", "*blosc2*"))):
-            if not path.endswith((".so", ".dylib", ".dll")) and ".so." not in path:
-                continue
-            try:
-                lib = ctypes.CDLL(path)
-                fns = (lib.blosc2_shuffle, lib.blosc2_unshuffle)
-            except (OSError, AttributeError):
-                continue
-            for fn in fns:
-                fn.argtypes = [ctypes.c_int32, ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p]
-                fn.restype = ctypes.c_int32
-            if _same_as_numpy(*fns):
-                return fns
-    return None
+    return (_planes.split, _planes.join) if _same_as_numpy(_planes.split, _planes.join) else None
 
 
-def _same_as_numpy(shuffle: _Shuffle, unshuffle: _Shuffle) -> bool:
-    """Whether ``shuffle`` and ``unshuffle`` make exactly the byte planes of SPEC.md section 4."""
-    data = np.random.default_rng(0).integers(0, 256, 8 * 1000, dtype=np.uint8)
-    planes, back = np.empty_like(data), np.empty_like(data)
-    for width in range(2, MAX_PLANE_WIDTH + 1):
+def _same_as_numpy(split: _Planes, join: _Planes) -> bool:
+    """Whether ``split`` and ``join`` make exactly the byte planes of SPEC.md section 4."""
+    data = np.random.default_rng(0).integers(0, 256, 8 * 1000 + 7, dtype=np.uint8)
+    for width in range(1, MAX_PLANE_WIDTH + 1):
         n = data.nbytes // width * width
-        if shuffle(width, n, data.ctypes.data, planes.ctypes.data) != n:
+        planes, back = np.empty(n, np.uint8), np.empty(n, np.uint8)
+        split(data[:n], planes, width)
+        if not np.array_equal(planes.reshape(width, -1), data[:n].reshape(-1, width).T):
             return False
-        if not np.array_equal(planes[:n].reshape(width, -1), data[:n].reshape(-1, width).T):
-            return False
-        if unshuffle(width, n, planes.ctypes.data, back.ctypes.data) != n:
-            return False
-        if not np.array_equal(back[:n], data[:n]):
+        join(planes, back, width)
+        if not np.array_equal(back, data[:n]):
             return False
     return True
 
 
-_SHUFFLE = _blosc2_shuffle()
+_SHUFFLE = _compiled()
 
 
-# Without c-blosc2, the planes of 2- and 4-byte elements are split, and those of 2-byte ones
+# Without the compiled part, the planes of 2- and 4-byte elements are split, and those of 2-byte ones
 # joined, by arithmetic on the elements as unsigned words (plane j is the word's byte j: on
 # little-endian hosts) in a few contiguous numpy passes, where that beats numpy's strided copy;
 # wider joins stay plane-by-plane copies, which numpy does faster than the word passes.
@@ -243,8 +223,8 @@ _JOIN_WORDS: dict[int, type[np.unsignedinteger[Any]]] = {2: np.uint16} if _LITTL
 
 
 def joined_fast(width: int) -> bool:
-    """Whether planes of ``width`` bytes are joined in one step after all are decoded (c-blosc2's
-    SIMD unshuffle, or word arithmetic) rather than copied into place plane by plane."""
+    """Whether planes of ``width`` bytes are joined in one step after all are decoded (the
+    compiled join, or word arithmetic) rather than copied into place plane by plane."""
     return _SHUFFLE is not None or width in _JOIN_WORDS
 
 
@@ -252,12 +232,8 @@ def _shuffle(raw: np.ndarray[Any, Any], planes: np.ndarray[Any, Any], width: int
     """Byte planes of ``raw`` (1-D uint8, a multiple of ``width``) into ``planes`` (as long)."""
     size = raw.nbytes
     whole = raw.flags.c_contiguous and planes.flags.c_contiguous
-    if (
-        _SHUFFLE is not None
-        and whole
-        and size < 2**31
-        and _SHUFFLE[0](width, size, raw.ctypes.data, planes.ctypes.data) == size
-    ):
+    if _SHUFFLE is not None and whole:
+        _SHUFFLE[0](raw, planes, width)
         return
     word = _SPLIT_WORDS.get(width)
     if word is None or not whole:
@@ -276,11 +252,8 @@ def _unshuffle(planes: np.ndarray[Any, Any], out: np.ndarray[Any, Any], width: i
     """Join byte planes ``planes`` (1-D uint8, ``width`` planes one after the other) into ``out``
     (1-D uint8, as long, C-contiguous)."""
     size = out.nbytes
-    if (
-        _SHUFFLE is not None
-        and size < 2**31
-        and _SHUFFLE[1](width, size, planes.ctypes.data, out.ctypes.data) == size
-    ):
+    if _SHUFFLE is not None and planes.flags.c_contiguous:
+        _SHUFFLE[1](planes[:size], out, width)
         return
     rows = planes[:size].reshape(width, -1)
     word = _JOIN_WORDS.get(width)
@@ -500,8 +473,8 @@ def _decode_planes(body: memoryview, out: np.ndarray[Any, Any], width: int, mask
     if sum(lengths) != len(body) - table:
         raise ChunkDamagedError(f"byte planes declare {sum(lengths)} bytes, chunk holds {len(body) - table}")
     plane_size = size // width
-    fast = joined_fast(width) and size < 2**31 and out.flags.c_contiguous
-    # Where planes join fast (c-blosc2's SIMD unshuffle, or word arithmetic) every plane goes to
+    fast = joined_fast(width) and out.flags.c_contiguous
+    # Where planes join fast (the compiled join, or word arithmetic) every plane goes to
     # this thread's scratch (compressed ones decompressed there directly) and one join writes
     # ``out``; otherwise each plane is written into ``out`` with a strided copy, straight from
     # the chunk object when the plane is raw.
