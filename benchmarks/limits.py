@@ -27,7 +27,9 @@ import numpy as np
 from treestore._engine.memory import allocate
 from treestore._engine.write import SaveOptions
 from treestore._format import codecs as C
+from treestore._format import planes as P
 from treestore._format.encoding import digest
+from treestore._format.scratch import scratch
 
 from . import trees as T
 
@@ -59,8 +61,8 @@ def encode(leaves: list[np.ndarray], t: dict[str, float]) -> list[list[Any]]:
         for raw, width in _chunks(leaf, chunk_size):
             _timed(t, "hash", digest, raw)
             if width >= 2 and raw.nbytes % width == 0:
-                planes = C.scratch(raw.nbytes).reshape(width, -1)  # reused, as a save reuses it
-                _timed(t, "transform", C._shuffle, raw, planes, width)
+                planes = scratch(raw.nbytes).reshape(width, -1)  # reused, as a save reuses it
+                _timed(t, "transform", P.split_planes, raw, planes, width)
                 parts = [_timed(t, "compress", C._maybe_compress, p, codec.level) for p in planes]
                 kept = [p if p is not None else planes[j].tobytes() for j, p in enumerate(parts)]
                 stored.append([width, raw.nbytes, kept, [p is not None for p in parts]])
@@ -110,28 +112,19 @@ def components(leaves: list[np.ndarray], tmp_dir: str) -> dict[str, float]:
         out = results[-1][at : at + size]
         at += size
         if width:
-            planes = C.scratch(size, "planes").reshape(width, -1)
+            planes = scratch(size, "planes").reshape(width, -1)
             for j, part in enumerate(parts):
                 if packed[j]:
                     _timed(t, "decompress", C._unzstd_into, part, planes[j])
                 else:
                     planes[j] = np.frombuffer(part, np.uint8)
-            _timed(t, "untransform", _unshuffle, planes, out, width)
+            _timed(t, "untransform", P.join_planes, planes.reshape(-1), out, width)
         elif packed[0]:
             _timed(t, "decompress", C._unzstd_into, parts[0], out)
         else:
             _timed(t, "untransform", np.copyto, out, np.frombuffer(parts[0], np.uint8))
         _timed(t, "verify", digest, out)
     return t
-
-
-def _unshuffle(planes: np.ndarray, out: np.ndarray, width: int) -> None:
-    if C._SHUFFLE is not None:
-        C._SHUFFLE[1](width, out.nbytes, planes.ctypes.data, out.ctypes.data)
-    else:
-        grid = out.reshape(-1, width)
-        for j in range(width):
-            grid[:, j] = planes[j]
 
 
 SAVE = ("hash", "transform", "compress", "write")

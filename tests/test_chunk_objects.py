@@ -191,18 +191,18 @@ def test_the_install_splits_and_joins_planes_with_its_compiled_part():
     """The README's install builds the byte planes' compiled loops (setup.py): the codec path the
     benchmarks measure is the one ``pip install`` gives. Without a C compiler the build goes on
     without them, and this test says so."""
-    from treestore._format import codecs
+    from treestore._format import planes
 
-    assert codecs._SHUFFLE is not None, "treestore/_format/_planes.c was not built: numpy splits the planes"
-    assert codecs.joined_fast(3)
+    assert planes._COMPILED is not None, "treestore/_format/_planes.c was not built: numpy splits the planes"
+    assert planes.joined_fast(3)
 
 
 def test_compiled_planes_that_differ_from_numpy_are_not_used(monkeypatch):
     """The compiled loops are checked against numpy's planes at import, every width: loops that
     make other bytes (a miscompiled build, say) are left for numpy's."""
-    from treestore._format import codecs
+    from treestore._format import planes
 
-    split, join = codecs._SHUFFLE or pytest.skip("no compiled part in this install")
+    split, join = planes._COMPILED or pytest.skip("no compiled part in this install")
 
     def wrong_split(src, dst, width):
         split(src, dst, width)
@@ -214,15 +214,15 @@ def test_compiled_planes_that_differ_from_numpy_are_not_used(monkeypatch):
         if width == 7:
             np.frombuffer(dst, np.uint8)[-1] ^= 1
 
-    assert codecs._same_as_numpy(split, join)
-    assert not codecs._same_as_numpy(wrong_split, join)
-    assert not codecs._same_as_numpy(split, wrong_join)
+    assert planes.same_as_numpy(split, join)
+    assert not planes.same_as_numpy(wrong_split, join)
+    assert not planes.same_as_numpy(split, wrong_join)
     from treestore._format import _planes
 
-    monkeypatch.setattr(codecs, "_same_as_numpy", lambda *fns: False)
-    assert codecs._compiled() is None
+    monkeypatch.setattr(planes, "same_as_numpy", lambda *fns: False)
+    assert planes.compiled() is None
     monkeypatch.setitem(sys.modules, "treestore._format._planes", None)  # not built
-    assert codecs._compiled() is None
+    assert planes.compiled() is None
     with pytest.raises(ValueError, match="whole number of elements"):
         _planes.split(np.zeros(7, np.uint8), np.zeros(7, np.uint8), 2)
     with pytest.raises(ValueError, match="at least as long"):
@@ -233,14 +233,14 @@ def test_compiled_planes_that_differ_from_numpy_are_not_used(monkeypatch):
 def test_the_fast_and_the_numpy_byte_planes_are_the_same_bytes(monkeypatch, width):
     """Chunk objects do not depend on whether the compiled part was built: encoding with it and
     without it gives identical objects, and each decodes the other's."""
-    from treestore._format import codecs
+    from treestore._format import codecs, planes
 
-    if codecs._SHUFFLE is None:
+    if planes._COMPILED is None:
         pytest.skip("no compiled part in this install: only the numpy path exists")
     rng = np.random.default_rng(width)
     raw = (rng.standard_normal(4096 * width) * 0.02).astype(np.float32).view(np.uint8)[: 4096 * width]
     fast = b"".join(bytes(b) for b in codecs.encode(raw, width, codecs.Codec()))
-    monkeypatch.setattr(codecs, "_SHUFFLE", None)
+    monkeypatch.setattr(planes, "_COMPILED", None)
     slow = b"".join(bytes(b) for b in codecs.encode(raw, width, codecs.Codec()))
     assert fast == slow and fast[4] == codecs.PLANES
     for obj in (fast, slow):
@@ -444,19 +444,19 @@ def test_without_the_compiled_part_planes_split_and_join_by_word_arithmetic_exac
     planes are exactly SPEC's, and every decoder (whole, in place) gives the bytes back."""
     import sys
 
-    from treestore._format import codecs
+    from treestore._format import codecs, planes
 
-    monkeypatch.setattr(codecs, "_SHUFFLE", None)
-    assert codecs.joined_fast(width) == (width == 2 and sys.byteorder == "little")
+    monkeypatch.setattr(planes, "_COMPILED", None)
+    assert planes.joined_fast(width) == (width == 2 and sys.byteorder == "little")
     rng = np.random.default_rng(width)
     n = 5000 * width  # not a multiple of the words' SIMD lanes
     raw = rng.integers(0, 256, n, dtype=np.uint8)
     raw[: n // 2] = 7  # compressible planes beside incompressible ones
-    planes = np.empty(n, np.uint8)
-    codecs._shuffle(raw, planes, width)
-    assert np.array_equal(planes.reshape(width, -1), raw.reshape(-1, width).T)
+    split = np.empty(n, np.uint8)
+    planes.split_planes(raw, split, width)
+    assert np.array_equal(split.reshape(width, -1), raw.reshape(-1, width).T)
     joined = np.empty(n, np.uint8)
-    codecs._unshuffle(planes, joined, width)
+    planes.join_planes(split, joined, width)
     assert np.array_equal(joined, raw)
     obj = b"".join(bytes(b) for b in codecs.encode(raw, width, codecs.Codec()))
     assert obj[4] == codecs.PLANES

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 import treestore
 from treestore._format import codecs as C
+from treestore._format import planes
 from treestore._format.paths import chunk_path
 from treestore.errors import ChunkDamagedError
 
@@ -67,7 +68,7 @@ def test_decoding_in_place_gives_the_raw_bytes(case):
 def test_weights_take_the_in_place_path(case, monkeypatch):
     """The planes of weights are raw below the compressed exponent plane, which is what the
     path needs: it decodes them without falling back to decoding a copy."""
-    if not C.joined_fast(CASES[case].dtype.itemsize):
+    if not planes.joined_fast(CASES[case].dtype.itemsize):
         pytest.skip("planes of this width are joined plane by plane here (no compiled part): not in place")
     obj = chunk(CASES[case])
     monkeypatch.setattr(C, "decode_into", lambda *a: pytest.fail("fell back to decode_into"))

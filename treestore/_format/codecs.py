@@ -10,9 +10,8 @@ set, else stored raw, preceded by a table of the planes' stored lengths (u64 eac
 whole chunk) is compressed is decided from a small sample, so incompressible mantissa bytes cost no CPU.
 Decoding trusts nothing: every length is checked against the declared raw size before allocating.
 
-Planes are made and undone by the package's compiled part (``_planes.c``: loops the compiler
-vectorises, several times numpy's passes) where it was built, else by numpy; both give the same
-bytes. Decoding decompresses
+Planes are made and undone by :mod:`treestore._format.planes` (compiled loops where they were
+built, else numpy; the same bytes either way). Decoding decompresses
 each plane straight into this thread's scratch buffer and unshuffles it into the caller's array.
 """
 
@@ -20,9 +19,8 @@ from __future__ import annotations
 
 import os
 import struct
-import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +28,8 @@ import numpy as np
 import zstandard
 
 from treestore._format.limits import CHUNK_HEADER_BYTES, CHUNK_SLACK, MAX_PLANE_WIDTH
+from treestore._format.planes import join_planes, joined_fast, split_planes
+from treestore._format.scratch import scratch
 from treestore.errors import ChunkDamagedError, InvalidInputError
 
 MAGIC = b"TSC1"
@@ -158,116 +158,6 @@ def _maybe_compress(data: np.ndarray[Any, Any], level: int, spread: bool = False
     return packed if len(packed) < PAYS_OFF * data.nbytes else None
 
 
-SCRATCH_KEPT = 16 * 2**20  # the largest scratch buffer a thread keeps between uses
-
-
-def scratch(size: int, name: str = "scratch") -> np.ndarray[Any, Any]:
-    """This thread's reusable buffer ``name`` of at least ``size`` bytes: a fresh 4 MiB array per
-    chunk costs more in page faults than the byte-plane transpose itself. treestore's threads
-    live as long as the process (see treestore._engine.threads), so a buffer over
-    :data:`SCRATCH_KEPT` (chunks over 8 MiB) is made for each use and not kept."""
-    buf = getattr(_tls, name, None)
-    if buf is None or buf.nbytes < size:
-        buf = np.empty(size, np.uint8)
-        if size > SCRATCH_KEPT:
-            return buf
-        setattr(_tls, name, buf)
-    return buf[:size]
-
-
-def scratch_held(size: int, name: str = "scratch") -> bool:
-    """Whether :func:`scratch` would hand this thread a buffer it holds already (no allocation)."""
-    buf = getattr(_tls, name, None)
-    return buf is not None and buf.nbytes >= size
-
-
-_Planes = Callable[[Any, Any, int], None]
-
-
-def _compiled() -> tuple[_Planes, _Planes] | None:
-    """The compiled byte planes (``split(src, dst, width)``, ``join(src, dst, width)``:
-    ``_planes.c``, built when the package is installed); None where no compiler built them or
-    they fail a self-test (numpy then)."""
-    try:
-        from treestore._format import _planes
-    except ImportError:
-        return None
-    return (_planes.split, _planes.join) if _same_as_numpy(_planes.split, _planes.join) else None
-
-
-def _same_as_numpy(split: _Planes, join: _Planes) -> bool:
-    """Whether ``split`` and ``join`` make exactly the byte planes of SPEC.md section 4."""
-    data = np.random.default_rng(0).integers(0, 256, 8 * 1000 + 7, dtype=np.uint8)
-    for width in range(1, MAX_PLANE_WIDTH + 1):
-        n = data.nbytes // width * width
-        planes, back = np.empty(n, np.uint8), np.empty(n, np.uint8)
-        split(data[:n], planes, width)
-        if not np.array_equal(planes.reshape(width, -1), data[:n].reshape(-1, width).T):
-            return False
-        join(planes, back, width)
-        if not np.array_equal(back, data[:n]):
-            return False
-    return True
-
-
-_SHUFFLE = _compiled()
-
-
-# Without the compiled part, the planes of 2- and 4-byte elements are split, and those of 2-byte ones
-# joined, by arithmetic on the elements as unsigned words (plane j is the word's byte j: on
-# little-endian hosts) in a few contiguous numpy passes, where that beats numpy's strided copy;
-# wider joins stay plane-by-plane copies, which numpy does faster than the word passes.
-_LITTLE = sys.byteorder == "little"
-_SPLIT_WORDS: dict[int, type[np.unsignedinteger[Any]]] = {2: np.uint16, 4: np.uint32} if _LITTLE else {}
-_JOIN_WORDS: dict[int, type[np.unsignedinteger[Any]]] = {2: np.uint16} if _LITTLE else {}
-
-
-def joined_fast(width: int) -> bool:
-    """Whether planes of ``width`` bytes are joined in one step after all are decoded (the
-    compiled join, or word arithmetic) rather than copied into place plane by plane."""
-    return _SHUFFLE is not None or width in _JOIN_WORDS
-
-
-def _shuffle(raw: np.ndarray[Any, Any], planes: np.ndarray[Any, Any], width: int) -> None:
-    """Byte planes of ``raw`` (1-D uint8, a multiple of ``width``) into ``planes`` (as long)."""
-    size = raw.nbytes
-    whole = raw.flags.c_contiguous and planes.flags.c_contiguous
-    if _SHUFFLE is not None and whole:
-        _SHUFFLE[0](raw, planes, width)
-        return
-    word = _SPLIT_WORDS.get(width)
-    if word is None or not whole:
-        np.copyto(planes.reshape(width, -1), raw.reshape(-1, width).T)
-        return
-    values: np.ndarray[Any, Any] = raw.view(word)
-    rows = planes.reshape(width, -1)
-    shifted: np.ndarray[Any, Any] = scratch(size, "words").view(word)
-    np.copyto(rows[0], values, casting="unsafe")  # the low byte
-    for j in range(1, width):
-        np.right_shift(values, 8 * j, out=shifted)
-        np.copyto(rows[j], shifted, casting="unsafe")
-
-
-def _unshuffle(planes: np.ndarray[Any, Any], out: np.ndarray[Any, Any], width: int) -> None:
-    """Join byte planes ``planes`` (1-D uint8, ``width`` planes one after the other) into ``out``
-    (1-D uint8, as long, C-contiguous)."""
-    size = out.nbytes
-    if _SHUFFLE is not None and planes.flags.c_contiguous:
-        _SHUFFLE[1](planes[:size], out, width)
-        return
-    rows = planes[:size].reshape(width, -1)
-    word = _JOIN_WORDS.get(width)
-    if word is None:
-        out.reshape(-1, width)[:] = rows.T
-        return
-    values: np.ndarray[Any, Any] = out.view(word)
-    shifted: np.ndarray[Any, Any] = scratch(size, "words").view(word)
-    np.copyto(values, rows[0], casting="unsafe")
-    for j in range(1, width):
-        np.left_shift(rows[j], 8 * j, out=shifted, dtype=word, casting="unsafe")
-        np.bitwise_or(values, shifted, out=values)
-
-
 def encode(
     raw: np.ndarray[Any, Any],
     width: int,
@@ -297,7 +187,7 @@ def _encode(
     if codec.name == "zstd" and size:
         if codec.byte_planes and width >= 2 and size % width == 0:
             flat = scratch(size) if reuse else np.empty(size, np.uint8)
-            _shuffle(raw, flat, width)
+            split_planes(raw, flat, width)
             planes = flat.reshape(width, -1)
             parts: list[bytes | memoryview] = []
             lengths = []
@@ -453,7 +343,7 @@ def decode_in_place(buf: np.ndarray[Any, Any], n: int, out: np.ndarray[Any, Any]
             at += lengths[j]
     except zstandard.ZstdError as exc:
         raise ChunkDamagedError(f"zstd frame does not decode: {exc}") from None
-    _unshuffle(buf[table:span], out, width)
+    join_planes(buf[table:span], out, width)
 
 
 def in_place_room(raw_size: int) -> int:
@@ -496,4 +386,4 @@ def _decode_planes(body: memoryview, out: np.ndarray[Any, Any], width: int, mask
         else:
             raise ChunkDamagedError(f"raw byte plane {j} holds {length} bytes, expected {plane_size}")
     if fast:
-        _unshuffle(planes.reshape(-1), out, width)
+        join_planes(planes.reshape(-1), out, width)
