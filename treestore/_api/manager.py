@@ -7,14 +7,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import signal
-import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from treestore._api.copy import CopyReport
-from treestore._api.replication import Replicator
+from treestore._api.preemption import Preemption
+from treestore._api.replication import Replicator, open_remote
 from treestore._api.retention import (
     HealthCheck,
     Policy,
@@ -191,20 +190,11 @@ class CheckpointManager:
             keep_healthy,
             healthy,
         )
-        if preemption and threading.current_thread() is not threading.main_thread():
-            raise InvalidInputError(
-                "preemption=True installs a SIGTERM handler: make the manager in the main thread"
-            )
+        self._preemption = Preemption(preemption)  # off the main thread: refused before anything
         if (url is None) == (local is None):
             raise InvalidInputError("give the store's URL, or local= (with remote= for two tiers), once")
         local_url = os.fspath(url if url is not None else local)  # type: ignore[arg-type]
         self._replicate_every = check_count("replicate_every_steps", replicate_every_steps)
-        self._remote_policy = Policy(
-            keep_last=remote_keep_last,
-            keep_every=remote_keep_every,
-            keep_healthy=keep_healthy,
-            healthy=healthy,
-        )
         if remote is None and (
             replicate_every_steps is not None
             or remote_keep_last is not None
@@ -219,17 +209,17 @@ class CheckpointManager:
         self.remote: Store | None = None  # the remote tier's store
         self._replicator: Replicator | None = None
         if remote is not None:
-            self.remote = Store(remote, storage_options=remote_storage_options)
-            if self.remote.storage.overlaps(self.store.storage):
-                raise InvalidInputError(
-                    f"local={self.store.url!r} and remote={self.remote.url!r} are one store, or one "
-                    "lies inside the other: each tier's retention would delete the other's steps"
-                )
-            self._replicator = Replicator(
+            remote_policy = Policy(
+                keep_last=remote_keep_last,
+                keep_every=remote_keep_every,
+                keep_healthy=keep_healthy,
+                healthy=healthy,
+            )
+            self.remote, self._replicator = open_remote(
+                self.store,
                 (local_url, storage_options),
                 (os.fspath(remote), remote_storage_options),
-                self.remote,
-                self._remote_policy,
+                remote_policy,
             )
         self._tiers = Tiers(self.store, self.remote, self._policy.healthy)
         self._options = options or _write.SaveOptions()
@@ -243,14 +233,9 @@ class CheckpointManager:
         self._last_step = max(self._known, default=None)  # the step whose chunks a save trusts
         self._pending: int | None = None  # the step of the save in flight
         self._gc_due = False
-        self._preempted = False
         self._closed = False
         self.last_result: _write.SaveResult | None = None  # of the last save that committed
-        self._previous_handler: Any = None
-        self._preemption = bool(preemption)
-        if self._preemption:
-            self._previous_handler = signal.getsignal(signal.SIGTERM)
-            signal.signal(signal.SIGTERM, self._on_sigterm)
+        self._preemption.install()  # last: a failure above leaves no handler behind
 
     def __repr__(self) -> str:
         if self.remote is not None:
@@ -310,7 +295,7 @@ class CheckpointManager:
         check_metadata(metadata)
         self._collect(block=False)  # an earlier failure surfaces here
         self._raise_replication_error()  # and an upload's
-        preempted = self._preempted
+        preempted = self._preemption.arrived
         if not (force or preempted or self._policy.due(step, self._clock() - self._last_save)):
             return False
         best = self._policy.best_metric
@@ -371,7 +356,7 @@ class CheckpointManager:
         self._known.add(step)
         self._last_step = step
         every = self._replicate_every
-        if self._replicator is not None and (every is None or step % every == 0 or self._preempted):
+        if self._replicator is not None and (every is None or step % every == 0 or self._preemption.arrived):
             self._replicator.request(step)  # never waits for the upload
         self._retain()
 
@@ -460,23 +445,13 @@ class CheckpointManager:
             if self._replicator is not None:
                 self._replicator.close()
             self._snapshot.clear()
-            if (
-                self._preemption
-                and threading.current_thread() is threading.main_thread()
-                and signal.getsignal(signal.SIGTERM) == self._on_sigterm
-            ):
-                signal.signal(signal.SIGTERM, self._previous_handler)
+            self._preemption.uninstall()
 
     def _check_open(self) -> None:
         if self._closed:
             raise InvalidInputError(f"{self!r} is closed")
 
     # -- preemption --------------------------------------------------------------------------
-    def _on_sigterm(self, signum: int, frame: Any) -> None:
-        self._preempted = True
-        if callable(self._previous_handler):
-            self._previous_handler(signum, frame)
-
     def reached_preemption(self, step: int) -> bool:
         """Whether a SIGTERM arrived (with ``preemption=True``) and ``step`` is committed: the
         loop may stop. While it is False after a SIGTERM, the next ``save`` saves at once.
@@ -492,7 +467,7 @@ class CheckpointManager:
             InvalidInputError: ``step`` is not an int of at least 0.
         """
         step = check_step(step)
-        if not self._preempted:
+        if not self._preemption.arrived:
             return False
         if self._pending == step:
             self._collect(block=True)

@@ -12,9 +12,32 @@ from treestore._api.copy import CopyReport
 from treestore._api.copy import copy as _copy
 from treestore._api.retention import Policy, apply_retention, step_name
 from treestore._api.store import Store
-from treestore.errors import StoreBusyError, TreestoreError
+from treestore.errors import InvalidInputError, StoreBusyError, TreestoreError
 
 _log = logging.getLogger("treestore")
+
+
+def open_remote(
+    local: Store,
+    src: tuple[str, dict[str, Any] | None],
+    dst: tuple[str, dict[str, Any] | None],
+    policy: Policy,
+) -> tuple[Store, Replicator]:
+    """The remote tier of the manager whose local store is ``local`` (opened from ``src``): the
+    store at ``dst`` (URL, fsspec options) and the replicator that copies steps there under the
+    remote retention ``policy``.
+
+    Raises:
+        InvalidInputError: The two stores are one, or one lies inside the other (each tier's
+            retention would delete the other's steps).
+    """
+    remote = Store(dst[0], storage_options=dst[1])
+    if remote.storage.overlaps(local.storage):
+        raise InvalidInputError(
+            f"local={local.url!r} and remote={remote.url!r} are one store, or one "
+            "lies inside the other: each tier's retention would delete the other's steps"
+        )
+    return remote, Replicator(src, dst, remote, policy)
 
 
 class Replicator:
