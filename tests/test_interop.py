@@ -598,3 +598,42 @@ def test_when_orbax_itself_fails_the_error_says_so(tmp_path, monkeypatch):
     ):
         treestore.export_file(f"{url}#m", tmp_path / "no", format="orbax")
     assert not (tmp_path / "no").exists()  # nothing left under the name asked for
+
+
+def test_a_safetensors_file_cut_short_while_it_is_read_is_refused(tmp_path, monkeypatch):
+    """The header is checked against the file's size before anything is read; a file cut short
+    after that (by another process, say) is refused at the tensor it no longer holds, and the
+    import stores nothing."""
+    from treestore._api import file_formats
+
+    path = tmp_path / "w.safetensors"
+    safetensors.numpy.save_file({"a": np.arange(4, dtype=np.float32), "b": np.ones(4, np.float32)}, str(path))
+    header = file_formats.safetensors_header
+
+    def then_cut(p):
+        found = header(p)
+        os.truncate(p, os.path.getsize(p) - 8)
+        return found
+
+    monkeypatch.setattr(file_formats, "safetensors_header", then_cut)
+    url = memory()
+    with pytest.raises(treestore.UnsupportedFormatError, match=r"tensor 'b' is truncated"):
+        treestore.import_file(path, url + "#x")
+    assert store_files(url) == set()
+
+
+def test_a_safetensors_write_the_package_refuses_is_an_unsupported_format_error(tmp_path, monkeypatch):
+    """What the safetensors package refuses to write (past the dtypes refused up front) is an
+    UnsupportedFormatError naming its reason, and no file is left at the destination."""
+    url = memory()
+    treestore.save(url, {"w": np.arange(6, dtype=np.float32)}, "c")
+
+    def refuse(tensors, filename, metadata=None):
+        raise ValueError("a reason of the package's own")
+
+    monkeypatch.setattr(safetensors.numpy, "save_file", refuse)
+    out = tmp_path / "out.safetensors"
+    refused = "safetensors cannot write these tensors: a reason"
+    with pytest.raises(treestore.UnsupportedFormatError, match=refused):
+        treestore.export_file(f"{url}#c", out)
+    assert not out.exists() and os.listdir(tmp_path) == []
