@@ -392,9 +392,9 @@ MUTATIONS: list[Mutation] = [
     # --- two tiers ---------------------------------------------------------------------------
     m(
         "tiers compared as strings",
-        "treestore/_api/manager.py",
-        "if self.remote.storage.overlaps(self.store.storage):",
-        "if self.remote.url == self.store.url:",
+        "treestore/_api/replication.py",
+        "if remote.storage.overlaps(local.storage):",
+        "if remote.url == local.url:",
         ["tests/test_two_tier.py::test_one_store_as_both_tiers_is_refused_however_it_is_spelt"],
         "one folder spelt two ways is accepted as both tiers, whose retentions delete each other's steps",
     ),
