@@ -12,9 +12,9 @@ from treestore._api.diff import Diff, LeafDiff
 from treestore._api.diff_values import ValueChange
 from treestore._api.exporting import ExportResult
 from treestore._api.health import ValueStats
+from treestore._api.listing import CheckpointInfo
 from treestore._api.norms import Norms
 from treestore._api.retention import StepInfo
-from treestore._api.store import CheckpointInfo
 from treestore._api.timeline import Timeline
 from treestore._api.verify import VerifyProblem, VerifyReport
 from treestore._engine.gc import GcReport

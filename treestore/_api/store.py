@@ -4,12 +4,11 @@ collect the checkpoints at one URL (the one-call functions are in :mod:`treestor
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from treestore._api.listing import CheckpointInfo, list_checkpoints
 from treestore._api.spec import Spec, parse_spec
 from treestore._engine import committed as _committed
 from treestore._engine import gc as _gc
@@ -21,7 +20,7 @@ from treestore._format.commit_record import CommitRecord
 from treestore._format.manifest import check_name
 from treestore._storage.base import Storage
 from treestore._storage.registry import open_storage
-from treestore.errors import InvalidInputError, TreestoreError
+from treestore.errors import InvalidInputError
 
 if TYPE_CHECKING:
     from treestore._api import norms as _norms
@@ -35,29 +34,6 @@ if TYPE_CHECKING:
 # listing a store or reading one record, as the first command of a shell does, pays for none.
 
 Patterns = _select.Patterns
-
-
-@dataclass(frozen=True)
-class CheckpointInfo:
-    """A committed checkpoint as listed by :meth:`Store.list`; with ``damaged=True``, one whose
-    commit record cannot be read has ``problem`` set (and NaN, 0, 0, None for what it would say).
-
-    Attributes:
-        name: The checkpoint's name.
-        created: When it was saved (seconds since the epoch; NaN when its record cannot be read).
-        leaves: How many leaves its tree holds.
-        nbytes: Raw bytes of its array leaves.
-        metadata: The metadata it was saved with.
-        problem: Why its commit record cannot be read (it is damaged, or of a newer format);
-            None for a readable one.
-    """
-
-    name: str
-    created: float  # seconds since the epoch
-    leaves: int
-    nbytes: int  # raw bytes of its array leaves
-    metadata: Any
-    problem: str | None = None
 
 
 class Store:
@@ -249,17 +225,7 @@ class Store:
             UnsupportedFormatError: A checkpoint of a newer format (without ``damaged``).
             StorageError: The listing failed.
         """
-        if not damaged:
-            refs = _committed.readable_records(self.storage)
-            bad: dict[str, TreestoreError] = {}
-        else:
-            found, unread = _committed.committed_records(self.storage)
-            refs, bad = found, dict(unread)
-        infos = [
-            CheckpointInfo(r.name, r.created, r.leaves, r.nbytes, r.metadata)
-            for r in sorted(refs, key=lambda r: (r.created, r.name))
-        ]
-        return infos + [CheckpointInfo(n, math.nan, 0, 0, None, str(bad[n])) for n in sorted(bad)]
+        return list_checkpoints(self.storage, damaged=damaged)
 
     def exists(self, name: str) -> bool:
         """Whether a checkpoint is committed.
