@@ -22,6 +22,7 @@ import pytest
 import treestore
 from treestore._api.checkpoint import Checkpoint
 from treestore._engine import distributed as D
+from treestore._engine import group_wait
 from treestore._engine import locks as _locks
 from treestore._engine import parts as parts_module
 from treestore._engine.commit import commit
@@ -805,7 +806,7 @@ def test_followers_name_a_primary_that_never_starts(store_url, monkeypatch):
 def test_waiting_processes_keep_their_save_locks_fresh(store_url, monkeypatch):
     """A process that waits long for the others rewrites its save lock as a save rewrites it
     between leaves, so gc never mistakes a save in flight for an abandoned one."""
-    monkeypatch.setattr(D, "KEEP_FRESH", 0.02)
+    monkeypatch.setattr(group_wait, "KEEP_FRESH", 0.02)
     monkeypatch.setattr(_locks, "STALE_AFTER", 0.2)  # a lock is rewritten after 0.05 s
     storage = Spied(open_storage(store_url))
     storage.delay_of["process-2"] = 2.0  # process 2 is slow to share its pieces

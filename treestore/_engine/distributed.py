@@ -12,10 +12,11 @@ barrier the others read the outcome, and after a third the primary removes the o
 If any process fails, nothing is committed and every process raises.
 
 Synchronisation goes through the job's runtime (:mod:`treestore._engine.group_runtime`: JAX's
-own, in a real job) and every wait has a timeout (``BARRIER_TIMEOUT``): a process that gives up
-raises BarrierTimeoutError naming the processes that did not arrive, which it learns from the mark
-each process sets in the runtime's key-value store as it arrives. While it waits, a process keeps
-its save lock fresh, so gc never takes the chunks of a save in flight for abandoned ones.
+own, in a real job) and every wait has a timeout (:mod:`treestore._engine.group_wait`): a
+process that gives up raises BarrierTimeoutError naming the processes that did not arrive,
+which it learns from the mark each process sets in the runtime's key-value store as it arrives.
+While it waits, a process keeps its save lock fresh, so gc never takes the chunks of a save in
+flight for abandoned ones.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ import contextvars
 import logging
 import os
 import re
-import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -38,6 +38,7 @@ from treestore._engine import locks as _locks
 from treestore._engine import stats_gather
 from treestore._engine.commit import commit
 from treestore._engine.group_runtime import JaxRuntime, Runtime
+from treestore._engine.group_wait import BARRIER_TIMEOUT, barrier_timeout, kept_fresh
 from treestore._engine.parts import merged, named
 from treestore._format import paths as _paths
 from treestore._format.columns_codec import encode_columns
@@ -62,6 +63,7 @@ from treestore._format.part import (
     most_pieces,
     part_from_fields,
 )
+from treestore._format.part_explain import process_names
 from treestore._format.part_merge import PACK_INDEX_END, FrameLeaves, frame_leaves_from_fields, frame_of
 from treestore._format.records import ChunkRef
 from treestore._storage.base import Storage
@@ -71,23 +73,11 @@ from treestore._tree.leaves import ArrayLeaf, Leaf
 from treestore.errors import BarrierTimeoutError, InvalidInputError, StorageError
 
 STAGING = _paths.STAGING
-BARRIER_TIMEOUT = 600.0  # seconds a process waits at each step; TREESTORE_BARRIER_TIMEOUT replaces it
-KEEP_FRESH = 30.0  # seconds between looks at the save lock while waiting (it is rewritten every 900 s)
 _ID = re.compile(r"[0-9a-f]{32}")
 _log = logging.getLogger("treestore")
 _joined: contextvars.ContextVar[tuple[Runtime, int, int] | None] = contextvars.ContextVar(
     "treestore_group", default=None
 )
-
-
-def barrier_timeout() -> float:
-    """``BARRIER_TIMEOUT``, or the seconds the environment variable ``TREESTORE_BARRIER_TIMEOUT``
-    gives (every process of a job should see the same)."""
-    text = os.environ.get("TREESTORE_BARRIER_TIMEOUT", "").strip()
-    if text:
-        with contextlib.suppress(ValueError):
-            return max(float(text), 0.001)
-    return BARRIER_TIMEOUT
 
 
 @contextlib.contextmanager
@@ -114,37 +104,6 @@ def group() -> Group | None:
     if count == 1:
         return None
     return Group(jax.process_index(), count, JaxRuntime(), barrier_timeout())
-
-
-def _names(processes: Sequence[int]) -> str:
-    text = ", ".join(map(str, processes[:12])) + (
-        f" and {len(processes) - 12} more" if len(processes) > 12 else ""
-    )
-    return f"process {text}" if len(processes) == 1 else f"processes {text}"
-
-
-@contextlib.contextmanager
-def _kept_fresh(lock: _locks.Lock | None) -> Iterator[None]:
-    """Keep ``lock`` from going stale while this thread waits."""
-    if lock is None:
-        yield
-        return
-    stop = threading.Event()
-
-    def keep() -> None:
-        while not stop.wait(KEEP_FRESH):
-            try:
-                lock.refresh(_locks.STALE_AFTER)
-            except Exception as exc:  # tried again at the next look; logged, as a release is
-                _log.warning("%s/%s: could not rewrite this save lock (%s)", lock.storage.url, lock.path, exc)
-
-    keeper = threading.Thread(target=keep, name=f"{threading.current_thread().name} (lock)", daemon=True)
-    keeper.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        keeper.join()
 
 
 def _layout_of(tree: object, leaves: Sequence[tuple[str, Leaf]]) -> bytes:
@@ -217,7 +176,7 @@ class Group:
         BarrierTimeoutError naming those that did not, after ``timeout`` seconds."""
         root = f"treestore/{self.save_id}/{step}"
         self.runtime.set(f"{root}/{self.index}", "1")
-        with _kept_fresh(lock):
+        with kept_fresh(lock):
             why = self.runtime.wait(root, self.timeout)
         if why is None:
             return
@@ -229,7 +188,8 @@ class Group:
         if not missing:
             text = f"{where}: process {self.index} arrived after the others had stopped waiting"
         else:
-            text = f"{where}: {_names(missing)} (of {self.count}) did not arrive within {self.timeout:g} s"
+            late = process_names(missing)
+            text = f"{where}: {late} (of {self.count}) did not arrive within {self.timeout:g} s"
         text += f" ({why}); "
         if step == "committed" and not self.primary and 0 in missing:
             text += "the primary (process 0) may still commit the checkpoint"
@@ -257,7 +217,7 @@ class Group:
         ``failure`` stopped it), then commit (the primary: returns the committed checkpoint's
         number of leaves and bytes) or learn the outcome (the others: None). Raises unless the
         checkpoint was committed."""
-        with _kept_fresh(lock):  # one keeper while this process waits at any of the barriers
+        with kept_fresh(lock):  # one keeper while this process waits at any of the barriers
             layout = _layout_of(tree, leaves)
             sharded = [isinstance(leaf, ArrayLeaf) and leaf.sharded for _, leaf in leaves]
             shapes = [

@@ -6,6 +6,7 @@ the leaf and the processes behind the failure, so the error says which process t
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,7 +38,8 @@ class Pieces:
         return self.start[at].astype(np.int64).reshape(-1, d), self.shape[at].astype(np.int64).reshape(-1, d)
 
 
-def _names(processes: np.ndarray | list[int]) -> str:
+def process_names(processes: np.ndarray | Sequence[int]) -> str:
+    """``process 3`` or ``processes 1, 2 and 40 more``: at most 12 named."""
     found = [int(p) for p in processes]
     text = ", ".join(map(str, found[:12])) + (f" and {len(found) - 12} more" if len(found) > 12 else "")
     return f"process {text}" if len(found) == 1 else f"processes {text}"
@@ -95,8 +97,8 @@ def explain(
         senders = np.unique(process[leaf == i])
         silent = np.setdiff1d(np.arange(processes), senders)
         return i, (
-            f"its pieces cover {covered[i]:.0f} of its {size[i]:.0f} elements: {_names(senders)} sent "
-            f"pieces of it, {_names(silent) if len(silent) else 'none of the others'} sent none"
+            f"its pieces cover {covered[i]:.0f} of its {size[i]:.0f} elements: {process_names(senders)} sent "
+            f"pieces of it, {process_names(silent) if len(silent) else 'none of the others'} sent none"
         )
     over = np.flatnonzero(in_pieces & (covered > size)).tolist()
     rest = np.flatnonzero(in_pieces & (covered == size) & (counts > 1)).tolist()
@@ -111,7 +113,7 @@ def explain(
                 pass
         pair = _overlap(lo, extent) if len(rows) <= _PAIRS_UP_TO else None
         if pair is None:
-            return i, f"its pieces overlap; {_names(np.unique(process[rows]))} sent pieces of it"
+            return i, f"its pieces overlap; {process_names(np.unique(process[rows]))} sent pieces of it"
         a, b = pair
         who = (
             f"two pieces from process {int(process[rows[a]])}"
