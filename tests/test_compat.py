@@ -17,6 +17,7 @@ from treestore._format.columns_codec import decode_any, decode_columns, encode, 
 from treestore._format.frame import Frame
 from treestore._format.record_views import Manifest
 from treestore._format.v1 import decode_v1
+from treestore.errors import ManifestDamagedError
 
 from .data.make_store_v1 import tree
 from .support.helpers import assert_leaf_equal
@@ -162,3 +163,13 @@ def test_checked_in_store_in_parts_loads_exactly(tmp_path):
     for name in ("sharded", "renamed"):
         assert_leaf_equal(treestore.load(str(tmp_path / "copy"), name)["w"], sharded_tree()["w"], name)
     assert treestore.verify(str(tmp_path / "copy")).ok
+
+
+def test_the_version_1_decoder_refuses_a_manifest_of_another_version():
+    """decode_v1 reads the version-1 form only: a checked-in version-1 manifest whose version field
+    says 2 is a ManifestDamagedError naming the version, never read by version 1's rules."""
+    name, data = _manifests(1)[0]
+    rec = msgpack.unpackb(data, raw=False)
+    rec["version"] = 2
+    with pytest.raises(ManifestDamagedError, match="version-2 manifest, not the version-1 form"):
+        decode_v1(rec, name)
