@@ -125,6 +125,23 @@ def test_a_store_recreates_a_removed_folder(tmp_path: Path, folder: str):
     assert_tree_equal(treestore.Store(url).load("b"), data)
 
 
+def test_a_store_folder_swapped_for_a_link_under_a_live_store_is_never_written_through(tmp_path: Path):
+    """A folder this Storage made, replaced by a symlink to a folder outside the store while the
+    Storage lives: the next write into it is a StorageError naming the link, and nothing is
+    written outside the store."""
+    from treestore._storage.registry import open_storage
+
+    root, outside = tmp_path / "store", tmp_path / "outside"
+    outside.mkdir()
+    storage = open_storage(str(root))
+    storage.write("chunks/ab/first", [b"first"])
+    shutil.rmtree(root / "chunks" / "ab")
+    (root / "chunks" / "ab").symlink_to(outside, target_is_directory=True)
+    with pytest.raises(treestore.StorageError, match="is a symlink"):
+        storage.write("chunks/ab/second", [b"second"])
+    assert list(outside.iterdir()) == []
+
+
 def test_a_manager_recreates_a_removed_store(tmp_path: Path):
     url = str(tmp_path / "store")
     with treestore.CheckpointManager(url, async_save=False) as m:

@@ -29,6 +29,14 @@ if TYPE_CHECKING:
 _TMP = re.compile(r"\.tmp-[0-9a-f]{32}")
 
 
+def _is_folder(path: str) -> bool:
+    """Whether ``path`` is a folder itself (not a link to one)."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
 _tmp_names = itertools.count()
 _tmp_prefix: tuple[int, str] = (-1, "")
 
@@ -284,13 +292,22 @@ class LocalStorage(Storage):
             dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(folder, d))]
         return sorted(out, key=lambda o: o.path)
 
-    def _known_folder(self, folder: str) -> None:
-        """Make ``folder`` (and check that it lies in the store) unless this Storage made it
-        already."""
+    def _tmp(self, full: str) -> str:
+        """A temporary name in ``full``'s folder, creating the folder if it is missing.
+
+        Folders made once are remembered, but a store folder can be removed, or replaced by a
+        link, under a live Store (by hand, or another tool): one ``lstat`` per write checks that
+        it is still a folder, and one that is not is made (and checked for containment) again.
+        """
+        folder = os.path.dirname(full)
+        if folder in self._made and not _is_folder(folder):
+            self._made.discard(folder)
+            self._inside.discard(folder)
         if folder not in self._made:
             self._make_folder(folder)
             self._check_inside(folder)  # never write through a symlinked folder
             self._made.add(folder)
+        return os.path.join(folder, _tmp_name())
 
     def _make_folder(self, folder: str) -> None:
         """Make ``folder`` and any missing folder above it. The parent of each folder made is
@@ -310,27 +327,10 @@ class LocalStorage(Storage):
 
     def _write_tmp(self, full: str, buffers: Buffers) -> str:
         """The bytes of ``buffers`` in a new temporary file in ``full``'s folder (removed again
-        if writing them fails), making the folder if it is missing.
-
-        Folders made once are remembered, but a store folder can be removed under a live Store
-        (by hand, or another tool): creating the file then finds no folder, which is made (and
-        checked for containment) again.
-        """
-        folder = os.path.dirname(full)
-        self._known_folder(folder)
-        tmp = os.path.join(folder, _tmp_name())
-        create = (
-            os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
-        )
+        if writing them fails)."""
+        tmp = self._tmp(full)
         try:
-            fd = os.open(tmp, create, 0o666)
-        except FileNotFoundError:
-            self._made.discard(folder)
-            self._inside.discard(folder)
-            self._known_folder(folder)
-            fd = os.open(tmp, create, 0o666)
-        try:
-            with builtins.open(fd, "wb") as f:
+            with open(tmp, "xb") as f:
                 for buf in buffers:
                     f.write(buf)
         except BaseException:
