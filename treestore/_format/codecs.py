@@ -319,7 +319,6 @@ def decode_in_place(buf: np.ndarray[Any, Any], n: int, out: np.ndarray[Any, Any]
         or not 0 < mask < 1 << width
         or mask != ((1 << width) - 1) ^ ((1 << raw_planes) - 1)  # compressed planes not a suffix
         or n < table
-        or size >= 2**31
     ):
         decode_into(obj.data, out)
         return
