@@ -4,7 +4,6 @@ preemption, two tiers (fast local saves replicated to a remote store), and resum
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import time
@@ -21,23 +20,21 @@ from treestore._api.retention import (
     check_count,
     check_metrics,
     check_step,
-    kept_healthy,
+    deleted_by_retention,
+    gc_after_retention,
     step_infos,
     step_name,
 )
+from treestore._api.save_queue import SaveQueue
 from treestore._api.store import Store
 from treestore._api.tiers import Tiers
 from treestore._engine import write as _write
-from treestore._engine.snapshot import Background, HostSnapshot
 from treestore._format.manifest import check_metadata
 from treestore._tree import prepare as _prepare
-from treestore._tree.jax_import import imported as jax_imported
-from treestore._tree.leaves import Keep
 from treestore.errors import (
     CheckpointExistsError,
     CheckpointNotFoundError,
     InvalidInputError,
-    StoreBusyError,
     TreestoreError,
 )
 
@@ -225,13 +222,11 @@ class CheckpointManager:
         self._options = options or _write.SaveOptions()
         self._clock = clock
         self._last_save = clock()
-        self._async = bool(async_save)
-        self._background = Background() if self._async else None
-        self._snapshot = HostSnapshot()
+        self._saves = SaveQueue(bool(async_save), self._options)  # the save in flight
+        self._snapshot = self._saves.snapshot  # the host copy of the last async save
         self._known = set(self._infos())  # committed steps (this manager's view)
         self._trust_previous = bool(trust_previous)
         self._last_step = max(self._known, default=None)  # the step whose chunks a save trusts
-        self._pending: int | None = None  # the step of the save in flight
         self._gc_due = False
         self._closed = False
         self.last_result: _write.SaveResult | None = None  # of the last save that committed
@@ -313,34 +308,12 @@ class CheckpointManager:
                 "pass force=True to replace it",
                 checkpoint=step_name(step),
             )
-        if self._background is None:
-            prepared = _prepare.prepare(tree, keep=self._options.keep)
-            self._last_save = self._clock()
-            self._commit(prepared, step, metadata, force)
-            return True
-        prepared = self._snapshot.take(tree, *self._device_snapshot())
+        prepared = self._saves.prepare(tree)  # async: copied, so the caller may change it
         self._last_save = self._clock()
-        self._pending = step
-        self._background.submit(lambda: self._commit_snapshot(prepared, step, metadata, force))
+        self._saves.submit(step, lambda: self._commit(prepared, step, metadata, force))
         if preempted:
             self._collect(block=True)
         return True
-
-    def _commit_snapshot(
-        self, prepared: _prepare.Prepared, step: int, metadata: Any, overwrite: bool
-    ) -> None:
-        try:
-            self._commit(prepared, step, metadata, overwrite)
-        finally:
-            self._snapshot.release()  # the device copies, as soon as they are written
-
-    def _device_snapshot(self) -> tuple[Keep | None, int | None]:
-        """Which arrays an async save may copy on their devices (None: none), and the bound on
-        the bytes of those copies; the snapshot checks the devices' room once the tree is valid."""
-        keep, limit = self._options.keep, self._options.device_snapshot
-        if keep is None or limit == 0 or not jax_imported():
-            return None, None
-        return keep, limit
 
     def _commit(self, prepared: _prepare.Prepared, step: int, metadata: Any, overwrite: bool) -> None:
         name = step_name(step)
@@ -374,26 +347,13 @@ class CheckpointManager:
         step is saved whatever happens here, so a failure is logged (logger ``treestore``), not
         raised, and retention and gc run again after the next save."""
         try:
-            infos = self._infos()
             # The steps being replicated stay until they are copied.
             busy = set() if self._replicator is None else self._replicator.busy()
-            keep = self._policy.retained(infos) | busy
-            if set(infos) - keep:  # the newest step known healthy stays (keep_healthy)
-                keep |= kept_healthy(self.store, self._policy, infos)
-            for step, info in infos.items():
-                if step not in keep:
-                    with contextlib.suppress(CheckpointNotFoundError):  # deleted by someone else
-                        self.store.delete(info.name)
-                    self._known.discard(step)
-                    self._gc_due = True
+            for step in deleted_by_retention(self.store, self._policy, busy):
+                self._known.discard(step)
+                self._gc_due = True
             if self._gc_due:
-                try:
-                    report = self.store.gc(grace=0, wait=0)
-                    # A damaged checkpoint keeps gc from freeing anything (it logs which): retry
-                    # after the next save, in case it has been deleted or repaired by then.
-                    self._gc_due = bool(report.damaged)
-                except StoreBusyError:
-                    pass  # a save is in flight somewhere: gc again after the next save
+                self._gc_due = gc_after_retention(self.store)
         except TreestoreError as exc:
             _log.warning(
                 "%s: retention after a save failed (%s: %s); the step is saved, and retention "
@@ -404,11 +364,7 @@ class CheckpointManager:
             )
 
     def _collect(self, *, block: bool) -> None:
-        if self._background is not None and (block or self._background.done()):
-            try:
-                self._background.collect()
-            finally:
-                self._pending = None
+        self._saves.collect(block=block)
 
     def _raise_replication_error(self) -> None:
         error = None if self._replicator is None else self._replicator.take_error()
@@ -440,11 +396,9 @@ class CheckpointManager:
         try:
             self.wait()
         finally:
-            if self._background is not None:
-                self._background.shutdown()
+            self._saves.close()
             if self._replicator is not None:
                 self._replicator.close()
-            self._snapshot.clear()
             self._preemption.uninstall()
 
     def _check_open(self) -> None:
@@ -469,7 +423,7 @@ class CheckpointManager:
         step = check_step(step)
         if not self._preemption.arrived:
             return False
-        if self._pending == step:
+        if self._saves.pending == step:
             self._collect(block=True)
         return step in self._known
 

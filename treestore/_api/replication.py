@@ -3,16 +3,15 @@ store, newest first, and applies the remote retention policy after each copy."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 from typing import Any
 
 from treestore._api.copy import CopyReport
 from treestore._api.copy import copy as _copy
-from treestore._api.retention import Policy, apply_retention, step_name
+from treestore._api.retention import Policy, apply_retention, gc_after_retention, step_name
 from treestore._api.store import Store
-from treestore.errors import InvalidInputError, StoreBusyError, TreestoreError
+from treestore.errors import InvalidInputError, TreestoreError
 
 _log = logging.getLogger("treestore")
 
@@ -130,9 +129,8 @@ class Replicator:
         )
         try:  # the copy is committed: retention failures are logged, as a local save's are
             self._gc_due |= apply_retention(self._remote, self._policy)
-            if self._gc_due:
-                with contextlib.suppress(StoreBusyError):  # a save in flight: after the next copy
-                    self._gc_due = bool(self._remote.gc(grace=0, wait=0).damaged)
+            if self._gc_due:  # still due after a save in flight: after the next copy
+                self._gc_due = gc_after_retention(self._remote)
         except TreestoreError as exc:
             _log.warning(
                 "%s: retention after replicating %s failed (%s: %s); it runs again after the next one",

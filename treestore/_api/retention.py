@@ -7,13 +7,13 @@ import contextlib
 import logging
 import math
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from treestore._api.health import ValueStats
 from treestore._api.store import Store
-from treestore.errors import CheckpointNotFoundError, InvalidInputError, TreestoreError
+from treestore.errors import CheckpointNotFoundError, InvalidInputError, StoreBusyError, TreestoreError
 
 _log = logging.getLogger("treestore")
 # A caller's test of a step's health, given what was stored with it and its leaves' statistics.
@@ -210,17 +210,34 @@ def kept_healthy(store: Store, policy: Policy, infos: Mapping[int, StepInfo]) ->
     return set() if found is None else {found}
 
 
-def apply_retention(store: Store, policy: Policy, protected: Iterable[int] = ()) -> bool:
-    """Delete the steps of ``store`` that ``policy`` (or ``protected``) does not keep; True when
-    any was deleted."""
+def deleted_by_retention(store: Store, policy: Policy, protected: Iterable[int] = ()) -> Iterator[int]:
+    """Delete the steps of ``store`` that ``policy`` (or ``protected``) does not keep, yielding
+    each step once it is gone (deleted here, or by someone else meanwhile)."""
     infos = step_infos(store)
     keep = policy.retained(infos) | set(protected)
-    if set(infos) - keep:
+    if set(infos) - keep:  # the newest step known healthy stays (keep_healthy)
         keep |= kept_healthy(store, policy, infos)
-    deleted = False
     for step, info in infos.items():
         if step not in keep:
             with contextlib.suppress(CheckpointNotFoundError):  # deleted by someone else
                 store.delete(info.name)
-            deleted = True
+            yield step
+
+
+def apply_retention(store: Store, policy: Policy, protected: Iterable[int] = ()) -> bool:
+    """Delete the steps of ``store`` that ``policy`` (or ``protected``) does not keep; True when
+    any was deleted."""
+    deleted = False
+    for _ in deleted_by_retention(store, policy, protected):
+        deleted = True
     return deleted
+
+
+def gc_after_retention(store: Store) -> bool:
+    """Collect the chunks of the steps retention deleted from ``store``; True while gc is still
+    due: a save is in flight somewhere, or a damaged checkpoint keeps gc from freeing anything
+    (gc logs which), and either may be gone after the next save."""
+    try:
+        return bool(store.gc(grace=0, wait=0).damaged)
+    except StoreBusyError:
+        return True
