@@ -9,14 +9,13 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from treestore._api.listing import CheckpointInfo, list_checkpoints
-from treestore._api.spec import Spec, parse_spec
+from treestore._api.spec import Spec, split_spec, store_url
 from treestore._engine import committed as _committed
 from treestore._engine import gc as _gc
 from treestore._engine import locks as _locks
 from treestore._engine import memory as _memory
 from treestore._format import paths as _paths
 from treestore._format import select as _select
-from treestore._format.commit_record import CommitRecord
 from treestore._format.manifest import check_name
 from treestore._storage.base import Storage
 from treestore._storage.registry import open_storage
@@ -64,15 +63,7 @@ class Store:
     """
 
     def __init__(self, url: str | os.PathLike[str], *, storage_options: dict[str, Any] | None = None) -> None:
-        if not isinstance(url, (str, os.PathLike)):
-            raise InvalidInputError(f"a store URL is a str or path, got {type(url).__name__}")
-        base, name = parse_spec(url)
-        if name is not None:
-            raise InvalidInputError(
-                f"{os.fspath(url)!r} names a checkpoint; a store is its URL without #NAME "
-                f"(Store({base!r}).load({name!r}), or treestore.load({os.fspath(url)!r}))"
-            )
-        self.storage: Storage = open_storage(os.fspath(url), storage_options)
+        self.storage: Storage = open_storage(store_url(url), storage_options)
         self.url = self.storage.url
 
     def __repr__(self) -> str:
@@ -93,9 +84,7 @@ class Store:
             InvalidInputError: ``spec`` is none of those forms, or the name is not a valid
                 checkpoint name.
         """
-        url, name = parse_spec(spec)
-        if name is not None:
-            check_name(name)
+        url, name = split_spec(spec)
         return cls(url, storage_options=storage_options), name
 
     # -- writing -----------------------------------------------------------------------------
@@ -169,11 +158,7 @@ class Store:
             CheckpointNotFoundError: No checkpoint of that name.
             InvalidInputError: ``name`` is not a valid checkpoint name.
         """
-        check_name(name)
-        path = _paths.record_path(name)
-        if not self.storage.exists(path):  # a damaged record can still be deleted
-            raise _committed.not_found(self.storage, name)
-        self.storage.delete(path)
+        _committed.delete_record(self.storage, name)
 
     def gc(
         self,
@@ -278,14 +263,9 @@ class Store:
         """
         from treestore._format.record_views import Manifest
 
-        record = self._record(name)
+        record = _committed.find_record(self.storage, name)
         with _memory.memory_named(f"reading the manifest of checkpoint {record.name!r}", record.name):
             return Manifest(_committed.read_columns(self.storage, record))
-
-    def _record(self, name: str | None) -> CommitRecord:
-        if name is None:
-            return _committed.newest_record(self.storage)
-        return _committed.read_commit_record(self.storage, name)
 
     def open(self, name: str | None = None) -> Checkpoint:
         """A lazy, read-only view of a checkpoint; its leaves are made as they are asked for.
@@ -305,7 +285,7 @@ class Store:
         """
         from treestore._api.checkpoint import Checkpoint
 
-        record = self._record(name)
+        record = _committed.find_record(self.storage, name)
         with _memory.memory_named(f"opening checkpoint {record.name!r}", record.name):
             return Checkpoint(self.storage, _committed.read_frame(self.storage, record))
 
@@ -373,7 +353,7 @@ class Store:
         from treestore._tree.structure import trusted_types
 
         trusted = trusted_types(types)
-        record = self._record(name)
+        record = _committed.find_record(self.storage, name)
         with _memory.memory_named(f"loading checkpoint {record.name!r}", record.name):
             return _load.load(
                 self.storage,

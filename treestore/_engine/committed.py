@@ -130,6 +130,20 @@ def newest_record(storage: Storage) -> CommitRecord:
     return max(records, key=lambda r: (r.created, r.name))
 
 
+def find_record(storage: Storage, name: str | None) -> CommitRecord:
+    """The commit record of checkpoint ``name``, or the newest readable one when ``name`` is None."""
+    return newest_record(storage) if name is None else read_commit_record(storage, name)
+
+
+def delete_record(storage: Storage, name: str) -> None:
+    """Remove checkpoint ``name`` by its commit record, damaged or not (gc frees the rest)."""
+    check_name(name)
+    path = _paths.record_path(name)
+    if not storage.exists(path):  # a damaged record can still be deleted
+        raise not_found(storage, name)
+    storage.delete(path)
+
+
 def read_manifest_bytes(storage: Storage, record: CommitRecord) -> bytes:
     """The manifest a commit record names, after checking its size and digest."""
     path = _paths.manifest_path(record.manifest)
