@@ -216,7 +216,9 @@ def async_blocked(method: str, root: str, make: Callable[[int], Any], saves: int
     if method == "treestore":
         import treestore
 
-        with treestore.CheckpointManager(root, async_save=True, keep_last=2) as m:
+        with treestore.CheckpointManager(
+            root, async_save=True, retention=treestore.Retention(keep_last=2)
+        ) as m:
             for step in range(saves):
                 tree = make(1000 + step)
                 t = time.perf_counter()

@@ -65,7 +65,9 @@ def main(argv: list[str] | None = None) -> int:
         with remote_root(args.s3, tmp) as (remote, opts):
             uploaded, blocked, committed = [], [], []
             m = treestore.CheckpointManager(
-                local=f"{tmp}/local", remote=f"{remote}/tiered", remote_storage_options=opts, keep_last=2
+                local=f"{tmp}/local",
+                remote=treestore.RemoteTier(f"{remote}/tiered", storage_options=opts),
+                retention=treestore.Retention(keep_last=2),
             )
             m.save(0, tree)
             m.wait()

@@ -303,7 +303,10 @@ def save_next(store: treestore.Store, hist: History, monkeypatch: pytest.MonkeyP
     def make() -> None:
         if hist.mode == "manager":
             with treestore.CheckpointManager(
-                store.url, keep_last=3, keep_every=5, async_save=False, options=worker.save_options()
+                store.url,
+                retention=treestore.Retention(keep_last=3, keep_every=5),
+                async_save=False,
+                options=worker.save_options(),
             ) as m:
                 m.save(i, worker.make_tree(i), metrics={"loss": 1.0 / (i + 1)})
         else:

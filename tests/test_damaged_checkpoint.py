@@ -69,7 +69,9 @@ def test_gc_survives_a_damaged_checkpoint(store_url: str, damage: str):
 def test_manager_retention_survives_a_damaged_checkpoint(store_url: str, damage: str):
     trees = _healthy_and_damaged(store_url, damage)
     steps = {s: chunked_tree(100 + s) for s in (1, 2, 3)}
-    with treestore.CheckpointManager(store_url, keep_last=1, async_save=False) as m:
+    with treestore.CheckpointManager(
+        store_url, retention=treestore.Retention(keep_last=1), async_save=False
+    ) as m:
         for s, t in steps.items():
             assert m.save(s, t) is True
         assert m.steps() == [3]
@@ -110,7 +112,9 @@ def test_manager_save_succeeds_when_retention_fails_after_the_commit(faultmem: s
     """Retention runs after the commit: a checkpoint it cannot delete is logged, and the step
     still counts as saved (a retry would otherwise find it committed)."""
     root = fs_root(faultmem)[1]
-    with treestore.CheckpointManager(faultmem, keep_last=1, async_save=False) as m:
+    with treestore.CheckpointManager(
+        faultmem, retention=treestore.Retention(keep_last=1), async_save=False
+    ) as m:
         assert m.save(1, chunked_tree(61)) is True
         FaultyMemoryFileSystem.undeletable = (f"{root}/checkpoints/",)
         with caplog.at_level(logging.WARNING, logger="treestore"):

@@ -135,7 +135,9 @@ def _saved_while_donating(path, state, options, steps):  # type: ignore[no-untyp
     check every step loads back what it held; the last state."""
     step_fn = jax.jit(lambda s: jax.tree.map(lambda x: x * 2 + 1, s), donate_argnums=0)
     expected = {}
-    with treestore.CheckpointManager(path, async_save=True, options=options, keep_last=10) as m:
+    with treestore.CheckpointManager(
+        path, async_save=True, options=options, retention=treestore.Retention(keep_last=10)
+    ) as m:
         for step in range(steps):
             expected[step] = jax.tree.map(np.array, state)
             m.save(step, state, force=True)

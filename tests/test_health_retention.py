@@ -13,6 +13,8 @@ from treestore._api.retention import Policy, apply_retention
 
 from .test_stats import run_cli
 
+LAST_1, LAST_2 = treestore.Retention(keep_last=1), treestore.Retention(keep_last=2)
+
 
 def finite(tree) -> bool:
     import jax
@@ -48,7 +50,7 @@ def test_a_diverging_training_loop_keeps_its_last_good_step(tmp_path):
     url = str(tmp_path / "run")
     saved: dict[int, dict] = {}
     first_bad = None
-    with treestore.CheckpointManager(url, keep_last=2, async_save=False) as m:
+    with treestore.CheckpointManager(url, retention=LAST_2, async_save=False) as m:
         for step in range(200):
             lr = 0.01 if step < 5 else 50.0  # then diverge on purpose
             params, loss = step_fn(params, lr)
@@ -74,7 +76,7 @@ def test_a_diverging_training_loop_keeps_its_last_good_step(tmp_path):
 
 def test_without_keep_healthy_the_last_good_step_goes(tmp_path):
     url = str(tmp_path / "run")
-    with treestore.CheckpointManager(url, keep_last=1, async_save=False, keep_healthy=False) as m:
+    with treestore.CheckpointManager(url, retention=LAST_1, async_save=False, keep_healthy=False) as m:
         m.save(0, {"w": np.ones(3)})
         m.save(1, {"w": np.array([np.nan])})
         assert m.steps() == [1] and m.latest_step(healthy=True) is None
@@ -90,14 +92,16 @@ def test_a_callers_check_and_unknown_statistics(tmp_path):
     def small_norm(info, stats):
         return stats["w"].l2 < 100
 
-    with treestore.CheckpointManager(url, keep_last=1, async_save=False, healthy=small_norm) as m:
+    with treestore.CheckpointManager(url, retention=LAST_1, async_save=False, healthy=small_norm) as m:
         m.save(0, {"w": np.ones(3)})
         m.save(1, {"w": np.full(3, 1e6)})  # finite, but the caller's check fails it
         assert m.steps() == [0, 1] and m.latest_step(healthy=True) == 0
         m.save(2, {"w": np.ones(3)})  # healthy again: step 0 and 1 go
         assert m.steps() == [2]
     off = treestore.SaveOptions(stats=False)
-    with treestore.CheckpointManager(str(tmp_path / "off"), keep_last=1, async_save=False, options=off) as m:
+    with treestore.CheckpointManager(
+        str(tmp_path / "off"), retention=LAST_1, async_save=False, options=off
+    ) as m:
         m.save(0, {"w": np.array([np.nan])})
         assert m.latest_step(healthy=True) is None and m.steps() == [0]  # unknown, and kept
         with pytest.raises(treestore.errors.CheckpointNotFoundError, match="none is known to hold no NaN"):
@@ -109,7 +113,7 @@ def test_a_complex_leaf_holding_nan_is_never_healthy(tmp_path):
     unhealthy (library, retention and the health command alike), and retention keeps the step
     before it (it was reported healthy: complex leaves had no statistics)."""
     url = str(tmp_path / "run")
-    with treestore.CheckpointManager(url, keep_last=1, async_save=False) as m:
+    with treestore.CheckpointManager(url, retention=LAST_1, async_save=False) as m:
         m.save(0, {"w": np.ones(3, np.float32), "z": np.ones(2, np.complex64)})
         m.save(1, {"w": np.ones(3, np.float32), "z": np.array([complex(1, np.nan), 1], np.complex64)})
         assert treestore.open(f"{url}#step-000000000").healthy is True
@@ -124,21 +128,23 @@ def test_an_unknown_newer_step_does_not_take_the_healthy_steps_protection(tmp_pa
     """Steps 1-2 finite, 3-4 NaN, keep_last=2; step 5 saved without statistics: step 2, the
     newest known healthy, is kept, and latest_step(healthy=True) names it."""
     url = str(tmp_path / "run")
-    with treestore.CheckpointManager(url, keep_last=2, async_save=False) as m:
+    with treestore.CheckpointManager(url, retention=LAST_2, async_save=False) as m:
         for step in (1, 2):
             m.save(step, {"w": np.ones(3)})
         for step in (3, 4):
             m.save(step, {"w": np.array([np.nan, 1, 2])})
         assert m.steps() == [2, 3, 4]
     off = treestore.SaveOptions(stats=False)
-    with treestore.CheckpointManager(url, keep_last=2, async_save=False, options=off) as m:
+    with treestore.CheckpointManager(url, retention=LAST_2, async_save=False, options=off) as m:
         m.save(5, {"w": np.ones(3)})
         assert m.steps() == [2, 4, 5] and m.latest_step(healthy=True) == 2
 
 
 def test_the_remote_tier_keeps_its_last_healthy_step(tmp_path):
     local, remote = str(tmp_path / "local"), str(tmp_path / "remote")
-    with treestore.CheckpointManager(local=local, remote=remote, remote_keep_last=1, async_save=False) as m:
+    with treestore.CheckpointManager(
+        local=local, remote=treestore.RemoteTier(remote, keep_last=1), async_save=False
+    ) as m:
         m.save(0, {"w": np.ones(3)})
         m.wait()
         for step in (1, 2):
@@ -155,7 +161,7 @@ def test_negative_infinity_alone_makes_a_step_unhealthy(tmp_path):
     """A step whose only non-finite value is -inf is unhealthy: retention keeps the finite step
     before it, and the library and the CLI name it."""
     url = str(tmp_path / "run")
-    with treestore.CheckpointManager(url, keep_last=1, async_save=False) as m:
+    with treestore.CheckpointManager(url, retention=LAST_1, async_save=False) as m:
         m.save(0, {"w": np.ones(3, np.float32)})
         m.save(1, {"w": np.array([1.0, -np.inf, 2.0], np.float32)})
         assert treestore.open(f"{url}#step-000000001").healthy is False
@@ -168,7 +174,9 @@ def test_a_check_that_accepts_everything_cannot_override_recorded_nan(tmp_path):
     """The caller's healthy= check is asked only of steps whose statistics show no NaN/inf: a
     check that accepts every step never makes a NaN step healthy."""
     url = str(tmp_path / "run")
-    with treestore.CheckpointManager(url, keep_last=1, async_save=False, healthy=lambda info, s: True) as m:
+    with treestore.CheckpointManager(
+        url, retention=LAST_1, async_save=False, healthy=lambda info, s: True
+    ) as m:
         m.save(0, {"w": np.ones(3)})
         m.save(1, {"w": np.array([np.nan, 1.0])})
         assert m.steps() == [0, 1] and m.latest_step(healthy=True) == 0

@@ -127,18 +127,20 @@ def test_no_interval_saves_every_call_and_force_ignores_the_interval():
 
 # -- retention ----------------------------------------------------------------------------------
 def test_keep_last():
-    assert saved_steps(range(1, 6), keep_last=2) == [4, 5]
+    assert saved_steps(range(1, 6), retention=treestore.Retention(keep_last=2)) == [4, 5]
 
 
 def test_keep_every_and_the_newest():
-    assert saved_steps(range(1, 8), keep_every=3) == [3, 6, 7]
+    assert saved_steps(range(1, 8), retention=treestore.Retention(keep_every=3)) == [3, 6, 7]
 
 
 @pytest.mark.parametrize(("mode", "best"), [("min", [2, 4]), ("max", [1, 3])])
 def test_keep_best(mode, best):
     losses = {1: 0.9, 2: 0.1, 3: 0.8, 4: 0.2, 5: 0.5}
     with treestore.CheckpointManager(
-        mem(), keep_best=2, best_metric="loss", best_mode=mode, async_save=False
+        mem(),
+        retention=treestore.Retention(keep_best=2, best_metric="loss", best_mode=mode),
+        async_save=False,
     ) as m:
         for s, loss in losses.items():
             m.save(s, {"s": s}, metrics={"loss": loss, "other": 1})
@@ -184,12 +186,18 @@ def test_best_ignores_steps_without_the_metric_and_nan():
     ],
 )
 def test_invalid_options_fail_at_construction(kwargs):
+    rules = {k: v for k, v in kwargs.items() if not k.startswith("save_every")}
     with pytest.raises(treestore.InvalidInputError):
-        treestore.CheckpointManager(mem(), **kwargs)
+        retention = treestore.Retention(**rules) if rules else None
+        treestore.CheckpointManager(
+            mem(), retention=retention, **{k: kwargs[k] for k in kwargs.keys() - rules}
+        )
 
 
 def test_invalid_saves():
-    with treestore.CheckpointManager(mem(), keep_best=1, best_metric="loss", async_save=False) as m:
+    with treestore.CheckpointManager(
+        mem(), retention=treestore.Retention(keep_best=1, best_metric="loss"), async_save=False
+    ) as m:
         for step in (-1, "3", True, 1.0):
             with pytest.raises(treestore.InvalidInputError, match="step must be"):
                 m.save(step, {})
@@ -226,7 +234,7 @@ def test_metadata_restore_and_reopen():
     url = mem()
     store = treestore.Store(url)
     store.save({"unrelated": 1}, "other")
-    with treestore.CheckpointManager(url, keep_last=1) as m:
+    with treestore.CheckpointManager(url, retention=treestore.Retention(keep_last=1)) as m:
         m.save(1, {"w": big(1)}, metrics={"loss": np.float64(0.25)}, user={"lr": 0.1})
         m.save(2, {"w": big(2)}, metrics={"loss": 0.125})
         m.wait()
@@ -413,7 +421,7 @@ def live_chunks(store: treestore.Store) -> set[str]:
 
 def test_retention_deletes_and_gc_frees_their_chunks():
     url = mem()
-    with treestore.CheckpointManager(url, keep_last=1) as m:
+    with treestore.CheckpointManager(url, retention=treestore.Retention(keep_last=1)) as m:
         for s in range(1, 4):
             m.save(s, {"a": big(s), "b": big(-s)})
     store = treestore.Store(url)
@@ -424,7 +432,9 @@ def test_retention_deletes_and_gc_frees_their_chunks():
 
 def test_gc_never_removes_a_chunk_of_a_save_in_flight(gated):
     shared = {"a": big(1), "b": big(2)}
-    trainer = treestore.CheckpointManager(f"memory://{gated}", keep_last=1, async_save=False)
+    trainer = treestore.CheckpointManager(
+        f"memory://{gated}", retention=treestore.Retention(keep_last=1), async_save=False
+    )
     trainer.save(1, shared)  # chunks of a and b exist now
     GatedFileSystem.gate.clear()
     slow = treestore.CheckpointManager(f"gated://{gated}")

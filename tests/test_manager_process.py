@@ -83,7 +83,9 @@ def train(url: str, total: int, delay: float, preemption: bool) -> None:
     init_key, key = jax.random.split(jax.random.key(0))
     params = init_mlp_params([1, 32, 32, 1], init_key)
     state = {"params": params, "opt_state": tx.init(params), "key": key}
-    with treestore.CheckpointManager(url, save_every_steps=EVERY, keep_last=3, preemption=preemption) as m:
+    with treestore.CheckpointManager(
+        url, save_every_steps=EVERY, retention=treestore.Retention(keep_last=3), preemption=preemption
+    ) as m:
         start = m.latest_step()
         if start is None:
             start = 0

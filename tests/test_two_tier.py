@@ -76,7 +76,9 @@ def test_replicates_only_missing_chunks_and_restores_from_either_tier(tmp_path):
 
 def test_restore_picks_the_newest_of_either_tier(tmp_path):
     local, remote = str(tmp_path / "local"), str(tmp_path / "remote")
-    with treestore.CheckpointManager(local=local, remote=remote, keep_last=1) as m:
+    with treestore.CheckpointManager(
+        local=local, remote=remote, retention=treestore.Retention(keep_last=1)
+    ) as m:
         for step in range(3):
             m.save(step, tree(step))
         m.wait()
@@ -91,7 +93,9 @@ def test_restore_picks_the_newest_of_either_tier(tmp_path):
 def test_each_tier_has_its_own_retention(tmp_path):
     local, remote = str(tmp_path / "local"), str(tmp_path / "remote")
     with treestore.CheckpointManager(
-        local=local, remote=remote, keep_last=2, remote_keep_every=4, remote_keep_last=1
+        local=local,
+        remote=treestore.RemoteTier(remote, keep_every=4, keep_last=1),
+        retention=treestore.Retention(keep_last=2),
     ) as m:
         for step in range(10):
             m.save(step, tree(step))
@@ -104,7 +108,9 @@ def test_each_tier_has_its_own_retention(tmp_path):
 
 def test_replicate_every_steps(tmp_path):
     local, remote = str(tmp_path / "local"), str(tmp_path / "remote")
-    with treestore.CheckpointManager(local=local, remote=remote, replicate_every_steps=5) as m:
+    with treestore.CheckpointManager(
+        local=local, remote=treestore.RemoteTier(remote, replicate_every_steps=5)
+    ) as m:
         for step in range(12):
             m.save(step, tree(step))
     assert remote_steps(remote) == [0, 5, 10]
@@ -132,7 +138,9 @@ class Gate:
 def test_saves_never_wait_for_uploads_newest_wins_and_local_retention_keeps_the_upload(tmp_path, monkeypatch):
     local, remote = str(tmp_path / "local"), str(tmp_path / "remote")
     gate = Gate(monkeypatch)
-    m = treestore.CheckpointManager(local=local, remote=remote, keep_last=1, async_save=False)
+    m = treestore.CheckpointManager(
+        local=local, remote=remote, retention=treestore.Retention(keep_last=1), async_save=False
+    )
     m.save(0, tree(0))
     deadline = time.monotonic() + 10
     while not gate.started and time.monotonic() < deadline:
@@ -196,7 +204,9 @@ def test_constructor_arguments(tmp_path):
     with pytest.raises(treestore.InvalidInputError, match="one store"):
         treestore.CheckpointManager(str(tmp_path / "a"), remote=str(tmp_path / "a"))
     with pytest.raises(treestore.InvalidInputError, match="replicate_every_steps"):
-        treestore.CheckpointManager(str(tmp_path / "a"), remote=str(tmp_path / "b"), replicate_every_steps=0)
+        treestore.CheckpointManager(
+            str(tmp_path / "a"), remote=treestore.RemoteTier(str(tmp_path / "b"), replicate_every_steps=0)
+        )
     m = treestore.CheckpointManager(str(tmp_path / "a"), remote=str(tmp_path / "b"))
     assert "remote=" in repr(m)
     m.close()
@@ -247,9 +257,13 @@ def test_one_bucket_folder_as_both_tiers_is_refused(s3_backend):
     url = s3_backend.url("tiers")
     for remote in (url, url + "/./", url + "/inner"):
         with pytest.raises(treestore.InvalidInputError, match="one store"):
-            treestore.CheckpointManager(url, storage_options=opts, remote=remote, remote_storage_options=opts)
+            treestore.CheckpointManager(
+                url, storage_options=opts, remote=treestore.RemoteTier(remote, storage_options=opts)
+            )
     neighbour = s3_backend.url("tiers-2")
-    m = treestore.CheckpointManager(url, storage_options=opts, remote=neighbour, remote_storage_options=opts)
+    m = treestore.CheckpointManager(
+        url, storage_options=opts, remote=treestore.RemoteTier(neighbour, storage_options=opts)
+    )
     m.close()
 
 
@@ -261,7 +275,9 @@ def test_remote_down_mid_replication_then_back(tmp_path, s3_backend, fail_fast):
         opts = {**s3_backend.storage_options, **FAIL_FAST, "endpoint_url": proxy.url}
         remote = s3_backend.url("run")
         m = treestore.CheckpointManager(
-            local=str(tmp_path / "local"), remote=remote, remote_storage_options=opts, keep_last=2
+            local=str(tmp_path / "local"),
+            remote=treestore.RemoteTier(remote, storage_options=opts),
+            retention=treestore.Retention(keep_last=2),
         )
         m.save(0, tree(0))
         m.wait()
@@ -314,11 +330,9 @@ def train(local: str, remote: str, options: dict[str, Any], total: int, delay: f
     state = {"params": params, "opt_state": tx.init(params), "key": key}
     with treestore.CheckpointManager(
         local=local,
-        remote=remote,
-        remote_storage_options=options,
+        remote=treestore.RemoteTier(remote, storage_options=options, replicate_every_steps=REPLICATE),
         save_every_steps=EVERY,
-        keep_last=2,
-        replicate_every_steps=REPLICATE,
+        retention=treestore.Retention(keep_last=2),
     ) as m:
         start = m.latest_step()
         if start is None:

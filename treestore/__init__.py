@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from treestore._api.importing import import_file
     from treestore._api.lazy_leaf import LazyLeaf
     from treestore._api.manager import CheckpointManager
+    from treestore._api.manager_options import RemoteTier, Retention
     from treestore._api.store import Store
     from treestore._api.verify import verify
     from treestore._api.watch import watch
@@ -56,6 +57,8 @@ _LAZY = {
     "export_file": "treestore._api.exporting",
     "import_file": "treestore._api.importing",
     "CheckpointManager": "treestore._api.manager",
+    "Retention": "treestore._api.manager_options",
+    "RemoteTier": "treestore._api.manager_options",
     "Store": "treestore._api.store",
     "diff": "treestore._api.functions",
     "load": "treestore._api.functions",
@@ -79,6 +82,8 @@ __all__ = [
     "InvalidInputError",
     "LazyLeaf",
     "NotFoundError",
+    "RemoteTier",
+    "Retention",
     "SaveOptions",
     "StorageError",
     "Store",

@@ -1,5 +1,6 @@
 """The records and results treestore's functions return: what a save, copy, gc, verify, diff or
-listing reports, and the manifest a checkpoint's view exposes (``Checkpoint.manifest``).
+listing reports, the manifest a checkpoint's view exposes (``Checkpoint.manifest``), and the
+options of a checkpoint manager (``Retention``, ``RemoteTier``, also in ``treestore``).
 
 >>> import numpy as np, treestore
 >>> r = treestore.save("memory://doc/types", {"w": np.zeros(3)}, "a")
@@ -13,6 +14,7 @@ from treestore._api.diff_values import ValueChange
 from treestore._api.exporting import ExportResult
 from treestore._api.health import ValueStats
 from treestore._api.listing import CheckpointInfo
+from treestore._api.manager_options import RemoteTier, Retention
 from treestore._api.norms import Norms
 from treestore._api.retention import StepInfo
 from treestore._api.timeline import Timeline
@@ -34,6 +36,8 @@ __all__ = [
     "Manifest",
     "Norms",
     "Piece",
+    "RemoteTier",
+    "Retention",
     "SaveResult",
     "StepInfo",
     "Timeline",
@@ -65,6 +69,8 @@ for _cls in (
 ):
     _cls.__module__ = __name__
 del _cls
+# The manager's options, also treestore.Retention and treestore.RemoteTier (their name there).
+Retention.__module__ = RemoteTier.__module__ = "treestore"
 
 
 def __getattr__(name: str) -> type:

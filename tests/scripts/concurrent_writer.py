@@ -92,7 +92,9 @@ def run(job: dict[str, Any], emit: Any) -> None:
                 store.delete(old)
                 emit(f"deleted {old}")
     elif mode == "manager":
-        with treestore.CheckpointManager(url, keep_last=3, keep_every=5, options=options()) as m:
+        with treestore.CheckpointManager(
+            url, retention=treestore.Retention(keep_last=3, keep_every=5), options=options()
+        ) as m:
             for step in job["steps"]:
                 m.save(step, step_tree(step), metrics={"loss": 1.0 / (step + 1)})
                 m.wait()

@@ -129,7 +129,10 @@ def run(job: dict[str, Any]) -> None:
 
     if mode == "manager":
         manager = treestore.CheckpointManager(
-            url, keep_last=3, keep_every=5, async_save=start % 2 == 0, options=opts
+            url,
+            retention=treestore.Retention(keep_last=3, keep_every=5),
+            async_save=start % 2 == 0,
+            options=opts,
         )
         for step in itertools.count(start):
             name = f"step-{step:09d}"

@@ -4,6 +4,7 @@ preemption, two tiers (fast local saves replicated to a remote store), and resum
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -11,13 +12,13 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from treestore._api.copy import CopyReport
+from treestore._api.manager_options import RemoteTier, Retention, read_options
 from treestore._api.preemption import Preemption
 from treestore._api.replication import Replicator, open_remote
 from treestore._api.retention import (
     HealthCheck,
     Policy,
     StepInfo,
-    check_count,
     check_metrics,
     check_step,
     deleted_by_retention,
@@ -33,7 +34,6 @@ from treestore._format.manifest import check_metadata
 from treestore._tree import prepare as _prepare
 from treestore.errors import (
     CheckpointExistsError,
-    CheckpointNotFoundError,
     InvalidInputError,
     TreestoreError,
 )
@@ -67,15 +67,15 @@ class CheckpointManager:
     nothing; a failed save leaves no visible checkpoint. ``steps()``, ``latest_step()`` and
     ``info()`` list committed steps only (``wait()`` first to include one in flight).
 
-    **Retention.** ``keep_last=N`` keeps the N newest steps, ``keep_every=K`` every step divisible
-    by K, ``keep_best=N`` the N best by ``best_metric`` (``best_mode`` "min", the default, or
-    "max"; a save must then pass that metric; ties go to the newer step). A step is kept if any rule
-    keeps it, and the newest step is always kept; with no rule every step is kept. After each
-    save the other steps' checkpoints are deleted, then gc removes the chunks no checkpoint uses;
-    gc never touches a save in flight in any process and is retried later when one is. Retention
-    runs after the commit, so its failures are logged (logger ``treestore``), never raised: the
-    step is saved. A damaged checkpoint in the store is left out of ``steps()`` (and logged), and
-    keeps gc from freeing space until it is deleted.
+    **Retention.** ``retention=treestore.Retention(keep_last=N, keep_every=K, keep_best=N,
+    best_metric=..., best_mode=...)`` (see :class:`Retention`) names the steps kept: the N newest,
+    every step divisible by K, the N best by a metric (which every save must then pass); a step is
+    kept if any rule keeps it, and the newest step is always kept; with no rule every step is
+    kept. After each save the other steps' checkpoints are deleted, then gc removes the chunks no
+    checkpoint uses; gc never touches a save in flight in any process and is retried later when
+    one is. Retention runs after the commit, so its failures are logged (logger ``treestore``),
+    never raised: the step is saved. A damaged checkpoint in the store is left out of ``steps()``
+    (and logged), and keeps gc from freeing space until it is deleted.
 
     **Preemption.** ``preemption=True`` installs a SIGTERM handler (main thread only; it calls
     any previous Python handler, and close() puts it back). After a SIGTERM, every ``save`` saves
@@ -86,40 +86,34 @@ class CheckpointManager:
     **Two tiers.** ``CheckpointManager(local="/nvme/run", remote="s3://bucket/run", ...)`` (or
     ``CheckpointManager("/nvme/run", remote=...)``) saves to the fast local store as above and
     replicates committed steps to the remote store on a background thread: every committed step,
-    or with ``replicate_every_steps=M`` the steps divisible by M (and any step saved after a
-    SIGTERM). A replication is :func:`treestore.copy` of that step: only the chunks the remote
-    lacks are sent, and the remote commit record is written after all of them, so the remote
-    never shows a partial step. One replication runs at a time; while it runs, a newer step
-    replaces any step still waiting (the newest wins). ``save`` never waits for an upload; local
-    retention keeps the step being replicated (and the one waiting) until it is copied. An upload
-    error is raised, as it was raised, by the next ``save`` (which then saves nothing), ``wait``
-    or ``close``; the step stays saved locally and later replications go on. ``wait()`` and
-    ``close()`` wait for the replications asked for. The remote tier has its own retention:
-    ``remote_keep_last`` and ``remote_keep_every`` (the newest replicated step is always kept;
+    or with ``remote=treestore.RemoteTier(URL, replicate_every_steps=M)`` (see
+    :class:`RemoteTier`) the steps divisible by M (and any step saved after a SIGTERM). A
+    replication is :func:`treestore.copy` of that step: only the chunks the remote lacks are
+    sent, and the remote commit record is written after all of them, so the remote never shows a
+    partial step. One replication runs at a time; while it runs, a newer step replaces any step
+    still waiting (the newest wins). ``save`` never waits for an upload; local retention keeps
+    the step being replicated (and the one waiting) until it is copied. An upload error is
+    raised, as it was raised, by the next ``save`` (which then saves nothing), ``wait`` or
+    ``close``; the step stays saved locally and later replications go on. ``wait()`` and
+    ``close()`` wait for the replications asked for. The remote tier has its own retention, the
+    RemoteTier's ``keep_last`` and ``keep_every`` (the newest replicated step is always kept;
     with neither, every replicated step is kept), applied after each replication, then remote
     gc. ``steps()``, ``latest_step()``, ``info()`` and ``restore()`` see the steps of both tiers:
     ``restore()`` loads the newest step committed in either (from the local copy when it has
     one, and from the remote when the local copy is damaged), so a job whose machine was lost
     resumes from the remote store into an empty local folder. A remote that cannot be listed is
-    logged and only the local tier is used. ``remote_storage_options`` apply to the remote store.
+    logged and only the local tier is used.
 
     A manager is meant for one training loop: call it from one thread.
 
     Args:
         url: The store (a local path or fsspec URL); or give ``local=`` instead.
         local: The local tier's store, with ``remote=`` for two tiers.
-        remote: The remote tier's store, to which committed steps are replicated.
-        replicate_every_steps: Replicate only the steps divisible by this (default: every step).
-        remote_keep_last: The remote tier keeps its N newest steps.
-        remote_keep_every: The remote tier keeps every step divisible by this.
-        remote_storage_options: fsspec options of the remote store.
+        remote: The remote tier: its store's URL, or a :class:`RemoteTier` (its URL, retention,
+            which steps are replicated, fsspec options).
+        retention: Which steps to keep (:class:`Retention`; default: every step).
         save_every_steps: ``save`` saves a step divisible by this.
         save_every_seconds: ``save`` saves once this many seconds passed since the last save.
-        keep_last: Keep the N newest steps.
-        keep_every: Keep every step divisible by this.
-        keep_best: Keep the N best steps by ``best_metric``.
-        best_metric: The metric ``keep_best`` ranks by (every save then passes it).
-        best_mode: "min" (the default) or "max".
         async_save: Hash, compress, write and apply retention on a background thread.
         preemption: Install a SIGTERM handler that makes the next save save at once.
         options: Chunk sizes, packing, threads and statistics of every save (:class:`SaveOptions`).
@@ -133,15 +127,22 @@ class CheckpointManager:
         healthy: ``healthy(info, stats) -> bool``, a further test of health over a step's
             :class:`StepInfo` and its statistics by address; a step it rejects counts as
             unhealthy, one it raises on as unknown (kept).
+        **deprecated: The flat keywords that ``retention=`` and ``remote=`` replace, still
+            taken with a DeprecationWarning naming the replacement: ``keep_last``,
+            ``keep_every``, ``keep_best``, ``best_metric`` and ``best_mode`` (the
+            :class:`Retention`'s); ``replicate_every_steps``, ``remote_keep_last``,
+            ``remote_keep_every`` and ``remote_storage_options`` (the :class:`RemoteTier`'s
+            ``replicate_every_steps``, ``keep_last``, ``keep_every`` and ``storage_options``).
 
     Raises:
         InvalidInputError: Contradictory or out-of-range settings (both ``url`` and ``local``,
-            tier settings without ``remote``, a negative count, ``preemption`` off the main
-            thread).
+            tier settings without ``remote``, an option object and the flat keywords it
+            replaces, a negative count, ``preemption`` off the main thread).
 
     Examples:
         >>> import numpy as np, treestore
-        >>> with treestore.CheckpointManager("memory://doc/mgr", save_every_steps=10, keep_last=2) as m:
+        >>> keep = treestore.Retention(keep_last=2)
+        >>> with treestore.CheckpointManager("memory://doc/mgr", save_every_steps=10, retention=keep) as m:
         ...     for step in range(0, 35):
         ...         w = np.full(2, step, np.float32)
         ...         saved = m.save(step, {"w": w}, metrics={"loss": 1 / (step + 1)})
@@ -155,18 +156,10 @@ class CheckpointManager:
         url: str | os.PathLike[str] | None = None,
         *,
         local: str | os.PathLike[str] | None = None,
-        remote: str | os.PathLike[str] | None = None,
-        replicate_every_steps: int | None = None,
-        remote_keep_last: int | None = None,
-        remote_keep_every: int | None = None,
-        remote_storage_options: dict[str, Any] | None = None,
+        remote: str | os.PathLike[str] | RemoteTier | None = None,
+        retention: Retention | None = None,
         save_every_steps: int | None = None,
         save_every_seconds: float | None = None,
-        keep_last: int | None = None,
-        keep_every: int | None = None,
-        keep_best: int | None = None,
-        best_metric: str | None = None,
-        best_mode: str | None = None,
         async_save: bool = True,
         preemption: bool = False,
         options: _write.SaveOptions | None = None,
@@ -175,48 +168,26 @@ class CheckpointManager:
         trust_previous: bool = True,
         keep_healthy: bool = True,
         healthy: HealthCheck | None = None,
+        **deprecated: Any,
     ) -> None:
+        rules, tier = read_options(retention, remote, deprecated)
         self._policy = Policy(
-            save_every_steps,
-            save_every_seconds,
-            keep_last,
-            keep_every,
-            keep_best,
-            best_metric,
-            best_mode,
-            keep_healthy,
-            healthy,
+            save_every_steps=save_every_steps,
+            save_every_seconds=save_every_seconds,
+            keep_healthy=keep_healthy,
+            healthy=healthy,
+            **dataclasses.asdict(rules),
         )
         self._preemption = Preemption(preemption)  # off the main thread: refused before anything
         if (url is None) == (local is None):
             raise InvalidInputError("give the store's URL, or local= (with remote= for two tiers), once")
         local_url = os.fspath(url if url is not None else local)  # type: ignore[arg-type]
-        self._replicate_every = check_count("replicate_every_steps", replicate_every_steps)
-        if remote is None and (
-            replicate_every_steps is not None
-            or remote_keep_last is not None
-            or remote_keep_every is not None
-            or remote_storage_options is not None
-        ):
-            raise InvalidInputError(
-                "replicate_every_steps, remote_keep_last, remote_keep_every and remote_storage_options "
-                "apply only with remote= (the URL of the remote store)"
-            )
         self.store = Store(local_url, storage_options=storage_options)
         self.remote: Store | None = None  # the remote tier's store
         self._replicator: Replicator | None = None
-        if remote is not None:
-            remote_policy = Policy(
-                keep_last=remote_keep_last,
-                keep_every=remote_keep_every,
-                keep_healthy=keep_healthy,
-                healthy=healthy,
-            )
+        if tier is not None:
             self.remote, self._replicator = open_remote(
-                self.store,
-                (local_url, storage_options),
-                (os.fspath(remote), remote_storage_options),
-                remote_policy,
+                self.store, (local_url, storage_options), tier, keep_healthy, healthy
             )
         self._tiers = Tiers(self.store, self.remote, self._policy.healthy)
         self._options = options or _write.SaveOptions()
@@ -328,9 +299,8 @@ class CheckpointManager:
         )
         self._known.add(step)
         self._last_step = step
-        every = self._replicate_every
-        if self._replicator is not None and (every is None or step % every == 0 or self._preemption.arrived):
-            self._replicator.request(step)  # never waits for the upload
+        if self._replicator is not None:  # a step saved after a SIGTERM is always replicated
+            self._replicator.offer(step, always=self._preemption.arrived)
         self._retain()
 
     def _previous(self) -> str | bool:
@@ -506,17 +476,10 @@ class CheckpointManager:
             StructureMismatchError: The step does not match ``like``.
         """
         self.wait()
-        if step is None and healthy:
-            step = self.latest_step(healthy=True)
-            if step is None:
-                raise CheckpointNotFoundError(
-                    f"no healthy step in {self.store.url}: none is known to hold no NaN/inf "
-                    "(statistics showing none, and accepted by the healthy= check if one is set)"
-                )
         kwargs: dict[str, Any] = {"like": like, "select": select, "cast": cast, "partial": partial}
         if types is not None:
             kwargs["types"] = types
-        return self._tiers.load(step, **kwargs)
+        return self._tiers.load(step, healthy=healthy, **kwargs)
 
 
 # The doctests of the methods: the classes report themselves as treestore.X (or treestore.types.X),

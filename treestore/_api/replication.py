@@ -4,12 +4,14 @@ store, newest first, and applies the remote retention policy after each copy."""
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from typing import Any
 
 from treestore._api.copy import CopyReport
 from treestore._api.copy import copy as _copy
-from treestore._api.retention import Policy, apply_retention, gc_after_retention, step_name
+from treestore._api.manager_options import RemoteTier
+from treestore._api.retention import HealthCheck, Policy, apply_retention, gc_after_retention, step_name
 from treestore._api.store import Store
 from treestore.errors import InvalidInputError, TreestoreError
 
@@ -19,24 +21,30 @@ _log = logging.getLogger("treestore")
 def open_remote(
     local: Store,
     src: tuple[str, dict[str, Any] | None],
-    dst: tuple[str, dict[str, Any] | None],
-    policy: Policy,
+    tier: RemoteTier,
+    keep_healthy: bool,
+    healthy: HealthCheck | None,
 ) -> tuple[Store, Replicator]:
-    """The remote tier of the manager whose local store is ``local`` (opened from ``src``): the
-    store at ``dst`` (URL, fsspec options) and the replicator that copies steps there under the
-    remote retention ``policy``.
+    """The remote tier of the manager whose local store is ``local`` (opened from ``src``, its
+    URL and fsspec options): the store of ``tier`` and the replicator that copies steps there,
+    under the tier's retention and the manager's rule of health.
 
     Raises:
         InvalidInputError: The two stores are one, or one lies inside the other (each tier's
             retention would delete the other's steps).
     """
+    options = None if tier.storage_options is None else dict(tier.storage_options)
+    dst = (os.fspath(tier.url), options)
+    policy = Policy(
+        keep_last=tier.keep_last, keep_every=tier.keep_every, keep_healthy=keep_healthy, healthy=healthy
+    )
     remote = Store(dst[0], storage_options=dst[1])
     if remote.storage.overlaps(local.storage):
         raise InvalidInputError(
             f"local={local.url!r} and remote={remote.url!r} are one store, or one "
             "lies inside the other: each tier's retention would delete the other's steps"
         )
-    return remote, Replicator(src, dst, remote, policy)
+    return remote, Replicator(src, dst, remote, policy, tier.replicate_every_steps)
 
 
 class Replicator:
@@ -52,8 +60,10 @@ class Replicator:
         dst: tuple[str, dict[str, Any] | None],
         remote: Store,
         policy: Policy,
+        every: int | None = None,
     ) -> None:
         self._src, self._dst, self._remote, self._policy = src, dst, remote, policy
+        self._every = every  # replicate only the steps divisible by this
         self._cond = threading.Condition()
         self._wanted: int | None = None  # the step waiting to be copied
         self._running: int | None = None  # the step being copied
@@ -64,6 +74,12 @@ class Replicator:
         self.report: CopyReport | None = None  # of the last replication that committed
         self._thread = threading.Thread(target=self._loop, name="treestore-replicate", daemon=True)
         self._thread.start()
+
+    def offer(self, step: int, *, always: bool = False) -> None:
+        """Replicate committed ``step`` if it is one the tier copies (every step, or the steps
+        divisible by its ``replicate_every_steps``), or ``always``; never waits for the upload."""
+        if always or self._every is None or step % self._every == 0:
+            self.request(step)
 
     def request(self, step: int) -> None:
         with self._cond:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from treestore._api.health import ValueStats
+from treestore._api.manager_options import Retention, check_count
 from treestore._api.store import Store
 from treestore.errors import CheckpointNotFoundError, InvalidInputError, StoreBusyError, TreestoreError
 
@@ -51,14 +52,6 @@ class StepInfo:
     user: Any
 
 
-def check_count(name: str, value: object) -> int | None:
-    if value is None:
-        return None
-    if type(value) is not int or value < 1:
-        raise InvalidInputError(f"{name} must be a positive int or None, got {value!r}")
-    return value
-
-
 def check_step(step: object) -> int:
     if type(step) is not int or step < 0:
         raise InvalidInputError(f"step must be an int >= 0, got {step!r}")
@@ -87,7 +80,8 @@ def check_metrics(metrics: object) -> dict[str, float]:
 
 @dataclass(frozen=True)
 class Policy:
-    """When to save and which steps to keep; validated on construction."""
+    """When to save and which steps to keep (a :class:`Retention`'s rules, and the newest step
+    known healthy with ``keep_healthy``); validated on construction."""
 
     save_every_steps: int | None = None
     save_every_seconds: float | None = None
@@ -107,23 +101,18 @@ class Policy:
                 f"healthy must be a function (StepInfo, stats) -> bool, got {self.healthy!r}"
             )
         check_count("save_every_steps", self.save_every_steps)
-        check_count("keep_last", self.keep_last)
-        check_count("keep_every", self.keep_every)
-        check_count("keep_best", self.keep_best)
         s = self.save_every_seconds
         if s is not None and (
             isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(s) or s <= 0
         ):
             raise InvalidInputError(f"save_every_seconds must be a positive number or None, got {s!r}")
-        if self.keep_best is None and (self.best_metric is not None or self.best_mode is not None):
-            raise InvalidInputError("best_metric and best_mode apply only with keep_best=N")
-        if self.keep_best is not None and not (isinstance(self.best_metric, str) and self.best_metric):
-            raise InvalidInputError(
-                f"keep_best={self.keep_best} needs best_metric, the name of a metric passed to "
-                f"save(), got {self.best_metric!r}"
-            )
-        if self.best_mode not in (None, "min", "max"):
-            raise InvalidInputError(f"best_mode must be 'min' or 'max', got {self.best_mode!r}")
+        Retention(  # the rules' own checks
+            keep_last=self.keep_last,
+            keep_every=self.keep_every,
+            keep_best=self.keep_best,
+            best_metric=self.best_metric,
+            best_mode=self.best_mode,
+        )
 
     def due(self, step: int, elapsed: float) -> bool:
         """Whether the interval asks for a save at ``step``, ``elapsed`` s after the last save."""

@@ -71,9 +71,17 @@ class Tiers:
             )
         return tiers[step]
 
-    def load(self, step: int | None, **kwargs: Any) -> Any:
-        """The tree of ``step`` (as :meth:`Store.load` with ``kwargs``), from the remote tier when
-        the local copy is damaged and the remote has the step."""
+    def load(self, step: int | None, *, healthy: bool = False, **kwargs: Any) -> Any:
+        """The tree of ``step`` (default: the newest; with ``healthy``, the newest healthy one), as
+        :meth:`Store.load` with ``kwargs`` loads it, from the remote tier when the local copy is
+        damaged and the remote has the step."""
+        if step is None and healthy:
+            step = self.latest(healthy=True)
+            if step is None:
+                raise CheckpointNotFoundError(
+                    f"no healthy step in {self.local.url}: none is known to hold no NaN/inf "
+                    "(statistics showing none, and accepted by the healthy= check if one is set)"
+                )
         info, store = self.find(step)
         try:
             return store.load(info.name, **kwargs)
