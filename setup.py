@@ -1,6 +1,7 @@
-"""treestore's one compiled part: the byte planes of chunk objects (treestore/_format/_planes.c).
+"""treestore's one compiled part (treestore/_format/_planes.c): the byte planes of chunk objects and the
+one-pass statistics of float32 and bfloat16 chunks.
 Everything else about the package is in pyproject.toml. Where no C compiler is found the build
-goes on without it, and numpy does the same work, more slowly (treestore/_format/codecs.py)."""
+goes on without it, and numpy does the same work, more slowly (treestore/_format/planes.py, stats.py)."""
 
 import sys
 

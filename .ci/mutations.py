@@ -567,6 +567,17 @@ MUTATIONS: list[Mutation] = [
         ["tests/test_health_retention.py::test_a_complex_leaf_holding_nan_is_never_healthy"],
         "a NaN in a complex leaf leaves health unknown, and retention may drop the good step",
     ),
+    m(
+        "compiled statistics trust a sum over NaN",
+        "treestore/_format/stats.py",
+        "        if math.isfinite(total):\n",
+        "        if True:\n",
+        [
+            "tests/test_stats.py::test_a_chunk_of_several_spans_is_measured_exactly",
+            "tests/test_stats.py::test_the_compiled_and_the_numpy_statistics_are_the_same_record",
+        ],
+        "a float32 chunk holding NaN is recorded as finite: healthy, and retention keeps the wrong step",
+    ),
 ]
 
 PROBE = """\

@@ -221,7 +221,11 @@ def test_compiled_planes_that_differ_from_numpy_are_not_used(monkeypatch):
 
     monkeypatch.setattr(planes, "same_as_numpy", lambda *fns: False)
     assert planes.compiled() is None
+    monkeypatch.undo()
+    from treestore import _format
+
     monkeypatch.setitem(sys.modules, "treestore._format._planes", None)  # not built
+    monkeypatch.delattr(_format, "_planes")
     assert planes.compiled() is None
     with pytest.raises(ValueError, match="whole number of elements"):
         _planes.split(np.zeros(7, np.uint8), np.zeros(7, np.uint8), 2)

@@ -529,3 +529,84 @@ def test_health_names_a_damaged_manifest_and_reports_the_rest(tmp_path):
     healthy.delete("step-3")
     healthy.delete("step-4")
     assert run_cli("health", url).exit_code == 1  # a damaged checkpoint alone is reason enough
+
+
+def test_the_install_measures_float32_and_bfloat16_with_its_compiled_pass():
+    """The README's install builds the one-pass statistics (``_planes.c``): the path the
+    benchmarks measure is the one ``pip install`` gives."""
+    from treestore._format import stats
+
+    assert stats._PASS is not None, "treestore/_format/_planes.c was not built: numpy measures floats"
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("size", [1, 7, 8, 9, 17, 4099])
+@pytest.mark.parametrize("case", ["normal", "zeros", "extremes", "nan", "inf", "all-nan"])
+def test_the_compiled_and_the_numpy_statistics_are_the_same_record(monkeypatch, dtype, size, case):
+    """Records do not depend on whether the compiled part was built: minima, maxima and counts are
+    equal, sums of squares equal to float64 rounding, for every tail length of the eight-element
+    steps, signed zeros, subnormals and the largest finite values, NaN and infinities anywhere."""
+    from treestore._format import stats
+
+    if stats._PASS is None:
+        pytest.skip("no compiled part in this install: only the numpy path exists")
+    np_dtype = np.dtype(getattr(ml_dtypes, dtype, dtype))
+    x = (np.random.default_rng(size).standard_normal(size) * 2).astype(np_dtype)
+    if case == "zeros":
+        x[:] = 0
+        x[::2] = -0.0
+    elif case == "extremes":
+        info = ml_dtypes.finfo(np_dtype)
+        x[0], x[-1] = info.max, -info.max
+        x[size // 2] = info.smallest_subnormal
+    elif case == "nan":
+        x[size - 1] = np.nan
+    elif case == "inf":
+        x[0], x[size // 2] = np.inf, -np.inf
+    elif case == "all-nan":
+        x[:] = np.nan
+    fast = stats.measure(x)
+    monkeypatch.setattr(stats, "_PASS", None)
+    slow = stats.measure(x)
+    assert fast[:6] == slow[:6]
+    assert fast[6] == pytest.approx(slow[6], rel=1e-12, abs=1e-300)
+    assert fast == (*reference_record(x)[:6], fast[6])
+
+
+def reference_record(x):
+    """(kind, nan, posinf, neginf, min, max) of float ``x`` by plain numpy in float64."""
+    from treestore._format.stats import FLOAT
+
+    w = x.astype(np.float64)
+    finite = w[np.isfinite(w)]
+    lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (math.inf, -math.inf)
+    return (FLOAT, int(np.isnan(w).sum()), int((w == np.inf).sum()), int((w == -np.inf).sum()), lo, hi)
+
+
+def test_a_compiled_pass_that_differs_from_numpy_is_not_used(monkeypatch):
+    """The compiled pass is checked against numpy at import: one that gives another minimum, a
+    sum off by more than rounding, or a finite sum over a NaN or an infinity (a miscompiled
+    build, say) is left for numpy's passes, as is an install where it was not built."""
+    import sys
+
+    from treestore._format import stats
+
+    fn = stats._PASS or pytest.skip("no compiled part in this install")
+    assert stats.same_as_numpy(fn)
+    assert not stats.same_as_numpy(lambda x, w: (fn(x, w)[0] - 1, *fn(x, w)[1:]))
+    assert not stats.same_as_numpy(lambda x, w: (*fn(x, w)[:2], fn(x, w)[2] * (1 + 1e-9)))
+    assert not stats.same_as_numpy(lambda x, w: (*fn(x, w)[:2], 1.0))
+    monkeypatch.setattr(stats, "same_as_numpy", lambda fn: False)
+    assert stats.compiled_pass() is None
+    monkeypatch.undo()
+    from treestore import _format
+    from treestore._format import _planes
+
+    monkeypatch.setitem(sys.modules, "treestore._format._planes", None)  # not built
+    monkeypatch.delattr(_format, "_planes")
+    assert stats.compiled_pass() is None
+
+    with pytest.raises(ValueError, match=r"float32 \(4\) or bfloat16 \(2\)"):
+        _planes.float_stats(np.zeros(6, np.uint8), 4)
+    with pytest.raises(ValueError, match=r"float32 \(4\) or bfloat16 \(2\)"):
+        _planes.float_stats(np.zeros(8, np.uint8), 8)
