@@ -610,3 +610,25 @@ def test_a_compiled_pass_that_differs_from_numpy_is_not_used(monkeypatch):
         _planes.float_stats(np.zeros(6, np.uint8), 4)
     with pytest.raises(ValueError, match=r"float32 \(4\) or bfloat16 \(2\)"):
         _planes.float_stats(np.zeros(8, np.uint8), 8)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_save_measures_each_float_chunk_in_one_compiled_pass(monkeypatch, tmp_path, dtype):
+    """A regression counter, not a timing: a save of a float32 or bfloat16 leaf of several chunks
+    makes one compiled pass per chunk and none of numpy's (its float64 sums of squares), and the
+    leaf's record is the numpy reference's."""
+    from treestore._format import stats
+
+    fn = stats._PASS or pytest.skip("no compiled part in this install")
+    passes, sums = [], []
+    monkeypatch.setattr(stats, "_PASS", lambda x, w: passes.append(x.nbytes) or fn(x, w))
+    monkeypatch.setattr(stats, "_sumsq", lambda x: sums.append(x.size) or 0.0)
+    np_dtype = getattr(ml_dtypes, dtype, dtype)
+    x = (np.random.default_rng(3).standard_normal(5 * 2**16 + 3) * 0.5).astype(np_dtype)
+    options = SaveOptions(chunk_size=2**17)
+    treestore.save(str(tmp_path / "s"), {"w": x}, "c", options=options)
+    assert len(passes) == -(-x.nbytes // 2**17) and sum(passes) == x.nbytes and not sums
+    record = treestore.open(f"{tmp_path / 's'}#c").stats()["w"]
+    w = x.astype(np.float64)
+    assert (record.nan, record.min, record.max) == (0, w.min(), w.max())
+    assert record.l2 == pytest.approx(math.sqrt(float(np.dot(w, w))), rel=1e-12)
