@@ -90,11 +90,11 @@ done:
 /* The smallest and largest element and the sum of the squares, in double, of n float32 elements
    (bfloat16: the top halves of float32s). A NaN or an infinity makes the sum NaN or inf, which
    sends the caller to the path that counts them. On x86-64, SSE2 (every such processor has it):
-   four lanes of minima and maxima and eight of sums, added at the end; elsewhere one lane. */
+   four lanes of minima and maxima and eight of sums, added at the end. Elsewhere the module has
+   no float_stats (one lane is slower than numpy's passes). */
 #if defined(__SSE2__) || defined(_M_X64)
 #include <emmintrin.h>
 #define SSE2 1
-#endif
 
 static inline float from_bf16(uint16_t b) {
     union { uint32_t u; float f; } v;
@@ -112,7 +112,6 @@ static void stats_tail(const void *p, int bf16, Py_ssize_t i, Py_ssize_t n, floa
     }
 }
 
-#ifdef SSE2
 static inline void stats_four(__m128 x, __m128 *lo, __m128 *hi, __m128d *s) {
     *lo = _mm_min_ps(x, *lo); /* x < lo ? x : lo: a NaN x leaves lo (and poisons the sum) */
     *hi = _mm_max_ps(x, *hi);
@@ -120,14 +119,12 @@ static inline void stats_four(__m128 x, __m128 *lo, __m128 *hi, __m128d *s) {
     s[0] = _mm_add_pd(s[0], _mm_mul_pd(a, a));
     s[1] = _mm_add_pd(s[1], _mm_mul_pd(b, b));
 }
-#endif
 
 static void float_pass(const void *p, int bf16, Py_ssize_t n, float *lo_out, float *hi_out,
                        double *sum_out) {
     float lo = INFINITY, hi = -INFINITY;
     double sum = 0.0;
     Py_ssize_t i = 0;
-#ifdef SSE2
     __m128 vlo = _mm_set1_ps(INFINITY), vhi = _mm_set1_ps(-INFINITY);
     __m128d s[4] = {_mm_setzero_pd(), _mm_setzero_pd(), _mm_setzero_pd(), _mm_setzero_pd()};
     const __m128i zero = _mm_setzero_si128();
@@ -154,7 +151,6 @@ static void float_pass(const void *p, int bf16, Py_ssize_t n, float *lo_out, flo
         hi = h[j] > hi ? h[j] : hi;
     }
     sum = t[0] + t[1];
-#endif
     stats_tail(p, bf16, i, n, &lo, &hi, &sum);
     *lo_out = lo, *hi_out = hi, *sum_out = sum;
 }
@@ -176,6 +172,7 @@ static PyObject *float_stats(PyObject *self, PyObject *args) {
     PyBuffer_Release(&src);
     return Py_BuildValue("ddd", (double)lo, (double)hi, sum);
 }
+#endif /* SSE2 */
 
 static PyObject *split(PyObject *self, PyObject *args) { return run(args, 0); }
 static PyObject *join(PyObject *self, PyObject *args) { return run(args, 1); }
@@ -183,8 +180,10 @@ static PyObject *join(PyObject *self, PyObject *args) { return run(args, 1); }
 static PyMethodDef methods[] = {
     {"split", split, METH_VARARGS, "split(src, dst, width): the byte planes of src into dst."},
     {"join", join, METH_VARARGS, "join(src, dst, width): byte planes src joined into dst."},
+#ifdef SSE2 /* elsewhere one lane is slower than numpy's passes: the module has no float_stats */
     {"float_stats", float_stats, METH_VARARGS,
      "float_stats(src, width): (min, max, sum of squares) of float32 (4) or bfloat16 (2) elements."},
+#endif
     {NULL, NULL, 0, NULL},
 };
 

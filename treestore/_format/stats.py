@@ -177,13 +177,14 @@ _PASS_WIDTHS = {"float32": 4, "bfloat16": 2}  # dtypes the compiled pass measure
 
 def compiled_pass() -> _PassFn | None:
     """The compiled one-pass statistics of float32 and bfloat16 elements (``_planes.c``'s
-    ``float_stats(src, width) -> (min, max, sum of squares)``, built at install); None where it was
-    not built or fails :func:`same_as_numpy` (numpy's passes then)."""
+    ``float_stats(src, width) -> (min, max, sum of squares)``, built at install on x86-64); None
+    where it was not built or fails :func:`same_as_numpy` (numpy's passes then)."""
     try:
         from treestore._format import _planes
     except ImportError:
         return None
-    return _planes.float_stats if same_as_numpy(_planes.float_stats) else None
+    fn = getattr(_planes, "float_stats", None)  # built only where SSE2 runs it faster than numpy
+    return fn if fn is not None and same_as_numpy(fn) else None
 
 
 def same_as_numpy(fn: _PassFn) -> bool:
