@@ -1,0 +1,143 @@
+"""Paths taken when something is wrong but work can go on, and refusals of what cannot: a step
+damaged locally restored from the remote tier, a remote tier that cannot be listed, and a remote
+import source that is not what an import reads."""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+
+import fsspec
+import pytest
+
+import treestore
+from treestore._api import hf_shards
+from treestore._api.retention import step_name
+
+from .support import hostile
+from .support.faults import FaultyMemoryFileSystem
+from .support.helpers import assert_tree_equal
+from .test_two_tier import tree
+
+
+# --- two tiers -----------------------------------------------------------------------------------
+def _damage_local(local: str, step: int) -> None:
+    """Flip a byte of every chunk of ``step`` in the local tier (its manifest intact)."""
+    for paths in hostile.chunk_paths(local, step_name(step)).values():
+        for path in paths:
+            hostile.flip_byte(local, path, 100)
+
+
+def test_a_step_damaged_locally_is_restored_from_the_remote_tier(tmp_path, caplog):
+    local, remote = str(tmp_path / "local"), str(tmp_path / "remote")
+    with treestore.CheckpointManager(local=local, remote=remote) as m:
+        m.save(0, tree(0))
+        m.wait()
+    _damage_local(local, 0)
+    with pytest.raises(treestore.DamagedError):
+        treestore.Store(local).load(step_name(0))
+    with (
+        treestore.CheckpointManager(local=local, remote=remote) as m,
+        caplog.at_level(logging.WARNING, "treestore"),
+    ):
+        assert_tree_equal(m.restore(step=0), tree(0))
+    warned = [r.getMessage() for r in caplog.records if "damaged locally" in r.getMessage()]
+    assert len(warned) == 1 and step_name(0) in warned[0] and remote in warned[0], warned
+
+
+def test_a_step_damaged_locally_that_the_remote_lacks_is_an_error(tmp_path):
+    """The remote tier has other steps but not this one: the local damage is the answer."""
+    local, remote = str(tmp_path / "local"), str(tmp_path / "remote")
+    with treestore.CheckpointManager(local=local, remote=remote, replicate_every_steps=2) as m:
+        m.save(0, tree(0))
+        m.save(1, tree(1))  # not replicated
+        m.wait()
+    assert treestore.CheckpointManager(remote).steps() == [0]
+    _damage_local(local, 1)
+    with treestore.CheckpointManager(local=local, remote=remote) as m:
+        with pytest.raises(treestore.DamagedError) as caught:
+            m.restore(step=1)
+        assert caught.value.checkpoint == step_name(1)
+        assert_tree_equal(m.restore(step=0), tree(0))  # the local copy of step 0 is sound
+
+
+def test_a_damaged_step_of_a_single_tier_is_an_error(tmp_path):
+    local = str(tmp_path / "local")
+    with treestore.CheckpointManager(local) as m:
+        m.save(0, tree(0))
+        m.wait()
+    _damage_local(local, 0)
+    with treestore.CheckpointManager(local) as m, pytest.raises(treestore.DamagedError):
+        m.restore(step=0)
+
+
+def test_a_remote_tier_that_cannot_be_listed_leaves_the_local_steps(tmp_path, faultmem, caplog):
+    local = str(tmp_path / "local")
+    with treestore.CheckpointManager(local=local, remote=faultmem) as m:
+        m.save(3, tree(3))
+        m.wait()
+    assert treestore.CheckpointManager(faultmem).steps() == [3]
+    FaultyMemoryFileSystem.unlistable = {FaultyMemoryFileSystem._strip_protocol(faultmem) + "/checkpoints"}
+    treestore.Store(local).delete(step_name(3))
+    with treestore.CheckpointManager(local) as alone:
+        alone.save(5, tree(5))
+    with (
+        treestore.CheckpointManager(local=local, remote=faultmem) as m,
+        caplog.at_level(logging.WARNING, "treestore"),
+    ):
+        assert m.steps() == [5]  # the remote's step 3 is out of sight
+        assert_tree_equal(m.restore(), tree(5))
+    warned = [r.getMessage() for r in caplog.records if "listing the remote tier failed" in r.getMessage()]
+    assert warned and "using the local tier only" in warned[0], warned
+
+
+# --- what a remote import refuses --------------------------------------------------------------
+def _memory_folder(files: dict[str, bytes]) -> str:
+    """A memory:// folder holding ``files`` (name -> bytes); its URL."""
+    fs = fsspec.filesystem("memory")
+    root = f"/remote-import-{uuid.uuid4().hex}"
+    for name, data in files.items():
+        fs.pipe_file(f"{root}/{name}", data)
+    return f"memory://{root}"
+
+
+def _no_store(url: str) -> None:
+    assert treestore.Store(url).list() == []
+
+
+def test_a_remote_folder_without_one_index_is_refused():
+    dst = f"memory://treestore-tests/{uuid.uuid4().hex}"
+    folder = _memory_folder({"a.safetensors": b"x", "notes.txt": b"y"})
+    with pytest.raises(treestore.InvalidInputError) as caught:
+        treestore.import_file(folder, dst)
+    assert str(caught.value).startswith(f"{folder} holds 0 safetensors indexes; only a file or a folder")
+    _no_store(dst)
+
+
+def test_a_remote_index_over_its_cap_is_not_copied(monkeypatch):
+    monkeypatch.setattr(hf_shards, "INDEX_BYTES", 100)
+    index = json.dumps({"weight_map": {f"t{i}": "model-1.safetensors" for i in range(20)}}).encode()
+    folder = _memory_folder({"model.safetensors.index.json": index})
+    dst = f"memory://treestore-tests/{uuid.uuid4().hex}"
+    with pytest.raises(treestore.InvalidInputError) as caught:
+        treestore.import_file(f"{folder}/model.safetensors.index.json", dst)
+    assert f"{len(index):,} bytes, more than the 100 read of such a file" in str(caught.value)
+    _no_store(dst)
+
+
+def test_a_remote_shard_that_is_a_folder_is_refused():
+    index = json.dumps({"weight_map": {"w": "model-1.safetensors"}}).encode()
+    folder = _memory_folder({"model.safetensors.index.json": index, "model-1.safetensors/inner": b"z"})
+    dst = f"memory://treestore-tests/{uuid.uuid4().hex}"
+    with pytest.raises(treestore.InvalidInputError) as caught:
+        treestore.import_file(folder, dst)
+    assert str(caught.value).endswith("model-1.safetensors: expected a file, found a directory")
+    _no_store(dst)
+
+
+def test_a_url_of_no_known_filesystem_is_refused():
+    with pytest.raises(
+        treestore.InvalidInputError, match=r"^no filesystem for 'nosuchfs://a/b.safetensors': "
+    ):
+        treestore.import_file("nosuchfs://a/b.safetensors", f"memory://treestore-tests/{uuid.uuid4().hex}")
