@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
+import time
 import uuid
 
 import fsspec
+import numpy as np
 import pytest
 
 import treestore
@@ -141,3 +144,30 @@ def test_a_url_of_no_known_filesystem_is_refused():
         treestore.InvalidInputError, match=r"^no filesystem for 'nosuchfs://a/b.safetensors': "
     ):
         treestore.import_file("nosuchfs://a/b.safetensors", f"memory://treestore-tests/{uuid.uuid4().hex}")
+
+
+# --- watch -----------------------------------------------------------------------------------------
+def test_a_watch_whose_listing_fails_retries_at_the_next_poll(faultmem, caplog):
+    """A listing that fails (a network blip) ends no watch: it is logged and retried; an object
+    under checkpoints/ that is no commit record (a writer's temporary) is passed over."""
+    treestore.save(faultmem, {"w": np.ones(2)}, "a")
+    root = FaultyMemoryFileSystem._strip_protocol(faultmem)
+    FaultyMemoryFileSystem().pipe_file(f"{root}/checkpoints/.tmp-{uuid.uuid4().hex}", b"half a record")
+    FaultyMemoryFileSystem.unlistable = {f"{root}/checkpoints"}
+    seen: list[str] = []
+
+    def heal() -> None:
+        while not any("listing failed, retrying" in r.getMessage() for r in caplog.records):
+            time.sleep(0.01)
+        FaultyMemoryFileSystem.unlistable = set()
+
+    with caplog.at_level(logging.WARNING, "treestore"):
+        healer = threading.Thread(target=heal, daemon=True)
+        healer.start()
+        for ckpt in treestore.watch(faultmem, timeout=10, min_poll=0.02, max_poll=0.05):
+            seen.append(ckpt.name)
+            break
+        healer.join(10)
+    assert seen == ["a"]
+    warned = [r.getMessage() for r in caplog.records if "listing failed, retrying" in r.getMessage()]
+    assert warned and "injected fault: cannot list" in warned[0], warned
