@@ -4,6 +4,7 @@ addresses, and the names and keys of imported files."""
 
 from __future__ import annotations
 
+import collections
 import logging
 import uuid
 from pathlib import Path
@@ -16,6 +17,8 @@ import treestore
 from treestore._api.retention import step_name
 
 from .support import hostile
+
+Pair = collections.namedtuple("Pair", "a b")
 
 
 def memory() -> str:
@@ -187,3 +190,39 @@ def test_metadata_that_is_not_a_dict_is_kept_as_the_user_s(tmp_path):
     treestore.import_file(file, f"{url}#w", metadata=["a", 1])
     meta = treestore.open(url, "w").metadata
     assert meta["user"] == ["a", 1] and meta["source"]["format"] == "safetensors", meta
+
+
+def _tree_store() -> treestore.Store:
+    store = treestore.Store(memory())
+    store.save(
+        {"l": [np.ones(1), np.ones(2)], "p": Pair(np.ones(1), np.zeros(1)), "d": {"x": np.ones(1)}}, "b"
+    )
+    return store
+
+
+@pytest.mark.parametrize(
+    ("address", "rule"),
+    [
+        ("l/5", "a list grows only at its end (index 2) (l is a list)"),
+        ("p/7", "a namedtuple node takes no index keys (p is a namedtuple)"),
+        ("d/.a", "a dict takes only dict keys (no '.attr', '#i' or index segments) (d is a dict)"),
+    ],
+)
+def test_derive_adds_only_the_keys_a_node_can_take(address, rule):
+    store = _tree_store()
+    with pytest.raises(treestore.InvalidInputError) as caught:
+        store.derive("b", "n", set={address: np.ones(3)})
+    assert str(caught.value) == f"set {address!r}: cannot add {address!r} to checkpoint 'b': {rule}"
+    assert caught.value.address == address
+    assert [c.name for c in store.list()] == ["b"]
+
+
+def test_derive_grows_a_list_at_its_end_and_replaces_the_root():
+    store = _tree_store()
+    store.derive("b", "longer", set={"l/2": np.full(3, 7.0)})
+    assert [np.asarray(x).tolist() for x in store.load("longer")["l"]] == [[1.0], [1.0, 1.0], [7.0, 7.0, 7.0]]
+    store.derive("b", "other", set={"": {"z": np.arange(2)}})
+    assert list(store.load("other")) == ["z"] and np.array_equal(store.load("other")["z"], np.arange(2))
+    store.derive("b", "moved", rename={"d/x": "q/r/s"})
+    back = store.load("moved")
+    assert "d" not in back and np.array_equal(back["q"]["r"]["s"], np.ones(1))
