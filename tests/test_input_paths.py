@@ -69,6 +69,12 @@ def test_a_lazy_leaf_refuses_too_many_indices(leaves):
             leaves["v"][index]
 
 
+def test_a_lazy_leaf_s_region_takes_unit_step_slices(leaves):
+    assert np.array_equal(leaves["m"].region((slice(1, 2), slice(0, 2))), M[1:2, 0:2])
+    with pytest.raises(treestore.errors.OutOfBoundsError, match=r"^m: regions are unit-step slices, got "):
+        leaves["m"].region((slice(0, 2, 2),))
+
+
 def test_a_lazy_leaf_s_size_and_length(leaves):
     assert (leaves["v"].size, leaves["m"].size, leaves["z"].size) == (5, 6, 1)
     assert (len(leaves["v"]), len(leaves["m"])) == (5, 2)
@@ -146,10 +152,18 @@ def test_a_step_whose_manifest_is_damaged_has_an_unknown_health(tmp_path, caplog
         ({"set": [("a", 1)]}, r"^set must be a dict of address -> \.\.\., got list$"),
         ({"set": {7: np.ones(2)}}, r"an address is a str, got int$"),
         ({"set": {"a/[": np.ones(2)}}, r"'a/\[' is not an address: "),
+        ({"set": {'"a"b"': np.ones(2)}}, r"""'"a"b"' is not an address: unescaped '"' in address segment"""),
         ({"rename": {"": "x"}}, r"^rename moves subtrees: the root \(''\) can be neither source nor target$"),
         ({"rename": {"a": ""}}, r"^rename moves subtrees: the root \(''\) can be neither source nor target$"),
     ],
-    ids=["set-not-a-dict", "address-not-str", "not-an-address", "rename-root", "rename-to-root"],
+    ids=[
+        "set-not-a-dict",
+        "address-not-str",
+        "not-an-address",
+        "unescaped-quote",
+        "rename-root",
+        "rename-to-root",
+    ],
 )
 def test_derive_refuses_bad_addresses(tmp_path, kwargs, message):
     store = treestore.Store(str(tmp_path / "s"))
