@@ -8,6 +8,8 @@ from __future__ import annotations
 import collections
 import http.server
 import os
+import subprocess
+import sys
 import tempfile
 import threading
 import uuid
@@ -245,3 +247,58 @@ def test_a_node_table_with_a_segment_that_is_not_str_is_refused(tmp_path):
     hostile_segments: Any = (*nodes.segments[:-1], 7)
     with pytest.raises(Bad, match=f"^segment {len(nodes.segments) - 1} should be str, found int$"):
         check_nodes(hostile_segments, nodes.table, nodes.names, nodes.leaves, 2)
+
+
+# --- a process out of file descriptors -------------------------------------------------------------
+OUT_OF_FILES = r"""
+import os, resource, sys
+from pathlib import Path
+from treestore._api import hf_shards, orbax_folders
+from treestore.errors import TreestoreError
+
+folder, shard = Path(sys.argv[1]), Path(sys.argv[2])
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+held = []
+try:
+    while True:  # every descriptor taken: a stat still answers, an open does not
+        held.append(os.open(os.devnull, os.O_RDONLY))
+except OSError:
+    pass
+said = []
+for check in (lambda: orbax_folders.check_orbax_files(folder), lambda: hf_shards._map(shard)):
+    try:
+        check()
+        said.append("no error")
+    except TreestoreError as exc:
+        said.append(f"{type(exc).__name__}: {exc}")
+for fd in held:
+    os.close(fd)
+resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+print("\n".join(said))
+"""
+
+
+def test_a_process_out_of_file_descriptors_refuses_what_it_cannot_open(tmp_path):
+    """A folder that stats as a folder but cannot be listed, and a shard that cannot be mapped
+    (here: the process has no file descriptor left), are refused naming the path and why."""
+    folder = tmp_path / "orbax" / "item"
+    folder.mkdir(parents=True)
+    (folder / "_METADATA").write_text("{}")
+    shard = tmp_path / "model-00001-of-00001.safetensors"
+    shard.write_bytes(bytes(16))
+    env = dict(os.environ)
+    here = str(Path(treestore.__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH")) if p)
+    done = subprocess.run(
+        [sys.executable, "-c", OUT_OF_FILES, str(folder), str(shard)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        f"UnsupportedFormatError: {folder}: cannot list it: Too many open files",
+        f"StorageError: cannot map {shard}: [Errno 24] Too many open files: '{shard}'",
+    ], done.stdout
