@@ -98,3 +98,28 @@ def test_timeline_html_does_not_go_with_norms(tmp_path):
     assert r.exit_code == 2, r.output
     assert "--html draws changes; it does not go with --norms" in r.output
     assert not page.exists()
+
+
+def test_an_error_of_several_lines_keeps_one_problem_a_line(tmp_path):
+    url = str(tmp_path / "store")
+    treestore.save(url, {"x": {True: np.ones(2), 3: np.ones(1)}, "s": "text"}, "c")
+    r = run("export", f"{url}#c", str(tmp_path / "w.safetensors"))
+    assert r.exit_code == 2, r.output  # the input is refused: a usage error
+    lines = r.stderr.splitlines()
+    assert lines[0] == "treestore: error: cannot export 2 leaves:", lines
+    assert lines[1:] == [
+        "  s: a Python str is not an array; this format holds arrays only",
+        "  x/{true}: a key of this path cannot be a key name (bool or index key)",
+    ], lines
+    assert not (tmp_path / "w.safetensors").exists()
+
+
+def test_nothing_after_a_double_dash_is_a_global_option(tmp_path):
+    """``--`` ends the options: what follows is an argument even where it looks like -q."""
+    url = saved(tmp_path)
+    quiet = run("ls", url, "-q")
+    assert quiet.exit_code == 0
+    r = run("ls", "--", url)
+    assert r.exit_code == 0 and "base" in r.output, r.output
+    odd = run("ls", "--", "-q")
+    assert odd.exit_code == 2 and "no treestore store" in odd.stderr, odd.output
