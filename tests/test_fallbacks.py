@@ -11,6 +11,7 @@ import time
 import uuid
 
 import fsspec
+import msgpack
 import numpy as np
 import pytest
 
@@ -171,3 +172,24 @@ def test_a_watch_whose_listing_fails_retries_at_the_next_poll(faultmem, caplog):
     assert seen == ["a"]
     warned = [r.getMessage() for r in caplog.records if "listing failed, retrying" in r.getMessage()]
     assert warned and "injected fault: cannot list" in warned[0], warned
+
+
+# --- locks of processes that cannot be asked about -----------------------------------------------
+def test_a_save_lock_of_a_pid_no_system_call_takes_counts_as_live(tmp_path):
+    """A lock of this host whose pid no signal can be sent to (beyond the system's range) may be
+    a live writer's: gc defers to it, naming it, until it is older than the stale limit."""
+    import socket
+
+    url = str(tmp_path / "store")
+    treestore.save(url, {"x": np.zeros(3)}, "init")
+    lock = tmp_path / "store" / "locks" / f"save-{uuid.uuid4().hex}"
+    record = {"kind": "save", "created": time.time(), "host": socket.gethostname(), "pid": 2**63 - 1}
+    lock.write_bytes(msgpack.packb(record))
+    with pytest.raises(treestore.errors.StoreBusyError) as caught:
+        treestore.Store(url).gc(grace=0, wait=0)
+    assert f"1 save(s) in flight; gc deferred (locks: locks/{lock.name};" in str(caught.value)
+    assert lock.exists()
+    time.sleep(0.6)
+    report = treestore.Store(url).gc(grace=0, wait=0, stale_after=0.5)
+    assert report.locks_removed == 1 and not lock.exists()
+    assert np.array_equal(treestore.load(url, "init")["x"], np.zeros(3))
