@@ -123,3 +123,15 @@ def test_nothing_after_a_double_dash_is_a_global_option(tmp_path):
     assert r.exit_code == 0 and "base" in r.output, r.output
     odd = run("ls", "--", "-q")
     assert odd.exit_code == 2 and "no treestore store" in odd.stderr, odd.output
+
+
+def test_health_patterns_that_match_nothing_in_a_checkpoint_are_passed_over(tmp_path):
+    url = str(tmp_path / "store")
+    treestore.save(url, {"a": np.array([1.0, np.nan]), "c": np.ones(2)}, "bad")
+    named = run("health", url, "zzz", "a", "--json")
+    assert named.exit_code == 1, named.output
+    out = json.loads(named.output)
+    assert out["first_nonfinite"] == {"a": "bad"} and out["checkpoints"][0]["nonfinite"] == ["a"], out
+    other = run("health", url, "zzz", "c", "--json")
+    assert other.exit_code == 0, other.output  # the NaN is in a leaf the patterns leave out
+    assert json.loads(other.output)["checkpoints"][0]["healthy"] is True
