@@ -240,3 +240,19 @@ def test_derive_grows_a_list_at_its_end_and_replaces_the_root():
     store.derive("b", "moved", rename={"d/x": "q/r/s"})
     back = store.load("moved")
     assert "d" not in back and np.array_equal(back["q"]["r"]["s"], np.ones(1))
+
+
+# --- views: a checkpoint's repr, statistics of extreme scalars, a diff's rows ---------------------
+def test_views_of_a_checkpoint_and_a_diff():
+    url = memory()
+    treestore.save(url, {"big": 10**400, "w": np.array([3.0, 4.0, np.nan]), "e": np.array([np.inf])}, "c")
+    treestore.save(url, {"big": 10**400, "w": np.array([3.0, 5.0, np.nan]), "e": np.array([np.inf])}, "d")
+    ckpt = treestore.open(url, "c")
+    assert repr(ckpt) == f"Checkpoint({ckpt.url!r}, 'c', leaves=3)"
+    stats = ckpt.stats()
+    assert stats["big"].l2 == float("inf") and stats["big"].max == 10**400  # beyond a float: inf
+    assert stats["w"].rms == pytest.approx(5 / 2**0.5) and stats["e"].rms is None  # no finite element
+    d = treestore.diff(f"{url}#c", f"{url}#d")
+    rows = d.leaves
+    assert [r.address for r in rows[0:2]] == ["big", "e"] and [r.address for r in rows[::2]] == ["big", "w"]
+    assert [(r.address, r.status) for r in rows[-1:]] == [("w", "changed")]
