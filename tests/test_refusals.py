@@ -17,9 +17,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import fsspec
 import msgpack
 import numpy as np
 import pytest
+import safetensors.numpy
 
 import treestore
 from treestore._engine.committed import read_commit_record, read_manifest_bytes
@@ -84,6 +86,61 @@ def test_an_import_whose_fetch_fails_is_a_storage_error(files_server, tmp_path):
     assert "File name too long" in message, message
     assert not Path(dst).exists() or treestore.Store(dst).list() == []
     assert set(Path(tempfile.gettempdir()).glob("treestore-import-*")) == before
+
+
+class _Truncating(_Files):
+    """Promises 64 bytes (HEAD and GET) and sends 10 before closing the connection: a server or
+    proxy that fails mid-body."""
+
+    def do_GET(self) -> None:
+        self._head()
+        self.wfile.write(bytes(10))
+        self.wfile.flush()
+        self.close_connection = True
+
+
+@pytest.fixture
+def truncating_server() -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Truncating)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+def test_an_import_whose_source_stops_mid_body_is_a_storage_error(truncating_server, tmp_path):
+    """The HTTP client's own error for a body cut short (aiohttp's ClientPayloadError, no
+    OSError) is a StorageError naming the URL; it escaped as the client's error."""
+    url = f"{truncating_server}/w.safetensors"
+    dst = str(tmp_path / "store")
+    with pytest.raises(treestore.StorageError) as caught:
+        treestore.import_file(url, f"{dst}#w")
+    message = str(caught.value)
+    assert message.startswith(f"reading {url} failed: "), message
+    assert "payload" in message.lower() or "content length" in message.lower(), message
+    assert not Path(dst).exists() or treestore.Store(dst).list() == []
+
+
+def test_an_import_from_a_url_keeps_the_destination_s_refusal(tmp_path):
+    """The source was read; the destination already holds the checkpoint: the error is the
+    destination's CheckpointExistsError, as from a local file (it was a StorageError saying
+    reading the source had failed), and the checkpoint there is left as it was."""
+    fs = fsspec.filesystem("memory")
+    src = f"/remote-src-{uuid.uuid4().hex}/w.safetensors"
+    with fs.open(src, "wb") as f:
+        f.write(safetensors.numpy.save({"x": np.ones(2, np.float32)}))
+    dst = str(tmp_path / "store")
+    treestore.save(dst, {"old": np.zeros(3)}, "w")
+    with pytest.raises(treestore.errors.CheckpointExistsError) as caught:
+        treestore.import_file(f"memory://{src}", f"{dst}#w")
+    message = str(caught.value)
+    assert message.startswith("checkpoint 'w' already exists in "), message
+    assert "memory://" not in message, message
+    assert list(treestore.load(dst, "w")) == ["old"]
 
 
 # --- a part that changes under a copy ----------------------------------------------------------
