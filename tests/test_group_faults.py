@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 import treestore
+from treestore._engine import distributed as D
 from treestore._engine.write import SaveResult
 from treestore._storage.registry import open_storage
 from treestore.errors import BarrierTimeoutError, StorageError
@@ -160,3 +161,37 @@ def test_an_outcome_record_that_cannot_be_written_leaves_the_followers_waiting(
         assert "barrier 'committed': process 0 (of 4) did not arrive within 1 s" in str(r), str(r)
         assert "the primary (process 0) may still commit the checkpoint" in str(r), str(r)
     assert [c.name for c in treestore.Store(store_url).list()] == ["job"]
+
+
+# --- limits the primary checks before it commits ---------------------------------------------------
+def test_more_processes_with_pieces_than_a_manifest_lists_are_refused(store_url, monkeypatch):
+    monkeypatch.setattr(D, "MAX_PARTS", 3)
+    results = run_job(open_storage(store_url), trees(), "job", options=OPTIONS)
+    assert isinstance(results[0], treestore.InvalidInputError), results[0]
+    assert str(results[0]) == (
+        "multi-process save of checkpoint 'job': 4 processes hold pieces, "
+        "over the 3 parts a manifest may list"
+    )
+    assert all(isinstance(r, treestore.TreestoreError) for r in results[1:]), results
+    assert treestore.Store(store_url).list() == []
+
+
+def test_more_pieces_of_a_leaf_than_readers_accept_are_refused(store_url, monkeypatch):
+    monkeypatch.setattr(D, "MAX_PIECES", 3)
+    results = run_job(open_storage(store_url), trees(), "job", options=OPTIONS)
+    assert isinstance(results[0], treestore.InvalidInputError), results[0]
+    assert "a leaf may have more than the 3 pieces readers accept" in str(results[0]), str(results[0])
+    assert treestore.Store(store_url).list() == []
+
+
+def test_a_job_whose_leaves_are_all_the_primary_s_writes_no_part(store_url):
+    """No sharded leaf: each process sends a summary without a part, and the checkpoint is the
+    primary's leaves alone, in one manifest."""
+    tree = {"a": np.arange(8.0), "n": 5}
+    results = run_job(
+        open_storage(store_url), [prepared(tree, {}, i) for i in range(4)], "job", options=OPTIONS
+    )
+    assert all(isinstance(r, SaveResult) for r in results), results
+    back = treestore.load(store_url, "job")
+    assert np.array_equal(back["a"], tree["a"]) and back["n"] == 5
+    assert len(open_storage(store_url).list("manifests")) == 1  # one manifest, and no part
