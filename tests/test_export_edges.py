@@ -89,3 +89,27 @@ def test_an_orbax_export_replaces_a_file_and_a_killed_export_s_folder(tmp_path):
     assert out.is_dir() and sorted(p.name for p in tmp_path.iterdir()) == ["o"]
     with orbax.StandardCheckpointer() as checkpointer:
         assert np.array_equal(checkpointer.restore(out)["w"], np.arange(4.0))
+
+
+def test_an_orbax_checkpoint_s_custom_metadata_beyond_what_a_store_keeps_is_left_out(tmp_path):
+    """orbax's ``custom_metadata`` comes along with an import; one over the metadata bound of a
+    checkpoint, or a metadata file that is no JSON, is left out and the tree still imported."""
+    ocp = pytest.importorskip("orbax.checkpoint")
+    import json
+
+    ckpt = tmp_path / "ck"
+    with ocp.StandardCheckpointer() as checkpointer:
+        checkpointer.save(ckpt, {"w": np.arange(3.0)}, custom_metadata={"note": "hi"})
+    url = memory()
+    treestore.import_file(ckpt, f"{url}#kept")
+    assert treestore.open(url, "kept").metadata["source"]["custom_metadata"] == {"note": "hi"}
+    meta_file = ckpt / "_CHECKPOINT_METADATA"
+    meta = json.loads(meta_file.read_text())
+    for name, text in (
+        ("too-big", json.dumps({**meta, "custom_metadata": {"note": "x" * (2**20 + 10)}})),
+        ("not-json", "{not json"),
+    ):
+        meta_file.write_text(text)
+        treestore.import_file(ckpt, f"{url}#{name}")
+        assert "custom_metadata" not in treestore.open(url, name).metadata["source"], name
+        assert np.array_equal(treestore.load(url, name)["w"], np.arange(3.0)), name
