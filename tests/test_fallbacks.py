@@ -193,3 +193,29 @@ def test_a_save_lock_of_a_pid_no_system_call_takes_counts_as_live(tmp_path):
     report = treestore.Store(url).gc(grace=0, wait=0, stale_after=0.5)
     assert report.locks_removed == 1 and not lock.exists()
     assert np.array_equal(treestore.load(url, "init")["x"], np.zeros(3))
+
+
+@pytest.mark.parametrize("what", ["checkpoints", "manifests"])
+def test_a_watch_whose_reads_fail_retries_at_the_next_poll(faultmem, caplog, what):
+    """A commit record, or the manifest it names, that cannot be read for a while (a network
+    blip) is logged and read again at the next poll; the checkpoint comes once it reads."""
+    treestore.save(faultmem, {"w": np.ones(2)}, "a")
+    root = FaultyMemoryFileSystem._strip_protocol(faultmem)
+    FaultyMemoryFileSystem.unreadable = (f"{root}/{what}/",)
+
+    def heal() -> None:
+        while not any("reading 'a' failed, retrying" in r.getMessage() for r in caplog.records):
+            time.sleep(0.01)
+        FaultyMemoryFileSystem.unreadable = ()
+
+    seen = []
+    with caplog.at_level(logging.WARNING, "treestore"):
+        healer = threading.Thread(target=heal, daemon=True)
+        healer.start()
+        for ckpt in treestore.watch(faultmem, timeout=10, min_poll=0.02, max_poll=0.05):
+            seen.append((ckpt.name, np.asarray(ckpt["w"]).tolist()))
+            break
+        healer.join(10)
+    assert seen == [("a", [1.0, 1.0])]
+    warned = [r.getMessage() for r in caplog.records if "reading 'a' failed, retrying" in r.getMessage()]
+    assert warned and f"injected fault: cannot read {root}/{what}/" in warned[0], warned
