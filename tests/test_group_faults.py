@@ -126,6 +126,11 @@ def test_an_outcome_record_that_cannot_be_removed_is_left_for_gc(store_url, capl
     store = treestore.Store(store_url)
     assert [c.name for c in store.list()] == ["job"]
     assert any(o.path.endswith("/outcome") for o in store.storage.list("staging"))  # left for gc
+    assert store.gc().chunks_removed == 0 and store.storage.list("staging")  # younger than the grace
+    store.gc(grace=0)
+    assert store.storage.list("staging") == []
+    back = store.load("job")
+    assert np.array_equal(back["v"], TREE["v"]) and np.array_equal(back["w"], TREE["w"])
 
 
 def test_a_part_that_cannot_be_written_fails_every_process(store_url):

@@ -17,6 +17,7 @@ import treestore
 from treestore._api.retention import step_name
 
 from .support import hostile
+from .support.faults import FaultyMemoryFileSystem
 
 Pair = collections.namedtuple("Pair", "a b")
 
@@ -256,3 +257,33 @@ def test_views_of_a_checkpoint_and_a_diff():
     rows = d.leaves
     assert [r.address for r in rows[0:2]] == ["big", "e"] and [r.address for r in rows[::2]] == ["big", "w"]
     assert [(r.address, r.status) for r in rows[-1:]] == [("w", "changed")]
+
+
+# --- save options ----------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"chunk_size": 1000}, r"^chunk_size must be between 4 KiB and 256 MiB, got 1000$"),
+        ({"chunk_size": 8192, "small_leaf": 10_000}, r"^small_leaf must be between 0 and chunk_size$"),
+        ({"small_leaf": 4096, "pack_size": 100}, r"^pack_size must be between small_leaf and 256 MiB$"),
+        ({"threads": 0}, r"^threads must be between 1 and 256, got 0$"),
+        ({"stats": 1}, r"^stats must be True or False, got 1$"),
+    ],
+    ids=["chunk_size", "small_leaf", "pack_size", "threads", "stats"],
+)
+def test_save_options_out_of_range_are_refused(options, message):
+    with pytest.raises(treestore.InvalidInputError, match=message):
+        treestore.SaveOptions(**options)
+
+
+def test_a_missing_checkpoint_of_a_store_that_cannot_be_listed_is_named_without_suggestions(faultmem):
+    treestore.save(faultmem, {"w": np.ones(2)}, "step-1")
+    with pytest.raises(treestore.errors.CheckpointNotFoundError, match=r"\(did you mean 'step-1'\?\)$"):
+        treestore.load(faultmem, "step-2")
+    root = FaultyMemoryFileSystem._strip_protocol(faultmem)
+    FaultyMemoryFileSystem.unlistable = {f"{root}/checkpoints"}
+    with pytest.raises(treestore.errors.CheckpointNotFoundError) as caught:
+        treestore.load(faultmem, "step-2")
+    assert str(caught.value).endswith("no checkpoint 'step-2' in store " + treestore.Store(faultmem).url), (
+        str(caught.value)
+    )
