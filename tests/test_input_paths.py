@@ -287,3 +287,28 @@ def test_a_missing_checkpoint_of_a_store_that_cannot_be_listed_is_named_without_
     assert str(caught.value).endswith("no checkpoint 'step-2' in store " + treestore.Store(faultmem).url), (
         str(caught.value)
     )
+
+
+def test_a_store_is_its_url_without_a_checkpoint_name():
+    url = memory()
+    with pytest.raises(treestore.InvalidInputError) as caught:
+        treestore.Store(f"{url}#step-1")
+    assert str(caught.value) == (
+        f"'{url}#step-1' names a checkpoint; a store is its URL without #NAME "
+        f"(Store('{url}').load('step-1'), or treestore.load('{url}#step-1'))"
+    )
+    assert repr(treestore.Store(url)) == f"Store('{url}')"
+
+
+def test_a_copy_onto_a_damaged_commit_record_replaces_it_only_when_asked(tmp_path):
+    src, dst = memory(), str(tmp_path / "dst")
+    treestore.save(src, {"w": np.arange(3.0)}, "c")
+    treestore.save(dst, {"other": np.ones(1)}, "c")
+    (tmp_path / "dst" / "checkpoints" / "c").write_bytes(b"\x93 not a record")
+    with pytest.raises(
+        treestore.errors.CheckpointExistsError, match=r"with other contents; pass overwrite=True"
+    ):
+        treestore.copy(f"{src}#c", dst)
+    assert (tmp_path / "dst" / "checkpoints" / "c").read_bytes() == b"\x93 not a record"
+    assert treestore.copy(f"{src}#c", dst, overwrite=True).copied == ("c",)
+    assert np.array_equal(treestore.load(dst, "c")["w"], np.arange(3.0))
