@@ -219,3 +219,25 @@ def test_a_watch_whose_reads_fail_retries_at_the_next_poll(faultmem, caplog, wha
     assert seen == [("a", [1.0, 1.0])]
     warned = [r.getMessage() for r in caplog.records if "reading 'a' failed, retrying" in r.getMessage()]
     assert warned and f"injected fault: cannot read {root}/{what}/" in warned[0], warned
+
+
+def test_retention_on_the_remote_tier_that_fails_is_logged_and_runs_again(tmp_path, faultmem, caplog):
+    """The copy of a step is committed; the remote's retention cannot delete an old step (a
+    delete refused): it is logged, the step stays, and the next replication's retention runs."""
+    root = FaultyMemoryFileSystem._strip_protocol(faultmem)
+    local = str(tmp_path / "local")
+    manager = treestore.CheckpointManager(local=local, remote=faultmem, remote_keep_last=1)
+    with caplog.at_level(logging.WARNING, "treestore"), manager as m:
+        m.save(0, tree(0))
+        m.wait()
+        FaultyMemoryFileSystem.undeletable = (f"{root}/checkpoints/",)
+        m.save(1, tree(1))
+        m.wait()
+        assert treestore.CheckpointManager(faultmem).steps() == [0, 1]  # step 0 could not go
+        FaultyMemoryFileSystem.undeletable = ()
+        m.save(2, tree(2))
+        m.wait()
+    assert treestore.CheckpointManager(faultmem).steps() == [2]
+    assert_tree_equal(treestore.Store(faultmem).load(step_name(2)), tree(2))  # gc kept what it uses
+    warned = [r.getMessage() for r in caplog.records if "retention after replicating" in r.getMessage()]
+    assert len(warned) == 1 and step_name(1) in warned[0] and "injected fault" in warned[0], warned
