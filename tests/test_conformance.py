@@ -495,6 +495,15 @@ class StoreConformance:
         assert r.read_range("x/obj", 10, 20) == b""
         assert r.read_range("x/empty", 0, 10) == b""
         assert r.read_range("x/missing", 0, 10) is None
+        assert r.read_range("x/obj", 2, 2) == b"" and r.read_range("x/missing", 2, 2) is None  # empty ranges
+        with pytest.raises(ValueError, match=r"^bad byte range \[3, 1\) of x/obj$"):
+            r.read_range("x/obj", 3, 1)
+        buf = bytearray(3)
+        assert r.read_into("x/obj", memoryview(buf)) == 3 and buf == b"hel"  # the first bytes
+        buf = bytearray(8)
+        assert r.read_into("x/obj", memoryview(buf)) == 5 and buf[:5] == b"hello"  # fewer: the object's end
+        assert r.read_into("x/missing", memoryview(buf)) is None
+        assert repr(r) == f"{type(r).__name__}({r.url!r})"
         assert (r.object_size("x/obj"), r.object_size("x/empty"), r.object_size("x/missing")) == (5, 0, None)
         assert r.exists("x/obj") and not r.exists("x/missing")
         listed = r.list("x")

@@ -4,6 +4,7 @@ filesystem gives that path, and is the same store as its ``file://`` spelling.""
 from __future__ import annotations
 
 import os
+import uuid
 from pathlib import Path
 
 import fsspec
@@ -78,3 +79,31 @@ def test_save_takes_every_checkpoint_form_that_load_takes(tmp_path):
     with pytest.raises(treestore.InvalidInputError, match=r"named twice: 'e' in .*#\.\.\. and 'f'"):
         treestore.save(f"{url}#e", {"w": np.arange(3.0)}, "f")
     assert [info.name for info in treestore.Store(url).list()] == ["a", "b", "c", "d"]
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [(7, r"^a store URL is a str or path, got int$"), ("", r"^a store URL cannot be empty$")],
+)
+def test_a_store_url_that_is_not_one_is_refused(url, message):
+    with pytest.raises(treestore.InvalidInputError, match=message):
+        treestore.Store(url)
+
+
+def test_a_chained_url_opens_the_store_through_its_layers():
+    """``simplecache::memory://...``: fsspec's layers over the store's filesystem (the outermost
+    names the protocol); what is saved through them is in the store below."""
+    below = f"memory://treestore-tests/chain-{uuid.uuid4().hex}"
+    treestore.save(below, {"w": np.arange(3.0)}, "c")
+    chained = treestore.Store(f"simplecache::{below}")
+    assert np.array_equal(chained.load("c")["w"], np.arange(3.0))
+    chained.save({"w": np.ones(2)}, "d")
+    assert [c.name for c in treestore.Store(below).list()] == ["c", "d"]
+
+
+def test_a_chained_url_over_a_local_path_reads_the_store(tmp_path):
+    """``simplecache::/path``: a chain whose last layer is a plain local path (no ``://``)."""
+    treestore.save(str(tmp_path / "s"), {"w": np.arange(3.0)}, "c")
+    chained = treestore.Store(f"simplecache::{tmp_path / 's'}")
+    assert not isinstance(chained.storage, LocalStorage)  # fsspec's layers, not the local fast path
+    assert np.array_equal(chained.load("c")["w"], np.arange(3.0))

@@ -357,3 +357,54 @@ def test_the_html_page_has_a_colour_scale_and_each_rows_maximum():
     everything = t.to_html(scale="global")
     assert "Colours are scaled to the largest change of all rows." in everything
     assert "0.29 (the largest of all)" in everything
+
+
+def test_depth_must_be_a_positive_int():
+    url = f"memory://treestore-tests/{uuid.uuid4().hex}"
+    treestore.save(url, {"a": {"w": np.ones(3)}}, "s0")
+    treestore.save(url, {"a": {"w": np.zeros(3)}}, "s1")
+    store = treestore.Store(url)
+    for depth in (0, "1", 1.0):
+        with pytest.raises(treestore.InvalidInputError, match=r"^depth must be an int of at least 1, got "):
+            store.timeline(depth=depth)
+        with pytest.raises(treestore.InvalidInputError, match=r"^depth must be an int of at least 1, got "):
+            store.timeline().grouped(depth)
+
+
+def test_groups_pool_nan_and_inf_changes():
+    """A group of leaves whose changes are all unknown (NaN: absent or not comparable) pools to
+    NaN; one whose changes include an infinite one pools to inf."""
+    t = treestore.types.Timeline(
+        url="memory://x",
+        checkpoints=("c0", "c1"),
+        addresses=("a/x", "a/y", "b/x", "b/y"),
+        values=((math.nan,), (math.nan,), (math.inf,), (0.5,)),
+        sizes=(4, 4, 4, 4),
+    )
+    pooled = t.grouped(1)
+    assert pooled.addresses == ("a", "b")
+    assert math.isnan(pooled.values[0][0]) and pooled.values[1][0] == math.inf
+
+
+def test_a_checkpoint_of_a_newer_format_stops_the_timeline(tmp_path):
+    """A damaged checkpoint is left out; one of a format this treestore does not know is not
+    damage, and the timeline says so rather than leave it out."""
+    from .support import hostile
+
+    url = str(tmp_path / "s")
+    treestore.save(url, {"w": np.ones(3)}, "s0")
+    treestore.save(url, {"w": np.zeros(3)}, "s1")
+    hostile.mutate_v2_manifest(url, "s1", lambda rec, arrays: rec.update(version=3))
+    with pytest.raises(treestore.UnsupportedFormatError, match="version 3"):
+        treestore.Store(url).timeline()
+
+
+def test_select_skips_the_pairs_its_patterns_match_nothing_in(tmp_path):
+    url = str(tmp_path / "s")
+    treestore.save(url, {"w": np.ones(3)}, "s0")
+    treestore.save(url, {"w": np.zeros(3)}, "s1")
+    treestore.save(url, {"w": np.zeros(3), "late": np.ones(2)}, "s2")
+    treestore.save(url, {"w": np.zeros(3), "late": np.full(2, 3.0)}, "s3")
+    t = treestore.Store(url).timeline(select="late")
+    assert t.addresses == ("late",)
+    assert math.isnan(t.values[0][0]) and math.isnan(t.values[0][1]) and t.values[0][2] == pytest.approx(2.0)

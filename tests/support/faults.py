@@ -23,13 +23,15 @@ class FaultyMemoryFileSystem(MemoryFileSystem):
 
     ``find`` is fsspec's generic one (a walk of ``ls`` calls, as on most fsspec backends), so a
     folder whose listing fails is silently left out of the result, as it is on those backends.
-    ``ls`` of a path in ``unlistable`` (or below it) and ``rm_file`` of a path starting with one
-    of ``undeletable`` raise PermissionError.
+    ``ls`` of a path in ``unlistable`` (or below it), ``rm_file`` of a path starting with one
+    of ``undeletable`` and ``cat_file`` of a path starting with one of ``unreadable`` raise
+    PermissionError.
     """
 
     protocol = ("faultmem",)
     unlistable: ClassVar[set[str]] = set()
     undeletable: ClassVar[tuple[str, ...]] = ()
+    unreadable: ClassVar[tuple[str, ...]] = ()
     find = fsspec.AbstractFileSystem.find
 
     @classmethod
@@ -48,6 +50,12 @@ class FaultyMemoryFileSystem(MemoryFileSystem):
             raise PermissionError(f"injected fault: cannot remove {p}")
         return super().rm_file(path)
 
+    def cat_file(self, path, start=None, end=None, **kwargs):
+        p = self._strip_protocol(path)
+        if p.startswith(FaultyMemoryFileSystem.unreadable):
+            raise PermissionError(f"injected fault: cannot read {p}")
+        return super().cat_file(path, start=start, end=end, **kwargs)
+
 
 fsspec.register_implementation("faultmem", FaultyMemoryFileSystem, clobber=True)
 
@@ -56,10 +64,10 @@ fsspec.register_implementation("faultmem", FaultyMemoryFileSystem, clobber=True)
 def faultmem() -> Iterator[str]:
     """A fresh ``faultmem://`` store URL, with no fault armed before or after the test."""
     FaultyMemoryFileSystem.unlistable = set()
-    FaultyMemoryFileSystem.undeletable = ()
+    FaultyMemoryFileSystem.undeletable = FaultyMemoryFileSystem.unreadable = ()
     yield f"faultmem://treestore-tests/{uuid.uuid4().hex}"
     FaultyMemoryFileSystem.unlistable = set()
-    FaultyMemoryFileSystem.undeletable = ()
+    FaultyMemoryFileSystem.undeletable = FaultyMemoryFileSystem.unreadable = ()
 
 
 def fs_root(url: str) -> tuple[fsspec.AbstractFileSystem, str]:

@@ -194,8 +194,8 @@ class LazyLeaf:
         if not items:
             return slice(None), ()
         if items[0] is Ellipsis:
-            if len(items) - 1 >= len(self.shape):
-                return slice(None), items
+            if len(items) - 1 >= len(self.shape):  # it stands for no dimension: axis 0 is next
+                return self._split(items[1:])
             return slice(None), (Ellipsis, *items[1:])
         if len(items) - items.count(Ellipsis) > len(self.shape):
             raise OutOfBoundsError(

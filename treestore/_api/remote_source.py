@@ -20,7 +20,7 @@ from typing import Any
 import fsspec
 
 from treestore._api import hf_shards as _shards
-from treestore.errors import InvalidInputError, NotFoundError, StorageError
+from treestore.errors import InvalidInputError, NotFoundError, StorageError, TreestoreError
 
 
 def is_remote(path: str | os.PathLike[str]) -> bool:
@@ -49,11 +49,13 @@ def fetched(url: str, storage_options: dict[str, Any] | None = None) -> Iterator
         raise InvalidInputError(f"no filesystem for {url!r}: {exc}") from None
     root = root.rstrip("/")
     with tempfile.TemporaryDirectory(prefix="treestore-import-") as tmp:
-        local = Path(tmp)
-        try:
-            yield _copy(fs, root, url, local)
-        except (OSError, TimeoutError) as exc:
+        try:  # the copy only: what the caller does with it raises its own errors
+            copied = _copy(fs, root, url, Path(tmp))
+        except TreestoreError:
+            raise
+        except Exception as exc:  # fsspec backends raise many unrelated types (aiohttp's, botocore's)
             raise StorageError(f"reading {url} failed: {type(exc).__name__}: {exc}") from None
+        yield copied
 
 
 def _copy(fs: Any, root: str, url: str, local: Path) -> Path:
