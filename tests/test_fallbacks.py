@@ -53,7 +53,9 @@ def test_a_step_damaged_locally_is_restored_from_the_remote_tier(tmp_path, caplo
 def test_a_step_damaged_locally_that_the_remote_lacks_is_an_error(tmp_path):
     """The remote tier has other steps but not this one: the local damage is the answer."""
     local, remote = str(tmp_path / "local"), str(tmp_path / "remote")
-    with treestore.CheckpointManager(local=local, remote=remote, replicate_every_steps=2) as m:
+    with treestore.CheckpointManager(
+        local=local, remote=treestore.RemoteTier(remote, replicate_every_steps=2)
+    ) as m:
         m.save(0, tree(0))
         m.save(1, tree(1))  # not replicated
         m.wait()
@@ -226,7 +228,7 @@ def test_retention_on_the_remote_tier_that_fails_is_logged_and_runs_again(tmp_pa
     delete refused): it is logged, the step stays, and the next replication's retention runs."""
     root = FaultyMemoryFileSystem._strip_protocol(faultmem)
     local = str(tmp_path / "local")
-    manager = treestore.CheckpointManager(local=local, remote=faultmem, remote_keep_last=1)
+    manager = treestore.CheckpointManager(local=local, remote=treestore.RemoteTier(faultmem, keep_last=1))
     with caplog.at_level(logging.WARNING, "treestore"), manager as m:
         m.save(0, tree(0))
         m.wait()
