@@ -164,9 +164,7 @@ def _leaf(rec: object, packs: list[Ref], table: LeafTable, i: int) -> str:
         if kind not in ARRAY_KINDS:
             raise UnsupportedFormatError(f"{where}: unsupported leaf kind {kind!r}")
         dtype_name = _get(rec, "dtype", str)
-        dtype = dtype_from_name(dtype_name, address=address)
-        if dtype_name not in DTYPE_NAMES:
-            raise UnsupportedFormatError(f"{where}: unsupported dtype {dtype_name!r}")
+        dtype = dtype_from_name(dtype_name, address=address)  # its names are DTYPE_NAMES (tested)
         try:
             shape = check_shape(_get(rec, "shape", list), dtype.itemsize)
         except ValueError as exc:
@@ -206,8 +204,6 @@ def _leaf(rec: object, packs: list[Ref], table: LeafTable, i: int) -> str:
     except UnsupportedFormatError as exc:
         exc.address = address
         raise
-    except TreestoreError as exc:
-        raise _Bad(f"leaf {where}: {exc}") from None
 
 
 # --- encoding -------------------------------------------------------------------------------------
