@@ -462,3 +462,23 @@ def test_bare_treestore_prints_its_help_and_exits_0():
         and "Usage: treestore" in result.stdout
         and "Try `treestore demo` first" in result.stdout
     )
+
+
+def test_the_demo_fails_loudly_when_what_it_loads_is_not_what_it_saved(tmp_path, monkeypatch):
+    """The demo's own check, that step-2 loads back bit-exactly, is not decoration: when the tree
+    it compares against is not the one it saved, it stops with an error, not "demo ok"."""
+    import jax
+
+    from treestore_cli import commands_demo
+
+    made = commands_demo.params
+    calls = []
+
+    def drifting(step):  # the third call, the comparison's, differs from what was saved
+        calls.append(step)
+        tree = made(step)
+        return jax.tree.map(lambda x: x + 1, tree) if len(calls) == 3 else tree
+
+    monkeypatch.setattr(commands_demo, "params", drifting)
+    line = error_line(run("demo", str(tmp_path / "demo")))
+    assert "step-2 did not load back bit-exactly" in line and calls == [1, 2, 2]

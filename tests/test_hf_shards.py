@@ -129,6 +129,19 @@ def test_overwrite_replaces_every_file_of_the_earlier_export(minilm, tmp_path):
     assert os.listdir(tmp_path) == ["model.safetensors"]  # index and shards gone
 
 
+def test_a_leaf_read_back_in_another_shape_stops_the_export_and_leaves_nothing(minilm, tmp_path, monkeypatch):
+    """The export checks each tensor it writes against the manifest's shape and size: a read that
+    gave other bytes (a reader's fault, simulated here) is a DamagedError naming the address, and
+    the folder holds no shard, no index and no temporary file afterwards."""
+    from treestore._api.lazy_leaf import LazyLeaf
+
+    read = LazyLeaf.__array__
+    monkeypatch.setattr(LazyLeaf, "__array__", lambda self, *a, **k: read(self, *a, **k).reshape(-1)[:-1])
+    with pytest.raises(treestore.DamagedError, match=r"read \(\d+,\) .* its manifest says") as caught:
+        treestore.export_file(f"{minilm}#m", f"{tmp_path}/", max_shard_size="20MB")
+    assert caught.value.address and os.listdir(tmp_path) == []
+
+
 def test_overwrite_refuses_a_folder_under_an_old_shards_name_before_writing(minilm, tmp_path):
     """A folder under the name of an earlier export's shard: refused with a clear error before
     any file is written, and the earlier export still imports."""
