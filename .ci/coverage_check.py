@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-LINES_FLOOR, BRANCHES_FLOOR = 97.9, 95.3  # measured with child processes: 98.4% and 95.8%
+LINES_FLOOR, BRANCHES_FLOOR = 98.0, 95.3  # measured with child processes: 98.4% and 95.8%
 TARGET = (98.0, 95.0)  # where the floors are headed
 ALLOWED = ROOT / ".ci" / "uncovered_raises.txt"
 # Errors that refuse hostile or damaged input, or protect stored data.
