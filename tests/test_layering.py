@@ -82,3 +82,99 @@ def test_jax_is_imported_at_import_time_by_no_module():
             if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "jax":
                 found.append(f"{path.name}:{node.lineno}")
     assert not found, found
+
+
+def _package_modules() -> list[Path]:
+    return sorted([*(ROOT / "treestore").rglob("*.py"), *(ROOT / "cli").glob("*.py")])
+
+
+def _runtime_imports(tree: ast.Module) -> list[tuple[int, str]]:
+    """(line, module) of every import in ``tree`` outside ``if TYPE_CHECKING:`` blocks."""
+    skipped = {
+        id(n)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and ast.unparse(node.test).endswith("TYPE_CHECKING")
+        for child in node.body
+        for n in ast.walk(child)
+    }
+    found = []
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.append((node.lineno, node.module))
+    return found
+
+
+def test_jax_is_imported_in_jax_import_only():
+    """``_tree/jax_import`` is where treestore imports jax; the only other import of it is of
+    jax's private ``lax`` (``_tree/leaves.py``, inside the function that makes weak types)."""
+    allowed = {("_tree/jax_import.py", "jax"), ("_tree/leaves.py", "jax._src.lax")}
+    found = []
+    for path in sorted((ROOT / "treestore").rglob("*.py")):
+        name = path.relative_to(ROOT / "treestore").as_posix()
+        for line, module in _runtime_imports(ast.parse(path.read_text(encoding="utf-8"))):
+            if module.split(".")[0] == "jax" and (name, module) not in allowed:
+                found.append(f"{name}:{line}: {module}")
+    assert not found, found
+
+
+def test_storage_imports_only_the_error_classes_of_treestore():
+    """``_storage`` imports its own modules and ``treestore.errors``, nothing else of treestore
+    (the layering contract would let it import ``_format`` too)."""
+    found = []
+    for path in sorted((ROOT / "treestore" / "_storage").glob("*.py")):
+        for line, module in _runtime_imports(ast.parse(path.read_text(encoding="utf-8"))):
+            own = module.startswith(("treestore._storage", "treestore.errors"))
+            if module.startswith("treestore") and not own:
+                found.append(f"{path.name}:{line}: {module}")
+    assert not found, found
+
+
+def test_columns_are_made_by_validate_only():
+    """Only ``_format/columns_check.py`` (its ``validate``) constructs ``Columns``: every manifest
+    in memory, whatever its version and whoever made it, passed the readers' checks (others
+    derive one from such columns with ``dataclasses.replace``)."""
+    found = []
+    for path in _package_modules():
+        if path == ROOT / "treestore/_format/columns_check.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call):
+                fn = node.func
+                name = fn.attr if isinstance(fn, ast.Attribute) else getattr(fn, "id", "")
+                if name == "Columns":
+                    found.append(f"{path}:{node.lineno}")
+    assert not found, found
+
+
+def test_patterns_are_matched_by_select_only():
+    """``_format/select.py`` is the one pattern dialect: no other module matches addresses with
+    ``fnmatch`` of its own (``glob.escape``, which makes an address a literal pattern, is fine)."""
+    found = []
+    for path in _package_modules():
+        if path == ROOT / "treestore/_format/select.py":
+            continue
+        for line, module in _runtime_imports(ast.parse(path.read_text(encoding="utf-8"))):
+            if module == "fnmatch":
+                found.append(f"{path}:{line}: {module}")
+    assert not found, found
+
+
+def test_checkpoint_arguments_are_read_by_spec_only():
+    """``_api/spec.py`` is the one reading of ``URL#NAME``: no other module splits text at ``#``."""
+    found = []
+    for path in _package_modules():
+        if path == ROOT / "treestore/_api/spec.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in {"partition", "rpartition", "split", "rsplit", "index", "find"}
+                and any(isinstance(a, ast.Constant) and a.value == "#" for a in node.args)
+            ):
+                found.append(f"{path}:{node.lineno}: {ast.unparse(node)}")
+    assert not found, found

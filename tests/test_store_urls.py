@@ -107,3 +107,24 @@ def test_a_chained_url_over_a_local_path_reads_the_store(tmp_path):
     chained = treestore.Store(f"simplecache::{tmp_path / 's'}")
     assert not isinstance(chained.storage, LocalStorage)  # fsspec's layers, not the local fast path
     assert np.array_equal(chained.load("c")["w"], np.arange(3.0))
+
+
+@pytest.mark.parametrize(
+    ("url", "added"),
+    [("s3://b/x", True), ("gs://b/x", True), ("az://c/x", True), ("memory://x", False), ("https://h", False)],
+)
+def test_storage_options_go_to_fsspec_unchanged_but_for_uncached_listings(url, added, monkeypatch):
+    """docs/guides/cloud.md: the one thing treestore adds to ``storage_options`` is
+    ``use_listings_cache=False`` for S3, GCS and Azure, unless the caller set it."""
+    given: list[dict] = []
+
+    def url_to_fs(url: str, **options: object) -> tuple[object, str]:
+        given.append(options)
+        raise ValueError("stop here")
+
+    monkeypatch.setattr(fsspec.core, "url_to_fs", url_to_fs)
+    for options in ({"anon": True}, {"anon": True, "use_listings_cache": True}):
+        with pytest.raises(treestore.errors.InvalidInputError):
+            open_storage(url, dict(options))
+    expected = {"anon": True, "use_listings_cache": False} if added else {"anon": True}
+    assert given == [expected, {"anon": True, "use_listings_cache": True}]

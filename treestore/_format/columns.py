@@ -7,10 +7,11 @@ ref, per pack and per tree node; shapes and piece boxes as flat int arrays), so 
 (:mod:`treestore._format.columns_check`: every bound version 1 checks, over whole columns at once).
 This module holds the model and the comparisons of leaves between two manifests.
 
-:class:`Columns` is the one in-memory model of a manifest, whatever version its bytes have: every
-reader and writer works on its arrays; the public read-only records (``Store.manifest()``,
-``LazyLeaf.entry``) are views made from it on demand (:mod:`treestore._format.record_views`). The bytes
-(decoding and encoding, either version) are :mod:`treestore._format.columns_codec`'s.
+:class:`Columns` is the one in-memory model of a manifest, whatever version its bytes have (only
+:func:`~treestore._format.columns_check.validate` makes one): every reader and writer works on its
+arrays; the public read-only records (``Store.manifest()``, ``LazyLeaf.entry``) are views made from
+it on demand (:mod:`treestore._format.record_views`). The bytes (decoding and encoding, either
+version) are :mod:`treestore._format.columns_codec`'s.
 """
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
 """Manifests as bytes: decoding either version into the one model, validated as readers
-validate it, and encoding it, the one encoder every writer uses (SPEC.md, section 6).
+validate it, and encoding it (SPEC.md, section 6): a save's manifest and a multi-process save's
+frame through :func:`encode_columns`, derive's and copy's through :func:`encode`, which writes
+version 1 too. A multi-process save's parts are encoded by :mod:`treestore._format.part`.
 
 :func:`decode_any` is what readers call: a version-1 manifest goes to its codec
 (:mod:`treestore._format.v1`) and is checked in its version-2 form too; :func:`encode` and
@@ -173,8 +175,8 @@ def stored_values(c: Columns) -> list[object]:
 
 
 def encode(columns: Columns, version: int = FORMAT_VERSION) -> bytes:
-    """The bytes of a checked manifest in format ``version`` (1 or 2): the one encoder every
-    writer (save, derive, copy) uses. Version 1 holds no statistics. InvalidInputError naming
+    """The bytes of a checked manifest in format ``version`` (1 or 2), as derive and copy write
+    it (a save calls :func:`encode_columns`). Version 1 holds no statistics. InvalidInputError naming
     the checkpoint when readers would refuse them (over MAX_MANIFEST_BYTES)."""
     if version == VERSION:
         return encode_columns(columns)

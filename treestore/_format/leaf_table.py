@@ -1,4 +1,6 @@
-"""The one builder of a manifest's leaf, chunk-ref and pack tables, leaf by leaf.
+"""A manifest's leaf, chunk-ref and pack tables built leaf by leaf (a save, derive's new leaves,
+the version-1 decoder); other tables are cut from or merged out of validated ones
+(:mod:`treestore._format.columns_take`, :mod:`treestore._format.part_merge`).
 
 A save appends each leaf's fields to plain lists as it writes them (a few appends per leaf, no
 per-leaf object), and :meth:`LeafTable.fields` turns them into the arrays of a version-2

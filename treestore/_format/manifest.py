@@ -60,10 +60,11 @@ def leaf_digest(
     value: object = None,
 ) -> bytes:
     """A leaf's digest (SPEC.md, section 6.7), the one rule of leaf equality for every format
-    version: an array leaf's by its dtype, shape, PRNG implementation and chunk digests (piece
-    by piece, with each piece's box, for a leaf saved in pieces); a Python scalar's by its kind
-    and value as stored. ``chunks``: the chunk digests; ``pieces``: (start, shape, chunk
-    digests) of each piece, or None for a leaf saved whole."""
+    version (:meth:`Columns.same_leaves` applies it column by column, without hashing;
+    ``tests/test_columns.py`` keeps the two equal): an array leaf's by its dtype, shape, PRNG
+    implementation and chunk digests (piece by piece, with each piece's box, for a leaf saved in
+    pieces); a Python scalar's by its kind and value as stored. ``chunks``: the chunk digests;
+    ``pieces``: (start, shape, chunk digests) of each piece, or None for a leaf saved whole."""
     record: list[object]
     if kind not in ARRAY_KINDS:
         record = [kind, value_to_record(kind, value)]
@@ -154,7 +155,7 @@ def header_record(c: Any, version: int) -> dict[str, Any]:
 def within_size(data: bytes, name: str, advice: str = "save fewer leaves") -> bytes:
     """``data``, the encoded manifest of checkpoint ``name``, once it is within the
     MAX_MANIFEST_BYTES readers accept: InvalidInputError otherwise (a save then fails before it
-    writes the manifest). The one size check of every manifest writer."""
+    writes the manifest). Both manifest encoders (``encode_columns``, ``encode_v1``) end with it."""
     if len(data) > MAX_MANIFEST_BYTES:
         raise InvalidInputError(
             f"the manifest of checkpoint {name!r} would be {len(data)} bytes, over the "

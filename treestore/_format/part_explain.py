@@ -1,6 +1,6 @@
 """Why a multi-process save's merged pieces do not tile a leaf, naming the processes that sent them.
 
-Only run once the merged manifest has failed the readers' checks (the one decision): this finds
+Only run once the merged manifest has failed the readers' checks (they alone decide): this finds
 the leaf and the processes behind the failure, so the error says which process to look at.
 """
 

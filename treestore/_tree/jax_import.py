@@ -1,4 +1,6 @@
-"""jax, imported on first use: the one place treestore imports it.
+"""jax, imported on first use: the one place treestore imports it (``tests/test_layering.py``
+keeps it so; apart from here, only ``_tree/leaves.py`` imports jax's private ``lax``, inside the
+function that makes weak types, which runs on jax arrays only).
 
 Reading manifests (listing, showing, diffing, verifying and copying checkpoints, collecting
 garbage) never needs jax, and importing jax takes most of a short command's time. Every module
