@@ -49,9 +49,9 @@ class LeafDiff:
 
     address: str
     status: str
-    a: str | None  # "float32[3, 4]", "int", ... or None when absent
+    a: str | None
     b: str | None
-    chunks_changed: float | None = None  # fraction of the leaf's chunks whose digests differ
+    chunks_changed: float | None = None
     change: ValueChange | None = None
 
     stats = renamed_attribute("LeafDiff", "stats", "change")
@@ -83,7 +83,7 @@ class Diff:
 
     a: str
     b: str
-    leaves: Sequence[LeafDiff]  # every address compared, unchanged ones too, in order
+    leaves: Sequence[LeafDiff]
 
     def __bool__(self) -> bool:
         return next(iter(self), None) is not None

@@ -42,13 +42,13 @@ class ValueChange:
 
     max_abs: float
     mean_abs: float
-    rel_l2: float  # ||a - b|| / ||a|| where both are finite; inf when that a is zero and b is not
-    frac_changed: float  # fraction of elements that differ (NaN == NaN)
+    rel_l2: float
+    frac_changed: float
     nan_a: int
     nan_b: int
     inf_a: int
     inf_b: int
-    nonfinite_changed: int = 0  # elements that differ and are NaN or ±inf in a or b
+    nonfinite_changed: int = 0
 
 
 class _Norm:

@@ -53,8 +53,8 @@ class ValueStats:
     """
 
     address: str
-    dtype: str  # numpy dtype name; "float", "int" or "bool" for a Python scalar
-    size: int  # elements
+    dtype: str
+    size: int
     nan: int
     posinf: int
     neginf: int

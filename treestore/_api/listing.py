@@ -28,9 +28,9 @@ class CheckpointInfo:
     """
 
     name: str
-    created: float  # seconds since the epoch
+    created: float
     leaves: int
-    nbytes: int  # raw bytes of its array leaves
+    nbytes: int
     metadata: Any
     problem: str | None = None
 

@@ -74,8 +74,8 @@ class Timeline:
     values: tuple[tuple[float, ...], ...]
     sizes: tuple[int, ...]
     depth: int | None = None
-    nonfinite: tuple[tuple[int, ...], ...] = ()  # like values; () when none
-    damaged: tuple[tuple[str, str], ...] = ()  # (checkpoint, problem) of those left out
+    nonfinite: tuple[tuple[int, ...], ...] = ()
+    damaged: tuple[tuple[str, str], ...] = ()
 
     @property
     def steps(self) -> tuple[tuple[str, str], ...]:

@@ -105,7 +105,7 @@ class LeafEntry:
     prng_impl: str | None = None
     value: object = None
     pieces: tuple[Piece, ...] = ()
-    weak_type: bool = False  # a jax array with a weak type, as Python scalars have
+    weak_type: bool = False
 
     @property
     def all_pieces(self) -> tuple[Piece, ...]:
