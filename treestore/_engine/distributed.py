@@ -98,7 +98,9 @@ def group() -> Group | None:
     if found is not None:
         runtime, index, count = found
         return Group(index, count, runtime, barrier_timeout())
-    if not jax_import.imported():  # no jax.distributed job without jax: importing it costs ~1 s
+    # No jax.distributed job without jax, and importing jax would cost a short command most of
+    # its time (docs/benchmarks.md, "Start-up").
+    if not jax_import.imported():
         return None
     count = jax.process_count()
     if count == 1:

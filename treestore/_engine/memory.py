@@ -49,8 +49,8 @@ _MADVISE = _load_madvise()
 
 def _small_pages(buf: np.ndarray[Any, Any]) -> None:
     """Undo the huge-page hint numpy gives a big new array before it is touched: where memory
-    is fragmented, faulting in huge pages stalls on compaction (GPT-2 shapes loaded in 0.4-0.9 s
-    instead of 0.3-0.4 s). Best effort: nothing changes where madvise is missing or refuses."""
+    is fragmented, faulting in huge pages stalls on compaction (it made loads of GPT-2 shapes
+    markedly slower). Best effort: nothing changes where madvise is missing or refuses."""
     madvise = _MADVISE
     page = mmap.PAGESIZE
     start = buf.ctypes.data + (-buf.ctypes.data % page)

@@ -31,7 +31,7 @@ Packed = tuple[ChunkRef, list[tuple[int, _stats.Record]]]  # a pack's ref, its l
 @dataclass
 class _Pack:
     buffer: bytearray  # pack_size bytes, filled from the start
-    view: memoryview  # of buffer: slice assignment through it copies about twice as fast
+    view: memoryview  # of buffer: slice assignment through it copies faster
     fill: int = 0
     width: int | None = None  # the plane width of every member (0: they differ); None: empty
     dtype: np.dtype[Any] | None = None  # the last member's

@@ -447,8 +447,8 @@ def read_many(
         results.append(outs)
     # The copies run in this thread once every chunk is decoded, as a load's do: most are small
     # (a pack member per device shard, its digest checked), work that holds the GIL, so the
-    # reading threads only took turns at it (a 64-device restore of 12,800 members spent 3.7x
-    # the CPU on them that one thread does).
+    # reading threads only took turns at it, spending several times the CPU one thread does
+    # (profiled on the 64-device restores of docs/benchmarks.md, "Restoring onto many devices").
     run_in_threads(jobs, threads or default_threads())
     for fill in fills:
         fill()

@@ -2,7 +2,7 @@
 
 The pools are kept between calls, one per role and size: a thread started per call waits for
 the scheduler to run it on cores the threads started before it keep busy, which cost a one-leaf
-read of MiniLM a quarter of its time, and a new thread faulted its scratch buffers in again. A
+read of MiniLM a large share of its time, and a new thread faulted its scratch buffers in again. A
 process forked from one that has used them starts with none (its copies of the threads do not
 run).
 """

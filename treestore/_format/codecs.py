@@ -133,7 +133,7 @@ def _compressor(level: int, spread: bool = False) -> zstandard.ZstdCompressor:
 
 def _params(level: int, **threads: int) -> zstandard.ZstdCompressionParameters:
     # Weights have little to find by LZ matching: a tiny match search keeps the entropy coding
-    # (where the gain is) at about four times the speed of the level's defaults, and compresses
+    # (where the gain is) at several times the speed of the level's defaults, and compresses
     # exponent planes slightly better.
     return zstandard.ZstdCompressionParameters.from_level(
         level, min_match=7, search_log=1, hash_log=6, window_log=17, write_content_size=True, **threads

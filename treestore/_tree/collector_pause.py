@@ -3,7 +3,7 @@
 A tree of 100k leaves makes a few objects per leaf (addresses, leaf records, index entries):
 each 700 allocations start a collection, and every so often one that walks every object of the
 process — the caller's tree included — so the collector's work grows with the square of the
-number of leaves (at 100k leaves, a third of a save's time). Flattening and converting a tree
+number of leaves (at 100k leaves, a large share of a save's time). Flattening and converting a tree
 always run with the collector paused; a whole save or load does when its tree has at least
 :data:`MANY_LEAVES` leaves, where per-leaf work is most of its time. One pause over the whole
 operation, not one per phase: each pause that ends leaves every object made during it to the
