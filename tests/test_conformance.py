@@ -129,7 +129,7 @@ def chunk_paths(manifest: treestore.types.Manifest, address: str) -> list[str]:
 
 
 def chunk_digests_in(storage: Storage) -> set[bytes]:
-    found = {_paths.digest_from_path(o.path) for o in storage.list(_paths.CHUNKS)}
+    found = {_paths.parse_chunk(o.path) for o in storage.list(_paths.CHUNKS)}
     return {d for d in found if d is not None}
 
 

@@ -407,7 +407,7 @@ def test_killed_save_leaves_nothing_visible_and_does_not_block_gc(zygote, tmp_pa
 
 def _foreign_lock(store: treestore.Store, kind: str, age: float) -> str:
     """A lock as a process on another host writes it (its liveness cannot be checked here)."""
-    path = f"{_paths.LOCKS}/{kind}-{uuid.uuid4().hex}"
+    path = _paths.lock_path(kind, uuid.uuid4().hex)
     record = {"kind": kind, "created": time.time() - age, "host": "another-host.invalid", "pid": 1}
     store.storage.write(path, [msgpack.packb(record)])
     return path

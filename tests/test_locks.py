@@ -73,7 +73,7 @@ def test_a_lock_record_names_its_process_identity():
 
 
 def _lock(store: treestore.Store, record: Any, raw: bytes | None = None) -> str:
-    path = f"{_paths.LOCKS}/gc-{uuid.uuid4().hex}"
+    path = _paths.lock_path("gc", uuid.uuid4().hex)
     store.storage.write(path, [raw if raw is not None else msgpack.packb(record)])
     return path
 
@@ -89,7 +89,7 @@ def test_lock_ages():
     for bad in ({**mine, "created": float("inf")}, {**mine, "created": float("nan")}):
         assert _locks.lock_time(s, _lock(store, bad), 123.0) == 123.0  # ages by its mtime
     assert _locks.lock_time(s, _lock(store, None, raw=b"\x00" * 5000), 456.0) == 456.0
-    assert _locks.lock_time(s, f"{_paths.LOCKS}/gc-{'0' * 32}", 789.0) == 0.0  # removed since listed
+    assert _locks.lock_time(s, _paths.lock_path("gc", "0" * 32), 789.0) == 0.0  # removed since listed
 
 
 # --- 12.6: gc with grace=0 must not delete the temporary file of a save's lock ---------------------

@@ -19,7 +19,8 @@ import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
 import treestore
-from treestore._api.retention import Policy, StepInfo, step_name
+from treestore._api.retention import Policy, StepInfo
+from treestore._format.paths import step_name
 
 from .support.helpers import assert_tree_equal
 

@@ -424,7 +424,7 @@ def test_gc_with_lock_objects_of_arbitrary_content(content):
         orphan = _paths.chunk_path(bytes(32))  # a chunk's name, which no manifest references
         misplaced = f"{_paths.CHUNKS}/ff/{bytes(32).hex()}"  # named like a chunk, in the wrong folder
         store.storage.write(misplaced, [content])
-        locks = [f"{_paths.LOCKS}/save-{uuid.uuid4().hex}", f"{_paths.LOCKS}/gc-{uuid.uuid4().hex}"]
+        locks = [_paths.lock_path(kind, uuid.uuid4().hex) for kind in _paths.LOCK_KINDS]
         for path in [*locks, orphan]:
             store.storage.write(path, [content])
             long_ago = time.time() - 2 * STALE_AFTER

@@ -22,6 +22,7 @@ from treestore._api import heatmap as _heatmap
 from treestore._api import timeline_html as _html
 from treestore._api.checkpoint import Checkpoint
 from treestore._engine import committed as _committed
+from treestore._format import paths as _paths
 from treestore._format import select as _select
 from treestore._format.columns import Columns
 from treestore._storage.base import Storage
@@ -291,7 +292,7 @@ def readable(storage: Storage) -> tuple[list[Checkpoint], tuple[tuple[str, str],
         raise _committed.not_found(storage, None)
     problems: dict[str, TreestoreError] = dict(bad)
     views = []
-    for r in sorted(records, key=lambda r: (r.created, r.name)):
+    for r in sorted(records, key=_paths.commit_order):
         try:
             views.append(Checkpoint(storage, _committed.read_columns(storage, r)))
         except CheckpointNotFoundError:
