@@ -393,7 +393,7 @@ MUTATIONS: list[Mutation] = [
     m(
         "tiers compared as strings",
         "treestore/_api/replication.py",
-        "if remote.storage.overlaps(local.storage):",
+        "if remote._storage.overlaps(local._storage):",
         "if remote.url == local.url:",
         ["tests/test_two_tier.py::test_one_store_as_both_tiers_is_refused_however_it_is_spelt"],
         "one folder spelt two ways is accepted as both tiers, whose retentions delete each other's steps",

@@ -289,7 +289,7 @@ class CheckpointManager:
     def _commit(self, prepared: _prepare.Prepared, step: int, metadata: Any, overwrite: bool) -> None:
         name = step_name(step)
         self.last_result = _write.write(
-            self.store.storage,
+            self.store._storage,
             prepared,
             name,
             metadata=metadata,

@@ -40,7 +40,7 @@ def open_remote(
         keep_last=tier.keep_last, keep_every=tier.keep_every, keep_healthy=keep_healthy, healthy=healthy
     )
     remote = Store(dst[0], storage_options=dst[1])
-    if remote.storage.overlaps(local.storage):
+    if remote._storage.overlaps(local._storage):
         raise InvalidInputError(
             f"local={local.url!r} and remote={remote.url!r} are one store, or one "
             "lies inside the other: each tier's retention would delete the other's steps"
