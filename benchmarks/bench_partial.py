@@ -64,7 +64,9 @@ def main(argv: list[str] | None = None) -> int:
         ckpt = treestore.open(url, "a")
         np.asarray(ckpt["wte"])
         one_read = ckpt.bytes_read
-        msize = store.storage.object_size(manifest_path(read_commit_record(store.storage, "a").manifest)) or 0
+        msize = (
+            store._storage.object_size(manifest_path(read_commit_record(store._storage, "a").manifest)) or 0
+        )
 
         ckpt = treestore.open(url, "a")
         ckpt["wte"][20000:20100]

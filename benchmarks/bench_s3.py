@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
             store = treestore.Store(url, storage_options=opts)
             dt, result = timed(lambda: store.save(tree, "ckpt"))  # noqa: B023
             samples["ts_save"].append(dt)
-            stored_total = sum(o.size for o in store.storage.list(_paths.CHUNKS))
+            stored_total = sum(o.size for o in store._storage.list(_paths.CHUNKS))
             dt, loaded = timed(lambda: treestore.Store(url, storage_options=opts).load("ckpt"))  # noqa: B023
             samples["ts_load"].append(dt)
             if run == 0:

@@ -112,7 +112,7 @@ def measure(n: int, runs: int, pieces: bool, tmp: str) -> dict[str, Any]:
     row["ts diff"] = median_ms(lambda: treestore.diff(f"{url}#a", f"{url}#b"), runs)
     changed = len(treestore.diff(f"{url}#a", f"{url}#b"))
     assert changed == int(n * 0.01), changed
-    row["B/leaf"] = read_commit_record(treestore.Store(url).storage, "a").manifest_size / n
+    row["B/leaf"] = read_commit_record(treestore.Store(url)._storage, "a").manifest_size / n
     row["peak MiB"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # before safetensors
     log(f"{row['leaves']}: safetensors")
     flat = {f"{g}.{k}": np.asarray(v) for g, leaves in tree.items() for k, v in leaves.items()}

@@ -283,7 +283,7 @@ def test_a_big_chunk_stored_alone_is_hashed_and_compressed_on_every_core(tmp_pat
     asked.clear()
     store.save({"w": raw.view(np.float32)}, "a", options=treestore.SaveOptions(chunk_size=64 * 2**20))
     assert (raw.nbytes, os.cpu_count()) in asked
-    assert len(store.storage.list("chunks")) == 1
+    assert len(store._storage.list("chunks")) == 1
     assert np.array_equal(store.load("a")["w"], raw.view(np.float32))
     assert np.array_equal(np.asarray(store.open("a")["w"]), raw.view(np.float32))
     assert treestore.verify(str(tmp_path / "store")).ok

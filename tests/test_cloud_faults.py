@@ -150,7 +150,7 @@ def save_in_background(
     written = threading.Event()
     count = [0]
     lock = threading.Lock()
-    write = store.storage.write
+    write = store._storage.write
 
     def counting(path: str, buffers: Any) -> None:
         write(path, buffers)
@@ -160,7 +160,7 @@ def save_in_background(
                 if count[0] == after_writes:
                     written.set()
 
-    store.storage.write = counting  # type: ignore[method-assign]
+    store._storage.write = counting  # type: ignore[method-assign]
 
     def run() -> None:
         try:
@@ -221,7 +221,7 @@ def test_connection_cut_mid_save(s3_backend: servers.Backend, proxy: Proxy) -> N
     assert [c.name for c in store.list()] == ["first"]  # nothing of the failed save is visible
     assert not store.exists("second")
     assert_tree_equal(store.load("first"), first)
-    orphans = len(store.storage.list(_paths.CHUNKS)) - 1
+    orphans = len(store._storage.list(_paths.CHUNKS)) - 1
     assert orphans >= 10  # chunks of the failed save: unreferenced, harmless
     # The dead save's lock keeps other processes' gc away until it is stale (an hour by default);
     # this process knows that save is over. Forget that, to see what another process sees ...

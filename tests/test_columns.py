@@ -671,7 +671,7 @@ def test_columns_say_what_each_leaf_is_and_whether_two_are_of_one_type():
         "g": jnp.zeros(3, jnp.float32),
     }
     treestore.save("memory://columns/what", tree, "c")
-    c = treestore.open("memory://columns/what#c").columns
+    c = treestore.open("memory://columns/what#c")._columns
     at = {a: i for i, a in enumerate(c.addresses)}
     assert [bool(c.is_array[at[k]]) for k in "abcdefg"] == [True] * 4 + [False, False, True]
     assert [c.kind(at[k]) for k in "abefg"] == ["numpy", "jax", "int", "float", "jax"]

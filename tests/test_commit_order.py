@@ -70,7 +70,7 @@ def tree(v: int) -> dict[str, Any]:
 
 
 def objects(store: treestore.Store, folder: str) -> set[str]:
-    return {o.path for o in store.storage.list(folder)}
+    return {o.path for o in store._storage.list(folder)}
 
 
 @pytest.mark.parametrize("folder", ["manifests", "checkpoints"])
@@ -104,7 +104,7 @@ def test_the_manifest_is_durable_before_the_record_is_written(failwrite):
     FailingFileSystem.fail_in = None
     orphans = objects(store, _paths.MANIFESTS) - manifests
     assert len(orphans) == 1, "the manifest was not written before the commit record"
-    assert store.storage.list(_paths.LOCKS) == []  # a failed save removes its lock
+    assert store._storage.list(_paths.LOCKS) == []  # a failed save removes its lock
     report = store.gc(grace=0)
     assert report.manifests_removed == 1
     assert objects(store, _paths.MANIFESTS) == manifests
@@ -116,7 +116,7 @@ def test_each_step_is_durable_before_the_next(tmp_path, monkeypatch):
     """The storage calls of one save, in order: chunks (each staged, then published on a thread
     of its own), sync, manifest, sync, commit record (put-if-absent), sync."""
     store = treestore.Store(str(tmp_path / "store"))
-    storage = store.storage
+    storage = store._storage
     calls: list[str] = []
     lock = threading.Lock()
 
@@ -268,7 +268,7 @@ def _nothing_left(store: treestore.Store, chunks: set[str]) -> None:
     """After a failed save: only the first checkpoint, which loads, and no temporary file;
     chunk objects the save named are unreferenced (gc removes them)."""
     assert [c.name for c in store.list()] == ["first"]
-    assert store.storage.temporaries("") == []
+    assert store._storage.temporaries("") == []
     assert_tree_equal(store.load("first"), tree(0))
     store.gc(grace=0)
     assert objects(store, _paths.CHUNKS) == chunks
@@ -372,7 +372,7 @@ def test_a_commit_replaces_a_damaged_object_under_its_manifests_name(tmp_path, d
     src, dst = str(tmp_path / "src"), str(tmp_path / "dst")
     tree = {"w": np.arange(1000, dtype=np.float32), "b": np.ones(3)}
     treestore.save(src, tree, "a")
-    storage = treestore.Store(src).storage
+    storage = treestore.Store(src)._storage
     path = _paths.manifest_path(_committed.read_commit_record(storage, "a").manifest)
     good = storage.read(path)
     assert good is not None

@@ -50,7 +50,7 @@ def test_checked_in_store_loads_exactly(tmp_path, version):
 
 
 def _manifests(version: int) -> list[tuple[str, bytes]]:
-    storage = treestore.Store(str(DATA / f"store-v{version}")).storage
+    storage = treestore.Store(str(DATA / f"store-v{version}"))._storage
     out = []
     for name in _committed.checkpoint_names(storage):
         ref = _committed.read_commit_record(storage, name)
@@ -93,7 +93,9 @@ def test_leaf_digests_of_leaves_in_pieces_are_the_same_from_columns_and_entries(
     """The parted store's leaves saved in pieces (four processes): the columns' digest of each
     leaf is its entry's (SPEC 6.7, pieces with their boxes)."""
     store = treestore.Store(str(DATA / "store-v2-parts"))
-    columns = _committed.read_columns(store.storage, _committed.read_commit_record(store.storage, "sharded"))
+    columns = _committed.read_columns(
+        store._storage, _committed.read_commit_record(store._storage, "sharded")
+    )
     entries = store.manifest("sharded").leaves
     assert any(e.pieces for e in entries)
     assert [columns.digest(i) for i in range(len(columns))] == [e.digest for e in entries]
@@ -111,8 +113,8 @@ def test_a_store_holds_checkpoints_of_both_versions(tmp_path):
     assert result.chunks_reused > 0
     versions = {}
     for name in ("first", "second", "third"):
-        ref = _committed.read_commit_record(store.storage, name)
-        data = _committed.read_manifest_bytes(store.storage, ref)
+        ref = _committed.read_commit_record(store._storage, name)
+        data = _committed.read_manifest_bytes(store._storage, ref)
         versions[name] = msgpack.unpackb(data)["version"]
     assert versions == {"first": 1, "second": 1, "third": 2}
     assert treestore.load(url, "third")["step"] == 99
@@ -125,7 +127,7 @@ def test_a_store_holds_checkpoints_of_both_versions(tmp_path):
     dst = str(tmp_path / "copy")
     treestore.copy(f"{url}#first", f"{dst}#renamed")
     treestore.copy(f"{url}#third", dst)
-    dst_storage = treestore.Store(dst).storage
+    dst_storage = treestore.Store(dst)._storage
     for name, version in (("renamed", 1), ("third", 2)):
         ref = _committed.read_commit_record(dst_storage, name)
         data = _committed.read_manifest_bytes(dst_storage, ref)
@@ -142,7 +144,7 @@ def test_checked_in_store_in_parts_loads_exactly(tmp_path):
 
     url = str(tmp_path / "store")
     shutil.copytree(DATA / "store-v2-parts", url)
-    storage = treestore.Store(url).storage
+    storage = treestore.Store(url)._storage
     ref = _committed.read_commit_record(storage, "sharded")
     data = _committed.read_manifest_bytes(storage, ref)
     frame = decode_columns(data, "sharded")
@@ -159,7 +161,7 @@ def test_checked_in_store_in_parts_loads_exactly(tmp_path):
     treestore.copy(f"{url}#sharded", str(tmp_path / "copy"))
     treestore.copy(f"{url}#sharded", str(tmp_path / "copy") + "#renamed")
     copied = treestore.Store(str(tmp_path / "copy"))
-    assert copied.storage.read(_paths.manifest_path(frame.parts[2][0])) is not None  # carried over
+    assert copied._storage.read(_paths.manifest_path(frame.parts[2][0])) is not None  # carried over
     for name in ("sharded", "renamed"):
         assert_leaf_equal(treestore.load(str(tmp_path / "copy"), name)["w"], sharded_tree()["w"], name)
     assert treestore.verify(str(tmp_path / "copy")).ok

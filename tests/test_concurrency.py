@@ -64,10 +64,10 @@ def expected(name: str) -> Any:
 
 def _referenced(store: treestore.Store) -> set[str]:
     paths = set()
-    for name in _committed.checkpoint_names(store.storage):
-        ref = _committed.read_commit_record(store.storage, name)
+    for name in _committed.checkpoint_names(store._storage):
+        ref = _committed.read_commit_record(store._storage, name)
         paths.add(_paths.manifest_path(ref.manifest))
-        paths |= {_paths.chunk_path(d) for d in _committed.read_columns(store.storage, ref).chunk_digests()}
+        paths |= {_paths.chunk_path(d) for d in _committed.read_columns(store._storage, ref).chunk_digests()}
     return paths
 
 

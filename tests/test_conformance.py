@@ -129,7 +129,7 @@ def chunk_paths(manifest: treestore.types.Manifest, address: str) -> list[str]:
 
 
 def chunk_digests_in(storage: Storage) -> set[bytes]:
-    found = {_paths.digest_from_path(o.path) for o in storage.list(_paths.CHUNKS)}
+    found = {_paths.parse_chunk(o.path) for o in storage.list(_paths.CHUNKS)}
     return {d for d in found if d is not None}
 
 
@@ -153,7 +153,7 @@ class StoreConformance:
         result = target.store().save(tree, "step-1", options=OPTIONS, metadata={"step": 1})
         assert result.leaves == 1 + 300 + 1 + 1 + 3  # big, layers, bf16, empty, meta (None is a node)
         assert result.chunks_written == 4 + 1  # big's four chunks and one pack of the small leaves
-        objects = target.store().storage.list(_paths.CHUNKS)
+        objects = target.store()._storage.list(_paths.CHUNKS)
         assert len(objects) == 5  # 301 small leaves never became one object each
         assert {o.path for o in objects} >= {*chunk_paths(target.store().manifest("step-1"), "big")}
         assert_tree_equal(target.reader().load("step-1"), tree)
@@ -165,7 +165,7 @@ class StoreConformance:
         again = target.store().save(tree, "b", options=OPTIONS)
         assert (again.chunks_written, again.bytes_written) == (0, 0)
         assert again.chunks_reused == first.chunks_written
-        assert len(target.store().storage.list(_paths.CHUNKS)) == first.chunks_written
+        assert len(target.store()._storage.list(_paths.CHUNKS)) == first.chunks_written
         assert_tree_equal(target.reader().load("b"), tree)
 
     def test_list_metadata_latest(self, target: Target) -> None:
@@ -236,7 +236,7 @@ class StoreConformance:
                 assert read_only(exc)
             assert [i.name for i in reader.list()] == ["a", "b"]
             return
-        before = chunk_digests_in(store.storage)
+        before = chunk_digests_in(store._storage)
         reader.delete("a")
         assert [i.name for i in reader.list()] == ["b"]
         with pytest.raises(treestore.errors.CheckpointNotFoundError):
@@ -249,8 +249,8 @@ class StoreConformance:
         live = reader.manifest("b").chunk_digests()
         assert report.chunks_removed == len(before - live) > 0  # a's old chunk 1 and bf16's pack
         assert report.manifests_removed == 1
-        assert chunk_digests_in(store.storage) == live
-        assert store.storage.list(_paths.LOCKS) == []
+        assert chunk_digests_in(store._storage) == live
+        assert store._storage.list(_paths.LOCKS) == []
         assert_tree_equal(reader.load("b"), changed_tree(base))
 
     # -- partial reads ----------------------------------------------------------------------------
@@ -335,9 +335,9 @@ class StoreConformance:
         store.save(tree, "a", options=OPTIONS)
         paths = chunk_paths(store.manifest("a"), "big")
         # Swap in another valid chunk object of the same raw size: it decodes, but to other bytes.
-        other = store.storage.read(paths[2])
+        other = store._storage.read(paths[2])
         assert other is not None
-        store.storage.write(paths[1], [other])
+        store._storage.write(paths[1], [other])
         with pytest.raises(treestore.errors.ChunkDamagedError, match="does not match its digest") as exc:
             target.reader().load("a")
         assert exc.value.address == "big" and "big" in str(exc.value)
@@ -346,10 +346,10 @@ class StoreConformance:
         np.testing.assert_array_equal(ckpt["big"][:256], tree["big"][:256])  # chunk 0 is fine
         with pytest.raises(treestore.errors.ChunkDamagedError, match="big"):
             ckpt["big"][300]
-        store.storage.write(paths[1], [b"TSC1 garbage"])
+        store._storage.write(paths[1], [b"TSC1 garbage"])
         with pytest.raises(treestore.errors.ChunkDamagedError, match="big"):
             target.reader().load("a", select="big")
-        store.storage.delete(paths[1])
+        store._storage.delete(paths[1])
         with pytest.raises(treestore.errors.ChunkMissingError, match="big"):
             target.reader().load("a")
 
@@ -359,11 +359,11 @@ class StoreConformance:
         stores = [target.store(), target.store()]
         commit = threading.Barrier(2, timeout=20)
         for s in stores:
-            monkeypatch.setattr(s.storage, "write_new", _after(commit, s.storage.write_new))
+            monkeypatch.setattr(s._storage, "write_new", _after(commit, s._storage.write_new))
         if target.backend in ("s3", "gcs", "azure"):
             # Both past any existence check before either PUT is sent.
             put = threading.Barrier(2, timeout=20)
-            for fs in {id(s.storage.fs): s.storage.fs for s in stores}.values():
+            for fs in {id(s._storage.fs): s._storage.fs for s in stores}.values():
                 pipe = fs.pipe_file
                 monkeypatch.setattr(
                     fs, "pipe_file", _after(put, pipe, when=lambda p, *a, **k: "/checkpoints/" in p)
@@ -474,15 +474,15 @@ class StoreConformance:
         report = treestore.verify(target.read_url, storage_options=target.read_options)
         assert report.ok and report.checkpoints == ("a",)
         path = chunk_paths(store.manifest("a"), "big")[3]
-        store.storage.write(path, [b"not a chunk"])
+        store._storage.write(path, [b"not a chunk"])
         report = treestore.verify(target.read_url, storage_options=target.read_options)
         assert not report.ok and any(p.address == "big" for p in report.problems)
 
     # -- the object layer -------------------------------------------------------------------------
     def test_object_layer(self, target: Target) -> None:
         """The contract of ``Storage`` that the store relies on, on this backend."""
-        w = target.store().storage
-        r = target.reader().storage
+        w = target.store()._storage
+        r = target.reader()._storage
         w.write("x/obj", [b"hel", memoryview(b"lo")])
         w.write("x/empty", [b""])
         assert r.read("x/obj") == b"hello" and r.read("x/missing") is None
@@ -547,7 +547,7 @@ class StoreConformance:
         if not target.writable:
             pytest.skip("a read-only backend is written by no thread")
         small = target.backend in ("local", "memory")
-        list_while_churning(target.store().storage, kept=100 if small else 10, writes=400 if small else 15)
+        list_while_churning(target.store()._storage, kept=100 if small else 10, writes=400 if small else 15)
 
     def test_threads_share_one_filesystem(self, target: Target) -> None:
         """Saves and loads run many requests at once through one filesystem instance."""
@@ -632,7 +632,7 @@ class TestMemory(StoreConformance):
         from fsspec.implementations.memory import MemoryFileSystem
 
         monkeypatch.setattr(MemoryFileSystem, "store", _SlowlyIterated(MemoryFileSystem.store))
-        list_while_churning(target.store().storage, kept=50, writes=200)
+        list_while_churning(target.store()._storage, kept=50, writes=200)
 
 
 class TestS3(StoreConformance):
@@ -651,7 +651,7 @@ class TestGCS(StoreConformance):
         target.store().save({"x": 1}, "a")
         with pytest.raises(treestore.errors.CheckpointExistsError):
             target.store().save({"x": 2}, "a")
-        assert target.store().storage.write_new("checkpoints/a", b"other") is False
+        assert target.store()._storage.write_new("checkpoints/a", b"other") is False
 
 
 class TestAzure(StoreConformance):

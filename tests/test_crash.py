@@ -136,9 +136,9 @@ def referenced(store: treestore.Store) -> tuple[set[str], set[str]]:
     """The chunk and manifest object paths the committed checkpoints reference."""
     chunks, manifests = set(), set()
     for info in store.list():
-        ref = _committed.read_commit_record(store.storage, info.name)
+        ref = _committed.read_commit_record(store._storage, info.name)
         manifests.add(_paths.manifest_path(ref.manifest))
-        chunks |= {_paths.chunk_path(d) for d in _committed.read_columns(store.storage, ref).chunk_digests()}
+        chunks |= {_paths.chunk_path(d) for d in _committed.read_columns(store._storage, ref).chunk_digests()}
     return chunks, manifests
 
 
@@ -407,9 +407,9 @@ def test_killed_save_leaves_nothing_visible_and_does_not_block_gc(zygote, tmp_pa
 
 def _foreign_lock(store: treestore.Store, kind: str, age: float) -> str:
     """A lock as a process on another host writes it (its liveness cannot be checked here)."""
-    path = f"{_paths.LOCKS}/{kind}-{uuid.uuid4().hex}"
+    path = _paths.lock_path(kind, uuid.uuid4().hex)
     record = {"kind": kind, "created": time.time() - age, "host": "another-host.invalid", "pid": 1}
-    store.storage.write(path, [msgpack.packb(record)])
+    store._storage.write(path, [msgpack.packb(record)])
     return path
 
 
@@ -428,7 +428,7 @@ def test_locks_of_other_hosts_count_until_stale(tmp_path, monkeypatch):
         store, lambda: store.save(worker.make_tree(2), "c-00002", options=worker.save_options()), monkeypatch
     )
     assert problem is not None and "gc" in problem  # a live gc elsewhere: the save waits
-    store.storage.delete(gc_lock)
+    store._storage.delete(gc_lock)
     _foreign_lock(store, "gc", age=2 * _locks.STALE_AFTER)  # a stale one does not hold saves
     store.save(worker.make_tree(2), "c-00002", options=worker.save_options())
     assert [c.name for c in store.list()] == ["c-00000", "c-00001", "c-00002"]

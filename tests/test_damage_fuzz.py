@@ -85,12 +85,12 @@ def store(tmp_path_factory) -> tuple[str, dict[str, Any], dict[str, Users], list
     saved = {name: s.load(name) for name in trees()}
     objects: dict[str, Users] = {}
     for name in trees():
-        ref = _committed.read_commit_record(s.storage, name)
+        ref = _committed.read_commit_record(s._storage, name)
         objects[_paths.record_path(name)] = Users("record", [(name, None)])
         objects.setdefault(_paths.manifest_path(ref.manifest), Users("manifest", [])).users.append(
             (name, None)
         )
-        m = Manifest(_committed.read_columns(s.storage, ref))
+        m = Manifest(_committed.read_columns(s._storage, ref))
         for leaf in m.leaves:
             for c in leaf.chunks:
                 d = m.packs[c.pack].digest if c.pack is not None else c.digest

@@ -265,7 +265,7 @@ def test_derive_waits_for_a_running_gc(local):
     # derive takes the save lock before it reads the base: a gc in flight is waited for, and no
     # gc can start until the derived checkpoint is committed.
     store, _ = local
-    gc_lock = locks.Lock(store.storage, "gc")
+    gc_lock = locks.Lock(store._storage, "gc")
     done = threading.Event()
     worker = threading.Thread(target=lambda: (store.derive("base", "d", drop="opt/**"), done.set()))
     worker.start()

@@ -145,7 +145,7 @@ def test_missing_chunk_while_comparing_values_names_the_address(store_url):
     from treestore._format import paths as _paths
 
     entry = store.open("b")["layers/0/w"].entry
-    store.storage.delete(_paths.chunk_path(entry.chunks[0].digest))
+    store._storage.delete(_paths.chunk_path(entry.chunks[0].digest))
     assert treestore.diff(f"{store_url}#a", f"{store_url}#b").changed == ("layers/0/w",)  # manifests only
     with pytest.raises(treestore.errors.ChunkMissingError, match="layers/0/w"):
         treestore.diff(f"{store_url}#a", f"{store_url}#b", values=True)

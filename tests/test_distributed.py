@@ -70,8 +70,8 @@ def test_two_processes_save_then_restore_elsewhere(tmp_path):
     by = {e.address: e for e in manifest.leaves}
     assert len(by["w"].pieces) == 4 and len(by["v"].pieces) == 4 and not by["r"].pieces
     assert manifest.metadata == {"processes": 2}
-    assert treestore.Store(store).storage.list("staging") == []  # the outcome record cleaned up
-    storage = treestore.Store(store).storage
+    assert treestore.Store(store)._storage.list("staging") == []  # the outcome record cleaned up
+    storage = treestore.Store(store)._storage
     frame = decode_any(
         _committed.read_manifest_bytes(storage, _committed.read_commit_record(storage, "dist")), "dist"
     )
@@ -118,4 +118,4 @@ def test_a_process_that_never_saves_is_named_when_the_barrier_times_out(tmp_path
     assert "raised BarrierTimeoutError: multi-process save of checkpoint 'absent'" in outputs[0]
     assert "barrier 'written': process 1 (of 2) did not arrive within 3 s" in outputs[0], outputs[0][-3000:]
     s = treestore.Store(store)
-    assert s.list() == [] and s.storage.list("locks") == []
+    assert s.list() == [] and s._storage.list("locks") == []

@@ -23,13 +23,13 @@ def _orphaned_store() -> treestore.Store:
 
 def test_objects_listed_without_a_modification_time_are_never_deleted_by_age(monkeypatch: pytest.MonkeyPatch):
     store = _orphaned_store()
-    before = sorted(o.path for o in store.storage.list(""))
+    before = sorted(o.path for o in store._storage.list(""))
     monkeypatch.setattr(base, "_mtime", lambda info: None)
-    assert store.storage.list("chunks")[0].mtime is None  # the backend as gc sees it now
+    assert store._storage.list("chunks")[0].mtime is None  # the backend as gc sees it now
     report = store.gc(grace=0)
     assert (report.chunks_removed, report.manifests_removed, report.bytes_freed) == (0, 0, 0)
     assert report.kept_young > 0
-    assert sorted(o.path for o in store.storage.list("")) == before
+    assert sorted(o.path for o in store._storage.list("")) == before
     monkeypatch.undo()  # with modification times the same objects are old enough to go
     report = store.gc(grace=0)
     assert report.chunks_removed > 0 and report.manifests_removed == 1

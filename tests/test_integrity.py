@@ -324,7 +324,7 @@ def test_a_manifest_damaged_after_it_was_opened_is_refused_when_reopened(saved):
     are read and checked every time: damage after the first open is still found."""
     first = treestore.open(saved, "ckpt")
     again = treestore.open(saved, "ckpt")
-    assert again.columns is first.columns  # decoded and validated once
+    assert again._columns is first._columns  # decoded and validated once
     ref = hostile.commit_record(saved, "ckpt")
     hostile.truncate(saved, _paths.manifest_path(ref["manifest"]), 50)
     for read in (lambda: treestore.open(saved, "ckpt"), lambda: treestore.load(saved)):

@@ -49,13 +49,13 @@ def test_gc_rewrites_its_lock_during_a_long_run(monkeypatch: pytest.MonkeyPatch)
     for i in range(3):
         store.save({"x": np.full(3, float(i))}, f"c{i}")
     writes: list[str] = []
-    real = store.storage.write
+    real = store._storage.write
 
     def write(path: str, buffers: Any) -> None:
         writes.append(path)
         real(path, buffers)
 
-    monkeypatch.setattr(store.storage, "write", write)
+    monkeypatch.setattr(store._storage, "write", write)
     monkeypatch.setattr(_gc, "STALE_AFTER", 0.0, raising=False)
     store.gc(grace=0)
     gc_writes = [p for p in writes if p.startswith(f"{_paths.LOCKS}/gc-")]
@@ -64,8 +64,8 @@ def test_gc_rewrites_its_lock_during_a_long_run(monkeypatch: pytest.MonkeyPatch)
 
 def test_a_lock_record_names_its_process_identity():
     store = _store()
-    with _locks.Lock(store.storage, "save") as lock:
-        record = msgpack.unpackb(store.storage.read(lock.path), raw=False)
+    with _locks.Lock(store._storage, "save") as lock:
+        record = msgpack.unpackb(store._storage.read(lock.path), raw=False)
     assert record["pid"] == os.getpid() and record["host"] == socket.gethostname()
     if os.path.exists("/proc/self/stat"):
         boot, _, ticks = record["start"].partition(":")
@@ -73,14 +73,14 @@ def test_a_lock_record_names_its_process_identity():
 
 
 def _lock(store: treestore.Store, record: Any, raw: bytes | None = None) -> str:
-    path = f"{_paths.LOCKS}/gc-{uuid.uuid4().hex}"
-    store.storage.write(path, [raw if raw is not None else msgpack.packb(record)])
+    path = _paths.lock_path("gc", uuid.uuid4().hex)
+    store._storage.write(path, [raw if raw is not None else msgpack.packb(record)])
     return path
 
 
 def test_lock_ages():
     store = _store()
-    s = store.storage
+    s = store._storage
     now = time.time()
     mine = {"kind": "gc", "created": now, "host": socket.gethostname(), "pid": os.getpid()}
     assert _locks.lock_time(s, _lock(store, mine), None) == now  # a live process of this host
@@ -89,7 +89,7 @@ def test_lock_ages():
     for bad in ({**mine, "created": float("inf")}, {**mine, "created": float("nan")}):
         assert _locks.lock_time(s, _lock(store, bad), 123.0) == 123.0  # ages by its mtime
     assert _locks.lock_time(s, _lock(store, None, raw=b"\x00" * 5000), 456.0) == 456.0
-    assert _locks.lock_time(s, f"{_paths.LOCKS}/gc-{'0' * 32}", 789.0) == 0.0  # removed since listed
+    assert _locks.lock_time(s, _paths.lock_path("gc", "0" * 32), 789.0) == 0.0  # removed since listed
 
 
 # --- 12.6: gc with grace=0 must not delete the temporary file of a save's lock ---------------------
@@ -388,9 +388,9 @@ def test_a_save_announces_itself_before_it_looks_for_a_gc(monkeypatch: pytest.Mo
     and the save's going on must see the save's lock (and defer), whatever the timing."""
     store = _store()
     seen = _between_announcing_and_looking(
-        monkeypatch, "save", lambda: _locks.gc_lock(store.storage, stale_after=3600, wait=0)
+        monkeypatch, "save", lambda: _locks.gc_lock(store._storage, stale_after=3600, wait=0)
     )
-    with _locks.save_lock(store.storage):
+    with _locks.save_lock(store._storage):
         assert len(seen) == 1 and isinstance(seen[0], treestore.errors.StoreBusyError), seen
 
 
@@ -399,7 +399,7 @@ def test_a_gc_announces_itself_before_it_looks_for_saves(monkeypatch: pytest.Mon
     on must see the gc's lock (and wait for it, here: give up at once)."""
     store = _store()
     seen = _between_announcing_and_looking(
-        monkeypatch, "gc", lambda: _locks.save_lock(store.storage, timeout=0)
+        monkeypatch, "gc", lambda: _locks.save_lock(store._storage, timeout=0)
     )
-    with _locks.gc_lock(store.storage, stale_after=3600, wait=0):
+    with _locks.gc_lock(store._storage, stale_after=3600, wait=0):
         assert len(seen) == 1 and isinstance(seen[0], treestore.errors.StoreBusyError), seen

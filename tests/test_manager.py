@@ -19,7 +19,8 @@ import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
 import treestore
-from treestore._api.retention import Policy, StepInfo, step_name
+from treestore._api.retention import Policy, StepInfo
+from treestore._format.paths import step_name
 
 from .support.helpers import assert_tree_equal
 
@@ -412,7 +413,7 @@ def test_fine_tuning_writes_about_the_head():
 
 
 def chunk_objects(store: treestore.Store) -> set[str]:
-    return {o.path.rsplit("/", 1)[-1] for o in store.storage.list("chunks")}
+    return {o.path.rsplit("/", 1)[-1] for o in store._storage.list("chunks")}
 
 
 def live_chunks(store: treestore.Store) -> set[str]:
@@ -427,7 +428,7 @@ def test_retention_deletes_and_gc_frees_their_chunks():
     store = treestore.Store(url)
     assert [c.name for c in store.list()] == ["step-000000003"]
     assert chunk_objects(store) == live_chunks(store) and len(live_chunks(store)) == 2
-    assert store.storage.list("manifests") and len(store.storage.list("manifests")) == 1
+    assert store._storage.list("manifests") and len(store._storage.list("manifests")) == 1
 
 
 def test_gc_never_removes_a_chunk_of_a_save_in_flight(gated):

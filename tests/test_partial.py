@@ -174,7 +174,7 @@ def test_lazy_read_of_missing_chunk_names_the_address(counted):
     entry = store.open("c")["opt_state/mu"].entry
     from treestore._format import paths as _paths
 
-    store.storage.delete(_paths.chunk_path(entry.chunks[1].digest))
+    store._storage.delete(_paths.chunk_path(entry.chunks[1].digest))
     ckpt = store.open("c")
     assert ckpt["opt_state/mu"][:10].shape == (10, 64)  # first chunk still readable
     with pytest.raises(treestore.errors.ChunkMissingError, match=r"opt_state/mu: chunk .* is missing"):

@@ -151,7 +151,7 @@ def test_a_job_of_threads_saves_one_checkpoint_every_layout(store_url):
     assert all(len(p.chunks) == 4 for p in by["big"].pieces)  # 64 KiB in 16 KiB chunks
     assert {c.pack for p in by["v"].pieces for c in p.chunks} == {1, 2, 3, 4}  # after the frame's pack
     assert not by["whole"].pieces and len(by["whole"].chunks) == 1  # one piece, all of it
-    assert store.storage.list("staging") == [] and store.storage.list("locks") == []
+    assert store._storage.list("staging") == [] and store._storage.list("locks") == []
     assert runtime.items("treestore/") == {}  # the runtime keeps nothing of the save
 
 
@@ -349,13 +349,13 @@ def test_pieces_that_do_not_tile_a_leaf_name_it_and_the_processes(store_url, box
     store = treestore.Store(store_url)
     store.save({"earlier": np.arange(3)}, "earlier")
     runtime = LocalRuntime(4)
-    results = run_job(store.storage, job(boxes), "job", runtime=runtime, options=OPTIONS)
+    results = run_job(store._storage, job(boxes), "job", runtime=runtime, options=OPTIONS)
     assert isinstance(results[0], InvalidInputError) and expected in str(results[0]), results[0]
     assert results[0].address == "v"
     for r in results[1:]:  # the others learn it from the outcome
         assert isinstance(r, StorageError) and expected in str(r), r
     assert [c.name for c in store.list()] == ["earlier"]
-    assert store.storage.list("locks") == [] and runtime.items("treestore/") == {}
+    assert store._storage.list("locks") == [] and runtime.items("treestore/") == {}
 
 
 def test_a_piece_outside_its_leaf_names_the_process(store_url):
@@ -459,11 +459,11 @@ def test_the_primary_commits_without_reading_a_part(store_url):
     results = run_job(storage, job(), "job", options=OPTIONS)
     assert all(isinstance(r, SaveResult) for r in results), results
     store = treestore.Store(store_url)
-    record = read_commit_record(store.storage, "job")
-    frame = decode_any(read_manifest_bytes(store.storage, record), "job")
+    record = read_commit_record(store._storage, "job")
+    frame = decode_any(read_manifest_bytes(store._storage, record), "job")
     assert isinstance(frame, Frame) and len(frame.parts) == 4
     assert not {manifest_path(p.digest) for p in frame.parts} & set(storage.reads)
-    assert read_columns(store.storage, record).parts == tuple(p.digest for p in frame.parts)
+    assert read_columns(store._storage, record).parts == tuple(p.digest for p in frame.parts)
 
 
 def test_a_reader_of_some_leaves_reads_only_the_parts_holding_them(store_url):
@@ -486,7 +486,7 @@ def test_a_reader_of_some_leaves_reads_only_the_parts_holding_them(store_url):
     np.testing.assert_array_equal(np.asarray(ckpt["big"]), tree_of()["big"])
     assert [storage.reads.count(p) for p in parts] == [1, 1, 1, 1]  # part 3 was kept
     store = treestore.Store(store_url)
-    store.storage = storage = Spied(store.storage)
+    store._storage = storage = Spied(store._storage)
     np.testing.assert_array_equal(store.load("job", select="whole")["whole"], tree_of()["whole"])
     assert [p for p in parts if p in storage.reads] == [parts[3]]
     like = {"whole": np.zeros((8, 8), np.int16)}
@@ -765,7 +765,7 @@ def test_a_share_over_the_limit_is_refused_by_its_own_process(store_url, monkeyp
 
 def test_a_failing_process_fails_every_process_naming_it(store_url):
     store = treestore.Store(store_url)
-    storage = Spied(store.storage)
+    storage = Spied(store._storage)
     storage.refuse_lock_of = "process-2"
     results = run_job(storage, job(), "job", options=OPTIONS)
     assert isinstance(results[2], StorageError) and "disk on fire" in str(results[2])
@@ -773,7 +773,7 @@ def test_a_failing_process_fails_every_process_naming_it(store_url):
     assert "process 2: StorageError: writing locks/save-" in str(results[0]), results[0]
     for r in results[1:]:
         assert isinstance(r, StorageError) and "disk on fire" in str(r), r
-    assert store.list() == [] and store.storage.list("locks") == []
+    assert store.list() == [] and store._storage.list("locks") == []
 
 
 def test_a_process_that_never_arrives_is_named_when_the_others_give_up(store_url, monkeypatch):
@@ -789,7 +789,7 @@ def test_a_process_that_never_arrives_is_named_when_the_others_give_up(store_url
         assert "barrier 'written': process 2 (of 4) did not arrive within 1 s" in str(r), r
         assert "nothing was committed" in str(r)
     store = treestore.Store(store_url)
-    assert store.list() == [] and store.storage.list("locks") == []
+    assert store.list() == [] and store._storage.list("locks") == []
 
 
 def test_followers_name_a_primary_that_never_starts(store_url, monkeypatch):
@@ -826,16 +826,16 @@ def test_a_job_of_one_process_saves_through_the_group_path(store_url):
 def test_gc_keeps_the_parts_of_a_checkpoint_until_it_is_deleted(store_url):
     saved(store_url)
     store = treestore.Store(store_url)
-    frame = decode_any(read_manifest_bytes(store.storage, read_commit_record(store.storage, "job")), "job")
+    frame = decode_any(read_manifest_bytes(store._storage, read_commit_record(store._storage, "job")), "job")
     assert isinstance(frame, Frame)
     paths = [manifest_path(p.digest) for p in frame.parts]
     store.save({"x": np.arange(3)}, "other")
     store.gc(grace=0)
-    assert all(store.storage.read(p) is not None for p in paths)
+    assert all(store._storage.read(p) is not None for p in paths)
     assert treestore.verify(store_url).ok and np.array_equal(store.load("job")["v"], tree_of()["v"])
     store.delete("job")
     report = store.gc(grace=0)
-    assert all(store.storage.read(p) is None for p in paths)
+    assert all(store._storage.read(p) is None for p in paths)
     assert report.manifests_removed == 1 + len(paths)  # the frame and its parts
     assert treestore.verify(store_url).ok
 

@@ -68,7 +68,7 @@ def test_a_save_of_a_host_snapshot_copies_nothing_more(tmp_path, snapshots):
     """What an async save writes: the snapshot is the save's own, so it is read in place."""
     prepared = HostSnapshot().take(tree())
     assert all(leaf.private for _, leaf in prepared.leaves if isinstance(leaf, ArrayLeaf))
-    storage = treestore.Store(str(tmp_path / "s")).storage
+    storage = treestore.Store(str(tmp_path / "s"))._storage
     _write.write(storage, prepared, "a", options=OPTIONS)
     assert snapshots == []
     assert_tree_equal(treestore.load(str(tmp_path / "s"), "a"), tree())

@@ -25,11 +25,11 @@ WRITERS = 4
 
 def storages(url: str, n: int) -> list[Any]:
     """``n`` independent Store objects' storages on one store, as ``n`` writers would have."""
-    return [treestore.Store(url).storage for _ in range(n)]
+    return [treestore.Store(url)._storage for _ in range(n)]
 
 
 def test_an_object_with_other_bytes_is_never_replaced(store_url):
-    storage = treestore.Store(store_url).storage
+    storage = treestore.Store(store_url)._storage
     assert storage.write_new(PATH, b"first") is True
     assert storage.write_new(PATH, b"second") is False
     assert storage.write_new(PATH, b"firs") is False  # a prefix of it is other bytes too

@@ -77,3 +77,24 @@ def test_cli_diff_values_and_its_hidden_old_flag(tmp_path):
     old = CliRunner().invoke(cli, ["diff", f"{url}#a", f"{url}#b", "--stats"])
     assert new.exit_code == old.exit_code == 1 and "rel L2" in new.stdout
     assert old.stdout == new.stdout and "deprecated: use --values" in old.stderr
+
+
+def test_attributes_that_exposed_internal_objects_warn_and_name_what_to_use():
+    url = "memory://names/internal"
+    treestore.save(url, {"w": np.arange(4.0)}, "a")
+    store = treestore.Store(url)
+    ckpt = store.open("a")
+    leaf = ckpt["w"]
+    cases = [
+        (store, "storage", "Store.url"),
+        (ckpt, "columns", "Checkpoint.manifest"),
+        (ckpt, "reader", "Checkpoint.bytes_read"),
+        (ckpt, "storage", "Checkpoint.url"),
+        (leaf, "reader", "LazyLeaf.entry"),
+    ]
+    for owner, old, instead in cases:
+        with pytest.warns(DeprecationWarning, match=instead) as warned:
+            got = getattr(owner, old)
+        assert got is getattr(owner, f"_{old}")
+        assert [w.filename for w in warned] == [__file__]  # the caller's line, seen by default
+    assert ckpt.manifest.name == "a" and ckpt.url == store.url == url

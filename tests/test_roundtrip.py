@@ -165,7 +165,7 @@ def test_unsupported_leaf_raises_before_writing(store_url):
     ):
         store.save({"a": np.ones(10**6), "b": [1, object()]}, "c")
     assert store.list() == []
-    assert store.storage.list("chunks") == []
+    assert store._storage.list("chunks") == []
 
 
 def test_unsupported_dtype_names_the_address(store_url):

@@ -127,7 +127,7 @@ def test_finding_a_leaf_walks_its_path_and_agrees_with_the_whole_index(tree):
     at the children of the nodes on the path only; they find what the index of every node did."""
     url = f"memory://find/{uuid.uuid4().hex}"
     treestore.save(url, tree, "c")
-    nodes = treestore.open(url, "c").columns.nodes
+    nodes = treestore.open(url, "c")._columns.nodes
     addresses = nodes.addresses()
     bare = ["/".join(select.loose_segment(x) for x in a.split("/")) if a else a for a in addresses]
     for i, (a, loose) in enumerate(zip(addresses, bare, strict=True)):

@@ -78,3 +78,18 @@ def test_table_cells_do_not_break_names_mid_word(site: Path) -> None:
     css = (site / "stylesheets" / "extra.css").read_text()
     assert re.search(r"td code\s*\{[^}]*word-break:\s*normal", css)
     assert 'href="../stylesheets/extra.css"' in (site / "api" / "index.html").read_text(encoding="utf-8")
+
+
+def test_no_documented_attribute_is_an_internal_object(site: Path) -> None:
+    """Checkpoint.columns (and its reader and storage, Store.storage, LazyLeaf.reader) exposed
+    internal objects on the API page; they are deprecated and left out of it."""
+    api = (site / "api" / "index.html").read_text(encoding="utf-8")
+    assert 'id="treestore.Checkpoint.manifest"' in api
+    for name in (
+        "Checkpoint.columns",
+        "Checkpoint.reader",
+        "Checkpoint.storage",
+        "Store.storage",
+        "LazyLeaf.reader",
+    ):
+        assert f'id="treestore.{name}"' not in api, name

@@ -139,14 +139,14 @@ def test_stats_select_healthy_and_nonfinite():
 
 
 def manifest_record(store: treestore.Store, name: str) -> dict:
-    data = _committed.read_manifest_bytes(store.storage, _committed.read_commit_record(store.storage, name))
+    data = _committed.read_manifest_bytes(store._storage, _committed.read_commit_record(store._storage, name))
     return msgpack.unpackb(data, raw=False)
 
 
 def test_a_manifest_with_stats_reencodes_byte_exact():
     store = treestore.Store("memory://stats/exact")
     store.save(values(), "a", options=SMALL)
-    data = _committed.read_manifest_bytes(store.storage, _committed.read_commit_record(store.storage, "a"))
+    data = _committed.read_manifest_bytes(store._storage, _committed.read_commit_record(store._storage, "a"))
     columns = decode_any(data, "a")
     assert columns.stats is not None and encode_columns(columns) == data
 
@@ -171,7 +171,7 @@ def test_pieces_of_a_multi_process_save_combine_exactly():
     v = rng.integers(-1000, 1000, 128).astype(np.int32)
     tree = {"w": w, "v": v, "r": rng.standard_normal(10), "s": np.array([np.inf, 1.0], np.float32)}
     boxes = {"w": rows(64, 2, 32), "v": rows(128, 2)}
-    storage = treestore.Store("memory://stats/job").storage
+    storage = treestore.Store("memory://stats/job")._storage
     results = run_job(storage, [prepared(tree, boxes, i) for i in range(2)], "job", options=SMALL)
     assert not any(isinstance(r, BaseException) for r in results), results
     got = treestore.open("memory://stats/job#job").stats()
@@ -182,7 +182,7 @@ def test_pieces_of_a_multi_process_save_combine_exactly():
 
 def test_a_process_without_statistics_leaves_the_sharded_leaves_unknown():
     w = np.arange(64.0).reshape(16, 4)
-    storage = treestore.Store("memory://stats/job-off").storage
+    storage = treestore.Store("memory://stats/job-off")._storage
     trees = [prepared({"w": w, "r": np.ones(3)}, {"w": rows(16, 2, 4)}, i) for i in range(2)]
     run_job(storage, trees, "job", options=SMALL)
     assert set(treestore.open("memory://stats/job-off#job").stats()) == {"w", "r"}
@@ -203,7 +203,7 @@ def test_a_job_of_many_processes_gathers_statistics_up_a_tree_exactly():
     v[4 * 25 + 3] = -(2**62)
     tree = {"w": w, "v": v, "r": np.arange(5.0)}
     boxes = {"w": rows(count * 2, count, 3), "v": rows(count * 4, count)}
-    storage = treestore.Store("memory://stats/tree").storage
+    storage = treestore.Store("memory://stats/tree")._storage
     options = SaveOptions(threads=1)
     results = run_job(storage, [prepared(tree, boxes, i) for i in range(count)], "job", options=options)
     assert not any(isinstance(r, BaseException) for r in results), results
@@ -231,7 +231,7 @@ def test_a_child_sending_bad_records_leaves_the_sharded_leaves_unknown_and_the_s
 
     runtime.set = damaged  # type: ignore[method-assign]
     w = np.arange(48.0).reshape(12, 4)
-    storage = treestore.Store(f"memory://stats/bad-child-{len(sent)}").storage
+    storage = treestore.Store(f"memory://stats/bad-child-{len(sent)}")._storage
     trees = [prepared({"w": w, "r": np.array([np.nan, 1.0])}, {"w": rows(12, 3, 4)}, i) for i in range(3)]
     results = run_job(storage, trees, "job", runtime=runtime, options=SMALL)
     assert not any(isinstance(r, BaseException) for r in results), results
@@ -256,7 +256,7 @@ def tampered(change) -> tuple[Checkpoint, object]:
     table = np.frombuffer(rec["stats"], STATS_DTYPE).copy()
     rec["stats"] = change(rec, table)
     columns = decode_columns(msgpack.packb(rec, use_bin_type=True), "a")
-    return Checkpoint(store.storage, columns), columns
+    return Checkpoint(store._storage, columns), columns
 
 
 @pytest.mark.parametrize(
@@ -326,9 +326,9 @@ def test_statistics_cost_no_pass_over_a_leaf_the_save_does_not_measure():
     store = treestore.Store("memory://stats/keys")
     from treestore._engine.write import write
 
-    write(store.storage, p, "k")
+    write(store._storage, p, "k")
     assert list(store.open("k").stats()) == ["c"] and store.open("k").healthy is True
-    write(store.storage, prepare({"key": jax.random.key(0)}), "keys-only")
+    write(store._storage, prepare({"key": jax.random.key(0)}), "keys-only")
     assert store.open("keys-only").healthy is True  # key data cannot hold NaN
 
 

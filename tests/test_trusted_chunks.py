@@ -52,7 +52,7 @@ class ChunkCalls:
     def __init__(self, monkeypatch: pytest.MonkeyPatch, store: treestore.Store) -> None:
         self.counts: collections.Counter[str] = collections.Counter()
         self._lock = threading.Lock()
-        storage = store.storage
+        storage = store._storage
         # A save writes a chunk with one stage (which on object stores is the write itself).
         for method, kind in (
             ("object_size", "object_size"),
@@ -131,10 +131,10 @@ def test_an_unusable_previous_checkpoint_falls_back_to_checking_every_chunk(tmp_
     store.save(tree, "step-1", options=OPTIONS)
     record = _paths.record_path("step-1")
     if damage == "manifest":
-        (manifest,) = store.storage.list(_paths.MANIFESTS)
-        store.storage.write(manifest.path, [b"\x81\xa1x\x01"])  # valid msgpack, not a manifest
+        (manifest,) = store._storage.list(_paths.MANIFESTS)
+        store._storage.write(manifest.path, [b"\x81\xa1x\x01"])  # valid msgpack, not a manifest
     else:
-        store.storage.write(record, [b"not a commit record"])
+        store._storage.write(record, [b"not a commit record"])
     r = store.save(tree, "step-2", options=OPTIONS)  # the save succeeds, checking every chunk
     assert (r.chunks_trusted, r.trusted_from, r.existence_checks) == (0, None, CHUNKS)
     assert r.reuse_reads == CHUNKS and r.chunks_written == 0
@@ -194,7 +194,7 @@ def test_a_save_never_trusts_chunks_gc_deleted_while_it_waited(tmp_path):
     store = treestore.Store(tmp_path / "store")
     tree = model()
     store.save(tree, "step-1", options=OPTIONS)
-    storage = store.storage
+    storage = store._storage
     gc_lock = _locks.gc_lock(storage, stale_after=_locks.STALE_AFTER, wait=0)
     outcome: dict[str, Any] = {}
 

@@ -27,7 +27,7 @@ import pytest
 
 import treestore
 from treestore._api import replication as _replication
-from treestore._api.retention import step_name
+from treestore._format.paths import step_name
 
 from .support.helpers import assert_tree_equal
 from .test_cloud_faults import FAIL_FAST, Proxy

@@ -112,13 +112,13 @@ def test_polls_back_off(monkeypatch):
     save(url, "one", 1.0)
     store = treestore.Store(url)
     listings = []
-    original = type(store.storage).list
+    original = type(store._storage).list
 
     def counted(self, prefix):
         listings.append(time.monotonic())
         return original(self, prefix)
 
-    monkeypatch.setattr(type(store.storage), "list", counted)
+    monkeypatch.setattr(type(store._storage), "list", counted)
     list(treestore.watch(url, timeout=1.5, min_poll=0.05, max_poll=0.4))
     # 0, .05, .15, .35, .75, 1.15, 1.5: a busy loop would list hundreds of times
     assert 5 <= len(listings) <= 9
@@ -151,7 +151,7 @@ def test_a_damaged_manifest_repaired_in_place_is_yielded_once(tmp_path, caplog):
     url = str(tmp_path / "s")
     save(url, "bad", 1.0)
     save(url, "good", 2.0)
-    path = treestore.Store(url).storage
+    path = treestore.Store(url)._storage
     manifest = _paths.manifest_path(hostile.commit_record(url, "bad")["manifest"])
     original = path.read(manifest)
     hostile.damage_manifest(url, "bad")

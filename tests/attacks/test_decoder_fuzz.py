@@ -423,17 +423,17 @@ def test_gc_with_lock_objects_of_arbitrary_content(content):
         store.save(tree, "c")
         orphan = _paths.chunk_path(bytes(32))  # a chunk's name, which no manifest references
         misplaced = f"{_paths.CHUNKS}/ff/{bytes(32).hex()}"  # named like a chunk, in the wrong folder
-        store.storage.write(misplaced, [content])
-        locks = [f"{_paths.LOCKS}/save-{uuid.uuid4().hex}", f"{_paths.LOCKS}/gc-{uuid.uuid4().hex}"]
+        store._storage.write(misplaced, [content])
+        locks = [_paths.lock_path(kind, uuid.uuid4().hex) for kind in _paths.LOCK_KINDS]
         for path in [*locks, orphan]:
-            store.storage.write(path, [content])
+            store._storage.write(path, [content])
             long_ago = time.time() - 2 * STALE_AFTER
             os.utime(os.path.join(url, path), (long_ago, long_ago))
         report = store.gc(grace=0, wait=0)
         assert report.chunks_removed == 1 and report.locks_removed == 2, report
-        assert store.storage.object_size(orphan) is None
-        assert store.storage.object_size(misplaced) == len(content)  # not a chunk: not gc's
-        assert all(store.storage.object_size(p) is None for p in locks)
+        assert store._storage.object_size(orphan) is None
+        assert store._storage.object_size(misplaced) == len(content)  # not a chunk: not gc's
+        assert all(store._storage.object_size(p) is None for p in locks)
         got = store.load("c")
         assert np.array_equal(got["a"], tree["a"]) and np.array_equal(got["b"], tree["b"])
         assert not treestore.verify(f"{url}#c").problems

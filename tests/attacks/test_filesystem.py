@@ -192,7 +192,7 @@ def test_a_symlinked_object_folder_is_refused_and_gc_deletes_nothing_through_it(
     shutil.rmtree(store.root / folder)
     (store.root / folder).symlink_to(elsewhere, target_is_directory=True)
     with pytest.raises(treestore.StorageError, match="outside the store"):
-        treestore.Store(store.url).storage.list(folder)
+        treestore.Store(store.url)._storage.list(folder)
     try:
         report = treestore.Store(store.url).gc(grace=0)
     except treestore.StorageError:

@@ -101,16 +101,16 @@ def run(job: dict[str, Any]) -> None:
     opts = save_options()
 
     if mode == "gc-hold":
-        _locks.gc_lock(store.storage, stale_after=_locks.STALE_AFTER, wait=0)
+        _locks.gc_lock(store._storage, stale_after=_locks.STALE_AFTER, wait=0)
         _hold(out)
     if mode == "save-hold":
-        real_sync = type(store.storage).sync
+        real_sync = type(store._storage).sync
 
         def sync(self: Any) -> None:  # the first sync of a save: its chunks are written
             real_sync(self)
             _hold(out)
 
-        type(store.storage).sync = sync  # type: ignore[method-assign]
+        type(store._storage).sync = sync  # type: ignore[method-assign]
         out(f"saving {name_of(start)}")
         store.save(make_tree(start), name_of(start), options=opts)
         return

@@ -16,7 +16,7 @@ from treestore._format.columns_codec import decode_any, encode
 
 
 def storage(url: str):
-    return treestore.Store(url).storage
+    return treestore.Store(url)._storage
 
 
 def commit_record(url: str, name: str) -> dict[str, Any]:

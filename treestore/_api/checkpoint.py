@@ -12,6 +12,7 @@ import numpy as np
 
 from treestore._api.health import ValueStats, health, leaf_stats, nonfinite_leaves
 from treestore._api.lazy_leaf import LazyLeaf
+from treestore._deprecated import internal_attribute
 from treestore._engine import memory as _memory
 from treestore._engine import parts as _parts
 from treestore._engine import read as _read
@@ -52,7 +53,7 @@ class Checkpoint:
     internal objects those functions read from the store.
 
     Args:
-        storage: The storage of the checkpoint's store, kept as ``storage``.
+        storage: The storage of the checkpoint's store.
         columns: The checkpoint's decoded manifest; of one stored in parts, its frame (the
             parts are read when a leaf needs them).
 
@@ -82,37 +83,45 @@ class Checkpoint:
     """
 
     def __init__(self, storage: Storage, columns: Columns | Frame) -> None:
-        self.storage = storage
+        self._storage = storage
         self._in_parts = columns if isinstance(columns, Frame) else None
         # Every leaf's address, kind, dtype and shape; a frame's sharded leaves wait for parts.
         self._frame = columns.columns if isinstance(columns, Frame) else columns
         self._parts: _parts.Decoded = {}  # the parts read so far, by index
         self.name = self._frame.name
         self.url = storage.url
-        self.reader = _read.ChunkReader(storage, self._frame)
-        self._readers = [self.reader]
+        self._reader = _read.ChunkReader(storage, self._frame)
+        self._readers = [self._reader]
         self._source = self._frame  # where leaf entries come from: the frame, or the whole
         # Of a frame: columns completed for some leaves, each with the leaves it completes.
         self._some: list[tuple[np.ndarray, Columns, _read.ChunkReader]] = []
         self._made: dict[int, Any] = {}  # leaf index -> its LazyLeaf or value, made on first use
 
     @functools.cached_property
-    def columns(self) -> Columns:
+    def _columns(self) -> Columns:
         """The whole manifest's columns (one stored in parts: completed with every part, on
         first use)."""
         if self._in_parts is None:
             return self._frame
-        whole = _parts.assemble(self.storage, self._in_parts, cache=self._parts)
-        self.reader = _read.ChunkReader(self.storage, whole)
-        self._readers.append(self.reader)
+        whole = _parts.assemble(self._storage, self._in_parts, cache=self._parts)
+        self._reader = _read.ChunkReader(self._storage, whole)
+        self._readers.append(self._reader)
         self._source = whole
         return whole
+
+    columns = internal_attribute("Checkpoint", "columns", "_columns", "Checkpoint.manifest")
+    reader = internal_attribute(
+        "Checkpoint", "reader", "_reader", "Checkpoint.bytes_read, and its leaves to read"
+    )
+    storage = internal_attribute(
+        "Checkpoint", "storage", "_storage", "Checkpoint.url (a Store of it: treestore.Store(url))"
+    )
 
     @functools.cached_property
     def manifest(self) -> Manifest:
         """The whole manifest, as a read-only view (its leaf entries made as they are read)."""
         with _memory.memory_named(f"reading the manifest of checkpoint {self.name!r}", self.name):
-            return Manifest(self.columns)
+            return Manifest(self._columns)
 
     def __repr__(self) -> str:
         return f"Checkpoint({self.url!r}, {self.name!r}, leaves={len(self._frame)})"
@@ -120,7 +129,7 @@ class Checkpoint:
     def _leaf(self, i: int) -> Any:
         found = self._made.get(i, _MISSING)
         if found is _MISSING:
-            columns, reader = self._source, self.reader
+            columns, reader = self._source, self._reader
             if columns.unread[i]:  # a sharded leaf of a frame: only the parts it needs are read
                 columns, reader = self._completing(i)
             array = columns.is_array[i]
@@ -138,8 +147,8 @@ class Checkpoint:
         one = np.zeros(len(self._frame), bool)
         one[i] = True
         mask = self._frame.unread & self._in_parts.covered(self._in_parts.needed(one))
-        columns = _parts.assemble(self.storage, self._in_parts, mask, self._parts)
-        reader = _read.ChunkReader(self.storage, columns)
+        columns = _parts.assemble(self._storage, self._in_parts, mask, self._parts)
+        reader = _read.ChunkReader(self._storage, columns)
         self._readers.append(reader)
         self._some.append((mask, columns, reader))
         return columns, reader
@@ -173,13 +182,13 @@ class Checkpoint:
     def leaves(self) -> dict[str, Any]:
         """Address -> LazyLeaf (arrays) or value (Python scalars), in tree order."""
         with _memory.memory_named(f"listing the leaves of checkpoint {self.name!r}", self.name):
-            return {a: self._leaf(i) for i, a in enumerate(self.columns.addresses)}
+            return {a: self._leaf(i) for i, a in enumerate(self._columns.addresses)}
 
     @property
     def tree(self) -> Any:
         """The checkpoint's tree with LazyLeaf handles in place of arrays."""
         with _memory.memory_named(f"building the tree of checkpoint {self.name!r}", self.name):
-            return rebuild(self.columns.tree_record(), self._leaf)
+            return rebuild(self._columns.tree_record(), self._leaf)
 
     def __getitem__(self, address: str) -> Any:
         """The leaf at ``address`` — as the manifest spells it, or with digit keys as bare digits
@@ -268,7 +277,7 @@ class Checkpoint:
             dict[bytes, int]: ``{digest: stored size in bytes}``, each object once (a pack once
             for all the leaves it holds).
         """
-        return self.columns.chunk_objects()
+        return self._columns.chunk_objects()
 
     @property
     def stored_bytes(self) -> int:

@@ -152,7 +152,7 @@ def _names(src: Storage, name: str | None, all_checkpoints: bool) -> list[str]:
         refs = [_committed.read_commit_record(src, n) for n in _committed.checkpoint_names(src)]
         if not refs:
             raise _committed.not_found(src, None)
-        return [r.name for r in sorted(refs, key=lambda r: (r.created, r.name))]
+        return [r.name for r in sorted(refs, key=_paths.commit_order)]
     return [check_name(name) if name is not None else _committed.newest_record(src).name]
 
 

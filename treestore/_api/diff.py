@@ -340,7 +340,7 @@ class DiffLeaves(Sequence[LeafDiff]):
         row = int(self._rows[k])  # IndexError past the end
         found = self._differing.get(row) or self._made.get(row)
         if found is None:
-            c = self._a.columns
+            c = self._a._columns
             described = _describe(c, row)
             found = self._made[row] = LeafDiff(c.address(row), UNCHANGED, described, described)
         return found
@@ -353,8 +353,8 @@ class DiffLeaves(Sequence[LeafDiff]):
         return [self._differing[r] for r in sorted(self._differing) if _contains(self._rows, r)]
 
     def addresses(self) -> list[str]:
-        na = len(self._a.columns)
-        a, b = self._a.columns.addresses, self._b.columns.addresses
+        na = len(self._a._columns)
+        a, b = self._a._columns.addresses, self._b._columns.addresses
         return [a[r] if r < na else b[int(self._added[r - na])] for r in self._rows.tolist()]
 
     def subset(self, kept: np.ndarray) -> DiffLeaves:
@@ -386,7 +386,7 @@ def diff_checkpoints(
     the raw bytes compared (both sides) of the leaves compared by value. ``select`` (its
     patterns) limits the comparison, values included, to matching addresses.
     """
-    ca, cb = a.columns, b.columns
+    ca, cb = a._columns, b._columns
     na = len(ca)
     ia, ib = ca.match(cb)
     same = ca.same_leaves(ia, cb, ib)
@@ -451,18 +451,18 @@ def _compared(
     tick: Callable[[int], None] | None = None,
 ) -> LeafDiff:
     """How leaf i of a and leaf j of b (at one address) differ, given their :func:`_compare`."""
-    address = a.columns.address(i)
+    address = a._columns.address(i)
     frac = None if math.isnan(share) else share
     change = None
     if status == CUT:
         status = CHANGED if _bytes_differ(a[address], b[address]) else UNCHANGED
         if values and status == CHANGED:
             change = _values.whole_change(a[address], b[address], tick)
-        elif tick is not None and a.columns.is_array[i]:
-            tick(int(a.columns.leaf_nbytes[i] + b.columns.leaf_nbytes[j]))  # compared: equal
-    elif values and status == CHANGED and a.columns.is_array[i]:
+        elif tick is not None and a._columns.is_array[i]:
+            tick(int(a._columns.leaf_nbytes[i] + b._columns.leaf_nbytes[j]))  # compared: equal
+    elif values and status == CHANGED and a._columns.is_array[i]:
         change = _values.chunk_change(a, i, b, j, tick)
-    return LeafDiff(address, status, _describe(a.columns, i), _describe(b.columns, j), frac, change)
+    return LeafDiff(address, status, _describe(a._columns, i), _describe(b._columns, j), frac, change)
 
 
 def _bytes_differ(a: LazyLeaf, b: LazyLeaf) -> bool:

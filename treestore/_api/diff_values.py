@@ -156,8 +156,8 @@ def chunk_change(
     a chunk whose digest is the same in both is read once (for the norm of a). ``tick`` is told
     the raw bytes of both sides of each chunk once it is compared."""
     acc = _Accumulator()
-    pa, pb = leaf_pieces(a.columns, i), leaf_pieces(b.columns, j)  # the same pieces, chunk for chunk
-    ra, rb = a.columns.chunks, b.columns.chunks
+    pa, pb = leaf_pieces(a._columns, i), leaf_pieces(b._columns, j)  # the same pieces, chunk for chunk
+    ra, rb = a._columns.chunks, b._columns.chunks
     for p in range(len(pa.first)):
         at = 0
         for ja, jb in zip(
@@ -166,12 +166,12 @@ def chunk_change(
             strict=True,
         ):
             end = at + int(ra["raw"][ja])
-            xa = chunk_bytes(a.reader, pa.chunks(p, at, end), at, end, pa.address).view(pa.dtype)
+            xa = chunk_bytes(a._reader, pa.chunks(p, at, end), at, end, pa.address).view(pa.dtype)
             same = ra["digest"][ja] == rb["digest"][jb]
             xb = (
                 None
                 if same
-                else chunk_bytes(b.reader, pb.chunks(p, at, end), at, end, pb.address).view(pb.dtype)
+                else chunk_bytes(b._reader, pb.chunks(p, at, end), at, end, pb.address).view(pb.dtype)
             )
             acc.add(xa, xb)
             if tick is not None:

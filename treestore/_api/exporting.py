@@ -67,7 +67,7 @@ def _names(ckpt: Checkpoint, separator: str | None, scalars: str) -> list[tuple[
     problems: list[str] = []
     out: list[tuple[tuple[str, ...], Stored]] = []
     seen: dict[tuple[str, ...], str] = {}
-    columns = ckpt.columns
+    columns = ckpt._columns
     columns.addresses  # noqa: B018 - built in one pass, then each leaf's is looked up
     for i in range(len(columns)):
         e = stored(columns, i)
@@ -282,7 +282,7 @@ def _write_orbax(
 ) -> None:
     """Write the checkpoint's tree as an orbax checkpoint in folder ``tmp``, then put it at
     ``out`` (replacing what is there only once the new folder is complete)."""
-    advance = counter(progress, ckpt.columns.nbytes)
+    advance = counter(progress, ckpt._columns.nbytes)
 
     def host(x: Any) -> Any:  # each leaf as treestore.load gives it: jax arrays stay jax arrays
         if not isinstance(x, LazyLeaf):

@@ -21,9 +21,9 @@ from treestore._api import hf_shards as _shards
 from treestore._api import orbax_folders as _orbax
 from treestore._api import remote_source as _remote
 from treestore._api.progress import Progress, counter
-from treestore._api.retention import step_name
 from treestore._api.spec import parse_spec
 from treestore._engine import write as _write
+from treestore._format.paths import step_name
 from treestore._storage.registry import open_storage
 from treestore._tree import prepare as _prepare
 from treestore._tree.jax_import import jax

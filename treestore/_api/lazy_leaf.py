@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from treestore._deprecated import internal_attribute
 from treestore._engine import read as _read
 from treestore._engine import region as _region
 from treestore._format.codecs import stored_codec
@@ -32,7 +33,7 @@ class LazyLeaf:
     the constructor's arguments are the checkpoint's own internal objects.
 
     Args:
-        reader: The checkpoint's chunk reader, kept as ``reader``.
+        reader: The checkpoint's chunk reader.
         columns: The checkpoint's decoded manifest, which holds the leaf.
         i: The leaf's index in the manifest (the tree's flattening order).
 
@@ -54,13 +55,15 @@ class LazyLeaf:
     """
 
     def __init__(self, reader: _read.ChunkReader, columns: Columns, i: int) -> None:
-        self.reader = reader
+        self._reader = reader
         self._columns = columns
         self._i = i
         self.address = columns.address(i)
         self.shape: tuple[int, ...] = columns.shape(i)
         self.dtype = dtype_from_name(columns.dtype_name(i), address=self.address)
         self.kind, self._prng_impl, self._weak_type = columns.restore_kind(i)
+
+    reader = internal_attribute("LazyLeaf", "reader", "_reader", "LazyLeaf.entry (its chunks) and indexing")
 
     @functools.cached_property
     def entry(self) -> LeafEntry:
@@ -118,7 +121,7 @@ class LazyLeaf:
             return "-"
         rows = self._chunk_rows()
         sizes = list(zip(rows["raw"].tolist(), rows["stored"].tolist(), strict=True))
-        return stored_codec(sizes, self.dtype, self.reader.codec)
+        return stored_codec(sizes, self.dtype, self._reader.codec)
 
     def __len__(self) -> int:
         if not self.shape:
@@ -150,7 +153,7 @@ class LazyLeaf:
             DamagedError: A chunk of the leaf is missing or does not match its digest.
         """
         box = _region.normalize(region, self.shape, self.address)
-        return _region.read_region(self.reader, self._pieces, box)
+        return _region.read_region(self._reader, self._pieces, box)
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray[Any, Any]:
         data = self.region()

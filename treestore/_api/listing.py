@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from treestore._engine import committed as _committed
+from treestore._format import paths as _paths
 from treestore._storage.base import Storage
 from treestore.errors import TreestoreError
 
@@ -46,6 +47,6 @@ def list_checkpoints(storage: Storage, *, damaged: bool = False) -> list[Checkpo
         refs, bad = found, dict(unread)
     infos = [
         CheckpointInfo(r.name, r.created, r.leaves, r.nbytes, r.metadata)
-        for r in sorted(refs, key=lambda r: (r.created, r.name))
+        for r in sorted(refs, key=_paths.commit_order)
     ]
     return infos + [CheckpointInfo(n, math.nan, 0, 0, None, str(bad[n])) for n in sorted(bad)]

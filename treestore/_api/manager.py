@@ -24,13 +24,13 @@ from treestore._api.retention import (
     deleted_by_retention,
     gc_after_retention,
     step_infos,
-    step_name,
 )
 from treestore._api.save_queue import SaveQueue
 from treestore._api.store import Store
 from treestore._api.tiers import Tiers
 from treestore._engine import write as _write
 from treestore._format.manifest import check_metadata
+from treestore._format.paths import step_name
 from treestore._tree import prepare as _prepare
 from treestore.errors import (
     CheckpointExistsError,
@@ -289,7 +289,7 @@ class CheckpointManager:
     def _commit(self, prepared: _prepare.Prepared, step: int, metadata: Any, overwrite: bool) -> None:
         name = step_name(step)
         self.last_result = _write.write(
-            self.store.storage,
+            self.store._storage,
             prepared,
             name,
             metadata=metadata,

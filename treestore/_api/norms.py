@@ -115,7 +115,7 @@ def norms(storage: Storage, *, select: _select.Patterns = None, depth: int | Non
     if depth is not None and (type(depth) is not int or depth < 1):
         raise InvalidInputError(f"depth must be an int of at least 1, got {depth!r}")
     views, damaged = readable(storage)
-    leaves = [array_leaves(v.columns) for v in views]
+    leaves = [array_leaves(v._columns) for v in views]
     every = list(dict.fromkeys(a for which in leaves for a in which))
     chosen = _select.select(every, select, where=f"the checkpoints of {storage.url}")
     groups: dict[str, int] = {}
@@ -132,7 +132,7 @@ def norms(storage: Storage, *, select: _select.Patterns = None, depth: int | Non
             if row is not None:
                 index.append(i)
                 rows.append(row)
-        sumsq, bad = _leaf_sums(view.columns, np.array(index, np.int64))
+        sumsq, bad = _leaf_sums(view._columns, np.array(index, np.int64))
         known = ~np.isnan(sumsq)
         at = np.array(rows, np.int64)
         counted = np.bincount(at[known], minlength=len(groups)) > 0

@@ -11,8 +11,9 @@ from typing import Any
 from treestore._api.copy import CopyReport
 from treestore._api.copy import copy as _copy
 from treestore._api.manager_options import RemoteTier
-from treestore._api.retention import HealthCheck, Policy, apply_retention, gc_after_retention, step_name
+from treestore._api.retention import HealthCheck, Policy, apply_retention, gc_after_retention
 from treestore._api.store import Store
+from treestore._format.paths import step_name
 from treestore.errors import InvalidInputError, TreestoreError
 
 _log = logging.getLogger("treestore")
@@ -39,7 +40,7 @@ def open_remote(
         keep_last=tier.keep_last, keep_every=tier.keep_every, keep_healthy=keep_healthy, healthy=healthy
     )
     remote = Store(dst[0], storage_options=dst[1])
-    if remote.storage.overlaps(local.storage):
+    if remote._storage.overlaps(local._storage):
         raise InvalidInputError(
             f"local={local.url!r} and remote={remote.url!r} are one store, or one "
             "lies inside the other: each tier's retention would delete the other's steps"

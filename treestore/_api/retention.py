@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -14,22 +13,12 @@ from typing import Any
 from treestore._api.health import ValueStats
 from treestore._api.manager_options import Retention, check_count
 from treestore._api.store import Store
+from treestore._format import paths as _paths
 from treestore.errors import CheckpointNotFoundError, InvalidInputError, StoreBusyError, TreestoreError
 
 _log = logging.getLogger("treestore")
 # A caller's test of a step's health, given what was stored with it and its leaves' statistics.
 HealthCheck = Callable[["StepInfo", Mapping[str, ValueStats]], bool]
-
-_STEP_NAME = re.compile(r"step-(\d{9,})\Z")
-
-
-def step_name(step: int) -> str:
-    """The checkpoint name of a step: zero-padded, so names sort like steps.
-
-    >>> step_name(123)
-    'step-000000123'
-    """
-    return f"step-{step:09d}"
 
 
 @dataclass(frozen=True)
@@ -147,15 +136,15 @@ def step_infos(store: Store) -> dict[int, StepInfo]:
     """The steps committed in ``store``: checkpoints named ``step-N`` whose metadata says step N."""
     out = {}
     for c in store.list():
-        match = _STEP_NAME.match(c.name)
+        step = _paths.parse_step_name(c.name)
         meta = c.metadata
-        if match is None or not isinstance(meta, dict) or meta.get("step") != int(match.group(1)):
+        if step is None or not isinstance(meta, dict) or meta.get("step") != step:
             continue
         metrics = meta.get("metrics")
         metrics = (
             {k: v for k, v in metrics.items() if isinstance(v, float)} if isinstance(metrics, dict) else {}
         )
-        out[int(match.group(1))] = StepInfo(int(match.group(1)), c.name, c.created, metrics, meta.get("user"))
+        out[step] = StepInfo(step, c.name, c.created, metrics, meta.get("user"))
     return out
 
 

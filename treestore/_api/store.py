@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from treestore._api.listing import CheckpointInfo, list_checkpoints
 from treestore._api.spec import Spec, split_spec, store_url
+from treestore._deprecated import internal_attribute
 from treestore._engine import committed as _committed
 from treestore._engine import gc as _gc
 from treestore._engine import locks as _locks
@@ -63,8 +64,10 @@ class Store:
     """
 
     def __init__(self, url: str | os.PathLike[str], *, storage_options: dict[str, Any] | None = None) -> None:
-        self.storage: Storage = open_storage(store_url(url), storage_options)
-        self.url = self.storage.url
+        self._storage: Storage = open_storage(store_url(url), storage_options)
+        self.url = self._storage.url
+
+    storage = internal_attribute("Store", "storage", "_storage", "Store.url and the methods of Store")
 
     def __repr__(self) -> str:
         return f"Store({self.url!r})"
@@ -139,7 +142,7 @@ class Store:
         with paused_collector():  # one pause while the caller waits (see treestore._tree.collector_pause)
             prepared = _prepare.prepare(tree, keep=options.keep)
             return _write.write(
-                self.storage,
+                self._storage,
                 prepared,
                 name,
                 metadata=metadata,
@@ -158,7 +161,7 @@ class Store:
             CheckpointNotFoundError: No checkpoint of that name.
             InvalidInputError: ``name`` is not a valid checkpoint name.
         """
-        _committed.delete_record(self.storage, name)
+        _committed.delete_record(self._storage, name)
 
     def gc(
         self,
@@ -188,7 +191,7 @@ class Store:
             StorageError: A listing failed (before anything is deleted).
         """
         return _gc.collect_garbage(
-            self.storage, grace=grace, dry_run=dry_run, wait=wait, stale_after=stale_after
+            self._storage, grace=grace, dry_run=dry_run, wait=wait, stale_after=stale_after
         )
 
     # -- reading -----------------------------------------------------------------------------
@@ -210,7 +213,7 @@ class Store:
             UnsupportedFormatError: A checkpoint of a newer format (without ``damaged``).
             StorageError: The listing failed.
         """
-        return list_checkpoints(self.storage, damaged=damaged)
+        return list_checkpoints(self._storage, damaged=damaged)
 
     def exists(self, name: str) -> bool:
         """Whether a checkpoint is committed.
@@ -227,7 +230,7 @@ class Store:
             InvalidInputError: ``name`` is not a valid checkpoint name.
         """
         check_name(name)
-        return self.storage.exists(_paths.record_path(name))
+        return self._storage.exists(_paths.record_path(name))
 
     def is_store(self) -> bool:
         """Whether anything of a treestore store is at this URL (a mistyped URL is not).
@@ -235,7 +238,7 @@ class Store:
         Returns:
             True when the URL holds a ``checkpoints``, ``chunks`` or ``manifests`` folder.
         """
-        return any(self.storage.exists(folder) for folder in _paths.FOLDERS)
+        return any(self._storage.exists(folder) for folder in _paths.FOLDERS)
 
     def latest(self) -> str:
         """The name of the newest committed checkpoint.
@@ -246,7 +249,7 @@ class Store:
         Raises:
             CheckpointNotFoundError: The store has no checkpoint.
         """
-        return _committed.newest_record(self.storage).name
+        return _committed.newest_record(self._storage).name
 
     def manifest(self, name: str | None = None) -> Manifest:
         """The verified manifest of a checkpoint, as a read-only view: its leaf entries are made
@@ -263,9 +266,9 @@ class Store:
         """
         from treestore._format.record_views import Manifest
 
-        record = _committed.find_record(self.storage, name)
+        record = _committed.find_record(self._storage, name)
         with _memory.memory_named(f"reading the manifest of checkpoint {record.name!r}", record.name):
-            return Manifest(_committed.read_columns(self.storage, record))
+            return Manifest(_committed.read_columns(self._storage, record))
 
     def open(self, name: str | None = None) -> Checkpoint:
         """A lazy, read-only view of a checkpoint; its leaves are made as they are asked for.
@@ -285,9 +288,9 @@ class Store:
         """
         from treestore._api.checkpoint import Checkpoint
 
-        record = _committed.find_record(self.storage, name)
+        record = _committed.find_record(self._storage, name)
         with _memory.memory_named(f"opening checkpoint {record.name!r}", record.name):
-            return Checkpoint(self.storage, _committed.read_frame(self.storage, record))
+            return Checkpoint(self._storage, _committed.read_frame(self._storage, record))
 
     def load(
         self,
@@ -353,10 +356,10 @@ class Store:
         from treestore._tree.structure import trusted_types
 
         trusted = trusted_types(types)
-        record = _committed.find_record(self.storage, name)
+        record = _committed.find_record(self._storage, name)
         with _memory.memory_named(f"loading checkpoint {record.name!r}", record.name):
             return _load.load(
-                self.storage,
+                self._storage,
                 record,
                 like=like,
                 select=select,
@@ -424,7 +427,7 @@ class Store:
         from treestore._api import derive as _derive
 
         return _derive.derive(
-            self.storage,
+            self._storage,
             base,
             new,
             set=set,
@@ -466,7 +469,7 @@ class Store:
         """
         from treestore._api import timeline as _timeline
 
-        return _timeline.timeline(self.storage, select=select, depth=depth, progress=progress)
+        return _timeline.timeline(self._storage, select=select, depth=depth, progress=progress)
 
     def norms(self, select: Patterns = None, depth: int | None = None) -> _norms.Norms:
         """The L2 norm of each array leaf at each checkpoint, oldest first, from the statistics
@@ -482,7 +485,7 @@ class Store:
         """
         from treestore._api import norms as _norms
 
-        return _norms.norms(self.storage, select=select, depth=depth)
+        return _norms.norms(self._storage, select=select, depth=depth)
 
 
 # The doctests of the methods: the classes report themselves as treestore.X (or treestore.types.X),

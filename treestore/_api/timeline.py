@@ -22,6 +22,7 @@ from treestore._api import heatmap as _heatmap
 from treestore._api import timeline_html as _html
 from treestore._api.checkpoint import Checkpoint
 from treestore._engine import committed as _committed
+from treestore._format import paths as _paths
 from treestore._format import select as _select
 from treestore._format.columns import Columns
 from treestore._storage.base import Storage
@@ -291,7 +292,7 @@ def readable(storage: Storage) -> tuple[list[Checkpoint], tuple[tuple[str, str],
         raise _committed.not_found(storage, None)
     problems: dict[str, TreestoreError] = dict(bad)
     views = []
-    for r in sorted(records, key=lambda r: (r.created, r.name)):
+    for r in sorted(records, key=_paths.commit_order):
         try:
             views.append(Checkpoint(storage, _committed.read_columns(storage, r)))
         except CheckpointNotFoundError:
@@ -318,7 +319,7 @@ def timeline(
     if depth is not None and (type(depth) is not int or depth < 1):
         raise InvalidInputError(f"depth must be an int of at least 1, got {depth!r}")
     views, damaged = readable(storage)
-    arrays = [array_leaves(v.columns) for v in views]
+    arrays = [array_leaves(v._columns) for v in views]
     every = list(dict.fromkeys(a for leaves in arrays for a in leaves))
     chosen = _select.select(every, select, where=f"the checkpoints of {storage.url}")
     row = {a: i for i, a in enumerate(chosen)}
@@ -326,13 +327,13 @@ def timeline(
     for view, leaves in zip(views, arrays, strict=True):
         for address, k in leaves.items():
             if address in row:
-                sizes[row[address]] = math.prod(view.columns.shape(k))
+                sizes[row[address]] = math.prod(view._columns.shape(k))
     pats = _select.patterns(select)
     wanted = set(chosen)
     steps = len(views) - 1
     values = np.full((len(chosen), max(steps, 0)), np.nan)
     nonfinite = np.zeros(values.shape, np.int64)
-    work = [_changed_bytes(views[j].columns, views[j + 1].columns, wanted) for j in range(steps)]
+    work = [_changed_bytes(views[j]._columns, views[j + 1]._columns, wanted) for j in range(steps)]
     total, done = sum(work), 0
     if progress is not None:
         progress(0, total)

@@ -20,7 +20,6 @@ from treestore._api.spec import parse_spec
 from treestore._engine import committed as _committed
 from treestore._format import paths as _paths
 from treestore._format.commit_record import CommitRecord
-from treestore._format.manifest import check_name
 from treestore._storage.base import Storage
 from treestore._storage.registry import open_storage
 from treestore.errors import (
@@ -64,16 +63,11 @@ class _Poller:
         except StorageError as exc:  # a network blip must not end a watch: retry at the next poll
             log.warning("watch %s: listing failed, retrying: %s", self.storage.url, exc)
             return []
-        prefix = _paths.CHECKPOINTS + "/"
         found = []
         for obj in listing:
-            name = obj.path[len(prefix) :] if obj.path.startswith(prefix) else ""
-            if name in self.seen:
-                continue
-            try:
-                check_name(name)
-            except TreestoreError:
-                continue  # not a commit record (SPEC.md, section 3.1)
+            name = _paths.parse_record(obj.path)
+            if name is None or name in self.seen:
+                continue  # not a commit record (SPEC.md, section 3.1), or yielded already
             try:
                 record = _committed.read_commit_record(self.storage, name)
             except CheckpointNotFoundError:
@@ -84,11 +78,11 @@ class _Poller:
             except StorageError as exc:
                 log.warning("watch %s: reading %r failed, retrying: %s", self.storage.url, name, exc)
                 continue
-            if self.after is not None and (record.created, record.name) <= self.after:
+            if self.after is not None and _paths.commit_order(record) <= self.after:
                 self.seen.add(name)
                 continue
             found.append(record)
-        return sorted(found, key=lambda r: (r.created, r.name))
+        return sorted(found, key=_paths.commit_order)
 
     def open(self, record: CommitRecord) -> Checkpoint | None:
         """The verified view of a new checkpoint, or None (with a warning) when it is damaged."""
@@ -167,7 +161,7 @@ def watch(
     after = None
     if since is not None:
         record = _committed.read_commit_record(storage, since)
-        after = (record.created, record.name)
+        after = _paths.commit_order(record)
     return _follow(_Poller(storage, after), timeout, min_poll, max_poll, stop)
 
 

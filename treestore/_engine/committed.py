@@ -72,15 +72,8 @@ def _is_store(storage: Storage) -> bool:
 def checkpoint_names(storage: Storage) -> list[str]:
     """Names of the committed checkpoints: objects directly in ``checkpoints/`` whose names are
     valid checkpoint names (anything else there is ignored)."""
-    names = []
-    prefix = _paths.CHECKPOINTS + "/"
-    for obj in storage.list(_paths.CHECKPOINTS):
-        name = obj.path[len(prefix) :] if obj.path.startswith(prefix) else ""
-        try:
-            names.append(check_name(name))
-        except TreestoreError:
-            continue
-    return sorted(set(names))
+    names = {_paths.parse_record(obj.path) for obj in storage.list(_paths.CHECKPOINTS)}
+    return sorted(name for name in names if name is not None)
 
 
 def committed_records(
@@ -127,7 +120,7 @@ def newest_record(storage: Storage) -> CommitRecord:
     records = readable_records(storage)
     if not records:
         raise not_found(storage, None)
-    return max(records, key=lambda r: (r.created, r.name))
+    return max(records, key=_paths.commit_order)
 
 
 def find_record(storage: Storage, name: str | None) -> CommitRecord:

@@ -25,7 +25,6 @@ import contextlib
 import contextvars
 import logging
 import os
-import re
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -72,8 +71,6 @@ from treestore._tree.jax_import import jax
 from treestore._tree.leaves import ArrayLeaf, Leaf
 from treestore.errors import BarrierTimeoutError, InvalidInputError, StorageError
 
-STAGING = _paths.STAGING
-_ID = re.compile(r"[0-9a-f]{32}")
 _log = logging.getLogger("treestore")
 _joined: contextvars.ContextVar[tuple[Runtime, int, int] | None] = contextvars.ContextVar(
     "treestore_group", default=None
@@ -148,9 +145,6 @@ class Group:
     def primary(self) -> bool:
         return self.index == 0
 
-    def _path(self, who: str) -> str:
-        return f"{STAGING}/{self.save_id}/{who}"
-
     def _key(self, name: str) -> str:
         return f"treestore/save/{name}"
 
@@ -162,7 +156,7 @@ class Group:
             self.runtime.set(self._key(name), save_id)
         else:
             found = self.runtime.get(self._key(name), self.timeout)
-            if found is None or not _ID.fullmatch(found):
+            if found is None or not _paths.is_id(found):
                 raise BarrierTimeoutError(
                     f"multi-process save of checkpoint {name!r}: the primary (process 0) did not start "
                     f"it within {self.timeout:g} s (every process must save the same checkpoint at once); "
@@ -413,12 +407,12 @@ class Group:
     def _announce(self, storage: Storage, error: BaseException | None) -> None:
         text = None if error is None else f"{type(error).__name__}: {error}"[: MAX_OUTCOME_BYTES // 8]
         data = msgpack.packb({"ok": error is None, "error": text}, use_bin_type=True)
-        storage.write(self._path("outcome"), [data])
+        storage.write(_paths.outcome_path(self.save_id), [data])
 
     def _outcome(self, storage: Storage) -> str | None:
         """None when the primary committed, else why not."""
         try:
-            data = storage.read(self._path("outcome"), limit=MAX_OUTCOME_BYTES)
+            data = storage.read(_paths.outcome_path(self.save_id), limit=MAX_OUTCOME_BYTES)
         except StorageError as exc:
             return f"its outcome record cannot be read ({exc.message})"
         if data is None:
@@ -453,7 +447,7 @@ class Group:
     def _clean(self, storage: Storage) -> None:
         """Remove the outcome record (every process has read it)."""
         try:
-            storage.delete_many([self._path("outcome")])
+            storage.delete_many([_paths.outcome_path(self.save_id)])
         except Exception as exc:  # committed: left for gc
             _log.warning("%s: committed; could not remove its outcome record: %s", self.name, exc)
         self._forget()

@@ -13,13 +13,12 @@ deletes no chunk and no manifest, and names the damaged checkpoints in its repor
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from treestore._engine.committed import committed_records, read_columns
-from treestore._engine.locks import LOCK_PATH, STALE_AFTER, gc_lock, lock_time
+from treestore._engine.locks import STALE_AFTER, gc_lock, lock_time
 from treestore._format import paths as _paths
 from treestore._storage.base import Storage
 from treestore.errors import DamagedError, TreestoreError, UnsupportedFormatError
@@ -75,15 +74,6 @@ class GcReport:
     damaged: tuple[str, ...] = ()
 
 
-_CHUNK = re.compile(r"chunks/([0-9a-f]{2})/(\1[0-9a-f]{62})")
-
-
-_MANIFEST = re.compile(r"manifests/[0-9a-f]{64}")
-
-
-_STAGING = re.compile(r"staging/[0-9a-f]{32}/(process-[0-9]+|outcome)")
-
-
 def collect(
     storage: Storage,
     live_manifests: set[bytes],
@@ -111,7 +101,8 @@ def collect(
     freed = young = chunks = manifests = 0
     if not damaged:
         for obj in storage.list(_paths.CHUNKS):
-            if not _CHUNK.fullmatch(obj.path) or bytes.fromhex(obj.path[-64:]) in live_chunks:
+            digest = _paths.parse_chunk(obj.path)  # None: not a chunk's path, so kept
+            if digest is None or digest in live_chunks:
                 continue
             if not old(obj.mtime, grace):
                 young += 1
@@ -121,13 +112,14 @@ def collect(
         chunks = len(doomed)
         refresh()
         for obj in storage.list(_paths.MANIFESTS):
-            live = not _MANIFEST.fullmatch(obj.path) or bytes.fromhex(obj.path[-64:]) in live_manifests
+            found = _paths.parse_manifest(obj.path)
+            live = found is None or found in live_manifests
             if not live and old(obj.mtime, grace):
                 doomed.append(obj.path)
                 freed += obj.size
                 manifests += 1
     for obj in storage.list(_paths.STAGING):  # records of multi-process saves that died
-        if _STAGING.fullmatch(obj.path) and old(obj.mtime, grace):
+        if _paths.parse_staging(obj.path) is not None and old(obj.mtime, grace):
             doomed.append(obj.path)
     for folder in (_paths.CHUNKS, _paths.MANIFESTS, _paths.CHECKPOINTS, _paths.LOCKS, _paths.STAGING):
         age = max(grace, LOCK_TEMPORARY_AGE) if folder == _paths.LOCKS else grace
@@ -137,7 +129,7 @@ def collect(
                 freed += obj.size
     locks = 0
     for obj in storage.list(_paths.LOCKS):
-        ours = not LOCK_PATH.fullmatch(obj.path) or obj.path == own_lock
+        ours = _paths.parse_lock(obj.path) is None or obj.path == own_lock
         if not ours and now - lock_time(storage, obj.path, obj.mtime) >= stale_after:
             doomed.append(obj.path)
             locks += 1

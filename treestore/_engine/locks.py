@@ -7,7 +7,6 @@ import functools
 import logging
 import math
 import os
-import re
 import socket
 import time
 import uuid
@@ -21,10 +20,6 @@ from treestore._storage.base import Storage
 from treestore.errors import StorageError, StoreBusyError
 
 STALE_AFTER = 3600.0
-
-
-# The full path of a lock; saves and gc count, and gc deletes, only objects named so.
-LOCK_PATH = re.compile(rf"{_paths.LOCKS}/(save|gc)-[0-9a-f]{{32}}")
 
 # A lock record without a process identity (written by an earlier version) names a live
 # process that started more than this long after the record was written: a reused pid. (The
@@ -152,8 +147,8 @@ def live_locks(storage: Storage, kind: str, stale_after: float) -> list[str]:
     now = time.time()
     found = []
     for obj in storage.list(_paths.LOCKS):
-        named = LOCK_PATH.fullmatch(obj.path)
-        if not named or named.group(1) != kind or f"{storage.url}/{obj.path}" in _abandoned:
+        named = _paths.parse_lock(obj.path)
+        if named is None or named[0] != kind or f"{storage.url}/{obj.path}" in _abandoned:
             continue
         if now - lock_time(storage, obj.path, obj.mtime) < stale_after:
             found.append(obj.path)
@@ -165,7 +160,7 @@ class Lock:
 
     def __init__(self, storage: Storage, kind: str) -> None:
         self.storage = storage
-        self.path = f"{_paths.LOCKS}/{kind}-{uuid.uuid4().hex}"
+        self.path = _paths.lock_path(kind, uuid.uuid4().hex)
         self.kind = kind
         self.written = time.monotonic()
         storage.write(self.path, [_lock_record(kind)])

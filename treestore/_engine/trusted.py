@@ -42,7 +42,6 @@ from dataclasses import dataclass
 
 from treestore._engine.committed import read_columns, read_commit_record
 from treestore._format import paths as _paths
-from treestore._format.manifest import check_name
 from treestore._storage.base import Storage
 from treestore.errors import TreestoreError
 
@@ -85,12 +84,10 @@ def learn(storage: Storage, previous: Previous) -> TrustedChunks | None:
 def _newest(storage: Storage) -> str | None:
     """The checkpoint whose commit record was written last, by the listing's mtimes (ties, and
     backends without mtimes, by name): one listing, no record read."""
-    prefix = _paths.CHECKPOINTS + "/"
     newest: tuple[float, str] | None = None
     for obj in storage.list(_paths.CHECKPOINTS):
-        try:
-            name = check_name(obj.path[len(prefix) :] if obj.path.startswith(prefix) else "")
-        except TreestoreError:
+        name = _paths.parse_record(obj.path)
+        if name is None:
             continue
         key = (obj.mtime if obj.mtime is not None else 0.0, name)
         newest = key if newest is None or key > newest else newest

@@ -14,19 +14,17 @@ import contextlib
 import errno
 import itertools
 import os
-import re
 import stat
 import threading
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
+from treestore._format import paths as _paths
 from treestore._storage.base import Buffers, ObjectInfo, Staged, Storage, T
 from treestore.errors import StorageError
 
 if TYPE_CHECKING:
     import fsspec
-
-_TMP = re.compile(r"\.tmp-[0-9a-f]{32}")
 
 
 def _is_folder(path: str) -> bool:
@@ -42,14 +40,14 @@ _tmp_prefix: tuple[int, str] = (-1, "")
 
 
 def _tmp_name() -> str:
-    """A new temporary file name (matching ``_TMP``): 64 random bits drawn once per process and
-    a counter, rather than a UUID per file (a random draw per file is a system call per chunk).
-    Created with O_EXCL, a name that exists already is an error, never another file's bytes."""
+    """A new temporary file name (``paths.temporary_name``): 64 random bits drawn once per
+    process and a counter, rather than a UUID per file (a random draw per file is a system call
+    per chunk). Created with O_EXCL, a name that exists already is an error, never another file's bytes."""
     global _tmp_prefix
     pid = os.getpid()
     if _tmp_prefix[0] != pid:  # a forked child draws its own
         _tmp_prefix = (pid, os.urandom(8).hex())
-    return f".tmp-{_tmp_prefix[1]}{next(_tmp_names):016x}"
+    return _paths.temporary_name(f"{_tmp_prefix[1]}{next(_tmp_names):016x}")
 
 
 class MemoryStorage(Storage):
@@ -254,7 +252,7 @@ class LocalStorage(Storage):
         return info.st_size if stat.S_ISREG(info.st_mode) else None  # a link is no object
 
     def temporaries(self, prefix: str) -> builtins.list[ObjectInfo]:
-        return [o for o in self._walk(prefix) if _TMP.fullmatch(os.path.basename(o.path))]
+        return [o for o in self._walk(prefix) if _paths.is_temporary(os.path.basename(o.path))]
 
     def _walk(self, prefix: str) -> builtins.list[ObjectInfo]:
         """Regular files under ``prefix``, not following symlinks.
@@ -387,7 +385,9 @@ class LocalStorage(Storage):
 
     def list(self, prefix: str) -> list[ObjectInfo]:
         # Temporary files of writes in flight are not objects.
-        return [o for o in self._walk(prefix) if not os.path.basename(o.path).startswith(".tmp-")]
+        return [
+            o for o in self._walk(prefix) if not os.path.basename(o.path).startswith(_paths.TEMPORARY_PREFIX)
+        ]
 
     def delete_many(self, paths: Iterable[str]) -> None:
         for path in paths:  # unlinks are fast; threads would not help
