@@ -17,7 +17,7 @@ import pytest
 
 import treestore
 from treestore._api import hf_shards
-from treestore._api.retention import step_name
+from treestore._format.paths import step_name
 
 from .support import hostile
 from .support.faults import FaultyMemoryFileSystem

@@ -125,10 +125,10 @@ def test_an_outcome_record_that_cannot_be_removed_is_left_for_gc(store_url, capl
     assert any("job: committed; could not remove its outcome record: " in s for s in said), said
     store = treestore.Store(store_url)
     assert [c.name for c in store.list()] == ["job"]
-    assert any(o.path.endswith("/outcome") for o in store.storage.list("staging"))  # left for gc
-    assert store.gc().chunks_removed == 0 and store.storage.list("staging")  # younger than the grace
+    assert any(o.path.endswith("/outcome") for o in store._storage.list("staging"))  # left for gc
+    assert store.gc().chunks_removed == 0 and store._storage.list("staging")  # younger than the grace
     store.gc(grace=0)
-    assert store.storage.list("staging") == []
+    assert store._storage.list("staging") == []
     back = store.load("job")
     assert np.array_equal(back["v"], TREE["v"]) and np.array_equal(back["w"], TREE["w"])
 

@@ -14,7 +14,7 @@ import pytest
 import safetensors.numpy
 
 import treestore
-from treestore._api.retention import step_name
+from treestore._format.paths import step_name
 
 from .support import hostile
 from .support.faults import FaultyMemoryFileSystem

@@ -105,7 +105,7 @@ def test_a_chained_url_over_a_local_path_reads_the_store(tmp_path):
     """``simplecache::/path``: a chain whose last layer is a plain local path (no ``://``)."""
     treestore.save(str(tmp_path / "s"), {"w": np.arange(3.0)}, "c")
     chained = treestore.Store(f"simplecache::{tmp_path / 's'}")
-    assert not isinstance(chained.storage, LocalStorage)  # fsspec's layers, not the local fast path
+    assert not isinstance(chained._storage, LocalStorage)  # fsspec's layers, not the local fast path
     assert np.array_equal(chained.load("c")["w"], np.arange(3.0))
 
 

@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
-from treestore._format import paths as _paths
+from treestore._format.paths import TEMPORARY_PREFIX, is_temporary, temporary_name
 from treestore._storage.base import Buffers, ObjectInfo, Staged, Storage, T
 from treestore.errors import StorageError
 
@@ -47,7 +47,7 @@ def _tmp_name() -> str:
     pid = os.getpid()
     if _tmp_prefix[0] != pid:  # a forked child draws its own
         _tmp_prefix = (pid, os.urandom(8).hex())
-    return _paths.temporary_name(f"{_tmp_prefix[1]}{next(_tmp_names):016x}")
+    return temporary_name(f"{_tmp_prefix[1]}{next(_tmp_names):016x}")
 
 
 class MemoryStorage(Storage):
@@ -252,7 +252,7 @@ class LocalStorage(Storage):
         return info.st_size if stat.S_ISREG(info.st_mode) else None  # a link is no object
 
     def temporaries(self, prefix: str) -> builtins.list[ObjectInfo]:
-        return [o for o in self._walk(prefix) if _paths.is_temporary(os.path.basename(o.path))]
+        return [o for o in self._walk(prefix) if is_temporary(os.path.basename(o.path))]
 
     def _walk(self, prefix: str) -> builtins.list[ObjectInfo]:
         """Regular files under ``prefix``, not following symlinks.
@@ -385,9 +385,7 @@ class LocalStorage(Storage):
 
     def list(self, prefix: str) -> list[ObjectInfo]:
         # Temporary files of writes in flight are not objects.
-        return [
-            o for o in self._walk(prefix) if not os.path.basename(o.path).startswith(_paths.TEMPORARY_PREFIX)
-        ]
+        return [o for o in self._walk(prefix) if not os.path.basename(o.path).startswith(TEMPORARY_PREFIX)]
 
     def delete_many(self, paths: Iterable[str]) -> None:
         for path in paths:  # unlinks are fast; threads would not help
