@@ -458,6 +458,7 @@ MUTATIONS: list[Mutation] = [
         "repair trusts the source copy unchecked",
         "treestore/_api/verify.py",
         "        data, _ = fetch_chunk(source, ref)\n",
+        "        from treestore._format import paths as _layout\n"
         "        data = source.read(_layout.chunk_path(ref.digest))\n"
         "        if data is None:\n            return False\n",
         ["tests/test_verify.py::test_a_repair_source_without_an_intact_copy_repairs_nothing"],
@@ -542,6 +543,17 @@ MUTATIONS: list[Mutation] = [
         ),
         ("tests/test_locks.py::test_a_save_announces_itself_before_it_looks_for_a_gc",),
         "a gc that starts while a save looks for gc locks deletes the chunks that save writes",
+    ),
+    m(
+        "a write learns its trusted chunks before taking the save lock",
+        "treestore/_engine/writing.py",
+        "        lock = _locks.save_lock(self.storage)\n        try:\n"
+        "            trusted = _trusted.learn(self.storage, previous)",
+        "        trusted = _trusted.learn(self.storage, previous)\n"
+        "        lock = _locks.save_lock(self.storage)\n        try:\n            pass",
+        ["tests/test_trusted_chunks.py::test_a_save_never_trusts_chunks_gc_deleted_while_it_waited"],
+        "a save trusts the chunks of a checkpoint a gc deletes while the save waits for it: its "
+        "manifest names deleted chunks",
     ),
     m(
         "a gc looks for saves before announcing itself",

@@ -7,7 +7,8 @@ reference into it checked, present at the destination or not: a copy commits onl
 the source accepts, so a damaged source is never propagated. An
 object the destination already holds under a chunk's name is kept only if it passes the check a
 save applies before reusing one (``reusable_size``); a bad one is replaced from the source. The
-destination sees the same commit protocol as a save: lock, chunks, manifest, commit record.
+destination is written through the engine's one door, as a save is (:mod:`treestore._engine.writing`:
+lock, chunks, manifest, commit record).
 
 As a save does, a copy takes the chunks of the destination's newest checkpoint as present without
 a request for each (read once it holds the destination's lock: :mod:`treestore._engine.trusted`),
@@ -19,7 +20,7 @@ from __future__ import annotations
 import functools
 import os
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -28,29 +29,22 @@ from treestore._api.spec import parse_spec
 from treestore._api.verify import Progress
 from treestore._deprecated import renamed_attribute
 from treestore._engine import committed as _committed
-from treestore._engine import locks as _locks
 from treestore._engine import memory as _memory
-from treestore._engine import trusted as _trusted
-from treestore._engine.chunk_writer import reusable_size
-from treestore._engine.commit import commit
+from treestore._engine import writing as _writing
 from treestore._engine.objects import ChunkObject, chunk_objects
 from treestore._engine.parts import assemble, part_bytes
 from treestore._engine.read import fetch_chunk, member_mismatch, pack_member
 from treestore._engine.threads import default_threads, run_all
-from treestore._format import paths as _paths
-from treestore._format.columns_codec import encode
 from treestore._format.encoding import digest
 from treestore._format.frame import Frame, ListedPart
 from treestore._format.manifest import check_name
 from treestore._storage.base import Storage
 from treestore._storage.registry import open_storage
 from treestore.errors import (
-    CheckpointExistsError,
     ChunkDamagedError,
     DamagedError,
     InvalidInputError,
     ManifestDamagedError,
-    TreestoreError,
 )
 
 
@@ -92,7 +86,6 @@ class _Copier:
         self.threads = threads
         self.progress = progress
         self.copied = self.copied_bytes = self.present = self.trusted_hits = 0
-        self.trusted: set[bytes] = set()  # chunks the destination holds (learned under its lock)
         self.counted: set[bytes] = set()  # chunks counted in the report, once each
         self.done = self.total = 0
         self._lock = threading.Lock()
@@ -105,9 +98,8 @@ class _Copier:
         except DamagedError as exc:
             raise _refused(exc, obj.owner(), obj.columns.name, self.src.url) from None
 
-    def _chunk(self, obj: ChunkObject) -> None:
+    def _chunk(self, obj: ChunkObject, w: _writing.Writing) -> None:
         c = obj.ref
-        path = _paths.chunk_path(c.digest)
         data = None
         if obj.packed:  # a pack: each leaf's reference into it is checked, as a load checks it
             data, raw = self._fetch(obj)
@@ -116,14 +108,11 @@ class _Copier:
                     problem = ChunkDamagedError(member_mismatch(c.digest, offset, size))
                     address = obj.addresses(np.array([row]))[0]
                     raise _refused(problem, address, obj.columns.name, self.src.url)
-        written = 0  # stored bytes transferred; -1: present, taken from trusted chunks
-        if c.digest in self.trusted:
-            written = -1
-        elif reusable_size(self.dst, c.digest, c.raw_size) is None:  # none, or a bad one: replace it
-            if data is None:
-                data, _ = self._fetch(obj)
-            self.dst.write(path, [data])
-            written = len(data)
+
+        def fetched() -> bytes:  # a pack's bytes are read above already
+            return self._fetch(obj)[0] if data is None else data
+
+        written = w.put_object(c.digest, c.raw_size, fetched)  # bytes transferred; 0, -1 (trusted): present
         with self._lock:
             if c.digest not in self.counted:  # each chunk object once, however many checkpoints share it
                 self.counted.add(c.digest)
@@ -137,10 +126,10 @@ class _Copier:
             if self.progress is not None:
                 self.progress(self.done, self.total)
 
-    def chunks(self, objects: list[ChunkObject], lock: _locks.Lock) -> None:
+    def chunks(self, objects: list[ChunkObject], w: _writing.Writing) -> None:
         def job(obj: ChunkObject) -> None:
-            self._chunk(obj)
-            lock.refresh(_locks.STALE_AFTER)
+            self._chunk(obj, w)
+            w.keep_fresh()
 
         run_all([functools.partial(job, obj) for obj in objects], self.threads, "copy")
 
@@ -228,26 +217,22 @@ def copy(
         parts = found.parts if isinstance(found, Frame) else ()  # copied with it, unless renamed
         new = check_name(dst_name or n)
         if new != n:
-            columns = replace(columns, name=new)
-            data = encode(columns, columns.version)  # the source's version; parts merged into it
+            columns, data = _writing.renamed(columns, new)  # the source's version; parts merged into it
             parts = ()
-        if _already_there(d, new, digest(data), overwrite):
+        if _writing.unchanged(d, new, digest(data), overwrite):
             continue
         copier.total += sum(obj.ref.raw_size for obj in objects)
         plans.append((record, parts, columns, data, objects))
     copied: list[str] = []
     if plans:
-        with _locks.save_lock(d) as lock:
-            trusted = _trusted.learn(d, bool(trust_previous))  # under the lock, after any gc: safe
-            copier.trusted = set(trusted.stored) if trusted is not None else set()
+        # the chunks of the destination's newest checkpoint trusted, then those of each one committed
+        with _writing.writing(d, None, overwrite=overwrite, previous=bool(trust_previous)) as w:
             for record, parts, columns, data, objects in plans:
                 with _memory.memory_named(f"copying checkpoint {record.name!r}", record.name):
-                    copier.chunks(objects, lock)
-                _copy_parts(s, d, record.name, parts)
-                commit(d, data, columns, overwrite=overwrite, version=record.version)
+                    copier.chunks(objects, w)
+                _copy_parts(s, w, record.name, parts)
+                w.commit_manifest(columns, data, record.version, [obj.ref.digest for obj in objects])
                 copied.append(columns.name)
-                if trust_previous:  # written or checked under this lock, and now referenced
-                    copier.trusted.update(obj.ref.digest for obj in objects)
     unchanged = tuple(dst_name or n for n in names if (dst_name or n) not in copied)
     return CopyReport(
         s.url,
@@ -282,28 +267,10 @@ def _refused(exc: DamagedError, address: str, checkpoint: str, url: str) -> Dama
     )
 
 
-def _copy_parts(src: Storage, dst: Storage, name: str, parts: tuple[ListedPart, ...]) -> None:
+def _copy_parts(src: Storage, w: _writing.Writing, name: str, parts: tuple[ListedPart, ...]) -> None:
     """Copy the parts of checkpoint ``name``'s manifest (SPEC.md, section 8), each checked."""
     for found, size, *_ in parts:
         data = part_bytes(src, found, size)
         if isinstance(data, str):  # changed since the manifest was read and checked
             raise ManifestDamagedError(f"manifest of checkpoint {name!r}: {data}", checkpoint=name)
-        dst.write(_paths.manifest_path(found), [data])
-
-
-def _already_there(dst: Storage, name: str, manifest_digest: bytes, overwrite: bool) -> bool:
-    """True when ``dst`` holds ``name`` with this manifest; raises when it holds other contents."""
-    if not dst.exists(_paths.record_path(name)):
-        return False
-    try:
-        if _committed.read_commit_record(dst, name).manifest == manifest_digest:
-            return True
-    except TreestoreError:
-        pass  # an unreadable record: overwrite it only when asked
-    if overwrite:
-        return False
-    raise CheckpointExistsError(
-        f"checkpoint {name!r} already exists in {dst.url} with other contents; "
-        "pass overwrite=True (--overwrite) to replace it",
-        checkpoint=name,
-    )
+        w.put_part(found, data)

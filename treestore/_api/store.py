@@ -13,7 +13,6 @@ from treestore._api.spec import Spec, split_spec, store_url
 from treestore._deprecated import internal_attribute
 from treestore._engine import committed as _committed
 from treestore._engine import gc as _gc
-from treestore._engine import locks as _locks
 from treestore._engine import memory as _memory
 from treestore._format import paths as _paths
 from treestore._format import select as _select
@@ -169,7 +168,7 @@ class Store:
         grace: float = _gc.GRACE,
         dry_run: bool = False,
         wait: float = 0.0,
-        stale_after: float = _locks.STALE_AFTER,
+        stale_after: float = _gc.STALE_AFTER,
     ) -> _gc.GcReport:
         """Remove chunks and manifests no committed checkpoint references.
 

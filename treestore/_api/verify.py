@@ -12,18 +12,16 @@ import os
 import threading
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from treestore._api.spec import parse_spec
 from treestore._engine import committed as _committed
-from treestore._engine import locks as _locks
 from treestore._engine import memory as _memory
 from treestore._engine.objects import ChunkObject, chunk_objects
 from treestore._engine.read import fetch_chunk, member_mismatch, pack_member
 from treestore._engine.threads import default_threads, run_all
-from treestore._format import paths as _paths
 from treestore._format.manifest import check_name
 from treestore._format.records import ChunkRef
 from treestore._storage.base import Storage
@@ -37,6 +35,9 @@ from treestore.errors import (
     TreestoreError,
     UnsupportedFormatError,
 )
+
+if TYPE_CHECKING:
+    from treestore._engine.writing import Writing
 
 Progress = Callable[[int, int], None]  # (bytes done so far, total bytes)
 
@@ -268,8 +269,10 @@ def verify(
     repaired: list[str] = []
     if repair_from is not None and v.bad:
         source = open_storage(repair_from, repair_storage_options)
-        with _locks.save_lock(storage):
-            repaired = [ref.digest.hex() for ref in v.bad if _repair(storage, source, ref)]
+        from treestore._engine.writing import writing  # here: checking a store writes nothing
+
+        with writing(storage, None, previous=False) as w:  # a save lock: no gc meanwhile
+            repaired = [ref.digest.hex() for ref in v.bad if _repair(w, source, ref)]
         if repaired:
             v = _checked(storage, names, name is not None, threads or default_threads(), progress)
     problems = sorted(v.problems, key=lambda p: (p.checkpoint or "", p.address or "", p.kind, p.message))
@@ -288,8 +291,8 @@ def _checked(
     return v
 
 
-def _repair(storage: Storage, source: Storage, ref: ChunkRef) -> bool:
-    """Write chunk ``ref``'s object from ``source`` into ``storage`` if the source holds it intact
+def _repair(w: Writing, source: Storage, ref: ChunkRef) -> bool:
+    """Write chunk ``ref``'s object from ``source`` into the store of ``w`` if the source holds it intact
     (decoded and checked against its digest first); False if it does not, or if what stands
     under the chunk's name there cannot be read (a link, a FIFO, a failing read): the chunk stays
     reported and the other chunks are still repaired."""
@@ -297,5 +300,5 @@ def _repair(storage: Storage, source: Storage, ref: ChunkRef) -> bool:
         data, _ = fetch_chunk(source, ref)
     except (ChunkMissingError, ChunkDamagedError, StorageError):
         return False
-    storage.write(_paths.chunk_path(ref.digest), [data])
+    w.replace_object(ref.digest, data)
     return True

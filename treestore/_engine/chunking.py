@@ -1,0 +1,244 @@
+"""The leaves of a prepared tree cut into chunks, hashed, measured, compressed and written:
+big leaves in chunks of their own, small ones in packs, device arrays fetched in slices as they
+are written (:mod:`treestore._engine.device_fetch`) and measured on their devices. Every writer
+calls it through :mod:`treestore._engine.writing`, which holds the save's lock it keeps fresh."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from treestore._engine import device_stats as _device_stats
+from treestore._engine import locks as _locks
+from treestore._engine.chunk_writer import ChunkWriter, Measured
+from treestore._engine.device_fetch import Fetcher, Window
+from treestore._engine.packs import Packer
+from treestore._engine.save_options import SaveOptions
+from treestore._engine.threads import Batch, compute_threads, shared_pool
+from treestore._format import stats as _stats
+from treestore._format.codecs import plane_width
+from treestore._format.dtypes import PRNG_KEY
+from treestore._format.leaf_table import LeafTable, PieceRow, ref_of
+from treestore._format.records import ChunkRef
+from treestore._tree.leaves import ArrayLeaf, ValueLeaf
+from treestore._tree.prepare import Prepared
+
+
+def _plan_chunks(
+    data: Any,
+    options: SaveOptions,
+    submit: Callable[..., cf.Future[Measured]],
+    private: bool,
+    measure: bool,
+    fetcher: Fetcher,
+) -> list[cf.Future[Measured]]:
+    """The futures of the chunks of ``data``: host data's submitted now, a device array's (a leaf
+    or piece kept on its device) appended as :meth:`Fetcher.run` fetches them."""
+    itemsize = data.dtype.itemsize
+    step = max(itemsize, options.chunk_size // itemsize * itemsize)
+    width = plane_width(np.dtype(data.dtype))
+    dtype = np.dtype(data.dtype) if measure else None
+    if not isinstance(data, np.ndarray):
+        return fetcher.add(data, step, lambda raw: submit(raw, width, True, dtype))
+    raw = data.reshape(-1).view(np.uint8)
+    return [submit(raw[i : i + step], width, private, dtype) for i in range(0, raw.nbytes, step)]
+
+
+def write_leaves(
+    prepared: Prepared,
+    options: SaveOptions,
+    writer: ChunkWriter,
+    lock: _locks.Lock,
+    sink: LeafTable,
+    *,
+    primary: bool = True,
+) -> list[ChunkRef]:
+    """Write the chunks of every leaf, appending each leaf written to ``sink`` (the manifest's
+    columns, or leaf entries); returns the pack chunks.
+
+    Chunks are hashed and compressed on the process's saving threads and take their names on
+    its publishing threads (:meth:`ChunkWriter.publishing`): when this returns every chunk has
+    its name, and when it raises none of its jobs still runs. Only the primary process of a
+    multi-process save writes leaves that are not sharded; every process writes the pieces it
+    owns.
+    """
+    with writer.publishing(options.threads):
+        jobs = Batch(shared_pool(compute_threads(options.threads, writer.storage.stages), "save"))
+        try:
+            return _submit_leaves(prepared, options, jobs, writer, lock, sink, primary)
+        except BaseException:
+            jobs.cancel()
+            raise
+
+
+def _submit_leaves(
+    prepared: Prepared,
+    options: SaveOptions,
+    pool: Batch,
+    writer: ChunkWriter,
+    lock: _locks.Lock,
+    sink: LeafTable,
+    primary: bool,
+) -> list[ChunkRef]:
+    """:func:`write_leaves`, its jobs submitted to ``pool``."""
+    plans: list[Any] = []
+    packer = Packer(options.pack_size, pool.submit, writer.put)
+    small = options.small_leaf
+    pack = packer.add
+    chunked: list[tuple[int, bool]] = []  # the leaves with chunks of their own, or pieces; private
+    kinds: list[int] = []  # each leaf's statistics kind; UNKNOWN where none is recorded
+    on_device: dict[int, list[Any]] = {}  # the leaves measured on their devices: kernel results
+    # Statistics of real numbers, not of PRNG key data (looked up inline: at 100k leaves a
+    # function call per leaf shows).
+    kind_of = _stats.KIND_OF.get
+    unknown = _stats.UNKNOWN
+    for i, (_, leaf) in enumerate(prepared.leaves):
+        kind = (
+            kind_of(leaf.dtype, unknown)
+            if options.stats and isinstance(leaf, ArrayLeaf) and leaf.kind != PRNG_KEY
+            else unknown
+        )
+        kinds.append(kind)
+        measure = kind != unknown
+        if isinstance(leaf, ValueLeaf) or not (primary or leaf.sharded):
+            plans.append(None)
+            continue
+        if measure and (leaf.source is not None or leaf.data is None):
+            kept = _on_device(leaf)
+            if kept and _device_stats.measurable(np.dtype(kept[0].dtype)):
+                on_device[i] = _device_stats.dispatch(kept)  # before the slices, on each device
+        if leaf.source is not None:  # kept on its device: chunked as it is fetched
+            plans.append(leaf.source)
+            chunked.append((i, True))
+        elif leaf.data is None:  # sharded: small pieces packed now, big ones chunked below
+            plans.append(
+                [
+                    (
+                        start,
+                        piece,
+                        pack(piece, i, measure)
+                        if type(piece) is np.ndarray and 0 < piece.nbytes < small
+                        else piece,
+                    )
+                    for start, piece in leaf.pieces
+                ]
+            )
+            chunked.append((i, leaf.private))
+        elif 0 < leaf.data.nbytes < small:
+            plans.append(pack(leaf.data, i, measure))
+        else:
+            plans.append(leaf.data)
+            chunked.append((i, leaf.private))
+    pack_jobs = packer.finish()
+
+    def submit(
+        raw: np.ndarray[Any, Any], width: int, private: bool, dtype: np.dtype[Any] | None
+    ) -> cf.Future[Measured]:
+        return pool.submit(writer.put_measured, raw, width, dtype, private=private)
+
+    fetcher = Fetcher(Window(options.host_window), options.chunk_size)
+    for i, private in chunked:
+        plan = plans[i]
+        # chunks measured on the host unless the leaf is measured on its device (its host pieces
+        # still are: they were never on a device of their own)
+        measure = kinds[i] != unknown
+        if type(plan) is not list:  # host data, or a device array
+            measure_here = measure and i not in on_device
+            plans[i] = (
+                _plan_chunks(plan, options, submit, private, measure_here, fetcher) if plan.nbytes else plan
+            )
+        else:
+            plans[i] = [
+                (
+                    start,
+                    piece.shape,
+                    [ref]
+                    if type(ref) is tuple
+                    else _plan_chunks(
+                        piece,
+                        options,
+                        submit,
+                        private,
+                        measure and not (i in on_device and type(piece) is not np.ndarray),
+                        fetcher,
+                    ),
+                )
+                for start, piece, ref in plan
+            ]
+    fetcher.run()  # every device leaf's chunks submitted: its futures are in plans
+    device_records = _device_records(prepared, on_device)
+
+    packs: list[ChunkRef] = []
+    small_records: dict[int, list[_stats.Record | None]] = {}
+    for job in pack_jobs:
+        ref, measured_members = job.result()
+        packs.append(ref)
+        for i, record in measured_members:
+            small_records.setdefault(i, []).append(record)
+    for i, ((address, leaf), plan) in enumerate(zip(prepared.leaves, plans, strict=True)):
+        if isinstance(leaf, ValueLeaf):
+            sink.value(leaf.kind, leaf.value, address, i)
+            continue
+        pieces: list[PieceRow] | None = None
+        records = small_records.get(i, [])
+        if type(plan) is tuple:  # packed: nothing to wait for
+            refs = [plan]
+        elif plan is None:  # another process writes it
+            continue
+        elif type(plan) is not list:  # empty
+            refs = []
+        else:
+            if leaf.sharded:
+                refs, pieces = [], []
+                for start, shape, fs in plan:
+                    got = []
+                    for f in fs:
+                        if type(f) is tuple:
+                            got.append(f)
+                        else:
+                            ref, record = f.result()
+                            got.append(ref_of(ref))
+                            if record is not None:  # None: measured on its device
+                                records.append(record)
+                    refs += got
+                    pieces.append((start, shape, len(got)))
+            else:
+                refs = []
+                for f in plan:
+                    ref, record = f.result()
+                    refs.append(ref_of(ref))
+                    if record is not None:  # None: measured on its device
+                        records.append(record)
+            lock.refresh(_locks.STALE_AFTER)  # after waiting for chunks: keep the save's lock fresh
+        stats = None
+        if options.stats:
+            stats = _stats.combine(records + device_records.get(i, []), kinds[i])
+        sink.array(
+            leaf.kind, leaf.dtype, leaf.shape, leaf.prng_impl, leaf.weak_type, refs, pieces, address, i, stats
+        )
+    return packs
+
+
+def _on_device(leaf: ArrayLeaf) -> list[Any]:
+    """The jax arrays of a leaf that stay on their devices: the leaf itself, or the pieces of a
+    sharded one that are kept there (measured on their devices, in this order)."""
+    if leaf.source is not None:
+        return [leaf.source]
+    return [piece for _, piece in leaf.pieces if type(piece) is not np.ndarray]
+
+
+def _device_records(prepared: Prepared, on_device: dict[int, list[Any]]) -> dict[int, list[_stats.Record]]:
+    """The records of the leaves (and kept pieces) measured on their devices, fetched together."""
+    order = sorted(on_device)
+    results = [r for i in order for r in on_device[i]]
+    blocks = iter(_device_stats.fetch(results))
+    out: dict[int, list[_stats.Record]] = {}
+    for i in order:
+        leaf = prepared.leaves[i][1]
+        assert isinstance(leaf, ArrayLeaf)
+        kept = _on_device(leaf)
+        out[i] = [_device_stats.record(next(blocks), int(x.size)) for x in kept]
+    return out
