@@ -35,6 +35,7 @@ from treestore._engine.objects import ChunkObject, chunk_objects
 from treestore._engine.parts import assemble, part_bytes
 from treestore._engine.read import fetch_chunk, member_mismatch, pack_member
 from treestore._engine.threads import default_threads, run_all
+from treestore._format import paths as _paths
 from treestore._format.encoding import digest
 from treestore._format.frame import Frame, ListedPart
 from treestore._format.manifest import check_name
