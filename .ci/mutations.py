@@ -392,7 +392,7 @@ MUTATIONS: list[Mutation] = [
     # --- two tiers ---------------------------------------------------------------------------
     m(
         "tiers compared as strings",
-        "treestore/_api/replication.py",
+        "treestore/_api/manager/replication.py",
         "if remote._storage.overlaps(local._storage):",
         "if remote.url == local.url:",
         ["tests/test_two_tier.py::test_one_store_as_both_tiers_is_refused_however_it_is_spelt"],
@@ -475,7 +475,7 @@ MUTATIONS: list[Mutation] = [
     ),
     m(
         "a healthy= check overrides recorded NaN",
-        "treestore/_api/retention.py",
+        "treestore/_api/manager/retention.py",
         "        if state is False or check is None:\n",
         "        if check is None:\n",
         ["tests/test_health_retention.py::test_a_check_that_accepts_everything_cannot_override_recorded_nan"],
@@ -483,7 +483,7 @@ MUTATIONS: list[Mutation] = [
     ),
     m(
         "unknown health taken for healthy",
-        "treestore/_api/retention.py",
+        "treestore/_api/manager/retention.py",
         "        if step_health(store, infos[step], check) is True:\n",
         "        if step_health(store, infos[step], check) is not False:\n",
         [
@@ -493,7 +493,7 @@ MUTATIONS: list[Mutation] = [
     ),
     m(
         "export temporaries through links",
-        "treestore/_api/temporary.py",
+        "treestore/_api/interop/temporary.py",
         'os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)',
         "os.O_WRONLY | os.O_CREAT | os.O_TRUNC",
         ["tests/test_hf_shards.py::test_export_does_not_follow_links_planted_at_temporary_names"],

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import treestore
-from treestore._api import hf_shards
+from treestore._api.interop import hf_shards
 from treestore._format.paths import step_name
 
 from .support import hostile

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import treestore
-from treestore._api.retention import Policy, apply_retention
+from treestore._api.manager.retention import Policy, apply_retention
 
 from .test_stats import run_cli
 

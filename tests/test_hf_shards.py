@@ -18,8 +18,8 @@ from click.testing import CliRunner
 from safetensors import safe_open
 
 import treestore
-from treestore._api import hf_shards
-from treestore._api.importing import read_file
+from treestore._api.interop import hf_shards
+from treestore._api.interop.importing import read_file
 from treestore_cli.main import cli
 
 from .support.helpers import same_bytes
@@ -337,7 +337,7 @@ def test_failed_export_leaves_no_index_and_no_shard(minilm, tmp_path, monkeypatc
 
 KILLED = """
 import os, sys, time, treestore
-from treestore._api import hf_shards
+from treestore._api.interop import hf_shards
 real, calls = hf_shards._write_shard, []
 def slow(ckpt, fd, shard, metadata, advance):
     calls.append(fd)
@@ -389,7 +389,7 @@ def test_export_does_not_follow_links_planted_at_temporary_names(minilm, tmp_pat
     """Another user who can write into the output folder plants links where an export writes its
     temporaries, at the name this process would have used before and at the exact random names it
     will try (forced here): the files the links point to are untouched, and the export is whole."""
-    from treestore._api import temporary
+    from treestore._api.interop import temporary
 
     victim = tmp_path / "victim.txt"
     victim.write_text("precious")
@@ -411,7 +411,7 @@ def test_export_does_not_follow_links_planted_at_temporary_names(minilm, tmp_pat
 
 def test_abandoned_temporaries_of_running_processes_are_kept(tmp_path):
     """Only a temporary whose process has ended is removed: another export may still be writing."""
-    from treestore._api import temporary
+    from treestore._api.interop import temporary
 
     done = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
@@ -523,7 +523,7 @@ def test_cli_export_with_a_shard_size_to_a_bare_name_writes_a_folder(minilm, tmp
 def test_abandoned_temporaries_of_unknowable_processes_are_kept(tmp_path):
     """A temporary whose process id cannot be asked about (beyond the system's pid range) is
     kept, as one of a running process is; a folder that cannot be listed removes nothing."""
-    from treestore._api import temporary
+    from treestore._api.interop import temporary
 
     huge = f".model.tmp-{2**70}-{'f' * 12}"
     (tmp_path / huge).write_bytes(b"whose?")

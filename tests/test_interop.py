@@ -84,7 +84,7 @@ def test_safetensors_keys_nest_and_come_back(tmp_path):
 
 
 def _read_st(path: Path) -> dict[str, np.ndarray]:
-    tree, _ = treestore._api.importing.read_file(path, nest_keys=False)
+    tree, _ = treestore._api.interop.importing.read_file(path, nest_keys=False)
     return tree
 
 
@@ -259,7 +259,7 @@ def test_npz_declaring_more_than_it_holds(tmp_path):
 def test_npz_arrays_must_fit_in_memory(tmp_path, monkeypatch):
     f = tmp_path / "t.npz"
     np.savez(f, a=np.ones(1000), b=np.ones(1000))
-    monkeypatch.setattr(treestore._api.file_formats, "physical_memory", lambda: 10_000)
+    monkeypatch.setattr(treestore._api.interop.file_formats, "physical_memory", lambda: 10_000)
     with pytest.raises(treestore.errors.OutOfMemoryError, match=r"t\.npz: its arrays declare 16,000 bytes"):
         treestore.import_file(f, memory() + "#x")
 
@@ -359,7 +359,7 @@ def test_orbax_metadata_that_is_no_regular_file(tmp_path):
 
 
 def test_orbax_metadata_over_its_cap(tmp_path):
-    formats = treestore._api.orbax_folders
+    formats = treestore._api.interop.orbax_folders
     with orbax.StandardCheckpointer() as checkpointer:
         checkpointer.save(tmp_path / "ck", {"w": np.ones(2)})
     for name in ("_CHECKPOINT_METADATA", "_METADATA"):
@@ -427,7 +427,7 @@ def test_export_to_orbax_leaves_the_old_folder_when_orbax_fails(tmp_path, monkey
         Path(tmp).mkdir()
         raise treestore.UnsupportedFormatError("orbax cannot write this checkpoint: boom")
 
-    monkeypatch.setattr(treestore._api.orbax_folders, "write_orbax", fail)
+    monkeypatch.setattr(treestore._api.interop.orbax_folders, "write_orbax", fail)
     with pytest.raises(treestore.UnsupportedFormatError, match="boom"):
         treestore.export_file(url, out, format="orbax", overwrite=True)
     assert sorted(p.name for p in out.iterdir()) == before
@@ -604,7 +604,7 @@ def test_a_safetensors_file_cut_short_while_it_is_read_is_refused(tmp_path, monk
     """The header is checked against the file's size before anything is read; a file cut short
     after that (by another process, say) is refused at the tensor it no longer holds, and the
     import stores nothing."""
-    from treestore._api import file_formats
+    from treestore._api.interop import file_formats
 
     path = tmp_path / "w.safetensors"
     safetensors.numpy.save_file({"a": np.arange(4, dtype=np.float32), "b": np.ones(4, np.float32)}, str(path))

@@ -130,7 +130,7 @@ def test_running_out_of_memory_past_the_decoder_names_the_checkpoint(store_url, 
     def out_of_memory(*args, **kwargs):
         raise MemoryError
 
-    from treestore._api import diff as diff_module
+    from treestore._api.inspection import diff as diff_module
     from treestore._engine import objects
     from treestore._format.columns_tree import Nodes
 

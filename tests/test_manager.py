@@ -19,7 +19,7 @@ import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
 import treestore
-from treestore._api.retention import Policy, StepInfo
+from treestore._api.manager.retention import Policy, StepInfo
 from treestore._format.paths import step_name
 
 from .support.helpers import assert_tree_equal

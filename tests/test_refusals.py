@@ -310,7 +310,7 @@ def test_a_node_table_with_a_segment_that_is_not_str_is_refused(tmp_path):
 OUT_OF_FILES = r"""
 import os, resource, sys
 from pathlib import Path
-from treestore._api import hf_shards, orbax_folders
+from treestore._api.interop import hf_shards, orbax_folders
 from treestore.errors import TreestoreError
 
 folder, shard = Path(sys.argv[1]), Path(sys.argv[2])

@@ -108,8 +108,8 @@ WRITERS = (
     "treestore._engine.load",
     "treestore._api.derive",
     "treestore._format.nodes_edit",
-    "treestore._api.timeline",
-    "treestore._api.norms",
+    "treestore._api.inspection.timeline",
+    "treestore._api.inspection.norms",
 )
 
 

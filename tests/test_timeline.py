@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 import treestore
-from treestore._api import heatmap as _heatmap
+from treestore._api.inspection import heatmap as _heatmap
 from treestore.errors import CheckpointNotFoundError, NoMatchError
 from treestore_cli.main import cli
 

@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 
 import treestore
-from treestore._api import replication as _replication
+from treestore._api.manager import replication as _replication
 from treestore._format.paths import step_name
 
 from .support.helpers import assert_tree_equal

@@ -30,15 +30,15 @@ if TYPE_CHECKING:
     from treestore import types
     from treestore._api.checkpoint import Checkpoint
     from treestore._api.copy import copy
-    from treestore._api.exporting import export_file
     from treestore._api.functions import diff, load, open, save
-    from treestore._api.importing import import_file
+    from treestore._api.inspection.watch import watch
+    from treestore._api.interop.exporting import export_file
+    from treestore._api.interop.importing import import_file
     from treestore._api.lazy_leaf import LazyLeaf
-    from treestore._api.manager import CheckpointManager
-    from treestore._api.manager_options import RemoteTier, Retention
+    from treestore._api.manager.checkpoint_manager import CheckpointManager
+    from treestore._api.manager.options import RemoteTier, Retention
     from treestore._api.store import Store
     from treestore._api.verify import verify
-    from treestore._api.watch import watch
     from treestore._engine.write import SaveOptions
     from treestore._format.address import format_address
     from treestore._format.codecs import Codec
@@ -54,18 +54,18 @@ _LAZY = {
     "Checkpoint": "treestore._api.checkpoint",
     "LazyLeaf": "treestore._api.lazy_leaf",
     "copy": "treestore._api.copy",
-    "export_file": "treestore._api.exporting",
-    "import_file": "treestore._api.importing",
-    "CheckpointManager": "treestore._api.manager",
-    "Retention": "treestore._api.manager_options",
-    "RemoteTier": "treestore._api.manager_options",
+    "export_file": "treestore._api.interop.exporting",
+    "import_file": "treestore._api.interop.importing",
+    "CheckpointManager": "treestore._api.manager.checkpoint_manager",
+    "Retention": "treestore._api.manager.options",
+    "RemoteTier": "treestore._api.manager.options",
     "Store": "treestore._api.store",
     "diff": "treestore._api.functions",
     "load": "treestore._api.functions",
     "open": "treestore._api.functions",
     "save": "treestore._api.functions",
     "verify": "treestore._api.verify",
-    "watch": "treestore._api.watch",
+    "watch": "treestore._api.inspection.watch",
     "SaveOptions": "treestore._engine.write",
     "format_address": "treestore._format.address",
     "Codec": "treestore._format.codecs",

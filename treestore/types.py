@@ -9,15 +9,15 @@ options of a checkpoint manager (``Retention``, ``RemoteTier``, also in ``treest
 """
 
 from treestore._api.copy import CopyReport
-from treestore._api.diff import Diff, LeafDiff
-from treestore._api.diff_values import ValueChange
-from treestore._api.exporting import ExportResult
 from treestore._api.health import ValueStats
+from treestore._api.inspection.diff import Diff, LeafDiff
+from treestore._api.inspection.diff_values import ValueChange
+from treestore._api.inspection.norms import Norms
+from treestore._api.inspection.timeline import Timeline
+from treestore._api.interop.exporting import ExportResult
 from treestore._api.listing import CheckpointInfo
-from treestore._api.manager_options import RemoteTier, Retention
-from treestore._api.norms import Norms
-from treestore._api.retention import StepInfo
-from treestore._api.timeline import Timeline
+from treestore._api.manager.options import RemoteTier, Retention
+from treestore._api.manager.retention import StepInfo
 from treestore._api.verify import VerifyProblem, VerifyReport
 from treestore._engine.gc import GcReport
 from treestore._engine.write import SaveResult

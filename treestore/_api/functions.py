@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from treestore._api import diff as _diff
 from treestore._api.checkpoint import Checkpoint
+from treestore._api.inspection import diff as _diff
 from treestore._api.progress import Progress
 from treestore._api.spec import Spec, parse_spec
 from treestore._api.store import Store

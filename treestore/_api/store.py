@@ -22,9 +22,9 @@ from treestore._storage.registry import open_storage
 from treestore.errors import InvalidInputError
 
 if TYPE_CHECKING:
-    from treestore._api import norms as _norms
-    from treestore._api import timeline as _timeline
     from treestore._api.checkpoint import Checkpoint
+    from treestore._api.inspection import norms as _norms
+    from treestore._api.inspection import timeline as _timeline
     from treestore._engine import write as _write
     from treestore._format.codecs import Codec
     from treestore._format.record_views import Manifest
@@ -466,7 +466,7 @@ class Store:
             >>> t.addresses, t.values
             (('b', 'w'), ((0.0, 0.0), (1.0, 1.0)))
         """
-        from treestore._api import timeline as _timeline
+        from treestore._api.inspection import timeline as _timeline
 
         return _timeline.timeline(self._storage, select=select, depth=depth, progress=progress)
 
@@ -482,7 +482,7 @@ class Store:
             Norms: A :class:`treestore.types.Norms` (NaN where a leaf is absent or has no statistics),
             with ``heatmap()`` and ``to_json()``.
         """
-        from treestore._api import norms as _norms
+        from treestore._api.inspection import norms as _norms
 
         return _norms.norms(self._storage, select=select, depth=depth)
 

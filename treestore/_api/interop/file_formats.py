@@ -1,5 +1,5 @@
 """Reading and writing other checkpoint files: .safetensors, .npz and flax msgpack (orbax folders:
-:mod:`treestore._api.orbax_folders`), and the checks every foreign file passes first.
+:mod:`treestore._api.interop.orbax_folders`), and the checks every foreign file passes first.
 
 Readers return a flat dict of arrays (safetensors, npz) or the nested tree the format holds (flax
 msgpack), plus a record of what they found; writers write one file from named arrays. Every

@@ -10,8 +10,8 @@ from typing import Any
 
 from treestore._api.copy import CopyReport
 from treestore._api.copy import copy as _copy
-from treestore._api.manager_options import RemoteTier
-from treestore._api.retention import HealthCheck, Policy, apply_retention, gc_after_retention
+from treestore._api.manager.options import RemoteTier
+from treestore._api.manager.retention import HealthCheck, Policy, apply_retention, gc_after_retention
 from treestore._api.store import Store
 from treestore._format.paths import step_name
 from treestore.errors import InvalidInputError, TreestoreError

@@ -1,6 +1,6 @@
 """Export of a checkpoint as a .safetensors, .npz or flax msgpack file, an orbax checkpoint
 folder, or the Hugging Face shard set; key paths are joined into the key names import split
-them from (:mod:`treestore._api.importing`)."""
+them from (:mod:`treestore._api.interop.importing`)."""
 
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ from typing import Any
 
 import numpy as np
 
-from treestore._api import file_formats as _formats
-from treestore._api import hf_shards as _shards
-from treestore._api import orbax_folders as _orbax
-from treestore._api import temporary
 from treestore._api.checkpoint import Checkpoint
 from treestore._api.functions import resolve
+from treestore._api.interop import file_formats as _formats
+from treestore._api.interop import hf_shards as _shards
+from treestore._api.interop import orbax_folders as _orbax
+from treestore._api.interop import temporary
 from treestore._api.lazy_leaf import LazyLeaf
 from treestore._api.progress import Progress, counter
 from treestore._format.address import DictKey, GetAttrKey, SequenceKey, parse_address

@@ -19,7 +19,7 @@ from typing import Any
 
 import fsspec
 
-from treestore._api import hf_shards as _shards
+from treestore._api.interop import hf_shards as _shards
 from treestore.errors import InvalidInputError, NotFoundError, StorageError, TreestoreError
 
 

@@ -5,7 +5,7 @@ Flat formats (safetensors, npz) name tensors with keys like ``encoder.layer.0.w`
 is split at ``.`` and ``/`` into nested dicts with string keys (``{"encoder": {"layer": {"0":
 ...}}}``). The separator found (``/`` when keys use only slashes, else ``.``) is kept in the
 checkpoint's metadata with the source file's own metadata, so that export
-(:mod:`treestore._api.exporting`) joins the segments back into the same key names and a
+(:mod:`treestore._api.interop.exporting`) joins the segments back into the same key names and a
 safetensors file comes back bit-exact.
 """
 
@@ -16,10 +16,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-from treestore._api import file_formats as _formats
-from treestore._api import hf_shards as _shards
-from treestore._api import orbax_folders as _orbax
-from treestore._api import remote_source as _remote
+from treestore._api.interop import file_formats as _formats
+from treestore._api.interop import hf_shards as _shards
+from treestore._api.interop import orbax_folders as _orbax
+from treestore._api.interop import remote_source as _remote
 from treestore._api.progress import Progress, counter
 from treestore._api.spec import parse_spec
 from treestore._engine import write as _write

@@ -12,10 +12,10 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from treestore._api.copy import CopyReport
-from treestore._api.manager_options import RemoteTier, Retention, read_options
-from treestore._api.preemption import Preemption
-from treestore._api.replication import Replicator, open_remote
-from treestore._api.retention import (
+from treestore._api.manager.options import RemoteTier, Retention, read_options
+from treestore._api.manager.preemption import Preemption
+from treestore._api.manager.replication import Replicator, open_remote
+from treestore._api.manager.retention import (
     HealthCheck,
     Policy,
     StepInfo,
@@ -25,9 +25,9 @@ from treestore._api.retention import (
     gc_after_retention,
     step_infos,
 )
-from treestore._api.save_queue import SaveQueue
+from treestore._api.manager.save_queue import SaveQueue
+from treestore._api.manager.tiers import Tiers
 from treestore._api.store import Store
-from treestore._api.tiers import Tiers
 from treestore._engine import write as _write
 from treestore._format.manifest import check_metadata
 from treestore._format.paths import step_name

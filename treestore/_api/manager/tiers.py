@@ -8,7 +8,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from treestore._api.retention import HealthCheck, StepInfo, check_step, newest_healthy, step_infos
+from treestore._api.manager.retention import HealthCheck, StepInfo, check_step, newest_healthy, step_infos
 from treestore._api.store import Store
 from treestore._format.paths import step_name
 from treestore.errors import CheckpointNotFoundError, DamagedError, TreestoreError

@@ -29,9 +29,9 @@ from typing import Any
 
 import numpy as np
 
-from treestore._api import file_formats as _formats
-from treestore._api import temporary
 from treestore._api.checkpoint import Checkpoint
+from treestore._api.interop import file_formats as _formats
+from treestore._api.interop import temporary
 from treestore._format.limits import MiB
 from treestore._format.record_views import Stored
 from treestore.errors import DamagedError, InvalidInputError, StorageError, UnsupportedFormatError

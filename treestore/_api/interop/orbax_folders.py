@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from treestore._api.file_formats import check_kind, check_size
+from treestore._api.interop.file_formats import check_kind, check_size
 from treestore._format.limits import MAX_MANIFEST_BYTES, MAX_METADATA_BYTES, MiB
 from treestore._format.manifest import check_metadata
 from treestore._tree.jax_import import jax

@@ -10,9 +10,9 @@ from typing import Any, overload
 
 import numpy as np
 
-from treestore._api import diff_values as _values
 from treestore._api.checkpoint import Checkpoint
-from treestore._api.diff_values import ValueChange
+from treestore._api.inspection import diff_values as _values
+from treestore._api.inspection.diff_values import ValueChange
 from treestore._api.lazy_leaf import LazyLeaf
 from treestore._api.progress import Progress, counter
 from treestore._deprecated import renamed_attribute

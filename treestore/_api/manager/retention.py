@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from treestore._api.health import ValueStats
-from treestore._api.manager_options import Retention, check_count
+from treestore._api.manager.options import Retention, check_count
 from treestore._api.store import Store
 from treestore._format import paths as _paths
 from treestore.errors import CheckpointNotFoundError, InvalidInputError, StoreBusyError, TreestoreError

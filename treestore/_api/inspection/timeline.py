@@ -17,10 +17,10 @@ from typing import Any
 
 import numpy as np
 
-from treestore._api import diff as _diff
-from treestore._api import heatmap as _heatmap
-from treestore._api import timeline_html as _html
 from treestore._api.checkpoint import Checkpoint
+from treestore._api.inspection import diff as _diff
+from treestore._api.inspection import heatmap as _heatmap
+from treestore._api.inspection import timeline_html as _html
 from treestore._engine import committed as _committed
 from treestore._format import paths as _paths
 from treestore._format import select as _select

@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from treestore._api import heatmap as _heatmap
-from treestore._api.timeline import array_leaves, readable
+from treestore._api.inspection import heatmap as _heatmap
+from treestore._api.inspection.timeline import array_leaves, readable
 from treestore._format import select as _select
 from treestore._format import stats as _stats
 from treestore._format.columns import Columns
