@@ -7,6 +7,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 import treestore._format.columns as columns_module
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -179,3 +181,15 @@ def test_checkpoint_arguments_are_read_by_spec_only():
             ):
                 found.append(f"{path}:{node.lineno}: {ast.unparse(node)}")
     assert not found, found
+
+
+def test_every_package_of_the_library_is_in_the_distribution():
+    """pyproject.toml lists the packages a wheel holds by name: a sub-package missing from that
+    list imports from a checkout and is absent from every install."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11 on
+    listed = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]
+    found = set()
+    for top, name in (("treestore", "treestore"), ("cli", "treestore_cli")):
+        for init in (ROOT / top).rglob("__init__.py"):
+            found.add(".".join((name, *init.parent.relative_to(ROOT / top).parts)))
+    assert set(listed["packages"]) == found
