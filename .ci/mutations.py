@@ -74,7 +74,7 @@ MUTATIONS: list[Mutation] = [
     ),
     m(
         "commit before every chunk has its name",
-        "treestore/_engine/chunk_writer.py",
+        "treestore/_engine/saving/chunk_writer.py",
         "            self.published()  # every chunk has its name before the caller commits\n",
         "",
         ["tests/test_commit_order.py::test_each_step_is_durable_before_the_next"],
@@ -98,7 +98,7 @@ MUTATIONS: list[Mutation] = [
     ),
     m(
         "a failed save keeps its staged chunks",
-        "treestore/_engine/chunk_writer.py",
+        "treestore/_engine/saving/chunk_writer.py",
         "                    chunk.discard()\n",
         "                    pass\n",
         [
@@ -120,7 +120,7 @@ MUTATIONS: list[Mutation] = [
     ),
     m(
         "a reopened manifest not read again",
-        "treestore/_engine/committed.py",
+        "treestore/_engine/reading/committed.py",
         "    data = data if data is not None else read_manifest_bytes(storage, record)\n"
         "    found = _decoded.get(record.manifest)\n",
         "    found = _decoded.get(record.manifest)\n"
@@ -159,7 +159,7 @@ MUTATIONS: list[Mutation] = [
     # --- digest checks -------------------------------------------------------------------------
     m(
         "chunk digest check removed",
-        "treestore/_engine/read.py",
+        "treestore/_engine/reading/read.py",
         "if check and digest(out) != c.digest:",
         "if False:",
         [f"{FUZZ}::test_real_chunk_with_bytes_changed"],
@@ -167,7 +167,7 @@ MUTATIONS: list[Mutation] = [
     ),
     m(
         "pack slice digest check removed",
-        "treestore/_engine/read.py",
+        "treestore/_engine/reading/read.py",
         "return part if part.nbytes == size and digest(part) == chunk_digest else None",
         "return part",
         [
@@ -178,7 +178,7 @@ MUTATIONS: list[Mutation] = [
     ),
     m(
         "manifest digest check removed",
-        "treestore/_engine/committed.py",
+        "treestore/_engine/reading/committed.py",
         "if len(data) != record.manifest_size or digest(data) != record.manifest:",
         "if len(data) != record.manifest_size:",
         ["tests/attacks/test_foreign_chunks.py::test_manifest_object_rewritten_in_place"],
@@ -228,7 +228,7 @@ MUTATIONS: list[Mutation] = [
     # --- multi-process commits -----------------------------------------------------------------
     m(
         "commit skips the coverage check",
-        "treestore/_engine/distributed.py",
+        "treestore/_engine/group/distributed.py",
         "                if cover != expected or empty:",
         "                if empty:",
         ["tests/test_parts_merge.py::test_pieces_that_do_not_tile_a_leaf_name_it_and_the_processes"],
@@ -244,7 +244,7 @@ MUTATIONS: list[Mutation] = [
     ),
     m(
         "a part is not checked against its digest",
-        "treestore/_engine/parts.py",
+        "treestore/_engine/reading/parts.py",
         "    if len(data) != size or digest(data) != found:",
         "    if False:",
         ["tests/test_parts_merge.py::test_a_part_missing_or_changed_is_refused_by_readers"],
@@ -327,7 +327,7 @@ MUTATIONS: list[Mutation] = [
     ),
     m(
         "CHUNK_SLACK check removed",
-        "treestore/_engine/read.py",
+        "treestore/_engine/reading/read.py",
         "if n > c.raw_size + CHUNK_SLACK:",
         "if False:",
         [f"{SIZES}::test_chunk_object_larger_than_its_raw_size_allows"],
@@ -352,7 +352,7 @@ MUTATIONS: list[Mutation] = [
     ),
     m(
         "async save reuses no host copy",
-        "treestore/_engine/snapshot.py",
+        "treestore/_engine/saving/snapshot.py",
         "                and not value.is_deleted()\n",
         "                and False\n",
         ["tests/test_manager.py::test_unchanged_jax_arrays_are_reused_and_changed_ones_copied"],
@@ -372,7 +372,7 @@ MUTATIONS: list[Mutation] = [
     ),
     m(
         "hash one buffer, encode another",
-        "treestore/_engine/chunk_writer.py",
+        "treestore/_engine/saving/chunk_writer.py",
         "    np.copyto(out, raw)\n    return out\n",
         "    return raw\n",
         ["tests/test_chunk_objects.py::test_an_array_written_to_during_a_save_never_makes_a_damaged_chunk"],
@@ -381,7 +381,7 @@ MUTATIONS: list[Mutation] = [
     # --- results of a load -------------------------------------------------------------------
     m(
         "loaded leaves may alias",
-        "treestore/_engine/load_leaves.py",
+        "treestore/_engine/reading/load_leaves.py",
         "part.copy() if shared[j] else part",
         "part",
         [
@@ -517,7 +517,7 @@ MUTATIONS: list[Mutation] = [
     ),
     m(
         "lazy reads skip the digest",
-        "treestore/_engine/read.py",
+        "treestore/_engine/reading/read.py",
         "        self._decode(self._object(c, address, room), c, out, address, room)\n",
         "        self._decode(self._object(c, address, room), c, out, address, room, check=False)\n",
         ["tests/test_integrity.py::test_a_chunk_that_decodes_to_other_bytes_fails_every_lazy_read"],
@@ -546,7 +546,7 @@ MUTATIONS: list[Mutation] = [
     ),
     m(
         "a write learns its trusted chunks before taking the save lock",
-        "treestore/_engine/writing.py",
+        "treestore/_engine/saving/writing.py",
         "        lock = _locks.save_lock(self.storage)\n        try:\n"
         "            trusted = _trusted.learn(self.storage, previous)",
         "        trusted = _trusted.learn(self.storage, previous)\n"

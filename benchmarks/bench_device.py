@@ -247,7 +247,7 @@ def device_stats_time(tree: Any) -> tuple[float, float]:
     import jax
     import numpy as np
 
-    from treestore._engine import device_stats
+    from treestore._engine.saving import device_stats
 
     leaves = [x for x in jax.tree.leaves(tree) if device_stats.measurable(np.dtype(x.dtype))]
     t = time.perf_counter()

@@ -4,7 +4,7 @@
         [--stats on off]
 
 Each job size N runs N threads in this process, each saving as one process of a multi-process
-save (``treestore._engine.distributed.joined``, synchronised by a ``LocalRuntime`` as JAX's runtime
+save (``treestore._engine.group.distributed.joined``, synchronised by a ``LocalRuntime`` as JAX's runtime
 would synchronise real processes). The tree is ``--leaves`` float32 leaves of shape (8N, 8), each
 sharded along its first axis into one (8, 8) piece per process, so the manifest holds leaves × N
 pieces. Every save goes to a local temporary store and to ``memory://``.
@@ -31,7 +31,7 @@ alone, where a reader of one leaf reads only its stage's parts). Issue 13's targ
 
 Each configuration runs with statistics recorded (``--stats on``) and without (``off``). With them,
 the processes other than 0 combine their children's records before the first barrier
-(:mod:`treestore._engine.stats_gather`), on hosts of their own in a real job: the table gives
+(:mod:`treestore._engine.group.stats_gather`), on hosts of their own in a real job: the table gives
 the longest such combine in CPU time of its thread (decode and combine, not the wait for the
 children, nor the other threads' turns on this machine's cores), which adds to the job's time
 once per level of the tree below process 0, besides process 0's commit.
@@ -52,10 +52,10 @@ from typing import Any
 import numpy as np
 
 import treestore
-from treestore._engine import distributed as D
-from treestore._engine import stats_gather
-from treestore._engine.committed import read_commit_record, read_manifest_bytes
-from treestore._engine.group_runtime import LocalRuntime
+from treestore._engine.group import distributed as D
+from treestore._engine.group import stats_gather
+from treestore._engine.group.group_runtime import LocalRuntime
+from treestore._engine.reading.committed import read_commit_record, read_manifest_bytes
 from treestore._engine.write import SaveOptions, write
 from treestore._format.columns_codec import decode_any
 from treestore._format.frame import Frame

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 import treestore
-from treestore._engine.committed import read_commit_record
+from treestore._engine.reading.committed import read_commit_record
 from treestore._format.paths import manifest_path
 
 from . import harness as H

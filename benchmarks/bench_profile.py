@@ -31,7 +31,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import treestore
-from treestore._engine import chunk_writer, packs, read
+from treestore._engine.reading import read
+from treestore._engine.saving import chunk_writer, packs
 
 from . import limits as L
 from . import trees as T

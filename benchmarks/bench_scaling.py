@@ -93,7 +93,7 @@ def measure(n: int, runs: int, pieces: bool, tmp: str) -> dict[str, Any]:
     from safetensors.numpy import load_file, save_file
 
     import treestore
-    from treestore._engine.committed import read_commit_record
+    from treestore._engine.reading.committed import read_commit_record
 
     url = os.path.join(tmp, "store")
     row: dict[str, Any] = {"leaves": f"{n:,}" + (f" × {PIECES} pieces" if pieces else "")}

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from treestore._engine.memory import allocate
+from treestore._engine.reading.memory import allocate
 from treestore._engine.write import SaveOptions
 from treestore._format import codecs as C
 from treestore._format import planes as P

@@ -299,7 +299,7 @@ def test_a_local_object_that_cannot_take_its_name_fails_the_save_and_leaves_noth
 def test_a_save_that_fails_while_chunks_wait_for_their_names_leaves_nothing(tmp_path, monkeypatch):
     """The disk is slow to name chunks, and encoding a later chunk fails: the chunks still
     waiting are never named and their temporary files are removed."""
-    from treestore._engine import chunk_writer as _write
+    from treestore._engine.saving import chunk_writer as _write
     from treestore._storage import local as _local
 
     store, chunks = _local_store_with_one_checkpoint(tmp_path)
@@ -367,7 +367,7 @@ def test_a_commit_replaces_a_damaged_object_under_its_manifests_name(tmp_path, d
     """A copy commits exactly the source's manifest bytes, so their object name is known ahead: an
     object already under that name whose bytes differ (damaged, cut short, or with bytes after
     them) is replaced, never trusted, and the copy loads."""
-    from treestore._engine import committed as _committed
+    from treestore._engine.reading import committed as _committed
 
     src, dst = str(tmp_path / "src"), str(tmp_path / "dst")
     tree = {"w": np.arange(1000, dtype=np.float32), "b": np.ones(3)}

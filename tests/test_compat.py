@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import treestore
-from treestore._engine import committed as _committed
+from treestore._engine.reading import committed as _committed
 from treestore._format import paths as _paths
 from treestore._format.columns_codec import decode_any, decode_columns, encode, encode_columns
 from treestore._format.frame import Frame

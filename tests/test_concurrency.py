@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 import treestore
-from treestore._engine import committed as _committed
+from treestore._engine.reading import committed as _committed
 from treestore._format import paths as _paths
 
 from .scripts import concurrent_writer as writer

@@ -32,9 +32,9 @@ import msgpack
 import pytest
 
 import treestore
-from treestore._engine import committed as _committed
 from treestore._engine import gc as _gc
 from treestore._engine import locks as _locks
+from treestore._engine.reading import committed as _committed
 from treestore._format import paths as _paths
 
 from .scripts import crash_saver as worker

@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 
 import treestore
-from treestore._engine import committed as _committed
+from treestore._engine.reading import committed as _committed
 from treestore._format import paths as _paths
 from treestore._format.record_views import Manifest
 

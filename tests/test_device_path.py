@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 import treestore
-from treestore._engine import device_fetch, device_stats
-from treestore._engine.chunk_writer import ChunkWriter
+from treestore._engine.saving import device_fetch, device_stats
+from treestore._engine.saving.chunk_writer import ChunkWriter
 from treestore._format import stats as host_stats
 
 ALWAYS = dict(device_path="always", chunk_size=1 << 20, host_window=4 << 20)
@@ -166,8 +166,8 @@ def test_a_load_onto_an_accelerator_reads_in_groups_and_waits_for_old_copies(
     the whole leaves in groups of at most the window's bytes (a bigger leaf alone), starts each
     group's copies to the device before reading the next, and waits for a group's copies before
     a third group is read: the tree is the one saved, leaf for leaf."""
-    from treestore._engine import load as load_module
-    from treestore._engine import load_leaves
+    from treestore._engine.reading import load as load_module
+    from treestore._engine.reading import load_leaves
 
     window = 1 << 20
     monkeypatch.setattr(load_module, "_to_accelerator", lambda: True)
@@ -226,8 +226,8 @@ def test_a_load_onto_an_accelerator_reuses_two_host_buffers_and_returns_none_of_
     not the tree's. Nothing returned shares a buffer's memory: numpy leaves of the template and
     jax arrays on a CPU device (which may use host bytes in place) are copied out, and each leaf
     is the one saved although the buffers were overwritten by later groups."""
-    from treestore._engine import load as load_module
-    from treestore._engine import staging
+    from treestore._engine.reading import load as load_module
+    from treestore._engine.reading import staging
 
     window = 1 << 20
     monkeypatch.setattr(load_module, "_to_accelerator", lambda: True)
@@ -277,7 +277,7 @@ def test_a_staging_buffer_hands_out_aligned_views_to_its_leaves_and_copies_what_
     """An arena gives the leaves it stages aligned views of its buffer, one after another, and
     fresh arrays to other leaves and once the buffer is used up; what it detaches is copied
     only where it shares the buffer's memory."""
-    from treestore._engine import staging
+    from treestore._engine.reading import staging
 
     arena = staging.Arena(np.zeros(1000, np.uint8), {"a", "b"})
     a = arena.allocate((3,), "a", "c", np.float32)
@@ -305,7 +305,7 @@ def test_an_async_snapshot_over_its_device_bound_is_copied_to_host(tmp_path, mon
     from jax.sharding import Mesh, NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    from treestore._engine import snapshot
+    from treestore._engine.saving import snapshot
 
     calls: list[int] = []
     copier = snapshot._copier

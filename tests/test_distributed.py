@@ -15,7 +15,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import treestore
-from treestore._engine import committed as _committed
+from treestore._engine.reading import committed as _committed
 from treestore._format.columns_codec import decode_any
 from treestore._format.frame import Frame
 

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 import treestore
-from treestore._engine import distributed as D
+from treestore._engine.group import distributed as D
 from treestore._engine.write import SaveResult
 from treestore._storage.registry import open_storage
 from treestore.errors import BarrierTimeoutError, StorageError

@@ -341,7 +341,7 @@ def test_a_checkpoint_saved_again_under_its_name_is_read_anew(store_url):
 
 def test_a_load_hashes_packed_bytes_once(store_url, monkeypatch):
     """Each pack member is checked against its own digest; the pack is not hashed again."""
-    from treestore._engine import read as _read
+    from treestore._engine.reading import read as _read
 
     tree = {f"b{i}": np.full(100 + i, i, np.float32) for i in range(40)}
     treestore.save(store_url, tree, "packed")
@@ -392,7 +392,7 @@ def test_damage_read_into_a_load_s_staging_buffers(saved, damage, monkeypatch):
     damaged chunk or pack is the same ChunkDamagedError naming the leaf and the checkpoint."""
     import jax
 
-    from treestore._engine import load as load_module
+    from treestore._engine.reading import load as load_module
 
     monkeypatch.setattr(load_module, "_to_accelerator", lambda: True)
     chunks = hostile.chunk_paths(saved, "ckpt")

@@ -293,9 +293,9 @@ def test_unchanged_jax_arrays_are_reused_and_changed_ones_copied(monkeypatch):
     host copy is reused); one that changed is copied, into the last copy's buffer (on CPU, where
     the host copy is the manager's own). Each step still restores its own values."""
     copied: list[str] = []  # addresses whose host copy a save made
-    prepare_leaf = treestore._engine.snapshot.prepare_leaf
+    prepare_leaf = treestore._engine.saving.snapshot.prepare_leaf
     monkeypatch.setattr(
-        "treestore._engine.snapshot.prepare_leaf",
+        "treestore._engine.saving.snapshot.prepare_leaf",
         lambda value, address: copied.append(address) or prepare_leaf(value, address),
     )
     url = mem()

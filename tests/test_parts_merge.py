@@ -21,14 +21,19 @@ import pytest
 
 import treestore
 from treestore._api.checkpoint import Checkpoint
-from treestore._engine import distributed as D
-from treestore._engine import group_wait
 from treestore._engine import locks as _locks
-from treestore._engine import parts as parts_module
 from treestore._engine.commit import commit
-from treestore._engine.committed import read_columns, read_commit_record, read_frame, read_manifest_bytes
-from treestore._engine.group_runtime import LocalRuntime
-from treestore._engine.parts import UNREAD_PART, complete
+from treestore._engine.group import distributed as D
+from treestore._engine.group import group_wait
+from treestore._engine.group.group_runtime import LocalRuntime
+from treestore._engine.reading import parts as parts_module
+from treestore._engine.reading.committed import (
+    read_columns,
+    read_commit_record,
+    read_frame,
+    read_manifest_bytes,
+)
+from treestore._engine.reading.parts import UNREAD_PART, complete
 from treestore._engine.write import SaveOptions, SaveResult
 from treestore._format import frame as frame_module
 from treestore._format.columns import CHUNK_DTYPE

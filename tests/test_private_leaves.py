@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 import treestore
-from treestore._engine import chunk_writer as _chunk_writer
 from treestore._engine import write as _write
-from treestore._engine.snapshot import HostSnapshot
+from treestore._engine.saving import chunk_writer as _chunk_writer
+from treestore._engine.saving.snapshot import HostSnapshot
 from treestore._tree.leaves import ArrayLeaf, prepare_leaf
 
 from .support.helpers import assert_tree_equal

@@ -24,8 +24,8 @@ import pytest
 import safetensors.numpy
 
 import treestore
-from treestore._engine.committed import read_commit_record, read_manifest_bytes
-from treestore._engine.group_runtime import JaxRuntime
+from treestore._engine.group.group_runtime import JaxRuntime
+from treestore._engine.reading.committed import read_commit_record, read_manifest_bytes
 from treestore._format.columns import ARRAY_FIELDS, Columns
 from treestore._format.columns_codec import columns_from_fields, decode_any
 from treestore._format.columns_tree import check_nodes

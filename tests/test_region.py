@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from treestore._api.checkpoint import Checkpoint
-from treestore._engine.committed import read_columns, read_commit_record
+from treestore._engine.reading.committed import read_columns, read_commit_record
 from treestore._engine.write import SaveOptions, write
 from treestore._storage.registry import open_storage
 

@@ -123,7 +123,7 @@ def test_sharded_leaves_are_read_together_within_a_byte_budget(store_url, values
     """Small sharded leaves' chunks are decoded in one batch (one leaf at a time left the reading
     threads waiting on the caller between leaves), and no batch holds more than the budget of
     host buffers unless one leaf alone is bigger."""
-    from treestore._engine import region
+    from treestore._engine.reading import region
     from treestore._tree import template
 
     store = treestore.Store(store_url)

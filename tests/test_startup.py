@@ -105,7 +105,7 @@ def test_diff_and_verify_load_no_jax(store):
 # What reading a store never needs: the save, load and derive engines, timelines.
 WRITERS = (
     "treestore._engine.write",
-    "treestore._engine.load",
+    "treestore._engine.reading.load",
     "treestore._api.derive",
     "treestore._format.nodes_edit",
     "treestore._api.inspection.timeline",

@@ -13,9 +13,9 @@ import pytest
 
 import treestore
 from treestore._api.checkpoint import Checkpoint
-from treestore._engine import committed as _committed
-from treestore._engine import stats_gather
-from treestore._engine.group_runtime import LocalRuntime
+from treestore._engine.group import stats_gather
+from treestore._engine.group.group_runtime import LocalRuntime
+from treestore._engine.reading import committed as _committed
 from treestore._engine.write import SaveOptions
 from treestore._format.columns_codec import decode_any, decode_columns, encode_columns
 from treestore._format.stats import STATS_DTYPE

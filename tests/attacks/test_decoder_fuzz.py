@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 
 import treestore
 from treestore._engine.locks import STALE_AFTER
-from treestore._engine.read import decode_chunk
+from treestore._engine.reading.read import decode_chunk
 from treestore._format import codecs as _codecs
 from treestore._format import paths as _paths
 from treestore._format.address import canonical_segment, format_address, key_from_record, parse_address

@@ -96,7 +96,7 @@ def test_object_dtypes_are_refused_not_unpickled(store, dtype):
 )
 def test_the_guards_catch_what_they_guard(store, monkeypatch, breach, reported):
     """The harness itself: a reader that misbehaves in each guarded way is reported."""
-    from treestore._engine import load as _load
+    from treestore._engine.reading import load as _load
 
     real = _load.restore_array
 

@@ -1,7 +1,7 @@
 """Multi-process saves by a job of threads: each thread saves as one process of the job.
 
 The threads are synchronised by a ``LocalRuntime`` as JAX's runtime synchronises real processes
-(``treestore._engine.distributed.joined``); each process owns the pieces of its sharded leaves
+(``treestore._engine.group.distributed.joined``); each process owns the pieces of its sharded leaves
 that ``boxes`` gives it, as jax's replica-0 shards would be.
 """
 
@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from treestore._engine import distributed as D
-from treestore._engine.group_runtime import LocalRuntime
+from treestore._engine.group import distributed as D
+from treestore._engine.group.group_runtime import LocalRuntime
 from treestore._engine.write import SaveOptions, write
 from treestore._format.dtypes import dtype_name
 from treestore._tree.leaves import ArrayLeaf, prepare_leaf

@@ -13,9 +13,9 @@ import numpy as np
 from treestore._api.health import ValueStats, health, leaf_stats, nonfinite_leaves
 from treestore._api.lazy_leaf import LazyLeaf
 from treestore._deprecated import internal_attribute
-from treestore._engine import memory as _memory
-from treestore._engine import parts as _parts
-from treestore._engine import read as _read
+from treestore._engine.reading import memory as _memory
+from treestore._engine.reading import parts as _parts
+from treestore._engine.reading import read as _read
 from treestore._format import select as _select
 from treestore._format.columns import Columns
 from treestore._format.frame import Frame

@@ -7,11 +7,11 @@ reference into it checked, present at the destination or not: a copy commits onl
 the source accepts, so a damaged source is never propagated. An
 object the destination already holds under a chunk's name is kept only if it passes the check a
 save applies before reusing one (``reusable_size``); a bad one is replaced from the source. The
-destination is written through the engine's one door, as a save is (:mod:`treestore._engine.writing`:
+destination is written through the engine's one door, as a save is (:mod:`treestore._engine.saving.writing`:
 lock, chunks, manifest, commit record).
 
 As a save does, a copy takes the chunks of the destination's newest checkpoint as present without
-a request for each (read once it holds the destination's lock: :mod:`treestore._engine.trusted`),
+a request for each (read once it holds the destination's lock: :mod:`treestore._engine.saving.trusted`),
 and then those of each checkpoint it has committed there.
 """
 
@@ -28,12 +28,12 @@ import numpy as np
 from treestore._api.spec import parse_spec
 from treestore._api.verify import Progress
 from treestore._deprecated import renamed_attribute
-from treestore._engine import committed as _committed
-from treestore._engine import memory as _memory
-from treestore._engine import writing as _writing
 from treestore._engine.objects import ChunkObject, chunk_objects
-from treestore._engine.parts import assemble, part_bytes
-from treestore._engine.read import fetch_chunk, member_mismatch, pack_member
+from treestore._engine.reading import committed as _committed
+from treestore._engine.reading import memory as _memory
+from treestore._engine.reading.parts import assemble, part_bytes
+from treestore._engine.reading.read import fetch_chunk, member_mismatch, pack_member
+from treestore._engine.saving import writing as _writing
 from treestore._engine.threads import default_threads, run_all
 from treestore._format import paths as _paths
 from treestore._format.encoding import digest

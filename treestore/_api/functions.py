@@ -12,7 +12,7 @@ from treestore._api.progress import Progress
 from treestore._api.spec import Spec, parse_spec
 from treestore._api.store import Store
 from treestore._deprecated import warn_renamed
-from treestore._engine import memory as _memory
+from treestore._engine.reading import memory as _memory
 from treestore._format import select as _select
 from treestore.errors import InvalidInputError
 

@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 
 from treestore._deprecated import internal_attribute
-from treestore._engine import read as _read
-from treestore._engine import region as _region
+from treestore._engine.reading import read as _read
+from treestore._engine.reading import region as _region
 from treestore._format.codecs import stored_codec
 from treestore._format.columns import Columns
 from treestore._format.dtypes import dtype_from_name

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from treestore._engine import committed as _committed
+from treestore._engine.reading import committed as _committed
 from treestore._format import paths as _paths
 from treestore._storage.base import Storage
 from treestore.errors import TreestoreError

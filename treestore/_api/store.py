@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any
 from treestore._api.listing import CheckpointInfo, list_checkpoints
 from treestore._api.spec import Spec, split_spec, store_url
 from treestore._deprecated import internal_attribute
-from treestore._engine import committed as _committed
 from treestore._engine import gc as _gc
-from treestore._engine import memory as _memory
+from treestore._engine.reading import committed as _committed
+from treestore._engine.reading import memory as _memory
 from treestore._format import paths as _paths
 from treestore._format import select as _select
 from treestore._format.manifest import check_name
@@ -351,7 +351,7 @@ class Store:
             raise InvalidInputError(f"{'prefix=' if prefix else 'partial='} only applies with like=")
         if types is not None and like is not None:
             raise InvalidInputError("types= applies without like=: a template gives every node its type")
-        from treestore._engine import load as _load
+        from treestore._engine.reading import load as _load
         from treestore._tree.structure import trusted_types
 
         trusted = trusted_types(types)

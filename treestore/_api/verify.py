@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from treestore._api.spec import parse_spec
-from treestore._engine import committed as _committed
-from treestore._engine import memory as _memory
 from treestore._engine.objects import ChunkObject, chunk_objects
-from treestore._engine.read import fetch_chunk, member_mismatch, pack_member
+from treestore._engine.reading import committed as _committed
+from treestore._engine.reading import memory as _memory
+from treestore._engine.reading.read import fetch_chunk, member_mismatch, pack_member
 from treestore._engine.threads import default_threads, run_all
 from treestore._format.manifest import check_name
 from treestore._format.records import ChunkRef
@@ -37,7 +37,7 @@ from treestore.errors import (
 )
 
 if TYPE_CHECKING:
-    from treestore._engine.writing import Writing
+    from treestore._engine.saving.writing import Writing
 
 Progress = Callable[[int, int], None]  # (bytes done so far, total bytes)
 
@@ -269,7 +269,7 @@ def verify(
     repaired: list[str] = []
     if repair_from is not None and v.bad:
         source = open_storage(repair_from, repair_storage_options)
-        from treestore._engine.writing import writing  # here: checking a store writes nothing
+        from treestore._engine.saving.writing import writing  # here: checking a store writes nothing
 
         with writing(storage, None, previous=False) as w:  # a save lock: no gc meanwhile
             repaired = [ref.digest.hex() for ref in v.bad if _repair(w, source, ref)]

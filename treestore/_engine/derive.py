@@ -1,6 +1,6 @@
 """Derived checkpoints, the engine's half: a base checkpoint's tree edited as its node table
 (:mod:`treestore._format.nodes_edit`: numpy arrays, no object per node) and written through the
-one door (:mod:`treestore._engine.writing`), under a save lock taken before the base is read, so
+one door (:mod:`treestore._engine.saving.writing`), under a save lock taken before the base is read, so
 that no gc can remove the base's chunks before the derived checkpoint references them.
 
 Nodes that are not touched keep their type, keys and type name and load with the same template
@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from treestore._engine import committed as _committed
-from treestore._engine.chunk_writer import SaveResult
-from treestore._engine.save_options import SaveOptions
-from treestore._engine.writing import Writing, writing
+from treestore._engine.reading import committed as _committed
+from treestore._engine.saving.chunk_writer import SaveResult
+from treestore._engine.saving.save_options import SaveOptions
+from treestore._engine.saving.writing import Writing, writing
 from treestore._format import select as _select
 from treestore._format.columns import Columns
 from treestore._format.columns_take import take_leaves

@@ -17,8 +17,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from treestore._engine.committed import committed_records, read_columns
 from treestore._engine.locks import STALE_AFTER, gc_lock, lock_time
+from treestore._engine.reading.committed import committed_records, read_columns
 from treestore._format import paths as _paths
 from treestore._storage.base import Storage
 from treestore.errors import DamagedError, TreestoreError, UnsupportedFormatError

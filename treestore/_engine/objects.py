@@ -2,7 +2,7 @@
 
 verify and copy walk a checkpoint object by object: each chunk object (a leaf's chunk outside
 packs, or a pack) is fetched once and checked against its digest, and each leaf's reference into
-a pack is checked against the bytes it names (:func:`treestore._engine.read.pack_member`).
+a pack is checked against the bytes it names (:func:`treestore._engine.reading.read.pack_member`).
 :func:`chunk_objects` groups a manifest's chunk refs by the object they name straight from its
 columns: a few array operations, one object per chunk object, none per leaf or per ref. An
 address is built only to name a leaf in an error.

@@ -2,7 +2,7 @@
 
 :func:`prepare` does everything that must happen before the caller may touch its tree again (it
 validates every leaf and key and copies device arrays to host); :func:`write` does the rest and can
-run in the background, through the engine's one door for writes (:mod:`treestore._engine.writing`).
+run in the background, through the engine's one door for writes (:mod:`treestore._engine.saving.writing`).
 Commit order: chunks, then the manifest, then the commit record."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from treestore._engine import distributed as _distributed
-from treestore._engine import trusted as _trusted
-from treestore._engine.chunk_writer import SaveResult as SaveResult  # the result of write()
-from treestore._engine.save_options import SaveOptions as SaveOptions  # write()'s tuning
-from treestore._engine.writing import Writing
+from treestore._engine.group import distributed as _distributed
+from treestore._engine.saving import trusted as _trusted
+from treestore._engine.saving.chunk_writer import SaveResult as SaveResult  # the result of write()
+from treestore._engine.saving.save_options import SaveOptions as SaveOptions  # write()'s tuning
+from treestore._engine.saving.writing import Writing
 from treestore._storage.base import Storage
 from treestore._tree.collector_pause import paused_collector
 from treestore._tree.prepare import Prepared
@@ -37,7 +37,7 @@ def write(
 
     ``previous`` names the committed checkpoint whose chunks the save takes as present without
     asking the store (True: the store's newest; False: none, check every chunk): it is read once
-    the save's lock is held, which is what makes trusting it safe (:mod:`treestore._engine.trusted`);
+    the save's lock is held, which is what makes trusting it safe (:mod:`treestore._engine.saving.trusted`);
     one that cannot be read is ignored.
     """
     w = Writing(storage, name, options=options, overwrite=overwrite, metadata=metadata, on_chunk=on_chunk)
@@ -52,7 +52,7 @@ def write(
 def _write_in_group(
     group: _distributed.Group, w: Writing, prepared: Prepared, previous: _trusted.Previous
 ) -> SaveResult:
-    """A save by every process of a jax.distributed job; see :mod:`treestore._engine.distributed`.
+    """A save by every process of a jax.distributed job; see :mod:`treestore._engine.group.distributed`.
     Each process learns the chunks it may trust under its own lock (which it holds until the
     primary has committed), as a one-process save does.
 

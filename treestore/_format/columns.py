@@ -174,7 +174,7 @@ class Columns:
 
     def require_pieces(self, i: int | None = None) -> None:
         """Refuse to go on where the pieces of leaf ``i`` (None: of any leaf) are in parts not
-        read: what needs them must complete the frame first (:mod:`treestore._engine.parts`)."""
+        read: what needs them must complete the frame first (:mod:`treestore._engine.reading.parts`)."""
         if self.unread[i] if i is not None else self.unread.any():
             j = i if i is not None else int(np.argmax(self.unread))
             raise RuntimeError(f"leaf {self.address(j) or '(root)'}: its pieces are in parts not read")

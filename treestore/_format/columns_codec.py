@@ -79,7 +79,7 @@ def decode_columns(data: bytes, checkpoint: str) -> Columns | Frame:
 
 def decode_any(data: bytes, checkpoint: str) -> Columns | Frame:
     """A manifest of either version as :class:`Columns`, validated as readers validate it (one
-    stored in parts: its frame, which :mod:`treestore._engine.parts` completes). A version-1
+    stored in parts: its frame, which :mod:`treestore._engine.reading.parts` completes). A version-1
     manifest is checked by its own decoder, then as a version-2 reader checks its columns."""
     rec = manifest_record(data, checkpoint)
     if rec.get("version") == VERSION and type(rec.get("version")) is int:

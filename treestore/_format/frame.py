@@ -2,7 +2,7 @@
 — every leaf, and the chunk refs of the leaves that are not sharded — and the list of the parts
 each process wrote with its pieces, so the primary's commit never reads or merges the pieces.
 
-:class:`Frame` is a decoded frame; :mod:`treestore._engine.parts` reads the parts (those a
+:class:`Frame` is a decoded frame; :mod:`treestore._engine.reading.parts` reads the parts (those a
 reader of some leaves needs, or all) and completes it into the checkpoint's
 :class:`~treestore._format.columns.Columns`, checked as any manifest.
 """

@@ -13,7 +13,7 @@ import numpy as np
 
 from treestore._api.checkpoint import Checkpoint
 from treestore._api.lazy_leaf import LazyLeaf
-from treestore._engine.region import chunk_bytes, leaf_pieces
+from treestore._engine.reading.region import chunk_bytes, leaf_pieces
 
 
 @dataclass(frozen=True)

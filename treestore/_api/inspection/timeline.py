@@ -21,7 +21,7 @@ from treestore._api.checkpoint import Checkpoint
 from treestore._api.inspection import diff as _diff
 from treestore._api.inspection import heatmap as _heatmap
 from treestore._api.inspection import timeline_html as _html
-from treestore._engine import committed as _committed
+from treestore._engine.reading import committed as _committed
 from treestore._format import paths as _paths
 from treestore._format import select as _select
 from treestore._format.columns import Columns

@@ -17,7 +17,7 @@ from typing import Any
 
 from treestore._api.checkpoint import Checkpoint
 from treestore._api.spec import parse_spec
-from treestore._engine import committed as _committed
+from treestore._engine.reading import committed as _committed
 from treestore._format import paths as _paths
 from treestore._format.commit_record import CommitRecord
 from treestore._storage.base import Storage

@@ -25,7 +25,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from treestore._engine.memory import physical_memory
+from treestore._engine.reading.memory import physical_memory
 from treestore._format.dtypes import DTYPES, NUMPY_NAMES
 from treestore.errors import InvalidInputError, OutOfMemoryError, TreestoreError, UnsupportedFormatError
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from treestore._engine import write as _write
-from treestore._engine.snapshot import Background, HostSnapshot
+from treestore._engine.saving.snapshot import Background, HostSnapshot
 from treestore._tree import prepare as _prepare
 from treestore._tree.jax_import import imported as jax_imported
 from treestore._tree.leaves import Keep

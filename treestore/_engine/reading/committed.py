@@ -8,7 +8,7 @@ import logging
 import threading
 from collections import OrderedDict
 
-from treestore._engine.parts import assemble
+from treestore._engine.reading.parts import assemble
 from treestore._format import paths as _paths
 from treestore._format.columns import Columns
 from treestore._format.columns_codec import decode_any
@@ -167,7 +167,7 @@ def read_frame(storage: Storage, record: CommitRecord, data: bytes | None = None
     """The verified manifest of a commit record as :func:`read_columns` gives it, except that
     one stored in parts stays its frame (checked against the record; its parts not read): for
     readers of some leaves, which complete it with the parts they need
-    (:func:`treestore._engine.parts.assemble`). ``data``: its bytes as
+    (:func:`treestore._engine.reading.parts.assemble`). ``data``: its bytes as
     :func:`read_manifest_bytes` gives them, when the caller has them.
 
     The bytes are always read and checked against the record's digest; a manifest decoded

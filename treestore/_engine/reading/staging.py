@@ -1,7 +1,7 @@
 """Host memory that a load onto an accelerator reads into, reused from one group of leaves to the
 next instead of allocated afresh.
 
-A load onto an accelerator reads its whole leaves in groups (:mod:`treestore._engine.load`) and
+A load onto an accelerator reads its whole leaves in groups (:mod:`treestore._engine.reading.load`) and
 starts each group's copies to the devices before reading the next. The host arrays a group is
 read into are only the source of those copies (for the leaves whose template leaf is a jax
 array or an abstract one): :class:`Staging` hands out views of one of two buffers for them, and
@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from treestore._engine.memory import ALIGN, allocate
+from treestore._engine.reading.memory import ALIGN, allocate
 from treestore._engine.threads import shared_pool
 from treestore._tree.jax_import import jax
 from treestore._tree.leaves import off_cpu
@@ -34,7 +34,7 @@ from treestore._tree.leaves import off_cpu
 
 class Arena:
     """One buffer, handed out front to back as aligned arrays to the leaves at ``addresses``
-    (:meth:`allocate`, the signature of :func:`treestore._engine.memory.allocate`); other
+    (:meth:`allocate`, the signature of :func:`treestore._engine.reading.memory.allocate`); other
     leaves, and any once the buffer is used up, get fresh allocations."""
 
     def __init__(self, buf: np.ndarray[Any, Any], addresses: set[str]) -> None:

@@ -6,7 +6,7 @@ per-leaf allocation, copy or leaf entry. Members are disjoint, so no two leaves
 share memory (one that overlaps another, which only a hand-made manifest holds, is copied).
 A leaf with chunks of its own gets one job per chunk, decoding straight into the leaf's array; a
 leaf saved in pieces is assembled piece by piece (from the columns when its pieces are packed,
-else by :mod:`treestore._engine.region`).
+else by :mod:`treestore._engine.reading.region`).
 Reading and decoding run in parallel; the Python work on decoded packs runs after, in the
 caller's thread, where it does not fight the decoding threads for the GIL.
 """
@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from treestore._engine import memory
-from treestore._engine.read import ChunkReader
-from treestore._engine.region import copy_members, leaf_pieces, plan_regions, run_in_threads
+from treestore._engine.reading import memory
+from treestore._engine.reading.read import ChunkReader
+from treestore._engine.reading.region import copy_members, leaf_pieces, plan_regions, run_in_threads
 from treestore._format.columns import ARRAY_CODES, DTYPE_NAMES, IN_PIECES, Columns
 from treestore._format.dtypes import dtype_from_name
 
@@ -40,7 +40,7 @@ def read_leaves(
     """The host arrays of the array leaves among leaf indices ``which``, by leaf index, every
     byte verified against its digest (scalar leaves, which live in the manifest, are skipped).
     The leaves with chunks of their own are read into arrays that ``allocate`` makes (with the
-    signature of :func:`treestore._engine.memory.allocate`); packed leaves are views of their
+    signature of :func:`treestore._engine.reading.memory.allocate`); packed leaves are views of their
     decoded packs."""
     which = np.asarray(which, np.int64)
     rows = columns.leaves[which]

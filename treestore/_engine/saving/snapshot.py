@@ -11,7 +11,7 @@ and dtype match, which avoids the page faults of fresh allocations. The price is
 the tree, held until :meth:`HostSnapshot.clear`. Where the devices have the memory, the big
 arrays are copied on their devices instead (:func:`device_room`), which stalls the caller for
 the time it takes to start the copies, and the save fetches them in a bounded window of host
-memory as it writes (:mod:`treestore._engine.device_fetch`).
+memory as it writes (:mod:`treestore._engine.saving.device_fetch`).
 
 :class:`Background` runs one job at a time on one thread and keeps its error until it is collected.
 """

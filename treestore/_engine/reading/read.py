@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from treestore._engine.memory import allocate
+from treestore._engine.reading.memory import allocate
 from treestore._format import paths as _paths
 from treestore._format.codecs import decode_in_place, decode_into, in_place_room
 from treestore._format.columns import Columns

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from treestore._deprecated import renamed_attribute
-from treestore._engine import trusted as _trusted
+from treestore._engine.saving import trusted as _trusted
 from treestore._engine.threads import Batch, shared_pool
 from treestore._format import paths as _paths
 from treestore._format import stats as _stats
@@ -142,7 +142,7 @@ class ChunkWriter:
 
     A chunk is hashed and encoded from one copy of its bytes. One that ``trusted`` holds (the
     chunks of a checkpoint committed in the store, learned under this save's lock: see
-    :mod:`treestore._engine.trusted`) is referenced with the stored size that checkpoint records,
+    :mod:`treestore._engine.saving.trusted`) is referenced with the stored size that checkpoint records,
     with no request; an object already under its name is referenced only if it passes
     :func:`reusable_size`; otherwise it is written (over a bad object, replacing it).
     """

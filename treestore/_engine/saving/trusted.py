@@ -40,7 +40,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from treestore._engine.committed import read_columns, read_commit_record
+from treestore._engine.reading.committed import read_columns, read_commit_record
 from treestore._format import paths as _paths
 from treestore._storage.base import Storage
 from treestore.errors import TreestoreError

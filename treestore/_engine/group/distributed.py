@@ -11,8 +11,8 @@ unless the check fails (it then merges them to name the leaf and the processes).
 barrier the others read the outcome, and after a third the primary removes the outcome record.
 If any process fails, nothing is committed and every process raises.
 
-Synchronisation goes through the job's runtime (:mod:`treestore._engine.group_runtime`: JAX's
-own, in a real job) and every wait has a timeout (:mod:`treestore._engine.group_wait`): a
+Synchronisation goes through the job's runtime (:mod:`treestore._engine.group.group_runtime`: JAX's
+own, in a real job) and every wait has a timeout (:mod:`treestore._engine.group.group_wait`): a
 process that gives up raises BarrierTimeoutError naming the processes that did not arrive,
 which it learns from the mark each process sets in the runtime's key-value store as it arrives.
 While it waits, a process keeps its save lock fresh, so gc never takes the chunks of a save in
@@ -34,11 +34,11 @@ import msgpack
 import numpy as np
 
 from treestore._engine import locks as _locks
-from treestore._engine import stats_gather
 from treestore._engine.commit import commit
-from treestore._engine.group_runtime import JaxRuntime, Runtime
-from treestore._engine.group_wait import BARRIER_TIMEOUT, barrier_timeout, kept_fresh
-from treestore._engine.parts import merged, named
+from treestore._engine.group import stats_gather
+from treestore._engine.group.group_runtime import JaxRuntime, Runtime
+from treestore._engine.group.group_wait import BARRIER_TIMEOUT, barrier_timeout, kept_fresh
+from treestore._engine.reading.parts import merged, named
 from treestore._format import paths as _paths
 from treestore._format.columns_codec import encode_columns
 from treestore._format.coverage import Coverage, P

@@ -14,13 +14,13 @@ from typing import Any
 
 import numpy as np
 
-from treestore._engine import committed as _committed
-from treestore._engine import load_leaves as _load_leaves
-from treestore._engine import parts as _parts
-from treestore._engine import read as _read
-from treestore._engine import region as _region
-from treestore._engine import staging as _staging
-from treestore._engine.memory import ALIGN
+from treestore._engine.reading import committed as _committed
+from treestore._engine.reading import load_leaves as _load_leaves
+from treestore._engine.reading import parts as _parts
+from treestore._engine.reading import read as _read
+from treestore._engine.reading import region as _region
+from treestore._engine.reading import staging as _staging
+from treestore._engine.reading.memory import ALIGN
 from treestore._engine.threads import default_threads
 from treestore._format import select as _select
 from treestore._format.columns import Columns
@@ -172,7 +172,7 @@ def _like(
     """The checkpoint as template ``like``: matched (every difference in one error), its leaves
     read whole or, for a template sharded over several devices, shard by shard. With a
     ``window``, the whole leaves are read in groups of about that many bytes into reused host
-    buffers (:mod:`treestore._engine.staging`), and each group's copies to the devices run while
+    buffers (:mod:`treestore._engine.reading.staging`), and each group's copies to the devices run while
     the next group is read and decoded."""
     slots, treedef = _template.match(columns, rows, like, cast=cast, prefix=prefix, partial=partial)
     shardings = [_template.target_sharding(s) for s in slots]

@@ -3,7 +3,7 @@
 In a ``jax.distributed`` job that is JAX's own runtime (:class:`JaxRuntime`: the coordination
 service's client, whose barriers take a timeout). :class:`LocalRuntime` gives the same to threads
 of one process standing in for a job's processes, so a whole multi-process save runs in one test
-or benchmark (:func:`treestore._engine.distributed.joined`).
+or benchmark (:func:`treestore._engine.group.distributed.joined`).
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ class JaxRuntime:
 
 class LocalRuntime:
     """A job of ``count`` threads of this process (each saving as one process, see
-    :func:`treestore._engine.distributed.joined`), synchronised as JAX's runtime would."""
+    :func:`treestore._engine.group.distributed.joined`), synchronised as JAX's runtime would."""
 
     def __init__(self, count: int) -> None:
         self.count = count

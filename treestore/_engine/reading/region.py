@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from treestore._engine.memory import allocate, allocate_many
-from treestore._engine.read import IN_PLACE_UP_TO, ChunkReader
+from treestore._engine.reading.memory import allocate, allocate_many
+from treestore._engine.reading.read import IN_PLACE_UP_TO, ChunkReader
 from treestore._engine.threads import default_threads, run_all
 from treestore._format.columns import DTYPE_NAMES, IN_PIECES, Columns
 from treestore._format.dtypes import dtype_from_name

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from treestore._engine.group_runtime import Runtime
+from treestore._engine.group.group_runtime import Runtime
 from treestore._format import stats as _stats
 from treestore._format.dtypes import PRNG_KEY
 from treestore._format.leaf_table import LeafTable

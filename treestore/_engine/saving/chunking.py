@@ -1,7 +1,7 @@
 """The leaves of a prepared tree cut into chunks, hashed, measured, compressed and written:
 big leaves in chunks of their own, small ones in packs, device arrays fetched in slices as they
-are written (:mod:`treestore._engine.device_fetch`) and measured on their devices. Every writer
-calls it through :mod:`treestore._engine.writing`, which holds the save's lock it keeps fresh."""
+are written (:mod:`treestore._engine.saving.device_fetch`) and measured on their devices. Every writer
+calls it through :mod:`treestore._engine.saving.writing`, which holds the save's lock it keeps fresh."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ from typing import Any
 
 import numpy as np
 
-from treestore._engine import device_stats as _device_stats
 from treestore._engine import locks as _locks
-from treestore._engine.chunk_writer import ChunkWriter, Measured
-from treestore._engine.device_fetch import Fetcher, Window
-from treestore._engine.packs import Packer
-from treestore._engine.save_options import SaveOptions
+from treestore._engine.saving import device_stats as _device_stats
+from treestore._engine.saving.chunk_writer import ChunkWriter, Measured
+from treestore._engine.saving.device_fetch import Fetcher, Window
+from treestore._engine.saving.packs import Packer
+from treestore._engine.saving.save_options import SaveOptions
 from treestore._engine.threads import Batch, compute_threads, shared_pool
 from treestore._format import stats as _stats
 from treestore._format.codecs import plane_width

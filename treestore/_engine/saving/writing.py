@@ -6,8 +6,8 @@ job), derive, copy, import and repair writes through a :class:`Writing`, which o
 * the store's save lock, held until the commit, so that no gc runs meanwhile
   (:mod:`treestore._engine.locks`), and kept fresh while chunks are written;
 * the chunks the write may take as present, learned under that lock
-  (:mod:`treestore._engine.trusted`);
-* the chunk writer (:mod:`treestore._engine.chunking`, :mod:`treestore._engine.chunk_writer`);
+  (:mod:`treestore._engine.saving.trusted`);
+* the chunk writer (:mod:`treestore._engine.saving.chunking`, :mod:`treestore._engine.saving.chunk_writer`);
 * the manifest's header (name, creation time, metadata, codec, chunk size), its columns built
   and checked as readers check them, and the one commit (:mod:`treestore._engine.commit`).
 
@@ -22,13 +22,13 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from treestore._engine import chunking as _chunking
-from treestore._engine import committed as _committed
 from treestore._engine import locks as _locks
-from treestore._engine import trusted as _trusted
-from treestore._engine.chunk_writer import ChunkWriter, SaveResult, reusable_size
 from treestore._engine.commit import commit
-from treestore._engine.save_options import SaveOptions
+from treestore._engine.reading import committed as _committed
+from treestore._engine.saving import chunking as _chunking
+from treestore._engine.saving import trusted as _trusted
+from treestore._engine.saving.chunk_writer import ChunkWriter, SaveResult, reusable_size
+from treestore._engine.saving.save_options import SaveOptions
 from treestore._format import paths as _paths
 from treestore._format.columns import Columns
 from treestore._format.columns_codec import columns_from_fields, encode
@@ -114,7 +114,7 @@ class Writing:
 
     def hold(self, previous: _trusted.Previous) -> Writing:
         """Take the store's save lock (waiting for any gc to finish), then learn the chunks of
-        checkpoint ``previous`` (:func:`treestore._engine.trusted.learn`): under the lock, which
+        checkpoint ``previous`` (:func:`treestore._engine.saving.trusted.learn`): under the lock, which
         is what makes trusting them safe."""
         lock = _locks.save_lock(self.storage)
         try:
@@ -155,7 +155,7 @@ class Writing:
     def write_leaves(
         self, prepared: Prepared, *, primary: bool = True, pieces_kept: bool = False
     ) -> tuple[LeafTable, list[ChunkRef]]:
-        """Write the chunks of ``prepared``'s leaves (:func:`treestore._engine.chunking.write_leaves`);
+        """Write the chunks of ``prepared``'s leaves (:func:`treestore._engine.saving.chunking.write_leaves`);
         returns the leaves' columns and the pack chunks."""
         assert self.lock is not None
         table = LeafTable(pieces_kept=pieces_kept)
