@@ -236,7 +236,7 @@ MUTATIONS: list[Mutation] = [
     ),
     m(
         "readers skip the leaf range of a part",
-        "treestore/_format/part_merge.py",
+        "treestore/_format/parts/merge.py",
         '    refuse(outside, process, "a piece lies outside the leaves its frame lists")',
         "    pass",
         ["tests/test_parts_merge.py::test_a_frame_that_lists_a_part_s_leaves_wrongly_is_refused"],
@@ -253,7 +253,7 @@ MUTATIONS: list[Mutation] = [
     # --- structure validation ------------------------------------------------------------------
     m(
         "leaf not checked to sit at its address",
-        "treestore/_format/v1.py",
+        "treestore/_format/manifest/v1.py",
         "            if stored != placed:",
         "            if False:",
         [f"{ADDRESSES}::test_two_leaves_with_swapped_addresses"],
@@ -269,7 +269,7 @@ MUTATIONS: list[Mutation] = [
     ),
     m(
         "leaf entry not checked to be a map",
-        "treestore/_format/v1.py",
+        "treestore/_format/manifest/v1.py",
         '    if not isinstance(rec, dict):\n        raise _Bad("leaf entry is not a map")',
         '    if False:\n        raise _Bad("leaf entry is not a map")',
         [f"{FUZZ}::test_manifest_with_one_field_replaced", f"{FUZZ}::test_decoders_of_arbitrary_msgpack"],
@@ -319,7 +319,7 @@ MUTATIONS: list[Mutation] = [
     # --- size bounds ---------------------------------------------------------------------------
     m(
         "MAX_GRID_CELLS check removed",
-        "treestore/_format/manifest.py",
+        "treestore/_format/manifest/rules.py",
         "if cells > MAX_GRID_CELLS:",
         "if False:",
         [f"{SIZES}::test_pieces_whose_boundaries_span_too_large_a_grid"],
@@ -437,7 +437,7 @@ MUTATIONS: list[Mutation] = [
     # --- bounded work on hostile manifests --------------------------------------------------
     m(
         "tiling counts every cell of every piece",
-        "treestore/_format/manifest.py",
+        "treestore/_format/manifest/rules.py",
         "    if int(np.prod(np.subtract(hi, lo), axis=1).sum()) != cells:\n",
         "    if False:\n",
         [
@@ -448,7 +448,7 @@ MUTATIONS: list[Mutation] = [
     ),
     m(
         "addresses unbounded",
-        "treestore/_format/columns_tree.py",
+        "treestore/_format/manifest/tree.py",
         "    _check_address_lengths(segments, parent, key)\n",
         "",
         [ADDRESSES + "::test_a_deep_chain_of_long_keys_is_refused_before_its_addresses_are_built"],
@@ -525,7 +525,7 @@ MUTATIONS: list[Mutation] = [
     ),
     m(
         "addresses unbounded together",
-        "treestore/_format/columns_tree.py",
+        "treestore/_format/manifest/tree.py",
         "    if int(length.sum()) > MAX_ADDRESSES_CHARS:\n",
         "    if False:\n",
         [ADDRESSES + "::test_many_leaves_under_one_long_key_are_refused_by_their_addresses_together"],
@@ -565,7 +565,7 @@ MUTATIONS: list[Mutation] = [
     ),
     m(
         "two-piece leaves skip the tiling check",
-        "treestore/_format/columns_check.py",
+        "treestore/_format/manifest/check.py",
         "        if counts[r] > 1:\n",
         "        if counts[r] > 2:\n",
         [SIZES + "::test_two_pieces_that_overlap_and_leave_a_hole_are_refused"],

@@ -57,8 +57,8 @@ from treestore._engine.group import stats_gather
 from treestore._engine.group.group_runtime import LocalRuntime
 from treestore._engine.reading.committed import read_commit_record, read_manifest_bytes
 from treestore._engine.write import SaveOptions, write
-from treestore._format.columns_codec import decode_any
-from treestore._format.frame import Frame
+from treestore._format.manifest.codec import decode_any
+from treestore._format.manifest.frame import Frame
 from treestore._storage.base import Storage
 from treestore._storage.registry import open_storage
 from treestore._tree.leaves import ArrayLeaf

@@ -1,4 +1,4 @@
-"""Version-2 columnar manifests (treestore/_format/columns.py and columns_codec.py): the same
+"""Version-2 columnar manifests (treestore/_format/manifest/columns.py and columns_codec.py): the same
 leaves as version 1, a format that cannot drift, hostile input refused with TreestoreErrors only,
 and every reader bound checked at its edge."""
 
@@ -22,11 +22,8 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import treestore
-from treestore._format.columns import ARRAY_FIELDS, IN_PIECES, LEAF_DTYPE, Columns
-from treestore._format.columns_codec import decode_any, decode_columns, encode, encode_columns
 from treestore._format.dtypes import DTYPES
 from treestore._format.encoding import to_msgpack
-from treestore._format.frame import Frame
 from treestore._format.limits import (
     CHUNK_SLACK,
     INT_END,
@@ -43,8 +40,11 @@ from treestore._format.limits import (
     MAX_PARTS,
     MAX_PIECES,
 )
-from treestore._format.record_views import Manifest
-from treestore._format.records import ChunkRef, LeafEntry, Piece
+from treestore._format.manifest.codec import decode_any, decode_columns, encode, encode_columns
+from treestore._format.manifest.columns import ARRAY_FIELDS, IN_PIECES, LEAF_DTYPE, Columns
+from treestore._format.manifest.frame import Frame
+from treestore._format.manifest.record_views import Manifest
+from treestore._format.manifest.records import ChunkRef, LeafEntry, Piece
 from treestore.errors import (
     ManifestDamagedError,
     OutOfMemoryError,

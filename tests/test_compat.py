@@ -13,10 +13,10 @@ import pytest
 import treestore
 from treestore._engine.reading import committed as _committed
 from treestore._format import paths as _paths
-from treestore._format.columns_codec import decode_any, decode_columns, encode, encode_columns
-from treestore._format.frame import Frame
-from treestore._format.record_views import Manifest
-from treestore._format.v1 import decode_v1
+from treestore._format.manifest.codec import decode_any, decode_columns, encode, encode_columns
+from treestore._format.manifest.frame import Frame
+from treestore._format.manifest.record_views import Manifest
+from treestore._format.manifest.v1 import decode_v1
 from treestore.errors import ManifestDamagedError
 
 from .data.make_store_v1 import tree

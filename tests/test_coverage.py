@@ -8,7 +8,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from treestore._format.coverage import Coverage, P, from_text, to_text
+from treestore._format.parts.coverage import Coverage, P, from_text, to_text
 
 SALT = bytes(range(16))
 

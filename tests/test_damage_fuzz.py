@@ -31,7 +31,7 @@ import pytest
 import treestore
 from treestore._engine.reading import committed as _committed
 from treestore._format import paths as _paths
-from treestore._format.record_views import Manifest
+from treestore._format.manifest.record_views import Manifest
 
 from .support.helpers import assert_tree_equal
 

@@ -16,8 +16,8 @@ from jax.sharding import PartitionSpec as P
 
 import treestore
 from treestore._engine.reading import committed as _committed
-from treestore._format.columns_codec import decode_any
-from treestore._format.frame import Frame
+from treestore._format.manifest.codec import decode_any
+from treestore._format.manifest.frame import Frame
 
 from .scripts.distributed_worker import expected
 from .test_stats import check as check_stats

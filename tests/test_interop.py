@@ -558,7 +558,8 @@ def test_what_a_manifest_decoder_did_not_foresee_still_names_the_checkpoint(
 ):
     """Memory running out while a manifest is decoded, or an exception a check let through, is
     a treestore error naming the checkpoint, never a bare MemoryError or IndexError."""
-    from treestore._format import columns_codec, encoding
+    from treestore._format import encoding
+    from treestore._format.manifest import codec as columns_codec
 
     url = memory()
     treestore.save(url, {"w": np.arange(3.0)}, "m")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-import treestore._format.columns as columns_module
+import treestore._format.manifest.columns as columns_module
 
 ROOT = Path(__file__).resolve().parent.parent
 CODES = {"ARRAY_CODES", "DTYPE_NAMES", "KINDS", "PRNG_NAMES", "PRNG_SHIFT", "WEAK_TYPE", "IN_PIECES"}
@@ -137,12 +137,12 @@ def test_storage_imports_only_the_error_classes_and_the_path_grammar_of_treestor
 
 
 def test_columns_are_made_by_validate_only():
-    """Only ``_format/columns_check.py`` (its ``validate``) constructs ``Columns``: every manifest
+    """Only ``_format/manifest/check.py`` (its ``validate``) constructs ``Columns``: every manifest
     in memory, whatever its version and whoever made it, passed the readers' checks (others
     derive one from such columns with ``dataclasses.replace``)."""
     found = []
     for path in _package_modules():
-        if path == ROOT / "treestore/_format/columns_check.py":
+        if path == ROOT / "treestore/_format/manifest/check.py":
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Call):

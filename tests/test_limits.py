@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 import treestore
-from treestore._format import dtypes, limits, manifest
+from treestore._format import dtypes, limits
+from treestore._format.manifest import rules as manifest
 
 
 def files(root: Path) -> set[str]:
@@ -132,7 +133,7 @@ def test_running_out_of_memory_past_the_decoder_names_the_checkpoint(store_url, 
 
     from treestore._api.inspection import diff as diff_module
     from treestore._engine import objects
-    from treestore._format.columns_tree import Nodes
+    from treestore._format.manifest.tree import Nodes
 
     monkeypatch.setattr(Nodes, "tree_record", out_of_memory)
     monkeypatch.setattr(Nodes, "addresses", out_of_memory)

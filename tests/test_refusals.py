@@ -26,10 +26,10 @@ import safetensors.numpy
 import treestore
 from treestore._engine.group.group_runtime import JaxRuntime
 from treestore._engine.reading.committed import read_commit_record, read_manifest_bytes
-from treestore._format.columns import ARRAY_FIELDS, Columns
-from treestore._format.columns_codec import columns_from_fields, decode_any
-from treestore._format.columns_tree import check_nodes
 from treestore._format.encoding import Bad
+from treestore._format.manifest.codec import columns_from_fields, decode_any
+from treestore._format.manifest.columns import ARRAY_FIELDS, Columns
+from treestore._format.manifest.tree import check_nodes
 from treestore._storage.registry import open_storage
 
 from .support import hostile

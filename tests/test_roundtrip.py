@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import treestore
-from treestore._format.columns import DTYPE_NAMES
 from treestore._format.dtypes import DTYPES, ITEMSIZES, ML_ITEMSIZES, NUMPY_NAMES
+from treestore._format.manifest.columns import DTYPE_NAMES
 
 from . import strategies
 from .support.helpers import assert_tree_equal, same_bytes

@@ -107,7 +107,7 @@ WRITERS = (
     "treestore._engine.write",
     "treestore._engine.reading.load",
     "treestore._api.derive",
-    "treestore._format.nodes_edit",
+    "treestore._format.manifest.node_edit",
     "treestore._api.inspection.timeline",
     "treestore._api.inspection.norms",
 )

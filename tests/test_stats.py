@@ -17,7 +17,7 @@ from treestore._engine.group import stats_gather
 from treestore._engine.group.group_runtime import LocalRuntime
 from treestore._engine.reading import committed as _committed
 from treestore._engine.write import SaveOptions
-from treestore._format.columns_codec import decode_any, decode_columns, encode_columns
+from treestore._format.manifest.codec import decode_any, decode_columns, encode_columns
 from treestore._format.stats import STATS_DTYPE
 from treestore._tree.prepare import prepare
 

@@ -25,7 +25,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import treestore
-from treestore._format.columns_tree import nodes_from_tree
+from treestore._format.manifest.tree import nodes_from_tree
 from treestore._tree.prepare import prepare
 
 from . import strategies

@@ -21,8 +21,8 @@ from treestore._api.manager.retention import StepInfo
 from treestore._api.verify import VerifyProblem, VerifyReport
 from treestore._engine.gc import GcReport
 from treestore._engine.write import SaveResult
-from treestore._format.record_views import Manifest
-from treestore._format.records import ChunkRef, LeafEntry, Piece
+from treestore._format.manifest.record_views import Manifest
+from treestore._format.manifest.records import ChunkRef, LeafEntry, Piece
 
 __all__ = [
     "CheckpointInfo",

@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 
 import treestore
 from treestore._format import paths as _paths
-from treestore._format.columns_tree import DICT, LEAF, NODE_DTYPE
+from treestore._format.manifest.tree import DICT, LEAF, NODE_DTYPE
 
 from ..support import hostile
 from ..test_parts_merge import _reparted as reparted

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import treestore
-from treestore._format.columns import DTYPE_NAMES, KINDS
+from treestore._format.manifest.columns import DTYPE_NAMES, KINDS
 
 from ..support import hostile
 from ._harness import check_readers

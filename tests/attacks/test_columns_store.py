@@ -13,7 +13,7 @@ import pytest
 
 import treestore
 from treestore._format import paths as _paths
-from treestore._format.columns import CHUNK_DTYPE, LEAF_DTYPE
+from treestore._format.manifest.columns import CHUNK_DTYPE, LEAF_DTYPE
 
 from ..support import hostile
 

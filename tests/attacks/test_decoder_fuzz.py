@@ -34,12 +34,12 @@ from treestore._engine.reading.read import decode_chunk
 from treestore._format import codecs as _codecs
 from treestore._format import paths as _paths
 from treestore._format.address import canonical_segment, format_address, key_from_record, parse_address
-from treestore._format.columns_codec import decode_any as decode_manifest  # the reader's entry point
 from treestore._format.commit_record import RECORD_MAGIC, decode_commit_record
 from treestore._format.encoding import FORMAT_VERSION, check_version, from_msgpack
-from treestore._format.manifest import MANIFEST_MAGIC
-from treestore._format.records import ChunkRef
-from treestore._format.v1 import VERSION as V1
+from treestore._format.manifest.codec import decode_any as decode_manifest  # the reader's entry point
+from treestore._format.manifest.records import ChunkRef
+from treestore._format.manifest.rules import MANIFEST_MAGIC
+from treestore._format.manifest.v1 import VERSION as V1
 
 from .. import strategies
 from ..support import hostile
@@ -249,7 +249,7 @@ def commit(url: str, name: str, manifest: Any, ref: dict[str, Any]) -> None:
     """Commit ``manifest`` (a record) as checkpoint ``name``, with a commit record that readers
     accept: sealed, and consistent with the manifest where the manifest allows."""
     blob = msgpack.packb(manifest, use_bin_type=True)
-    digest = treestore._format.manifest.digest(blob)
+    digest = treestore._format.manifest.rules.digest(blob)
     storage = hostile.storage(url)
     storage.write(_paths.manifest_path(digest), [blob])
 
@@ -363,7 +363,7 @@ def test_real_chunk_with_bytes_changed(data):
     ):
         obj[at] = b
     out = np.empty(size, np.uint8)
-    ref = ChunkRef(treestore._format.manifest.digest(good), size, len(chunk))
+    ref = ChunkRef(treestore._format.manifest.rules.digest(good), size, len(chunk))
     try:
         decode_chunk(bytes(obj), ref, out)  # what every reader of a chunk goes through
     except (treestore.errors.ChunkDamagedError, treestore.UnsupportedFormatError):

@@ -13,8 +13,8 @@ import pytest
 
 import treestore
 from treestore._format import paths as _paths
-from treestore._format.columns import ARRAY_CODES, LEAF_DTYPE
-from treestore._format.columns_codec import decode_any
+from treestore._format.manifest.codec import decode_any
+from treestore._format.manifest.columns import ARRAY_CODES, LEAF_DTYPE
 
 from ._harness import errors
 

@@ -9,8 +9,8 @@ import msgpack
 import pytest
 
 import treestore
-from treestore._format.columns_codec import decode_any as decode_manifest  # the reader's entry point
 from treestore._format.commit_record import decode_commit_record
+from treestore._format.manifest.codec import decode_any as decode_manifest  # the reader's entry point
 
 from ._harness import MiB, guarded, memory_peak
 

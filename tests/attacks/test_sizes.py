@@ -20,7 +20,7 @@ from treestore._format import codecs as _codecs
 from treestore._format import paths as _paths
 from treestore._format.encoding import Bad
 from treestore._format.limits import CHUNK_SLACK, MAX_GRID_CELLS, MAX_MANIFEST_BYTES
-from treestore._format.manifest import check_tiling
+from treestore._format.manifest.rules import check_tiling
 
 from ..support import hostile
 from ._harness import MiB, errors

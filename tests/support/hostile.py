@@ -11,8 +11,8 @@ import numpy as np
 
 import treestore
 from treestore._format import paths as _paths
-from treestore._format.columns import ARRAY_FIELDS
-from treestore._format.columns_codec import decode_any, encode
+from treestore._format.manifest.codec import decode_any, encode
+from treestore._format.manifest.columns import ARRAY_FIELDS
 
 
 def storage(url: str):

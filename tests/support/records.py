@@ -7,11 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from treestore._format.columns import Columns
-from treestore._format.columns_codec import decode_any
 from treestore._format.dtypes import value_to_record
 from treestore._format.encoding import to_msgpack
-from treestore._format.records import ChunkRef, LeafEntry
+from treestore._format.manifest.codec import decode_any
+from treestore._format.manifest.columns import Columns
+from treestore._format.manifest.records import ChunkRef, LeafEntry
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,9 @@ from treestore._engine.reading import memory as _memory
 from treestore._engine.reading import parts as _parts
 from treestore._engine.reading import read as _read
 from treestore._format import select as _select
-from treestore._format.columns import Columns
-from treestore._format.frame import Frame
-from treestore._format.record_views import Manifest
+from treestore._format.manifest.columns import Columns
+from treestore._format.manifest.frame import Frame
+from treestore._format.manifest.record_views import Manifest
 from treestore._storage.base import Storage
 from treestore._tree.structure import rebuild
 

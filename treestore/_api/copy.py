@@ -37,8 +37,8 @@ from treestore._engine.saving import writing as _writing
 from treestore._engine.threads import default_threads, run_all
 from treestore._format import paths as _paths
 from treestore._format.encoding import digest
-from treestore._format.frame import Frame, ListedPart
-from treestore._format.manifest import check_name
+from treestore._format.manifest.frame import Frame, ListedPart
+from treestore._format.manifest.rules import check_name
 from treestore._storage.base import Storage
 from treestore._storage.registry import open_storage
 from treestore.errors import (

@@ -17,8 +17,8 @@ from treestore._engine import write as _write
 from treestore._engine.derive import KEEP, overlap
 from treestore._format import select as _select
 from treestore._format.address import format_address, parse_address
-from treestore._format.columns_tree import Nodes
-from treestore._format.manifest import check_name
+from treestore._format.manifest.rules import check_name
+from treestore._format.manifest.tree import Nodes
 from treestore._storage.base import Storage
 from treestore._tree import prepare as _prepare
 from treestore.errors import InvalidInputError, TreestoreError

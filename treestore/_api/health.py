@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from treestore._format import stats as _stats
-from treestore._format.columns import Columns
 from treestore._format.dtypes import ITEMSIZES
+from treestore._format.manifest.columns import Columns
 
 
 @dataclass(frozen=True)

@@ -13,10 +13,10 @@ from treestore._deprecated import internal_attribute
 from treestore._engine.reading import read as _read
 from treestore._engine.reading import region as _region
 from treestore._format.codecs import stored_codec
-from treestore._format.columns import Columns
 from treestore._format.dtypes import dtype_from_name
-from treestore._format.record_views import leaf_entry
-from treestore._format.records import LeafEntry
+from treestore._format.manifest.columns import Columns
+from treestore._format.manifest.record_views import leaf_entry
+from treestore._format.manifest.records import LeafEntry
 from treestore._tree.leaves import restore_array
 from treestore.errors import InvalidInputError, OutOfBoundsError
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from typing import Union
 
-from treestore._format.manifest import check_name
+from treestore._format.manifest.rules import check_name
 from treestore.errors import InvalidInputError
 
 Spec = Union[str, "os.PathLike[str]", tuple[Union[str, "os.PathLike[str]"], str]]

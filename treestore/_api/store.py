@@ -16,7 +16,7 @@ from treestore._engine.reading import committed as _committed
 from treestore._engine.reading import memory as _memory
 from treestore._format import paths as _paths
 from treestore._format import select as _select
-from treestore._format.manifest import check_name
+from treestore._format.manifest.rules import check_name
 from treestore._storage.base import Storage
 from treestore._storage.registry import open_storage
 from treestore.errors import InvalidInputError
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from treestore._api.inspection import timeline as _timeline
     from treestore._engine import write as _write
     from treestore._format.codecs import Codec
-    from treestore._format.record_views import Manifest
+    from treestore._format.manifest.record_views import Manifest
 
 # Each method imports the engine it alone uses (saving, loading, opening, deriving, timelines):
 # listing a store or reading one record, as the first command of a shell does, pays for none.
@@ -263,7 +263,7 @@ class Store:
         Raises:
             CheckpointNotFoundError: No such checkpoint.
         """
-        from treestore._format.record_views import Manifest
+        from treestore._format.manifest.record_views import Manifest
 
         record = _committed.find_record(self._storage, name)
         with _memory.memory_named(f"reading the manifest of checkpoint {record.name!r}", record.name):

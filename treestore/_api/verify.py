@@ -22,8 +22,8 @@ from treestore._engine.reading import committed as _committed
 from treestore._engine.reading import memory as _memory
 from treestore._engine.reading.read import fetch_chunk, member_mismatch, pack_member
 from treestore._engine.threads import default_threads, run_all
-from treestore._format.manifest import check_name
-from treestore._format.records import ChunkRef
+from treestore._format.manifest.records import ChunkRef
+from treestore._format.manifest.rules import check_name
 from treestore._storage.base import Storage
 from treestore._storage.registry import open_storage
 from treestore.errors import (

@@ -4,9 +4,9 @@ commit record, each made durable before the next. Saves, copies and imports all 
 from __future__ import annotations
 
 from treestore._format import paths
-from treestore._format.columns import Columns
 from treestore._format.commit_record import CommitRecord, encode_commit_record
 from treestore._format.encoding import FORMAT_VERSION, digest
+from treestore._format.manifest.columns import Columns
 from treestore._storage.base import Storage
 from treestore.errors import CheckpointExistsError
 

@@ -1,5 +1,5 @@
 """Derived checkpoints, the engine's half: a base checkpoint's tree edited as its node table
-(:mod:`treestore._format.nodes_edit`: numpy arrays, no object per node) and written through the
+(:mod:`treestore._format.manifest.node_edit`: numpy arrays, no object per node) and written through the
 one door (:mod:`treestore._engine.saving.writing`), under a save lock taken before the base is read, so
 that no gc can remove the base's chunks before the derived checkpoint references them.
 
@@ -21,11 +21,11 @@ from treestore._engine.saving.chunk_writer import SaveResult
 from treestore._engine.saving.save_options import SaveOptions
 from treestore._engine.saving.writing import Writing, writing
 from treestore._format import select as _select
-from treestore._format.columns import Columns
-from treestore._format.columns_take import take_leaves
-from treestore._format.columns_tree import Nodes, nodes_from_tree
 from treestore._format.encoding import Bad
-from treestore._format.nodes_edit import Derived, NodesEdit
+from treestore._format.manifest.columns import Columns
+from treestore._format.manifest.node_edit import Derived, NodesEdit
+from treestore._format.manifest.take import take_leaves
+from treestore._format.manifest.tree import Nodes, nodes_from_tree
 from treestore._storage.base import Storage
 from treestore._tree import prepare as _prepare
 from treestore.errors import InvalidInputError, UnsupportedFormatError

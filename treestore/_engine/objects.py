@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from treestore._format.columns import Columns
-from treestore._format.records import ChunkRef
+from treestore._format.manifest.columns import Columns
+from treestore._format.manifest.records import ChunkRef
 
 _KEY = np.dtype([("digest", "V32"), ("raw", "<u4")])  # what names a chunk object: 36 bytes
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from typing import Protocol
 
-from treestore._format.manifest import check_name
+from treestore._format.manifest.rules import check_name
 from treestore.errors import InvalidInputError
 
 CHUNKS = "chunks"

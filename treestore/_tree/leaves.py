@@ -22,7 +22,7 @@ from treestore._format.dtypes import (
     dtype_name,
     value_to_record,
 )
-from treestore._format.manifest import check_shape
+from treestore._format.manifest.rules import check_shape
 from treestore._tree.jax_import import jax
 from treestore.errors import UnsupportedLeafError
 

@@ -10,8 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from treestore._format.columns_tree import Nodes
 from treestore._format.limits import MAX_MANIFEST_BYTES
+from treestore._format.manifest.tree import Nodes
 from treestore._tree.collector_pause import paused_collector
 from treestore._tree.jax_import import imported as jax_imported
 from treestore._tree.jax_import import jax

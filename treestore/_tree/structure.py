@@ -29,7 +29,9 @@ from treestore._format.address import (
     key_from_record,
     key_value,
 )
-from treestore._format.columns_tree import (
+from treestore._format.encoding import Bad
+from treestore._format.limits import MAX_ADDRESS_CHARS, MAX_DEPTH
+from treestore._format.manifest.tree import (
     CUSTOM,
     DICT,
     LEAF,
@@ -42,8 +44,6 @@ from treestore._format.columns_tree import (
     Nodes,
     check_nodes,
 )
-from treestore._format.encoding import Bad
-from treestore._format.limits import MAX_ADDRESS_CHARS, MAX_DEPTH
 from treestore._tree.jax_import import jax
 from treestore._tree.keys import from_jax
 from treestore.errors import (

@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 
 from treestore._format.address import format_key, join_address, key_from_record
-from treestore._format.columns import Columns
 from treestore._format.dtypes import DTYPES, JAX, NPSCALAR, NUMPY, PRNG_KEY, PY_KINDS, dtype_name
-from treestore._format.record_views import Stored, stored
+from treestore._format.manifest.columns import Columns
+from treestore._format.manifest.record_views import Stored, stored
 from treestore._tree.jax_import import jax
 from treestore._tree.leaves import restore_array
 from treestore._tree.structure import leaves_with_addresses

@@ -17,7 +17,7 @@ from treestore._api.lazy_leaf import LazyLeaf
 from treestore._api.progress import Progress, counter
 from treestore._deprecated import renamed_attribute
 from treestore._format import select as _select
-from treestore._format.columns import Columns
+from treestore._format.manifest.columns import Columns
 
 ADDED, REMOVED, CHANGED, SHAPE, DTYPE, UNCHANGED = (
     "added",

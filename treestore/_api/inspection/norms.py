@@ -13,7 +13,7 @@ from treestore._api.inspection import heatmap as _heatmap
 from treestore._api.inspection.timeline import array_leaves, readable
 from treestore._format import select as _select
 from treestore._format import stats as _stats
-from treestore._format.columns import Columns
+from treestore._format.manifest.columns import Columns
 from treestore._storage.base import Storage
 from treestore.errors import InvalidInputError
 

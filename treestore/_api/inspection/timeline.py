@@ -24,7 +24,7 @@ from treestore._api.inspection import timeline_html as _html
 from treestore._engine.reading import committed as _committed
 from treestore._format import paths as _paths
 from treestore._format import select as _select
-from treestore._format.columns import Columns
+from treestore._format.manifest.columns import Columns
 from treestore._storage.base import Storage
 from treestore.errors import (
     CheckpointNotFoundError,

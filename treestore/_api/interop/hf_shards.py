@@ -33,7 +33,7 @@ from treestore._api.checkpoint import Checkpoint
 from treestore._api.interop import file_formats as _formats
 from treestore._api.interop import temporary
 from treestore._format.limits import MiB
-from treestore._format.record_views import Stored
+from treestore._format.manifest.record_views import Stored
 from treestore.errors import DamagedError, InvalidInputError, StorageError, UnsupportedFormatError
 
 INDEX_SUFFIX = ".safetensors.index.json"

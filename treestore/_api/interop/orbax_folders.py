@@ -20,7 +20,7 @@ import numpy as np
 
 from treestore._api.interop.file_formats import check_kind, check_size
 from treestore._format.limits import MAX_MANIFEST_BYTES, MAX_METADATA_BYTES, MiB
-from treestore._format.manifest import check_metadata
+from treestore._format.manifest.rules import check_metadata
 from treestore._tree.jax_import import jax
 from treestore.errors import InvalidInputError, TreestoreError, UnsupportedFormatError
 

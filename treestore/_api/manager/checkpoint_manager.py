@@ -29,7 +29,7 @@ from treestore._api.manager.save_queue import SaveQueue
 from treestore._api.manager.tiers import Tiers
 from treestore._api.store import Store
 from treestore._engine import write as _write
-from treestore._format.manifest import check_metadata
+from treestore._format.manifest.rules import check_metadata
 from treestore._format.paths import step_name
 from treestore._tree import prepare as _prepare
 from treestore.errors import (

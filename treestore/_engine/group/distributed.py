@@ -1,9 +1,9 @@
 """Saves by several processes of one ``jax.distributed`` job (SPEC.md, section 8).
 
 Every process writes the chunks of the pieces it owns, then its part of the manifest as its own
-part, in columns (:mod:`treestore._format.part`), and sends the primary (process 0) a summary
+part, in columns (:mod:`treestore._format.parts.part`), and sends the primary (process 0) a summary
 of it through the job's runtime: the part's digest, a few counts and a fingerprint of how its
-pieces cover their leaves (:mod:`treestore._format.coverage`). After a barrier the primary reads
+pieces cover their leaves (:mod:`treestore._format.parts.coverage`). After a barrier the primary reads
 every summary with one request, checks that the pieces tile every sharded leaf from the
 fingerprints alone, and commits a manifest that lists the parts (SPEC.md, section 8.4): its
 work grows with the number of processes, never with the number of pieces, and it reads no part
@@ -40,11 +40,7 @@ from treestore._engine.group.group_runtime import JaxRuntime, Runtime
 from treestore._engine.group.group_wait import BARRIER_TIMEOUT, barrier_timeout, kept_fresh
 from treestore._engine.reading.parts import merged, named
 from treestore._format import paths as _paths
-from treestore._format.columns_codec import encode_columns
-from treestore._format.coverage import Coverage, P
 from treestore._format.encoding import digest
-from treestore._format.frame import Frame, ListedPart
-from treestore._format.leaf_table import LeafTable
 from treestore._format.limits import (
     MAX_OUTCOME_BYTES,
     MAX_PART_BYTES,
@@ -52,7 +48,14 @@ from treestore._format.limits import (
     MAX_PARTS_BYTES,
     MAX_PIECES,
 )
-from treestore._format.part import (
+from treestore._format.manifest.codec import encode_columns
+from treestore._format.manifest.frame import Frame, ListedPart
+from treestore._format.manifest.leaf_table import LeafTable
+from treestore._format.manifest.records import ChunkRef
+from treestore._format.parts.coverage import Coverage, P
+from treestore._format.parts.explain import process_names
+from treestore._format.parts.merge import PACK_INDEX_END, FrameLeaves, frame_leaves_from_fields, frame_of
+from treestore._format.parts.part import (
     Summary,
     decode_summary,
     encode_part,
@@ -62,9 +65,6 @@ from treestore._format.part import (
     most_pieces,
     part_from_fields,
 )
-from treestore._format.part_explain import process_names
-from treestore._format.part_merge import PACK_INDEX_END, FrameLeaves, frame_leaves_from_fields, frame_of
-from treestore._format.records import ChunkRef
 from treestore._storage.base import Storage
 from treestore._tree import jax_import
 from treestore._tree.jax_import import jax

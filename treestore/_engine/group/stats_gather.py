@@ -29,7 +29,7 @@ import numpy as np
 from treestore._engine.group.group_runtime import Runtime
 from treestore._format import stats as _stats
 from treestore._format.dtypes import PRNG_KEY
-from treestore._format.leaf_table import LeafTable
+from treestore._format.manifest.leaf_table import LeafTable
 from treestore._tree.leaves import ArrayLeaf, Leaf
 
 FAN_IN = 16  # children per process: 256 processes gather in two steps, 4096 in three

@@ -23,9 +23,9 @@ from treestore._engine.reading import staging as _staging
 from treestore._engine.reading.memory import ALIGN
 from treestore._engine.threads import default_threads
 from treestore._format import select as _select
-from treestore._format.columns import Columns
 from treestore._format.commit_record import CommitRecord
-from treestore._format.frame import Frame
+from treestore._format.manifest.columns import Columns
+from treestore._format.manifest.frame import Frame
 from treestore._storage.base import Storage
 from treestore._tree import template as _template
 from treestore._tree.collector_pause import paused_collector

@@ -23,8 +23,8 @@ import numpy as np
 from treestore._engine.reading import memory
 from treestore._engine.reading.read import ChunkReader
 from treestore._engine.reading.region import copy_members, leaf_pieces, plan_regions, run_in_threads
-from treestore._format.columns import ARRAY_CODES, DTYPE_NAMES, IN_PIECES, Columns
 from treestore._format.dtypes import dtype_from_name
+from treestore._format.manifest.columns import ARRAY_CODES, DTYPE_NAMES, IN_PIECES, Columns
 
 Arrays = dict[int, np.ndarray[Any, Any]]
 

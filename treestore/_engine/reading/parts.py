@@ -18,11 +18,11 @@ from dataclasses import replace
 import numpy as np
 
 from treestore._format import paths as _paths
-from treestore._format.columns import Columns
 from treestore._format.encoding import Bad, digest
-from treestore._format.frame import Frame
-from treestore._format.part import PART_FIELDS, Part, decode_part
-from treestore._format.part_merge import frame_leaves_of, gather, merge
+from treestore._format.manifest.columns import Columns
+from treestore._format.manifest.frame import Frame
+from treestore._format.parts.merge import frame_leaves_of, gather, merge
+from treestore._format.parts.part import PART_FIELDS, Part, decode_part
 from treestore._storage.base import Storage
 from treestore.errors import InvalidInputError, ManifestDamagedError, OutOfMemoryError
 

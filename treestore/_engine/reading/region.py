@@ -17,9 +17,9 @@ import numpy as np
 from treestore._engine.reading.memory import allocate, allocate_many
 from treestore._engine.reading.read import IN_PLACE_UP_TO, ChunkReader
 from treestore._engine.threads import default_threads, run_all
-from treestore._format.columns import DTYPE_NAMES, IN_PIECES, Columns
 from treestore._format.dtypes import dtype_from_name
-from treestore._format.records import ChunkRef
+from treestore._format.manifest.columns import DTYPE_NAMES, IN_PIECES, Columns
+from treestore._format.manifest.records import ChunkRef
 from treestore._format.scratch import scratch
 from treestore.errors import OutOfBoundsError
 

@@ -21,8 +21,8 @@ from treestore._engine.threads import Batch, compute_threads, shared_pool
 from treestore._format import stats as _stats
 from treestore._format.codecs import plane_width
 from treestore._format.dtypes import PRNG_KEY
-from treestore._format.leaf_table import LeafTable, PieceRow, ref_of
-from treestore._format.records import ChunkRef
+from treestore._format.manifest.leaf_table import LeafTable, PieceRow, ref_of
+from treestore._format.manifest.records import ChunkRef
 from treestore._tree.leaves import ArrayLeaf, ValueLeaf
 from treestore._tree.prepare import Prepared
 

@@ -30,11 +30,11 @@ from treestore._engine.saving import trusted as _trusted
 from treestore._engine.saving.chunk_writer import ChunkWriter, SaveResult, reusable_size
 from treestore._engine.saving.save_options import SaveOptions
 from treestore._format import paths as _paths
-from treestore._format.columns import Columns
-from treestore._format.columns_codec import columns_from_fields, encode
-from treestore._format.leaf_table import LeafTable
-from treestore._format.manifest import check_metadata, check_name
-from treestore._format.records import ChunkRef
+from treestore._format.manifest.codec import columns_from_fields, encode
+from treestore._format.manifest.columns import Columns
+from treestore._format.manifest.leaf_table import LeafTable
+from treestore._format.manifest.records import ChunkRef
+from treestore._format.manifest.rules import check_metadata, check_name
 from treestore._storage.base import Storage
 from treestore._tree.prepare import Prepared
 from treestore.errors import CheckpointExistsError, TreestoreError

@@ -4,14 +4,14 @@ A version-1 manifest is one msgpack map per leaf, decoded and checked in a Pytho
 keeps the same information in a handful of little-endian arrays (one record per leaf, per chunk
 ref, per pack and per tree node; shapes and piece boxes as flat int arrays), so decoding is a few
 ``np.frombuffer`` calls and validation a few vectorised operations
-(:mod:`treestore._format.columns_check`: every bound version 1 checks, over whole columns at once).
+(:mod:`treestore._format.manifest.check`: every bound version 1 checks, over whole columns at once).
 This module holds the model and the comparisons of leaves between two manifests.
 
 :class:`Columns` is the one in-memory model of a manifest, whatever version its bytes have (only
-:func:`~treestore._format.columns_check.validate` makes one): every reader and writer works on its
+:func:`~treestore._format.manifest.check.validate` makes one): every reader and writer works on its
 arrays; the public read-only records (``Store.manifest()``, ``LazyLeaf.entry``) are views made from
-it on demand (:mod:`treestore._format.record_views`). The bytes (decoding and encoding, either
-version) are :mod:`treestore._format.columns_codec`'s.
+it on demand (:mod:`treestore._format.manifest.record_views`). The bytes (decoding and encoding, either
+version) are :mod:`treestore._format.manifest.codec`'s.
 """
 
 from __future__ import annotations
@@ -23,8 +23,6 @@ from typing import Any
 
 import numpy as np
 
-from treestore._format.columns_tree import NODE_DTYPE as NODE_DTYPE
-from treestore._format.columns_tree import Nodes
 from treestore._format.commit_record import CommitRecord
 from treestore._format.dtypes import (
     ITEMSIZES,
@@ -35,8 +33,10 @@ from treestore._format.limits import (
     MAX_CHUNK_BYTES,
     MAX_DIM,
 )
-from treestore._format.manifest import check_tiling, leaf_digest, record_mismatches
-from treestore._format.records import ChunkRef
+from treestore._format.manifest.records import ChunkRef
+from treestore._format.manifest.rules import check_tiling, leaf_digest, record_mismatches
+from treestore._format.manifest.tree import NODE_DTYPE as NODE_DTYPE
+from treestore._format.manifest.tree import Nodes
 
 VERSION = 2
 # Code tables (SPEC.md, version-2 manifest): a code is the position in its table, fixed forever.
@@ -310,7 +310,7 @@ class Columns:
 
     def digest(self, i: int) -> bytes:
         """Leaf i's digest, as SPEC.md section 6.7 defines it for every version
-        (:func:`treestore._format.manifest.leaf_digest`)."""
+        (:func:`treestore._format.manifest.rules.leaf_digest`)."""
         row = self.leaves[i]
         kind = KINDS[row["kind"]]
         if row["kind"] >= ARRAY_CODES:

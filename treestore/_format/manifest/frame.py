@@ -4,7 +4,7 @@ each process wrote with its pieces, so the primary's commit never reads or merge
 
 :class:`Frame` is a decoded frame; :mod:`treestore._engine.reading.parts` reads the parts (those a
 reader of some leaves needs, or all) and completes it into the checkpoint's
-:class:`~treestore._format.columns.Columns`, checked as any manifest.
+:class:`~treestore._format.manifest.columns.Columns`, checked as any manifest.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from treestore._format.columns import Columns, prefix_sums
 from treestore._format.encoding import Bad
 from treestore._format.encoding import field as _get
 from treestore._format.limits import MAX_PART_BYTES, MAX_PARTS, MAX_PARTS_BYTES
+from treestore._format.manifest.columns import Columns, prefix_sums
 
 
 class ListedPart(NamedTuple):

@@ -2,7 +2,7 @@
 name, user metadata, an array's shape, pieces that tile a leaf, a leaf's digest (SPEC.md §6.7),
 the size bound in each direction, and how a commit record must agree with its manifest.
 
-The decoders (:mod:`treestore._format.columns_codec`, and :mod:`treestore._format.v1` for
+The decoders (:mod:`treestore._format.manifest.codec`, and :mod:`treestore._format.manifest.v1` for
 version 1) check every field's type, every size against its bound and against the other
 fields, before any other code sees it: a store can make them raise ManifestDamagedError or
 UnsupportedFormatError, nothing else.

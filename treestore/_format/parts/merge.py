@@ -6,7 +6,7 @@ commits, or a reader's, from a decoded frame); the parts are concatenated (proce
 checked together (:func:`gather`); pack indices are renumbered (each part's packs follow the
 frame's and the earlier parts'), pieces are ordered by leaf and then by start, each leaf's chunk
 refs are placed among the frame's own leaves', and the resulting columns are checked exactly as
-readers check a manifest (:func:`treestore._format.columns_codec.columns_from_fields`). No piece
+readers check a manifest (:func:`treestore._format.manifest.codec.columns_from_fields`). No piece
 becomes a Python object: the work grows with the number of pieces only through vectorised
 operations.
 """
@@ -19,17 +19,17 @@ from typing import Any
 
 import numpy as np
 
-from treestore._format.columns import (
+from treestore._format.manifest.codec import columns_from_fields, stored_values
+from treestore._format.manifest.columns import (
     CHUNK_DTYPE,
     IN_PIECES,
     Columns,
     concat_ranges,
     prefix_sums,
 )
-from treestore._format.columns_codec import columns_from_fields, stored_values
-from treestore._format.frame import Frame, ListedPart
-from treestore._format.part import Part
-from treestore._format.part_explain import Pieces, explain
+from treestore._format.manifest.frame import Frame, ListedPart
+from treestore._format.parts.explain import Pieces, explain
+from treestore._format.parts.part import Part
 from treestore.errors import InvalidInputError
 
 PACK_INDEX_END = 2**31  # pack indices are i4 in a manifest
@@ -65,7 +65,7 @@ def frame_leaves_from_fields(
     tree: object, address: Callable[[int], str], fields: Mapping[str, Any], sharded: Sequence[bool]
 ) -> FrameLeaves:
     """The primary's :class:`FrameLeaves`, from the manifest arrays of what it wrote (every leaf, in
-    leaf order, as :func:`treestore._format.part.part_from_fields` takes them) and its packs:
+    leaf order, as :func:`treestore._format.parts.part.part_from_fields` takes them) and its packs:
     a sharded leaf lists no chunk ref (its pieces are in the parts)."""
     leaves = fields["leaves"].copy()
     split = np.asarray(sharded, bool)

@@ -1,7 +1,7 @@
 """Edits of node tables by address: a base checkpoint's tree with subtrees dropped, moved and
 attached, the work of :func:`treestore._api.derive.derive`.
 
-:class:`NodesEdit` lays the base's node table (:class:`~treestore._format.columns_tree.Nodes`)
+:class:`NodesEdit` lays the base's node table (:class:`~treestore._format.manifest.tree.Nodes`)
 and the tables of the new subtrees (as :func:`treestore._tree.prepare.prepare` makes them) end to
 end in one pool of numpy arrays: each node's kind, parent, key segment, type name and leaf. An
 edit changes a few entries (a dropped or moved node's parent, a moved node's key), so nodes not
@@ -23,7 +23,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from treestore._format import nodes_order as _order
 from treestore._format import select as _select
 from treestore._format.address import (
     DictKey,
@@ -35,7 +34,9 @@ from treestore._format.address import (
     join_address,
     parse_address,
 )
-from treestore._format.columns_tree import (
+from treestore._format.limits import MAX_DEPTH
+from treestore._format.manifest import node_order as _order
+from treestore._format.manifest.tree import (
     DICT,
     LEAF,
     LIST,
@@ -48,7 +49,6 @@ from treestore._format.columns_tree import (
     check_nodes,
     children_by_parent,
 )
-from treestore._format.limits import MAX_DEPTH
 from treestore.errors import InvalidInputError, NoMatchError, TreestoreError
 
 # The pool's arrays, and what a node made later starts with.

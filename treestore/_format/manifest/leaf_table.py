@@ -1,14 +1,14 @@
 """A manifest's leaf, chunk-ref and pack tables built leaf by leaf (a save, derive's new leaves,
 the version-1 decoder); other tables are cut from or merged out of validated ones
-(:mod:`treestore._format.columns_take`, :mod:`treestore._format.part_merge`).
+(:mod:`treestore._format.manifest.take`, :mod:`treestore._format.parts.merge`).
 
 A save appends each leaf's fields to plain lists as it writes them (a few appends per leaf, no
 per-leaf object), and :meth:`LeafTable.fields` turns them into the arrays of a version-2
-manifest (SPEC.md §6), which :func:`treestore._format.columns_codec.columns_from_fields` checks
+manifest (SPEC.md §6), which :func:`treestore._format.manifest.codec.columns_from_fields` checks
 exactly as readers do. The same table takes a derived checkpoint's new leaves and a version-1
 manifest's leaf entries as it is decoded; a process of a multi-process save keeps its table as
 written, and the primary's frame and each process's part are made from it
-(:mod:`treestore._format.part`, :mod:`treestore._format.part_merge`).
+(:mod:`treestore._format.parts.part`, :mod:`treestore._format.parts.merge`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from treestore._format.columns import (
+from treestore._format.dtypes import value_to_record
+from treestore._format.manifest.columns import (
     CHUNK_DTYPE,
     DTYPE_NAMES,
     IN_PIECES,
@@ -28,8 +29,7 @@ from treestore._format.columns import (
     PRNG_SHIFT,
     WEAK_TYPE,
 )
-from treestore._format.dtypes import value_to_record
-from treestore._format.records import ChunkRef
+from treestore._format.manifest.records import ChunkRef
 from treestore._format.stats import UNKNOWN_RECORD, Record, column
 from treestore.errors import InvalidInputError
 

@@ -1,10 +1,10 @@
 """The version-1 manifest codec (SPEC.md, appendix A): one msgpack map per leaf, decoded
-straight into the one in-memory model (:class:`~treestore._format.columns.Columns`) and encoded
+straight into the one in-memory model (:class:`~treestore._format.manifest.columns.Columns`) and encoded
 from it. Version 1 is a codec, not a model: no leaf entry object is made either way.
 
 A version-1 manifest is checked by its own rules leaf by leaf as it is decoded (each field's
 type, every size against its bound and against the other fields), then as a version-2 reader
-checks its columns (:func:`~treestore._format.columns_check.validate`).
+checks its columns (:func:`~treestore._format.manifest.check.validate`).
 """
 
 from __future__ import annotations
@@ -16,18 +16,6 @@ from typing import Any
 import numpy as np
 
 from treestore._format.address import canonical_segment
-from treestore._format.columns import (
-    ARRAY_CODES,
-    DTYPE_NAMES,
-    IN_PIECES,
-    KINDS,
-    PRNG_NAMES,
-    PRNG_SHIFT,
-    WEAK_TYPE,
-    Columns,
-)
-from treestore._format.columns_check import validate
-from treestore._format.columns_tree import nodes_from_tree
 from treestore._format.dtypes import (
     ARRAY_KINDS,
     NOT_IN_JAX,
@@ -42,9 +30,21 @@ from treestore._format.encoding import Bad as _Bad
 from treestore._format.encoding import check_version as _check_version
 from treestore._format.encoding import count as _count
 from treestore._format.encoding import field as _get
-from treestore._format.leaf_table import LeafTable, PieceRow, Ref
 from treestore._format.limits import CHUNK_SLACK, MAX_CHUNK_BYTES, MAX_DIM, MAX_PIECES
-from treestore._format.manifest import (
+from treestore._format.manifest.check import validate
+from treestore._format.manifest.columns import (
+    ARRAY_CODES,
+    DTYPE_NAMES,
+    IN_PIECES,
+    KINDS,
+    PRNG_NAMES,
+    PRNG_SHIFT,
+    WEAK_TYPE,
+    Columns,
+)
+from treestore._format.manifest.leaf_table import LeafTable, PieceRow, Ref
+from treestore._format.manifest.records import ChunkRef
+from treestore._format.manifest.rules import (
     MANIFEST_MAGIC,
     check_metadata,
     check_shape,
@@ -52,7 +52,7 @@ from treestore._format.manifest import (
     header_record,
     within_size,
 )
-from treestore._format.records import ChunkRef
+from treestore._format.manifest.tree import nodes_from_tree
 from treestore.errors import InvalidInputError, TreestoreError, UnsupportedFormatError
 
 VERSION = 1

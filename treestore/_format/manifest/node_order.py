@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from treestore._format.address import canonical_segment, key_value
-from treestore._format.columns_tree import DICT
+from treestore._format.manifest.tree import DICT
 
 
 def climb(parent: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from treestore._format.encoding import Bad
-from treestore._format.manifest import check_tiling
+from treestore._format.manifest.rules import check_tiling
 
 _PAIRS_UP_TO = 8192  # pieces of one leaf searched pairwise for an overlap
 _BLOCK = 256

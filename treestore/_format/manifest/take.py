@@ -4,7 +4,7 @@ A derived checkpoint keeps some of its base's leaves and adds the leaves it sets
 of its new tree. :func:`take_leaves` gathers their rows, dimensions, chunk refs, pieces, values
 and statistics straight from the sources' columns (index arithmetic over whole columns, no
 per-leaf object) and renumbers the packs they reference, keeping only those. The result is
-the ``fields`` that :func:`treestore._format.columns_codec.columns_from_fields` checks as
+the ``fields`` that :func:`treestore._format.manifest.codec.columns_from_fields` checks as
 readers check a manifest.
 """
 
@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from treestore._format.columns import ARRAY_CODES, IN_PIECES, Columns, concat_ranges, prefix_sums
-from treestore._format.columns_codec import stored_values
+from treestore._format.manifest.codec import stored_values
+from treestore._format.manifest.columns import ARRAY_CODES, IN_PIECES, Columns, concat_ranges, prefix_sums
 from treestore._format.stats import STATS_DTYPE, UNKNOWN
 
 

@@ -1,7 +1,7 @@
 """The public records of a manifest (SPEC.md §6): a chunk reference, a piece of a leaf saved in
 pieces, and a leaf's entry. Small immutable values, made on demand: the engine names one chunk
-by a :class:`ChunkRef`, and :mod:`treestore._format.record_views` makes :class:`LeafEntry` records from
-the columns when a caller asks for a leaf's record.
+by a :class:`ChunkRef`, and :mod:`treestore._format.manifest.record_views` makes
+:class:`LeafEntry` records from the columns when a caller asks for a leaf's record.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from treestore._deprecated import renamed_attribute
 from treestore._format.address import Key, parse_address
 from treestore._format.dtypes import ARRAY_KINDS
-from treestore._format.manifest import leaf_digest
+from treestore._format.manifest.rules import leaf_digest
 
 
 @dataclass(frozen=True)

@@ -5,9 +5,9 @@ A process of a multi-process save writes the pieces it owns, and its packs, as a
 section 8.5): a record in the version-2 manifest's conventions (section 6), stored as a
 manifest-like object named by its digest. It tells the primary, through the job's runtime, only a
 :class:`Summary`: the part's digest and size, a few counts and the fingerprint of how its pieces
-cover their leaves (:mod:`treestore._format.coverage`), so the primary's commit never reads the
+cover their leaves (:mod:`treestore._format.parts.coverage`), so the primary's commit never reads the
 parts. Readers decode each part without trusting it (:func:`decode_part`) and merge them
-(:mod:`treestore._format.part_merge`).
+(:mod:`treestore._format.parts.merge`).
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ from typing import Any
 
 import numpy as np
 
-from treestore._format.columns import CHUNK_DTYPE, IN_PIECES, PACK_DTYPE, concat_ranges, prefix_sums
-from treestore._format.columns_codec import binary_array
-from treestore._format.coverage import Coverage, P, from_text, to_text
 from treestore._format.encoding import Bad, digest, from_msgpack, to_msgpack
 from treestore._format.encoding import field as _get
 from treestore._format.limits import MAX_PART_BYTES
+from treestore._format.manifest.codec import binary_array
+from treestore._format.manifest.columns import CHUNK_DTYPE, IN_PIECES, PACK_DTYPE, concat_ranges, prefix_sums
+from treestore._format.parts.coverage import Coverage, P, from_text, to_text
 from treestore.errors import TreestoreError
 
 PART_FORMAT = "treestore.part"
@@ -150,7 +150,7 @@ def encode_part(part: Part, layout: bytes) -> bytes:
 def decode_part(data: bytes, layout: bytes) -> Part:
     """A part, decoded without trusting it: Bad when it is malformed, or when its
     process saved another tree than ``layout`` says. What its arrays hold is checked with every
-    part's at once (:func:`treestore._format.part_merge.combine`)."""
+    part's at once (:func:`treestore._format.parts.merge.combine`)."""
     try:
         rec = from_msgpack(data, "it", None)
     except TreestoreError as exc:

@@ -1,9 +1,9 @@
 """A manifest as public read-only records, made from its columns on demand.
 
 :class:`Manifest` is what ``Store.manifest()`` and ``Checkpoint.manifest`` return: a view of the
-one in-memory model (:class:`~treestore._format.columns.Columns`). Its header fields are the
+one in-memory model (:class:`~treestore._format.manifest.columns.Columns`). Its header fields are the
 columns'; its tree record, packs and leaf entries are made when first asked for, and a leaf's
-:class:`~treestore._format.records.LeafEntry` only when that leaf is asked for — looking at one
+:class:`~treestore._format.manifest.records.LeafEntry` only when that leaf is asked for — looking at one
 leaf of a manifest of a million makes one record.
 
 :class:`Stored` is the internal view of one leaf that loads and exports use: what the leaf is,
@@ -18,7 +18,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, overload
 
-from treestore._format.columns import (
+from treestore._format.commit_record import CommitRecord
+from treestore._format.manifest.columns import (
     ARRAY_CODES,
     DTYPE_NAMES,
     IN_PIECES,
@@ -28,8 +29,7 @@ from treestore._format.columns import (
     WEAK_TYPE,
     Columns,
 )
-from treestore._format.commit_record import CommitRecord
-from treestore._format.records import ChunkRef, LeafEntry, Piece
+from treestore._format.manifest.records import ChunkRef, LeafEntry, Piece
 from treestore.errors import OutOfMemoryError
 
 

@@ -16,7 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from treestore._format.columns import (
+from treestore._format.dtypes import NOT_IN_JAX, dtype_from_name, value_from_record
+from treestore._format.encoding import Bad
+from treestore._format.limits import CHUNK_SLACK, MAX_CHUNK_BYTES, MAX_DIM, MAX_NDIM, MAX_PIECES
+from treestore._format.manifest.columns import (
     _CODE,
     _ITEMSIZE,
     _PRNG_WIDTH,
@@ -34,11 +37,8 @@ from treestore._format.columns import (
     concat_ranges,
     prefix_sums,
 )
-from treestore._format.columns_tree import Nodes
-from treestore._format.dtypes import NOT_IN_JAX, dtype_from_name, value_from_record
-from treestore._format.encoding import Bad
-from treestore._format.limits import CHUNK_SLACK, MAX_CHUNK_BYTES, MAX_DIM, MAX_NDIM, MAX_PIECES
-from treestore._format.manifest import check_shape, check_tiling
+from treestore._format.manifest.rules import check_shape, check_tiling
+from treestore._format.manifest.tree import Nodes
 from treestore._format.stats import check_column
 from treestore.errors import UnsupportedFormatError
 

@@ -1,10 +1,10 @@
 """Manifests as bytes: decoding either version into the one model, validated as readers
 validate it, and encoding it (SPEC.md, section 6): a save's manifest and a multi-process save's
 frame through :func:`encode_columns`, derive's and copy's through :func:`encode`, which writes
-version 1 too. A multi-process save's parts are encoded by :mod:`treestore._format.part`.
+version 1 too. A multi-process save's parts are encoded by :mod:`treestore._format.parts.part`.
 
 :func:`decode_any` is what readers call: a version-1 manifest goes to its codec
-(:mod:`treestore._format.v1`) and is checked in its version-2 form too; :func:`encode` and
+(:mod:`treestore._format.manifest.v1`) and is checked in its version-2 form too; :func:`encode` and
 :func:`encode_columns` refuse what readers would refuse. :func:`columns_from_fields` builds the
 columns of a manifest a writer assembled column by column.
 """
@@ -17,29 +17,29 @@ from typing import Any
 
 import numpy as np
 
-from treestore._format.columns import (
+from treestore._format.dtypes import value_to_record
+from treestore._format.encoding import FORMAT_VERSION, Bad, manifest_errors, to_msgpack
+from treestore._format.encoding import count as _count
+from treestore._format.encoding import field as _get
+from treestore._format.limits import MAX_CHUNK_BYTES
+from treestore._format.manifest.check import validate
+from treestore._format.manifest.columns import (
     ARRAY_CODES,
     ARRAY_FIELDS,
     KINDS,
     VERSION,
     Columns,
 )
-from treestore._format.columns_check import validate
-from treestore._format.columns_tree import Nodes, check_nodes, nodes_from_tree
-from treestore._format.dtypes import value_to_record
-from treestore._format.encoding import FORMAT_VERSION, Bad, manifest_errors, to_msgpack
-from treestore._format.encoding import count as _count
-from treestore._format.encoding import field as _get
-from treestore._format.frame import Frame, parts_fields, parts_from_record
-from treestore._format.limits import MAX_CHUNK_BYTES
-from treestore._format.manifest import (
+from treestore._format.manifest.frame import Frame, parts_fields, parts_from_record
+from treestore._format.manifest.rules import (
     MANIFEST_MAGIC,
     check_metadata,
     header_record,
     manifest_record,
     within_size,
 )
-from treestore._format.v1 import decode_v1, encode_v1
+from treestore._format.manifest.tree import Nodes, check_nodes, nodes_from_tree
+from treestore._format.manifest.v1 import decode_v1, encode_v1
 from treestore.errors import (
     InvalidInputError,
     ManifestDamagedError,
@@ -193,7 +193,7 @@ def columns_from_fields(
     :func:`decode_columns` reads from a manifest's bytes (the arrays of ARRAY_FIELDS but
     ``nodes`` and ``node_leaves``, in those dtypes; ``name``, ``created``, ``metadata``, ``codec``,
     ``chunk_size``; ``values`` as stored), ``tree`` the version-1 node record or a
-    :class:`~treestore._format.columns_tree.Nodes` table, ``unread`` as :func:`validate`
+    :class:`~treestore._format.manifest.tree.Nodes` table, ``unread`` as :func:`validate`
     takes it. InvalidInputError naming the checkpoint when readers would refuse it."""
     name = fields["name"]
     check_metadata(fields["metadata"])
