@@ -61,7 +61,7 @@ MUTATIONS: list[Mutation] = [
                 "    storage.write(path, [manifest])\n    storage.sync()\n    return record",
             ),
         ),
-        ("tests/test_commit_order.py",),
+        ("tests/engine/test_commit_order.py",),
         "the commit record is written before the manifest it names exists",
     ),
     m(
@@ -69,7 +69,7 @@ MUTATIONS: list[Mutation] = [
         "treestore/_engine/commit.py",
         "    storage.sync()  # the manifest before the record\n",
         "",
-        ["tests/test_commit_order.py::test_each_step_is_durable_before_the_next"],
+        ["tests/engine/test_commit_order.py::test_each_step_is_durable_before_the_next"],
         "the manifest is not made durable before the record that names it",
     ),
     m(
@@ -77,7 +77,7 @@ MUTATIONS: list[Mutation] = [
         "treestore/_engine/saving/chunk_writer.py",
         "            self.published()  # every chunk has its name before the caller commits\n",
         "",
-        ["tests/test_commit_order.py::test_each_step_is_durable_before_the_next"],
+        ["tests/engine/test_commit_order.py::test_each_step_is_durable_before_the_next"],
         "the manifest is written while chunks it references still wait for their names",
     ),
     m(
@@ -85,7 +85,7 @@ MUTATIONS: list[Mutation] = [
         "treestore/_storage/local.py",
         "                _fsync(self._tmp)\n",
         "",
-        ["tests/test_chunk_objects.py::test_a_local_chunk_is_fsynced_before_it_takes_its_name"],
+        ["tests/format/test_chunk_objects.py::test_a_local_chunk_is_fsynced_before_it_takes_its_name"],
         "after a power cut a chunk's name can hold a short or empty file",
     ),
     m(
@@ -93,7 +93,7 @@ MUTATIONS: list[Mutation] = [
         "treestore/_storage/local.py",
         '            self._dirty_dirs.update(os.path.dirname(m) or "." for m in missing)\n',
         "            pass\n",
-        ["tests/test_commit_order.py::test_a_new_folder_is_durable_in_its_parent_before_the_record"],
+        ["tests/engine/test_commit_order.py::test_a_new_folder_is_durable_in_its_parent_before_the_record"],
         "after a power cut a new chunk folder, and every chunk in it, can be gone under a commit",
     ),
     m(
@@ -102,7 +102,7 @@ MUTATIONS: list[Mutation] = [
         "                    chunk.discard()\n",
         "                    pass\n",
         [
-            "tests/test_commit_order.py"
+            "tests/engine/test_commit_order.py"
             "::test_a_save_that_fails_while_chunks_wait_for_their_names_leaves_nothing"
         ],
         "temporary files of a failed save are left in the store",
@@ -113,8 +113,8 @@ MUTATIONS: list[Mutation] = [
         "    return ArrayLeaf(NUMPY, name, data, private=data is not value)\n",
         "    return ArrayLeaf(NUMPY, name, data, private=True)\n",
         [
-            "tests/test_private_leaves.py::test_which_leaves_a_save_may_read_in_place",
-            "tests/test_chunk_objects.py::test_an_array_written_to_during_a_save_never_makes_a_damaged_chunk",
+            "tests/tree/test_private_leaves.py::test_which_leaves_a_save_may_read_in_place",
+            "tests/format/test_chunk_objects.py::test_an_array_written_to_during_a_save_never_makes_a_damaged_chunk",
         ],
         "an array the caller changes during a save is hashed and encoded from different bytes",
     ),
@@ -126,7 +126,9 @@ MUTATIONS: list[Mutation] = [
         "    found = _decoded.get(record.manifest)\n"
         "    data = data if data is not None or found is not None else "
         "read_manifest_bytes(storage, record)\n",
-        ["tests/test_integrity.py::test_a_manifest_damaged_after_it_was_opened_is_refused_when_reopened"],
+        [
+            "tests/engine/test_integrity.py::test_a_manifest_damaged_after_it_was_opened_is_refused_when_reopened"
+        ],
         "a manifest damaged after a first open goes unnoticed by every later open and load",
     ),
     m(
@@ -134,7 +136,7 @@ MUTATIONS: list[Mutation] = [
         "treestore/_storage/local.py",
         "        with self._lock:\n            if self.exists(path):",
         "        if True:\n            if self.exists(path):",
-        ["tests/test_put_if_absent.py"],
+        ["tests/storage/test_put_if_absent.py"],
         "check-then-write: two racing writers of one name both succeed",
     ),
     m(
@@ -142,7 +144,7 @@ MUTATIONS: list[Mutation] = [
         "treestore/_storage/local.py",
         "os.link(tmp, full)",
         "os.replace(tmp, full)",
-        ["tests/test_put_if_absent.py"],
+        ["tests/storage/test_put_if_absent.py"],
         "a commit record of another writer is overwritten",
     ),
     m(
@@ -172,7 +174,7 @@ MUTATIONS: list[Mutation] = [
         "return part",
         [
             "tests/attacks/test_foreign_chunks.py::test_packed_leaf_pointing_at_its_neighbours_bytes",
-            "tests/test_integrity.py::test_pack_member_whose_digest_lies",
+            "tests/engine/test_integrity.py::test_pack_member_whose_digest_lies",
         ],
         "a packed leaf reads its neighbour's bytes",
     ),
@@ -198,7 +200,7 @@ MUTATIONS: list[Mutation] = [
         "treestore/_engine/gc.py",
         "or digest in live_chunks:",
         "or False:",
-        [f"{FUZZ}::test_gc_with_lock_objects_of_arbitrary_content", "tests/test_commit_order.py"],
+        [f"{FUZZ}::test_gc_with_lock_objects_of_arbitrary_content", "tests/engine/test_commit_order.py"],
         "gc deletes the chunks of committed checkpoints",
     ),
     m(
@@ -206,7 +208,7 @@ MUTATIONS: list[Mutation] = [
         "treestore/_engine/gc.py",
         "or found in live_manifests",
         "or False",
-        [f"{FUZZ}::test_gc_with_lock_objects_of_arbitrary_content", "tests/test_commit_order.py"],
+        [f"{FUZZ}::test_gc_with_lock_objects_of_arbitrary_content", "tests/engine/test_commit_order.py"],
         "gc deletes the manifests of committed checkpoints",
     ),
     m(
@@ -222,7 +224,7 @@ MUTATIONS: list[Mutation] = [
         "treestore/_engine/gc.py",
         "                live_manifests.update(columns.parts)",
         "                pass",
-        ["tests/test_parts_merge.py::test_gc_keeps_the_parts_of_a_checkpoint_until_it_is_deleted"],
+        ["tests/format/test_parts_merge.py::test_gc_keeps_the_parts_of_a_checkpoint_until_it_is_deleted"],
         "gc deletes the parts of a committed multi-process checkpoint, which no reader can then read",
     ),
     # --- multi-process commits -----------------------------------------------------------------
@@ -231,7 +233,7 @@ MUTATIONS: list[Mutation] = [
         "treestore/_engine/group/distributed.py",
         "                if cover != expected or empty:",
         "                if empty:",
-        ["tests/test_parts_merge.py::test_pieces_that_do_not_tile_a_leaf_name_it_and_the_processes"],
+        ["tests/format/test_parts_merge.py::test_pieces_that_do_not_tile_a_leaf_name_it_and_the_processes"],
         "a multi-process save commits pieces that overlap or leave a gap: readers refuse the checkpoint",
     ),
     m(
@@ -239,7 +241,7 @@ MUTATIONS: list[Mutation] = [
         "treestore/_format/parts/merge.py",
         '    refuse(outside, process, "a piece lies outside the leaves its frame lists")',
         "    pass",
-        ["tests/test_parts_merge.py::test_a_frame_that_lists_a_part_s_leaves_wrongly_is_refused"],
+        ["tests/format/test_parts_merge.py::test_a_frame_that_lists_a_part_s_leaves_wrongly_is_refused"],
         "a reader of every leaf accepts a checkpoint that readers of some of its leaves refuse",
     ),
     m(
@@ -247,7 +249,7 @@ MUTATIONS: list[Mutation] = [
         "treestore/_engine/reading/parts.py",
         "    if len(data) != size or digest(data) != found:",
         "    if False:",
-        ["tests/test_parts_merge.py::test_a_part_missing_or_changed_is_refused_by_readers"],
+        ["tests/format/test_parts_merge.py::test_a_part_missing_or_changed_is_refused_by_readers"],
         "a reader takes a changed part's pieces",
     ),
     # --- structure validation ------------------------------------------------------------------
@@ -297,7 +299,7 @@ MUTATIONS: list[Mutation] = [
         "treestore/_format/address.py",
         "if format_key(key) != segment:",
         "if False:",
-        ["tests/test_address.py"],
+        ["tests/format/test_address.py"],
         'a manifest may spell a key in another form ("py" for py)',
     ),
     m(
@@ -305,7 +307,7 @@ MUTATIONS: list[Mutation] = [
         "treestore/_format/address.py",
         'if _INT.match(inner) and inner != "-0" and',
         "if _INT.match(inner) and",
-        ["tests/test_address.py::test_malformed_addresses_are_rejected"],
+        ["tests/format/test_address.py::test_malformed_addresses_are_rejected"],
         "two texts parse to one key (parsing is no longer injective)",
     ),
     m(
@@ -313,7 +315,7 @@ MUTATIONS: list[Mutation] = [
         "treestore/_format/address.py",
         'all(c in "0123456789ABCDEF" for c in digits)',
         'all(c in "0123456789ABCDEFabcdef" for c in digits)',
-        ["tests/test_address.py::test_malformed_addresses_are_rejected"],
+        ["tests/format/test_address.py::test_malformed_addresses_are_rejected"],
         "%2f and %2F both parse to /",
     ),
     # --- size bounds ---------------------------------------------------------------------------
@@ -347,7 +349,7 @@ MUTATIONS: list[Mutation] = [
         "treestore/_tree/template.py",
         "    if isinstance(like, np.ndarray):\n        return restore_array(NUMPY, data, None)",
         "    if isinstance(like, np.ndarray):\n        return like",
-        ["tests/test_template.py"],
+        ["tests/tree/test_template.py"],
         "a load with a template hands back the template's leaves",
     ),
     m(
@@ -355,7 +357,7 @@ MUTATIONS: list[Mutation] = [
         "treestore/_engine/saving/snapshot.py",
         "                and not value.is_deleted()\n",
         "                and False\n",
-        ["tests/test_manager.py::test_unchanged_jax_arrays_are_reused_and_changed_ones_copied"],
+        ["tests/api/test_manager.py::test_unchanged_jax_arrays_are_reused_and_changed_ones_copied"],
         "an unchanged jax array is copied to host again at every save",
     ),
     m(
@@ -365,8 +367,8 @@ MUTATIONS: list[Mutation] = [
         "        return False\n",
         "    return True\n",
         [
-            "tests/test_chunk_objects.py",
-            "tests/test_chunk_objects.py::test_a_save_does_not_reuse_a_bad_chunk_object",
+            "tests/format/test_chunk_objects.py",
+            "tests/format/test_chunk_objects.py::test_a_save_does_not_reuse_a_bad_chunk_object",
         ],
         "a save references a damaged or empty object left under a chunk's name",
     ),
@@ -375,7 +377,9 @@ MUTATIONS: list[Mutation] = [
         "treestore/_engine/saving/chunk_writer.py",
         "    np.copyto(out, raw)\n    return out\n",
         "    return raw\n",
-        ["tests/test_chunk_objects.py::test_an_array_written_to_during_a_save_never_makes_a_damaged_chunk"],
+        [
+            "tests/format/test_chunk_objects.py::test_an_array_written_to_during_a_save_never_makes_a_damaged_chunk"
+        ],
         "an array changed during a save is hashed and encoded from different bytes",
     ),
     # --- results of a load -------------------------------------------------------------------
@@ -385,7 +389,7 @@ MUTATIONS: list[Mutation] = [
         "part.copy() if shared[j] else part",
         "part",
         [
-            "tests/test_integrity.py::test_leaves_naming_the_same_packed_bytes_load_as_separate_arrays",
+            "tests/engine/test_integrity.py::test_leaves_naming_the_same_packed_bytes_load_as_separate_arrays",
         ],
         "two leaves naming one pack member load as views of one buffer",
     ),
@@ -395,7 +399,7 @@ MUTATIONS: list[Mutation] = [
         "treestore/_api/manager/replication.py",
         "if remote._storage.overlaps(local._storage):",
         "if remote.url == local.url:",
-        ["tests/test_two_tier.py::test_one_store_as_both_tiers_is_refused_however_it_is_spelt"],
+        ["tests/api/test_two_tier.py::test_one_store_as_both_tiers_is_refused_however_it_is_spelt"],
         "one folder spelt two ways is accepted as both tiers, whose retentions delete each other's steps",
     ),
     m(
@@ -403,7 +407,7 @@ MUTATIONS: list[Mutation] = [
         "treestore/_storage/local.py",
         'os.path.realpath(self.root or ".")',
         'os.path.normpath(self.root or ".")',
-        ["tests/test_two_tier.py::test_one_store_as_both_tiers_is_refused_however_it_is_spelt"],
+        ["tests/api/test_two_tier.py::test_one_store_as_both_tiers_is_refused_however_it_is_spelt"],
         "a symlinked spelling of the local tier is taken for another store",
     ),
     m(
@@ -411,7 +415,7 @@ MUTATIONS: list[Mutation] = [
         "treestore/_format/encoding.py",
         "    if not _is_limited:",
         "    if True:",
-        ["tests/test_threads.py::test_blake3_keeps_room_under_an_address_space_limit"],
+        ["tests/engine/test_threads.py::test_blake3_keeps_room_under_an_address_space_limit"],
         "under an address-space limit BLAKE3's own allocations meet the limit first and abort",
     ),
     # --- copy ----------------------------------------------------------------------------------
@@ -421,8 +425,8 @@ MUTATIONS: list[Mutation] = [
         "                if pack_member(raw, offset, size, d) is None:",
         "                if False:",
         [
-            "tests/test_transfer.py::test_a_packed_leaf_a_load_refuses_is_not_copied",
-            "tests/test_parts_merge.py::test_a_packed_piece_a_load_refuses_is_not_copied",
+            "tests/api/test_transfer.py::test_a_packed_leaf_a_load_refuses_is_not_copied",
+            "tests/format/test_parts_merge.py::test_a_packed_piece_a_load_refuses_is_not_copied",
         ],
         "copy commits a packed leaf whose reference into its pack a load refuses",
     ),
@@ -431,7 +435,7 @@ MUTATIONS: list[Mutation] = [
         "treestore/_api/verify.py",
         "found = sound[d, offset, size] = pack_member(raw, offset, size, d) is not None",
         "found = sound[d, offset, size] = True",
-        ["tests/test_verify.py::test_pack_slice_that_does_not_match_its_leaf"],
+        ["tests/api/test_verify.py::test_pack_slice_that_does_not_match_its_leaf"],
         "verify reports a sound store when a leaf's reference into an intact pack names other bytes",
     ),
     # --- bounded work on hostile manifests --------------------------------------------------
@@ -461,7 +465,7 @@ MUTATIONS: list[Mutation] = [
         "        from treestore._format import paths as _layout\n"
         "        data = source.read(_layout.chunk_path(ref.digest))\n"
         "        if data is None:\n            return False\n",
-        ["tests/test_verify.py::test_a_repair_source_without_an_intact_copy_repairs_nothing"],
+        ["tests/api/test_verify.py::test_a_repair_source_without_an_intact_copy_repairs_nothing"],
         "verify --repair-from writes a source object without checking it against its digest",
     ),
     # --- health and exports (round 4) ---------------------------------------------------------
@@ -470,7 +474,7 @@ MUTATIONS: list[Mutation] = [
         "treestore/_api/health.py",
         '(table["nan"] | table["posinf"] | table["neginf"]) > 0',
         '(table["nan"] | table["posinf"]) > 0',
-        ["tests/test_health_retention.py::test_negative_infinity_alone_makes_a_step_unhealthy"],
+        ["tests/api/test_health_retention.py::test_negative_infinity_alone_makes_a_step_unhealthy"],
         "a step holding -inf counts as healthy, and retention deletes the finite step before it",
     ),
     m(
@@ -478,7 +482,9 @@ MUTATIONS: list[Mutation] = [
         "treestore/_api/manager/retention.py",
         "        if state is False or check is None:\n",
         "        if check is None:\n",
-        ["tests/test_health_retention.py::test_a_check_that_accepts_everything_cannot_override_recorded_nan"],
+        [
+            "tests/api/test_health_retention.py::test_a_check_that_accepts_everything_cannot_override_recorded_nan"
+        ],
         "a caller's check that accepts everything makes a NaN step the one restore(healthy=True) loads",
     ),
     m(
@@ -487,7 +493,7 @@ MUTATIONS: list[Mutation] = [
         "        if step_health(store, infos[step], check) is True:\n",
         "        if step_health(store, infos[step], check) is not False:\n",
         [
-            "tests/test_health_retention.py::test_an_unknown_newer_step_does_not_take_the_healthy_steps_protection"
+            "tests/api/test_health_retention.py::test_an_unknown_newer_step_does_not_take_the_healthy_steps_protection"
         ],
         "a step saved without statistics takes the last healthy step's protection, which is deleted",
     ),
@@ -496,7 +502,7 @@ MUTATIONS: list[Mutation] = [
         "treestore/_api/interop/temporary.py",
         'os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)',
         "os.O_WRONLY | os.O_CREAT | os.O_TRUNC",
-        ["tests/test_hf_shards.py::test_export_does_not_follow_links_planted_at_temporary_names"],
+        ["tests/api/test_hf_shards.py::test_export_does_not_follow_links_planted_at_temporary_names"],
         "an export writes shard bytes through a link planted at its temporary name, outside the folder",
     ),
     m(
@@ -504,7 +510,9 @@ MUTATIONS: list[Mutation] = [
         "treestore/_engine/commit.py",
         "    if storage.read_range(path, 0, len(manifest) + 1) != manifest:",
         "    if storage.read_range(path, 0, 1) is None:",
-        ["tests/test_commit_order.py::test_a_commit_replaces_a_damaged_object_under_its_manifests_name"],
+        [
+            "tests/engine/test_commit_order.py::test_a_commit_replaces_a_damaged_object_under_its_manifests_name"
+        ],
         "a copy over a damaged object of the same name commits a checkpoint that does not load",
     ),
     m(
@@ -512,7 +520,7 @@ MUTATIONS: list[Mutation] = [
         "treestore/_engine/gc.py",
         "        return mtime is not None and now - mtime >= limit\n",
         "        return mtime is None or now - mtime >= limit\n",
-        ["tests/test_gc_age.py"],
+        ["tests/engine/test_gc_age.py"],
         "gc deletes objects of a backend that reports no mtime, which may belong to a save in flight",
     ),
     m(
@@ -520,7 +528,7 @@ MUTATIONS: list[Mutation] = [
         "treestore/_engine/reading/read.py",
         "        self._decode(self._object(c, address, room), c, out, address, room)\n",
         "        self._decode(self._object(c, address, room), c, out, address, room, check=False)\n",
-        ["tests/test_integrity.py::test_a_chunk_that_decodes_to_other_bytes_fails_every_lazy_read"],
+        ["tests/engine/test_integrity.py::test_a_chunk_that_decodes_to_other_bytes_fails_every_lazy_read"],
         "a slice of a leaf returns other bytes silently when a chunk object was replaced",
     ),
     m(
@@ -541,7 +549,7 @@ MUTATIONS: list[Mutation] = [
                 '        delay = min(delay * 2, 1.0)\n    return Lock(storage, "save")\n',
             ),
         ),
-        ("tests/test_locks.py::test_a_save_announces_itself_before_it_looks_for_a_gc",),
+        ("tests/engine/test_locks.py::test_a_save_announces_itself_before_it_looks_for_a_gc",),
         "a gc that starts while a save looks for gc locks deletes the chunks that save writes",
     ),
     m(
@@ -551,7 +559,7 @@ MUTATIONS: list[Mutation] = [
         "            trusted = _trusted.learn(self.storage, previous)",
         "        trusted = _trusted.learn(self.storage, previous)\n"
         "        lock = _locks.save_lock(self.storage)\n        try:\n            pass",
-        ["tests/test_trusted_chunks.py::test_a_save_never_trusts_chunks_gc_deleted_while_it_waited"],
+        ["tests/engine/test_trusted_chunks.py::test_a_save_never_trusts_chunks_gc_deleted_while_it_waited"],
         "a save trusts the chunks of a checkpoint a gc deletes while the save waits for it: its "
         "manifest names deleted chunks",
     ),
@@ -560,7 +568,7 @@ MUTATIONS: list[Mutation] = [
         "treestore/_engine/locks.py",
         '        lock = Lock(storage, "gc")\n        saves = live_locks(storage, "save", stale_after)\n',
         '        saves = live_locks(storage, "save", stale_after)\n        lock = Lock(storage, "gc")\n',
-        ["tests/test_locks.py::test_a_gc_announces_itself_before_it_looks_for_saves"],
+        ["tests/engine/test_locks.py::test_a_gc_announces_itself_before_it_looks_for_saves"],
         "a save that starts while a gc looks for save locks writes chunks that gc deletes",
     ),
     m(
@@ -576,7 +584,7 @@ MUTATIONS: list[Mutation] = [
         "treestore/_format/stats.py",
         "    | dict.fromkeys(_PARTS, COMPLEX)\n",
         "",
-        ["tests/test_health_retention.py::test_a_complex_leaf_holding_nan_is_never_healthy"],
+        ["tests/api/test_health_retention.py::test_a_complex_leaf_holding_nan_is_never_healthy"],
         "a NaN in a complex leaf leaves health unknown, and retention may drop the good step",
     ),
     m(
@@ -585,8 +593,8 @@ MUTATIONS: list[Mutation] = [
         "        if math.isfinite(total):\n",
         "        if True:\n",
         [
-            "tests/test_stats.py::test_a_chunk_of_several_spans_is_measured_exactly",
-            "tests/test_stats.py::test_the_compiled_and_the_numpy_statistics_are_the_same_record",
+            "tests/engine/test_stats.py::test_a_chunk_of_several_spans_is_measured_exactly",
+            "tests/engine/test_stats.py::test_the_compiled_and_the_numpy_statistics_are_the_same_record",
         ],
         "a float32 chunk holding NaN is recorded as finite: healthy, and retention keeps the wrong step",
     ),

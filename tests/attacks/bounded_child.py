@@ -29,12 +29,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import treestore
+from tests.format.test_parts_merge import _reparted as reparted
+from tests.format.test_parts_merge import saved as saved_in_parts
 from treestore._format import paths as _paths
 from treestore._format.manifest.tree import DICT, LEAF, NODE_DTYPE
 
 from ..support import hostile
-from ..test_parts_merge import _reparted as reparted
-from ..test_parts_merge import saved as saved_in_parts
 from ._harness import check_readers
 from .conftest import OPTIONS, make_tree
 

@@ -1,7 +1,7 @@
 """Hostile version-2 (columnar) manifests in a store: every reader refuses them with a
 TreestoreError naming the checkpoint, under the guards of the other attack tests, and gc deletes
 nothing while one cannot be read. (The version-1 layout is attacked by the other files, through
-tests/support/hostile.py; tests/test_columns.py fuzzes the decoder itself.)"""
+tests/support/hostile.py; tests/format/test_columns.py fuzzes the decoder itself.)"""
 
 from __future__ import annotations
 

@@ -73,7 +73,7 @@ def enveloped(magic: str, fields: list[str]) -> st.SearchStrategy[dict[str, Any]
 
 def _version(magic: str) -> int:
     """The version whose layout the fields fuzzed here are: version 1 for manifests (sample()
-    converts the manifest save writes to that layout; tests/test_columns.py fuzzes version 2)."""
+    converts the manifest save writes to that layout; tests/format/test_columns.py fuzzes version 2)."""
     return V1 if magic == MANIFEST_MAGIC else FORMAT_VERSION
 
 

@@ -1,4 +1,4 @@
-"""One writer process of tests/test_concurrency.py (tests only).
+"""One writer process of tests/system/test_concurrency.py (tests only).
 
 usage: concurrent_writer.py JOB_JSON
 

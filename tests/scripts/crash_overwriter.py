@@ -1,5 +1,5 @@
 """Overwrite checkpoints, or copy them, in a loop until killed: the worker of
-tests/test_crash_overwrite.py (tests only).
+tests/system/test_crash_overwrite.py (tests only).
 
 It is crash_saver.py (same zygote, same trees, same event lines) with two more modes:
 

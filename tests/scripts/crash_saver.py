@@ -1,4 +1,4 @@
-"""Save checkpoints in a loop until killed: the worker of tests/test_crash.py (tests only).
+"""Save checkpoints in a loop until killed: the worker of tests/system/test_crash.py (tests only).
 
 usage: crash_saver.py zygote        read jobs (JSON lines) on stdin; fork one worker per job
        crash_saver.py run JOB_JSON  run one job in this process

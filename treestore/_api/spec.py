@@ -1,6 +1,6 @@
 """The one reading of a checkpoint argument: ``URL`` (its store's newest checkpoint),
 ``URL#NAME``, or a ``(URL, NAME)`` pair; and of a store's URL, which names no checkpoint. No
-other module splits text at ``#`` (``tests/test_layering.py``)."""
+other module splits text at ``#`` (``tests/package/test_layering.py``)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The one pattern dialect for choosing leaves by address, used by load, open, diff, derive, the
 manager and the command line alike (no other module matches with ``fnmatch``:
-``tests/test_layering.py``).
+``tests/package/test_layering.py``).
 
 A pattern is an address with wildcards, matched segment by segment (case-sensitive):
 

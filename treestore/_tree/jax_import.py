@@ -1,4 +1,4 @@
-"""jax, imported on first use: the one place treestore imports it (``tests/test_layering.py``
+"""jax, imported on first use: the one place treestore imports it (``tests/package/test_layering.py``
 keeps it so; apart from here, only ``_tree/leaves.py`` imports jax's private ``lax``, inside the
 function that makes weak types, which runs on jax arrays only).
 

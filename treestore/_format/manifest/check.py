@@ -3,7 +3,7 @@
 :func:`validate` is the one validation every manifest goes through, whatever its version and
 whoever made it (a reader decoding bytes, a save or derive assembling a table, the merge of a
 multi-process checkpoint's parts), for it alone makes :class:`Columns`
-(``tests/test_layering.py`` keeps it so; other modules only derive columns from such with
+(``tests/package/test_layering.py`` keeps it so; other modules only derive columns from such with
 ``dataclasses.replace``): every bound of SPEC.md §10 over whole columns at once, and each rule
 that needs Python (dtype names, the piece grid) once per distinct value or per leaf saved in
 pieces.

@@ -61,7 +61,7 @@ def leaf_digest(
 ) -> bytes:
     """A leaf's digest (SPEC.md, section 6.7), the one rule of leaf equality for every format
     version (:meth:`Columns.same_leaves` applies it column by column, without hashing;
-    ``tests/test_columns.py`` keeps the two equal): an array leaf's by its dtype, shape, PRNG
+    ``tests/format/test_columns.py`` keeps the two equal): an array leaf's by its dtype, shape, PRNG
     implementation and chunk digests (piece by piece, with each piece's box, for a leaf saved in
     pieces); a Python scalar's by its kind and value as stored. ``chunks``: the chunk digests;
     ``pieces``: (start, shape, chunk digests) of each piece, or None for a leaf saved whole."""

@@ -1,0 +1,1 @@
+"""What users call: the manager, tiers, derive, diff, verify, watch, timelines, interop."""

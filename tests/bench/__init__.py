@@ -1,0 +1,1 @@
+"""The benchmarks run (quick forms) and report what they claim."""

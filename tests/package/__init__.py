@@ -1,0 +1,1 @@
+"""The package as a whole: its layering and what importing it costs."""

@@ -1,0 +1,76 @@
+"""System calls a local store spends per chunk: on a network or overlay file system each one is
+a round trip, and a save or load of a big tree makes hundreds of them per second. These tests
+count calls, not time: a change that adds a call per chunk fails them on any machine."""
+
+from __future__ import annotations
+
+import collections
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import treestore
+from treestore._storage.registry import open_storage
+
+CALLS = ("lstat", "stat", "open", "fstat", "urandom")
+CHUNKS = 40
+
+
+@pytest.fixture
+def calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[collections.Counter[str]]:
+    """Counts of the ``os`` functions in CALLS, from every thread, while the test runs."""
+    counts: collections.Counter[str] = collections.Counter()
+    for name in CALLS:
+        real = getattr(os, name)
+
+        def counted(*args: object, _real=real, _name=name, **kwargs: object) -> object:
+            counts[_name] += 1
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(os, name, counted)
+    yield counts
+
+
+def _tree(seed: int) -> dict[str, np.ndarray]:
+    return {"w": np.random.default_rng(seed).standard_normal(CHUNKS * 65536).astype(np.float32)}
+
+
+OPTIONS = treestore.SaveOptions(chunk_size=256 * 1024)  # CHUNKS chunks of 256 KiB
+
+
+def test_a_chunk_read_costs_one_lstat_open_and_fstat(tmp_path: Path, calls: collections.Counter[str]):
+    """Each object read is reached by an lstat (refusing links), opened and fstat-ed (refusing
+    other kinds of file): once a thread holds scratch for a chunk, it asks for no size first."""
+    store = treestore.Store(str(tmp_path))
+    store.save(_tree(1), "a", options=OPTIONS)
+    store.load("a")  # the read threads make their scratch
+    calls.clear()
+    store.load("a")
+    assert calls["open"] >= CHUNKS
+    assert calls["lstat"] <= calls["open"], dict(calls)
+    assert calls["fstat"] <= calls["open"] + 2, dict(calls)
+    assert calls["stat"] == 0, dict(calls)
+
+
+def test_a_save_draws_randomness_once_not_per_temporary_file(tmp_path: Path, calls: collections.Counter[str]):
+    result = treestore.save(str(tmp_path), _tree(2), "a", options=OPTIONS)
+    assert result.chunks_written >= CHUNKS
+    assert calls["urandom"] <= 1, dict(calls)
+
+
+def test_a_write_into_a_folder_the_store_made_costs_one_lstat(
+    tmp_path: Path, calls: collections.Counter[str]
+):
+    """One lstat per write checks that the folder is still a folder (removed, or replaced by a
+    link, under a live Store: tests/storage/test_storage_faults.py); nothing more is asked of it."""
+    storage = open_storage(str(tmp_path))
+    storage.write("folder/a", [b"first"])
+    calls.clear()
+    for i in range(10):
+        storage.write(f"folder/{i}", [b"more"])
+    assert calls["lstat"] == 10, dict(calls)
+    assert calls["stat"] == 0, dict(calls)
+    assert storage.read("folder/9") == b"more"

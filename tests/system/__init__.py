@@ -1,0 +1,1 @@
+"""Whole systems: crashes, concurrency, cloud faults, multi-process jobs, model-based runs."""

@@ -1,0 +1,1 @@
+"""Pytrees without a store: structures, templates, leaves a save accepts, round trips of every leaf kind."""
