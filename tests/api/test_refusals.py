@@ -57,10 +57,9 @@ class _Files(http.server.BaseHTTPRequestHandler):
         pass
 
 
-@pytest.fixture
-def files_server() -> Iterator[str]:
-    """The base URL of a :class:`_Files` server on 127.0.0.1."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Files)
+def _serve(handler: type[http.server.BaseHTTPRequestHandler]) -> Iterator[str]:
+    """The base URL of a server of ``handler`` on 127.0.0.1, stopped when the test is done."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -69,6 +68,12 @@ def files_server() -> Iterator[str]:
         server.shutdown()
         server.server_close()
         thread.join(5)
+
+
+@pytest.fixture
+def files_server() -> Iterator[str]:
+    """The base URL of a :class:`_Files` server on 127.0.0.1."""
+    yield from _serve(_Files)
 
 
 def test_an_import_whose_fetch_fails_is_a_storage_error(files_server, tmp_path):
@@ -100,15 +105,8 @@ class _Truncating(_Files):
 
 @pytest.fixture
 def truncating_server() -> Iterator[str]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Truncating)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
+    """The base URL of a :class:`_Truncating` server on 127.0.0.1."""
+    yield from _serve(_Truncating)
 
 
 def test_an_import_whose_source_stops_mid_body_is_a_storage_error(truncating_server, tmp_path):
