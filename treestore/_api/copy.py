@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from treestore._api.progress import Progress
 from treestore._api.spec import parse_spec
-from treestore._api.verify import Progress
 from treestore._deprecated import renamed_attribute
 from treestore._engine.objects import ChunkObject, chunk_objects
 from treestore._engine.reading import committed as _committed

@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from treestore._api.listing import CheckpointInfo, list_checkpoints
+from treestore._api.progress import Progress
 from treestore._api.spec import Spec, split_spec, store_url
 from treestore._deprecated import internal_attribute
 from treestore._engine import gc as _gc
@@ -441,7 +442,7 @@ class Store:
         self,
         select: Patterns = None,
         depth: int | None = None,
-        progress: _timeline.Progress | None = None,
+        progress: Progress | None = None,
     ) -> _timeline.Timeline:
         """How much each array leaf changed from each checkpoint to the next, oldest first.
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 import functools
 import os
 import threading
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from treestore._api.progress import Progress
 from treestore._api.spec import parse_spec
 from treestore._engine.objects import ChunkObject, chunk_objects
 from treestore._engine.reading import committed as _committed
@@ -39,7 +39,6 @@ from treestore.errors import (
 if TYPE_CHECKING:
     from treestore._engine.saving.writing import Writing
 
-Progress = Callable[[int, int], None]  # (bytes done so far, total bytes)
 
 # Kinds of problem, as found in :attr:`VerifyProblem.kind`.
 RECORD, MANIFEST, CHUNK_MISSING, CHUNK_DAMAGED, STORAGE, UNSUPPORTED = (

@@ -11,7 +11,6 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -21,6 +20,7 @@ from treestore._api.checkpoint import Checkpoint
 from treestore._api.inspection import diff as _diff
 from treestore._api.inspection import heatmap as _heatmap
 from treestore._api.inspection import timeline_html as _html
+from treestore._api.progress import Progress
 from treestore._engine.reading import committed as _committed
 from treestore._format import paths as _paths
 from treestore._format import select as _select
@@ -35,8 +35,6 @@ from treestore.errors import (
 )
 
 _log = logging.getLogger("treestore")
-
-Progress = Callable[[int, int], None]  # (bytes compared so far, bytes to compare)
 
 
 @dataclass(frozen=True)
