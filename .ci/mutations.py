@@ -420,23 +420,16 @@ MUTATIONS: list[Mutation] = [
     ),
     # --- copy ----------------------------------------------------------------------------------
     m(
-        "copy trusts pack members",
-        "treestore/_api/copy.py",
-        "                if pack_member(raw, offset, size, d) is None:",
-        "                if False:",
+        "copy and verify trust pack members",
+        "treestore/_engine/reading/scan.py",
+        "            sound = checked[d, offset, size] = pack_member(raw, offset, size, d) is not None",
+        "            sound = checked[d, offset, size] = True",
         [
             "tests/api/test_transfer.py::test_a_packed_leaf_a_load_refuses_is_not_copied",
             "tests/format/test_parts_merge.py::test_a_packed_piece_a_load_refuses_is_not_copied",
+            "tests/api/test_verify.py::test_pack_slice_that_does_not_match_its_leaf",
         ],
-        "copy commits a packed leaf whose reference into its pack a load refuses",
-    ),
-    m(
-        "verify trusts pack members",
-        "treestore/_api/verify.py",
-        "found = sound[d, offset, size] = pack_member(raw, offset, size, d) is not None",
-        "found = sound[d, offset, size] = True",
-        ["tests/api/test_verify.py::test_pack_slice_that_does_not_match_its_leaf"],
-        "verify reports a sound store when a leaf's reference into an intact pack names other bytes",
+        "copy commits, and verify calls sound, a packed leaf whose reference into its pack a load refuses",
     ),
     # --- bounded work on hostile manifests --------------------------------------------------
     m(

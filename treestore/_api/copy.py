@@ -20,21 +20,23 @@ from __future__ import annotations
 import functools
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from treestore._api.progress import Progress
 from treestore._api.spec import parse_spec
 from treestore._deprecated import renamed_attribute
 from treestore._engine.objects import ChunkObject, chunk_objects
+from treestore._engine.progress import Progress, counter
 from treestore._engine.reading import committed as _committed
 from treestore._engine.reading import memory as _memory
 from treestore._engine.reading.parts import assemble, part_bytes
-from treestore._engine.reading.read import fetch_chunk, member_mismatch, pack_member
+from treestore._engine.reading.read import fetch_chunk, member_mismatch
+from treestore._engine.reading.scan import bad_members, scan
 from treestore._engine.saving import writing as _writing
-from treestore._engine.threads import default_threads, run_all
+from treestore._engine.threads import default_threads
 from treestore._format import paths as _paths
 from treestore._format.encoding import digest
 from treestore._format.manifest.frame import Frame, ListedPart
@@ -88,7 +90,8 @@ class _Copier:
         self.progress = progress
         self.copied = self.copied_bytes = self.present = self.trusted_hits = 0
         self.counted: set[bytes] = set()  # chunks counted in the report, once each
-        self.done = self.total = 0
+        self.total = 0
+        self.advance: Callable[[int], None] | None = None  # the progress counter, once the total is known
         self._lock = threading.Lock()
 
     def _fetch(self, obj: ChunkObject) -> tuple[bytes, Any]:
@@ -104,11 +107,10 @@ class _Copier:
         data = None
         if obj.packed:  # a pack: each leaf's reference into it is checked, as a load checks it
             data, raw = self._fetch(obj)
-            for d, offset, size, row in obj.members():
-                if pack_member(raw, offset, size, d) is None:
-                    problem = ChunkDamagedError(member_mismatch(c.digest, offset, size))
-                    address = obj.addresses(np.array([row]))[0]
-                    raise _refused(problem, address, obj.columns.name, self.src.url)
+            for (_, offset, size), rows in bad_members(raw, obj).items():
+                problem = ChunkDamagedError(member_mismatch(c.digest, offset, size))
+                address = obj.addresses(np.array(rows[:1]))[0]
+                raise _refused(problem, address, obj.columns.name, self.src.url)
 
         def fetched() -> bytes:  # a pack's bytes are read above already
             return self._fetch(obj)[0] if data is None else data
@@ -123,16 +125,14 @@ class _Copier:
                 else:
                     self.present += 1
                     self.trusted_hits += written < 0
-            self.done += c.raw_size
-            if self.progress is not None:
-                self.progress(self.done, self.total)
+        w.keep_fresh()
 
     def chunks(self, objects: list[ChunkObject], w: _writing.Writing) -> None:
-        def job(obj: ChunkObject) -> None:
-            self._chunk(obj, w)
-            w.keep_fresh()
+        scan(objects, functools.partial(self._chunk, w=w), self.threads, "copy", self.advance, _raw_size)
 
-        run_all([functools.partial(job, obj) for obj in objects], self.threads, "copy")
+
+def _raw_size(obj: ChunkObject) -> int:
+    return obj.ref.raw_size
 
 
 def _names(src: Storage, name: str | None, all_checkpoints: bool) -> list[str]:
@@ -227,6 +227,7 @@ def copy(
     copied: list[str] = []
     if plans:
         # the chunks of the destination's newest checkpoint trusted, then those of each one committed
+        copier.advance = counter(progress, copier.total)
         with _writing.writing(d, None, overwrite=overwrite, previous=bool(trust_previous)) as w:
             for record, parts, columns, data, objects in plans:
                 with _memory.memory_named(f"copying checkpoint {record.name!r}", record.name):

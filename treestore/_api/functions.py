@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING, Any
 
 from treestore._api.checkpoint import Checkpoint
 from treestore._api.inspection import diff as _diff
-from treestore._api.progress import Progress
 from treestore._api.spec import Spec, parse_spec
 from treestore._api.store import Store
 from treestore._deprecated import warn_renamed
+from treestore._engine.progress import Progress
 from treestore._engine.reading import memory as _memory
 from treestore._format import select as _select
 from treestore.errors import InvalidInputError

@@ -9,10 +9,10 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from treestore._api.listing import CheckpointInfo, list_checkpoints
-from treestore._api.progress import Progress
 from treestore._api.spec import Spec, split_spec, store_url
 from treestore._deprecated import internal_attribute
 from treestore._engine import gc as _gc
+from treestore._engine.progress import Progress
 from treestore._engine.reading import committed as _committed
 from treestore._engine.reading import memory as _memory
 from treestore._format import paths as _paths

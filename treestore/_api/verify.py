@@ -7,7 +7,6 @@ pack is read once and every leaf inside it checked against its own digest.
 
 from __future__ import annotations
 
-import functools
 import os
 import threading
 from dataclasses import asdict, dataclass, field
@@ -15,13 +14,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from treestore._api.progress import Progress
 from treestore._api.spec import parse_spec
 from treestore._engine.objects import ChunkObject, chunk_objects
+from treestore._engine.progress import Progress, counter
 from treestore._engine.reading import committed as _committed
 from treestore._engine.reading import memory as _memory
-from treestore._engine.reading.read import fetch_chunk, member_mismatch, pack_member
-from treestore._engine.threads import default_threads, run_all
+from treestore._engine.reading.read import fetch_chunk, member_mismatch
+from treestore._engine.reading.scan import bad_members, scan
+from treestore._engine.threads import default_threads
 from treestore._format.manifest.records import ChunkRef
 from treestore._format.manifest.rules import check_name
 from treestore._storage.base import Storage
@@ -142,7 +142,7 @@ class _Verifier:
         self.jobs: dict[tuple[bytes, int], _Job] = {}
         self.bad: list[ChunkRef] = []  # chunk objects missing or damaged as a whole
         self._lock = threading.Lock()
-        self.done = self.total = 0
+        self.total = 0
 
     def add(self, checkpoint: str | None, address: str | None, kind: str, message: str) -> None:
         with self._lock:
@@ -187,31 +187,18 @@ class _Verifier:
             if isinstance(exc, (ChunkMissingError, ChunkDamagedError)):
                 with self._lock:
                     self.bad.append(job.ref)
-        else:
-            sound: dict[tuple[bytes, int, int], bool] = {}  # each slice checked once
-            for use in job.uses:
-                if not use.packed:
-                    continue
-                bad: dict[tuple[bytes, int, int], list[int]] = {}
-                for d, offset, size, row in use.members():
-                    found = sound.get((d, offset, size))
-                    if found is None:
-                        found = sound[d, offset, size] = pack_member(raw, offset, size, d) is not None
-                    if not found:
-                        bad.setdefault((d, offset, size), []).append(row)
-                for (_, offset, size), rows in bad.items():
+            return
+        checked: dict[tuple[bytes, int, int], bool] = {}  # each slice checked once
+        for use in job.uses:
+            if use.packed:
+                for (_, offset, size), rows in bad_members(raw, use, checked).items():
                     problem = member_mismatch(job.ref.digest, offset, size)
                     self._report(use, CHUNK_DAMAGED, problem, np.array(rows))
-        with self._lock:
-            self.done += job.ref.raw_size
-            if self.progress is not None:
-                self.progress(self.done, self.total)
 
     def run_jobs(self) -> None:
-        if self.progress is not None:
-            self.progress(0, self.total)
-        jobs = [functools.partial(self.run_job, job) for job in self.jobs.values()]
-        run_all(jobs, self.threads, "verify")  # each thread one chunk at a time: bounded memory
+        advance = counter(self.progress, self.total)
+        jobs = list(self.jobs.values())
+        scan(jobs, self.run_job, self.threads, "verify", advance, lambda job: job.ref.raw_size)
 
 
 def verify(

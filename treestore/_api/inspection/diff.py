@@ -14,8 +14,8 @@ from treestore._api.checkpoint import Checkpoint
 from treestore._api.inspection import diff_values as _values
 from treestore._api.inspection.diff_values import ValueChange
 from treestore._api.lazy_leaf import LazyLeaf
-from treestore._api.progress import Progress, counter
 from treestore._deprecated import renamed_attribute
+from treestore._engine.progress import Progress, counter
 from treestore._format import select as _select
 from treestore._format.manifest.columns import Columns
 

@@ -20,7 +20,7 @@ from treestore._api.checkpoint import Checkpoint
 from treestore._api.inspection import diff as _diff
 from treestore._api.inspection import heatmap as _heatmap
 from treestore._api.inspection import timeline_html as _html
-from treestore._api.progress import Progress
+from treestore._engine.progress import Progress
 from treestore._engine.reading import committed as _committed
 from treestore._format import paths as _paths
 from treestore._format import select as _select

@@ -20,7 +20,7 @@ from treestore._api.interop import hf_shards as _shards
 from treestore._api.interop import orbax_folders as _orbax
 from treestore._api.interop import temporary
 from treestore._api.lazy_leaf import LazyLeaf
-from treestore._api.progress import Progress, counter
+from treestore._engine.progress import Progress, counter
 from treestore._format.address import DictKey, GetAttrKey, SequenceKey, parse_address
 from treestore._format.manifest.record_views import Stored, stored
 from treestore._tree.jax_import import jax

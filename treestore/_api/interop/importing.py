@@ -20,9 +20,9 @@ from treestore._api.interop import file_formats as _formats
 from treestore._api.interop import hf_shards as _shards
 from treestore._api.interop import orbax_folders as _orbax
 from treestore._api.interop import remote_source as _remote
-from treestore._api.progress import Progress, counter
 from treestore._api.spec import parse_spec
 from treestore._engine import write as _write
+from treestore._engine.progress import Progress, counter
 from treestore._format.paths import step_name
 from treestore._storage.registry import open_storage
 from treestore._tree import prepare as _prepare

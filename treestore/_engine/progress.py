@@ -1,4 +1,4 @@
-"""Progress callbacks: their type, and a counter that several threads advance."""
+"""Progress callbacks: their one type, and a counter that several threads advance."""
 
 from __future__ import annotations
 
