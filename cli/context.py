@@ -7,13 +7,14 @@ import json
 import math
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-Progress = Callable[[int, int], None]
+if TYPE_CHECKING:
+    from treestore.types import Progress
 
 
 @dataclass

@@ -1,6 +1,8 @@
 """The records and results treestore's functions return: what a save, copy, gc, verify, diff or
-listing reports, the manifest a checkpoint's view exposes (``Checkpoint.manifest``), and the
-options of a checkpoint manager (``Retention``, ``RemoteTier``, also in ``treestore``).
+listing reports, the manifest a checkpoint's view exposes (``Checkpoint.manifest``), the
+options of a checkpoint manager (``Retention``, ``RemoteTier``, also in ``treestore``), and the
+type of the progress callbacks long operations take (``Progress``: ``progress(done, total)`` in
+raw bytes).
 
 >>> import numpy as np, treestore
 >>> r = treestore.save("memory://doc/types", {"w": np.zeros(3)}, "a")
@@ -20,6 +22,7 @@ from treestore._api.manager.options import RemoteTier, Retention
 from treestore._api.manager.retention import StepInfo
 from treestore._api.verify import VerifyProblem, VerifyReport
 from treestore._engine.gc import GcReport
+from treestore._engine.progress import Progress
 from treestore._engine.write import SaveResult
 from treestore._format.manifest.record_views import Manifest
 from treestore._format.manifest.records import ChunkRef, LeafEntry, Piece
@@ -36,6 +39,7 @@ __all__ = [
     "Manifest",
     "Norms",
     "Piece",
+    "Progress",
     "RemoteTier",
     "Retention",
     "SaveResult",

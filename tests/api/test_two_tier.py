@@ -5,7 +5,7 @@ The manager saves to ``local`` as always and copies committed steps to ``remote`
 surface at the next save/wait/close; each tier has its own retention; restore takes the newest step
 of either tier, so a job resumes bit-exactly from the remote after its local folder is gone.
 
-Run as ``python -m tests.test_two_tier LOCAL REMOTE OPTIONS_JSON TOTAL`` this module is a training
+Run as ``python -m tests.api.test_two_tier LOCAL REMOTE OPTIONS_JSON TOTAL`` this module is a training
 program (tests/system/test_manager_process.py's MLP) with two tiers, saving every 20 steps locally and
 replicating every 100th step. It prints ``step N``, ``replicated N``, ``resumed N`` and ``done``.
 """
@@ -307,7 +307,7 @@ def train(local: str, remote: str, options: dict[str, Any], total: int, delay: f
     import optax
 
     from tests.support.templates import blank
-    from tests.test_manager_process import forward, init_mlp_params
+    from tests.system.test_manager_process import forward, init_mlp_params
 
     xs = jnp.asarray(np.random.default_rng(0).normal(size=(256, 1)), jnp.float32)
     ys = xs**2
@@ -356,7 +356,7 @@ def command(local: str, remote: str, options: dict[str, Any], *extra: str) -> li
     return [
         sys.executable,
         "-m",
-        "tests.test_two_tier",
+        "tests.api.test_two_tier",
         local,
         remote,
         json.dumps(options),

@@ -193,3 +193,15 @@ def test_every_package_of_the_library_is_in_the_distribution():
         for init in (ROOT / top).rglob("__init__.py"):
             found.add(".".join((name, *init.parent.relative_to(ROOT / top).parts)))
     assert set(listed["packages"]) == found
+
+
+def test_progress_callbacks_have_one_type():
+    """``Progress`` (``progress(done, total)``) is defined in ``_engine/progress.py`` alone: every
+    long operation (copy, verify, diff, timeline, import, export) takes that one type."""
+    found = [
+        f"{path.relative_to(ROOT)}:{node.lineno}"
+        for path in _package_modules()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "Progress" for t in node.targets)
+    ]
+    assert found == ["treestore/_engine/progress.py:8"], found

@@ -2,7 +2,7 @@
 asked to stop with SIGTERM) mid-run and resumed in another; the final state must be bit-identical
 to an uninterrupted run's.
 
-Run as ``python -m tests.test_manager_process URL TOTAL [--delay S] [--preemption]`` this module
+Run as ``python -m tests.system.test_manager_process URL TOTAL [--delay S] [--preemption]`` this module
 is that training program: the MLP of JAX's pytrees tutorial, trained with optax's adam on minibatches
 drawn with a ``jax.random.key``, checkpointed every 100 steps (keeping the last 3), resumed from the
 newest checkpoint when there is one. It prints ``step N`` after each step, ``committed N`` when a
@@ -111,7 +111,7 @@ def train(url: str, total: int, delay: float, preemption: bool) -> None:
 
 # -- the tests ----------------------------------------------------------------------------------
 def command(url: str, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "tests.test_manager_process", url, str(TOTAL), *extra]
+    return [sys.executable, "-m", "tests.system.test_manager_process", url, str(TOTAL), *extra]
 
 
 ENV = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}

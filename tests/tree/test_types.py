@@ -98,7 +98,7 @@ def test_manager_restore_passes_types(tmp_path):
 
 def test_types_must_be_namedtuples_or_dataclasses(tmp_path):
     treestore.save(url(tmp_path), {"p": Pair(1, 2)}, "c")
-    for bad in ([Plain], [dict], Pair, ["tests.test_types.Pair"]):
+    for bad in ([Plain], [dict], Pair, ["tests.tree.test_types.Pair"]):
         with pytest.raises(treestore.InvalidInputError, match="types="):
             treestore.load(url(tmp_path), types=bad)
     with pytest.raises(treestore.InvalidInputError, match="like="):
@@ -126,16 +126,16 @@ def _rename_node(tmp_path, name: str, keys: list[Any] | None = None, kind: str |
 def test_hostile_name_with_wrong_fields_is_a_mismatch_naming_the_address(tmp_path):
     treestore.save(url(tmp_path), {"p": Pair(1, 2), "z": 0}, "c")
     # A node claiming to be a Layer (a dataclass the caller trusts) with the fields a, b.
-    _rename_node(tmp_path, "tests.test_types.Layer", kind="custom")
+    _rename_node(tmp_path, "tests.tree.test_types.Layer", kind="custom")
     with pytest.raises(StructureMismatchError) as e:
         treestore.load(url(tmp_path), types=[Layer, Pair])
-    assert "p: tests.test_types.Layer" in str(e.value) and "'c'" in str(e.value)
+    assert "p: tests.tree.test_types.Layer" in str(e.value) and "'c'" in str(e.value)
     assert "fields ['a', 'b']" in str(e.value) and "['w', 'b']" in str(e.value)
     # A namedtuple node named Pair whose keys are not Pair's fields.
-    _rename_node(tmp_path, "tests.test_types.Pair", keys=[["attr", "x"], ["attr", "y"]], kind="namedtuple")
+    _rename_node(tmp_path, "tests.tree.test_types.Pair", keys=[["attr", "x"], ["attr", "y"]], kind="namedtuple")
     hostile.mutate_manifest(url(tmp_path), "c", hostile.set_leaf("p/.a", address="p/.x"))
     hostile.mutate_manifest(url(tmp_path), "c", hostile.set_leaf("p/.b", address="p/.y"))
-    with pytest.raises(StructureMismatchError, match=r"p: tests\.test_types\.Pair .* fields \['x', 'y'\]"):
+    with pytest.raises(StructureMismatchError, match=r"p: tests\.tree\.test_types\.Pair .* fields \['x', 'y'\]"):
         treestore.load(url(tmp_path), types=[Pair])
     # Without types= the same checkpoint loads as dicts, as always.
     assert treestore.load(url(tmp_path)) == {"p": {"x": 1, "y": 2}, "z": 0}
