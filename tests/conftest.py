@@ -16,10 +16,31 @@ os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
 # Eight CPU devices for the sharding tests; set before jax starts its backend.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
+import sys
+import time
 import uuid
 
 import pytest
 from hypothesis import Phase, settings
+
+if sys.version_info < (3, 12) and "coverage" in sys.modules:
+    # Python 3.10 and 3.11 refuse sys.settrace while another thread is installing a trace function
+    # (a process-wide guard, python/cpython#98257); under coverage every thread installs one as it
+    # starts, so two threads starting together can kill one before it runs its target. The
+    # thread that loses waits for the other instead (3.12 on, coverage needs no settrace).
+    _settrace = sys.settrace
+
+    def _settrace_once_free(fn):  # type: ignore[no-untyped-def]
+        for _ in range(1000):
+            try:
+                return _settrace(fn)
+            except RuntimeError as exc:
+                if "another trace function is being installed" not in str(exc):
+                    raise
+                time.sleep(0.001)
+        return _settrace(fn)
+
+    sys.settrace = _settrace_once_free
 
 from tests.support import faults, servers
 
