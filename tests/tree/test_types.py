@@ -132,10 +132,12 @@ def test_hostile_name_with_wrong_fields_is_a_mismatch_naming_the_address(tmp_pat
     assert "p: tests.tree.test_types.Layer" in str(e.value) and "'c'" in str(e.value)
     assert "fields ['a', 'b']" in str(e.value) and "['w', 'b']" in str(e.value)
     # A namedtuple node named Pair whose keys are not Pair's fields.
-    _rename_node(tmp_path, "tests.tree.test_types.Pair", keys=[["attr", "x"], ["attr", "y"]], kind="namedtuple")
+    keys = [["attr", "x"], ["attr", "y"]]
+    _rename_node(tmp_path, "tests.tree.test_types.Pair", keys=keys, kind="namedtuple")
     hostile.mutate_manifest(url(tmp_path), "c", hostile.set_leaf("p/.a", address="p/.x"))
     hostile.mutate_manifest(url(tmp_path), "c", hostile.set_leaf("p/.b", address="p/.y"))
-    with pytest.raises(StructureMismatchError, match=r"p: tests\.tree\.test_types\.Pair .* fields \['x', 'y'\]"):
+    wrong = r"p: tests\.tree\.test_types\.Pair .* fields \['x', 'y'\]"
+    with pytest.raises(StructureMismatchError, match=wrong):
         treestore.load(url(tmp_path), types=[Pair])
     # Without types= the same checkpoint loads as dicts, as always.
     assert treestore.load(url(tmp_path)) == {"p": {"x": 1, "y": 2}, "z": 0}
