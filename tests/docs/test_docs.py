@@ -172,7 +172,9 @@ def _public_callables() -> dict[str, Any]:
         if inspect.isclass(obj) and issubclass(obj, errors.TreestoreError):
             add(f"treestore.errors.{name}", obj)
     for name in types.__all__:
-        add(f"treestore.types.{name}", getattr(types, name))
+        obj = getattr(types, name)
+        if inspect.isclass(obj) or inspect.isfunction(obj):  # not a type alias (Progress)
+            add(f"treestore.types.{name}", obj)
     return found
 
 
