@@ -128,11 +128,7 @@ class _Copier:
         w.keep_fresh()
 
     def chunks(self, objects: list[ChunkObject], w: _writing.Writing) -> None:
-        scan(objects, functools.partial(self._chunk, w=w), self.threads, "copy", self.advance, _raw_size)
-
-
-def _raw_size(obj: ChunkObject) -> int:
-    return obj.ref.raw_size
+        scan(objects, functools.partial(self._chunk, w=w), self.threads, "copy", self.advance)
 
 
 def _names(src: Storage, name: str | None, all_checkpoints: bool) -> list[str]:

@@ -198,7 +198,7 @@ class _Verifier:
     def run_jobs(self) -> None:
         advance = counter(self.progress, self.total)
         jobs = list(self.jobs.values())
-        scan(jobs, self.run_job, self.threads, "verify", advance, lambda job: job.ref.raw_size)
+        scan(jobs, self.run_job, self.threads, "verify", advance)
 
 
 def verify(

@@ -6,16 +6,24 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
 from treestore._engine.objects import ChunkObject
 from treestore._engine.reading.read import pack_member
 from treestore._engine.threads import run_all
+from treestore._format.manifest.records import ChunkRef
 
-T = TypeVar("T")
 Slice = tuple[bytes, int, int]  # a member's digest, offset and size in its pack
+
+
+class _OfChunk(Protocol):
+    @property
+    def ref(self) -> ChunkRef: ...
+
+
+T = TypeVar("T", bound=_OfChunk)
 
 
 def scan(
@@ -24,16 +32,16 @@ def scan(
     threads: int,
     role: str,
     advance: Callable[[int], None] | None = None,
-    raw_size: Callable[[T], int] = lambda item: 0,
 ) -> None:
-    """``visit`` every item on up to ``threads`` threads of the ``role`` pool, each visit then
-    advancing a progress :func:`~treestore._engine.progress.counter` by the item's ``raw_size``.
-    The first error propagates once the running visits end; items not yet taken are skipped."""
+    """``visit`` every item (a chunk object, or a job naming one by its ``ref``) on up to
+    ``threads`` threads of the ``role`` pool, each visit then advancing a progress
+    :func:`~treestore._engine.progress.counter` by the raw size of the item's chunk. The first
+    error propagates once the running visits end; items not yet taken are skipped."""
 
     def job(item: T) -> None:
         visit(item)
         if advance is not None:
-            advance(raw_size(item))
+            advance(item.ref.raw_size)
 
     run_all([functools.partial(job, item) for item in items], threads, role)
 
