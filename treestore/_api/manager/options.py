@@ -145,6 +145,7 @@ def read_options(
         raise TypeError(f"CheckpointManager() got an unexpected keyword argument {unknown[0]!r}")
     old_retention = {k: v for k in _RETENTION_KEYWORDS if (v := flat.get(k)) is not None}
     old_remote = {k: v for k in _REMOTE_KEYWORDS if (v := flat.get(k)) is not None}
+    in_tier = {_REMOTE_KEYWORDS[k]: v for k, v in old_remote.items()}  # as RemoteTier names them
     if retention is not None and not isinstance(retention, Retention):
         raise InvalidInputError(f"retention must be a treestore.Retention, got {type(retention).__name__}")
     if retention is not None and old_retention:
@@ -160,7 +161,7 @@ def read_options(
     if isinstance(remote, RemoteTier) and old_remote:
         raise InvalidInputError(
             f"remote=treestore.RemoteTier(...) and {_listed(old_remote)} both set the remote tier: give "
-            f"{_listed({_REMOTE_KEYWORDS[k]: v for k, v in old_remote.items()})} inside the RemoteTier only"
+            f"{_listed(in_tier)} inside the RemoteTier only"
         )
     if remote is not None and not isinstance(remote, (str, os.PathLike, RemoteTier)):
         raise InvalidInputError(
@@ -169,12 +170,11 @@ def read_options(
     kept = retention if retention is not None else Retention(**old_retention)
     tier = remote if isinstance(remote, RemoteTier) else None
     if isinstance(remote, (str, os.PathLike)):  # the URL, and the tier's flat keywords if any
-        tier = RemoteTier(remote, **{_REMOTE_KEYWORDS[k]: v for k, v in old_remote.items()})
+        tier = RemoteTier(remote, **in_tier)
     if old_retention:
         _warn(_listed(old_retention), f"retention=treestore.Retention({_listed(old_retention)})")
     if old_remote:
-        moved = _listed({_REMOTE_KEYWORDS[k]: v for k, v in old_remote.items()})
-        _warn(f"remote=URL, {_listed(old_remote)}", f"remote=treestore.RemoteTier(URL, {moved})")
+        _warn(f"remote=URL, {_listed(old_remote)}", f"remote=treestore.RemoteTier(URL, {_listed(in_tier)})")
     return kept, tier
 
 
