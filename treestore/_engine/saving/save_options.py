@@ -34,7 +34,7 @@ class SaveOptions:
         host_window: Bytes of host memory a save of arrays on an accelerator holds at most for
             their transfers and chunks in flight: big leaves are fetched in slices, each
             transfer started as soon as the window has room, and hashed, compressed and
-            written as it arrives (at least ``4 * chunk_size``; default 256 MiB).
+            written as it arrives (at least ``4 * chunk_size``; default 64 MiB).
         device_path: Which jax arrays a save fetches while it writes, in ``host_window``, and
             measures on their device: ``"auto"`` those off the CPU (default), ``"always"``
             every jax array (CPU ones too), ``"never"`` none (every leaf is copied to the host
@@ -64,7 +64,7 @@ class SaveOptions:
     # are at most one per core where the disk is waited for by the others (compute_threads).
     threads: int = field(default_factory=default_threads)
     stats: bool = True  # per-leaf statistics in the manifest (CPU near the hashing's own)
-    host_window: int = 256 * MiB  # host bytes of device transfers and chunks in flight
+    host_window: int = 64 * MiB  # host bytes of device transfers and chunks in flight
     device_path: str = "auto"  # which jax arrays are fetched while writing: auto, always, never
     device_snapshot: int | None = None  # device bytes an async save's snapshot may take
 
