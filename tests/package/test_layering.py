@@ -72,6 +72,26 @@ def test_commit_records_are_encoded_by_the_one_commit_only():
     assert not found, found
 
 
+def test_checkpoints_are_committed_through_the_one_door_only():
+    """Only the engine's one door for writes (``_engine/saving/writing.py``) imports the commit
+    step: every save, derive, copy, import and multi-process save commits through it."""
+    allowed = {ROOT / "treestore/_engine/saving/writing.py"}
+    found = []
+    for path in sorted((ROOT / "treestore").rglob("*.py")):
+        if path in allowed:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module is not None:
+                names = {node.module, *(f"{node.module}.{a.name}" for a in node.names)}
+                if "treestore._engine.commit" in names:
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+            elif isinstance(node, ast.Import) and any(
+                a.name == "treestore._engine.commit" for a in node.names
+            ):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not found, found
+
+
 def test_jax_is_imported_at_import_time_by_no_module():
     """No module imports jax when it is imported itself (``import treestore`` stays cheap);
     jax comes through ``_tree/jax_import``, on first use, or inside functions that run after."""

@@ -79,7 +79,7 @@ def _write_in_group(
             written,
             failure,
             w.header(),
-            overwrite=w.overwrite,
+            w.commit,
         )
     finally:
         w.release()  # after a commit the save has succeeded: a failure is logged

@@ -26,7 +26,7 @@ import contextvars
 import logging
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
@@ -34,7 +34,6 @@ import msgpack
 import numpy as np
 
 from treestore._engine import locks as _locks
-from treestore._engine.commit import commit
 from treestore._engine.group import stats_gather
 from treestore._engine.group.group_runtime import JaxRuntime, Runtime
 from treestore._engine.group.group_wait import BARRIER_TIMEOUT, barrier_timeout, kept_fresh
@@ -49,6 +48,7 @@ from treestore._format.limits import (
     MAX_PIECES,
 )
 from treestore._format.manifest.codec import encode_columns
+from treestore._format.manifest.columns import Columns
 from treestore._format.manifest.frame import Frame, ListedPart
 from treestore._format.manifest.leaf_table import LeafTable
 from treestore._format.manifest.records import ChunkRef
@@ -206,13 +206,13 @@ class Group:
         written: Written | None,
         failure: BaseException | None,
         header: dict[str, Any],
-        *,
-        overwrite: bool,
+        commit: Callable[[Columns, bytes], object],
     ) -> tuple[int, int] | None:
         """Part what this process wrote (``written``: its leaf entries and packs, None when
-        ``failure`` stopped it), then commit (the primary: returns the committed checkpoint's
-        number of leaves and bytes) or learn the outcome (the others: None). Raises unless the
-        checkpoint was committed."""
+        ``failure`` stopped it), then commit (the primary, through ``commit(columns, manifest
+        bytes)``, the write's one door: returns the committed checkpoint's number of leaves and
+        bytes) or learn the outcome (the others: None). Raises unless the checkpoint was
+        committed."""
         with kept_fresh(lock):  # one keeper while this process waits at any of the barriers
             layout = _layout_of(tree, leaves)
             sharded = [isinstance(leaf, ArrayLeaf) and leaf.sharded for _, leaf in leaves]
@@ -272,7 +272,7 @@ class Group:
                 if cover != expected or empty:  # a zero-size leaf's pieces weigh nothing
                     self._merge_parts(storage, frame, cover == expected)
                 columns = frame.columns
-                commit(storage, encode_columns(frame if parts else columns), columns, overwrite=overwrite)
+                commit(columns, encode_columns(frame if parts else columns))
             except BaseException as exc:
                 with contextlib.suppress(Exception):
                     self._announce(storage, exc)

@@ -176,10 +176,12 @@ class Writing:
         header, created now, checked as readers check it before anything refers to it."""
         return columns_from_fields({**fields, **self.header(), "created": time.time()}, nodes)
 
-    def commit(self, columns: Columns) -> SaveResult:
-        """Commit checkpoint ``columns`` (:func:`treestore._engine.commit.commit`); what this
-        write did."""
-        commit(self.storage, encode(columns), columns, overwrite=self.overwrite)
+    def commit(self, columns: Columns, manifest: bytes | None = None) -> SaveResult:
+        """Commit checkpoint ``columns`` (:func:`treestore._engine.commit.commit`) with the bytes
+        ``manifest`` (encoded here when None; a multi-process save's frame is encoded by its
+        group); what this write did."""
+        data = encode(columns) if manifest is None else manifest
+        commit(self.storage, data, columns, overwrite=self.overwrite)
         return self.writer.result(columns.name, len(columns), columns.nbytes)
 
     # -- copies: stored objects, then their checkpoints ---------------------------------------
