@@ -222,6 +222,28 @@ def test_public_docstrings_list_every_argument_and_the_return(qualname: str, obj
         pytest.fail("\n".join(problems), pytrace=False)
 
 
+def test_each_public_field_is_documented_once() -> None:
+    """A field that a public class's ``Attributes:`` documents has no comment of its own beside
+    it in the class body (two descriptions of one field drift apart)."""
+    import ast
+
+    public = {q.rsplit(".", 1)[1] for q, o in _public_callables().items() if inspect.isclass(o)}
+    twice = []
+    for path in sorted((ROOT / "treestore").rglob("*.py")):
+        lines = path.read_text(encoding="utf-8").splitlines()
+        for node in ast.walk(ast.parse("\n".join(lines))):
+            if not (isinstance(node, ast.ClassDef) and node.name in public):
+                continue
+            listed = set(_sections(ast.get_docstring(node) or "").get("Attributes", []))
+            for field in node.body:
+                if isinstance(field, ast.AnnAssign) and isinstance(field.target, ast.Name):
+                    own = [lines[n - 1] for n in range(field.lineno - 1, field.end_lineno + 1) if n > 0]
+                    commented = "  # " in own[-1] or own[0].lstrip().startswith("#")
+                    if field.target.id in listed and commented:
+                        twice.append(f"{path.relative_to(ROOT)}:{field.lineno} {node.name}.{field.target.id}")
+    assert not twice, twice
+
+
 def test_the_error_table_names_every_error_class_and_its_builtin() -> None:
     """docs/index.md's table of errors names every class of treestore.errors (a class left out
     is one users do not know to catch), each beside the builtin it also is."""

@@ -76,9 +76,9 @@ class CopyReport:
     copied: tuple[str, ...]
     unchanged: tuple[str, ...]
     chunks_copied: int
-    bytes_copied: int  # stored bytes transferred
-    chunks_present: int  # chunks the destination already held
-    chunks_trusted: int = 0  # of those, chunks a checkpoint there references: no request was sent
+    bytes_copied: int
+    chunks_present: int
+    chunks_trusted: int = 0
 
     chunks_known = renamed_attribute("CopyReport", "chunks_known", "chunks_trusted")
 

@@ -89,9 +89,9 @@ class VerifyReport:
     url: str
     checkpoints: tuple[str, ...]
     chunks_checked: int
-    bytes_checked: int  # raw bytes decoded and hashed
+    bytes_checked: int
     problems: tuple[VerifyProblem, ...] = field(default=())
-    repaired: tuple[str, ...] = field(default=())  # hex digests of chunks rewritten from a copy
+    repaired: tuple[str, ...] = field(default=())
 
     @property
     def ok(self) -> bool:

@@ -69,7 +69,7 @@ class GcReport:
     bytes_freed: int
     manifests_removed: int
     locks_removed: int
-    kept_young: int  # unreferenced chunks kept because they are younger than the grace period
+    kept_young: int
     dry_run: bool
     damaged: tuple[str, ...] = ()
 

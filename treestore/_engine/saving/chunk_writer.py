@@ -73,14 +73,14 @@ class SaveResult:
 
     name: str
     leaves: int
-    nbytes: int  # raw bytes of all array leaves
-    chunks_written: int  # chunk objects written: one write request each
-    bytes_written: int  # stored bytes of the chunks this save wrote
-    chunks_reused: int  # chunks that were already in the store (deduplicated), trusted ones included
-    chunks_trusted: int = 0  # chunks referenced as the checkpoint ``trusted_from`` records them
-    existence_checks: int = 0  # size requests for chunks (a HEAD each on object stores)
-    reuse_reads: int = 0  # reads of an existing chunk object's first bytes (the reuse check)
-    trusted_from: str | None = None  # the committed checkpoint the trusted chunks came from
+    nbytes: int
+    chunks_written: int
+    bytes_written: int
+    chunks_reused: int
+    chunks_trusted: int = 0
+    existence_checks: int = 0
+    reuse_reads: int = 0
+    trusted_from: str | None = None
 
     chunks_known = renamed_attribute("SaveResult", "chunks_known", "chunks_trusted")
     known_from = renamed_attribute("SaveResult", "known_from", "trusted_from")

@@ -57,16 +57,14 @@ class SaveOptions:
     """
 
     codec: Codec = field(default_factory=Codec)
-    chunk_size: int = 4 * MiB  # big leaves are cut into chunks of about this many raw bytes
-    small_leaf: int = 64 * 1024  # leaves under this many bytes are packed together
-    pack_size: int = 1 * MiB  # raw bytes per pack of small leaves
-    # Threads that write (and on a local disk, publish) chunks; those that hash and compress
-    # are at most one per core where the disk is waited for by the others (compute_threads).
+    chunk_size: int = 4 * MiB
+    small_leaf: int = 64 * 1024
+    pack_size: int = 1 * MiB
     threads: int = field(default_factory=default_threads)
-    stats: bool = True  # per-leaf statistics in the manifest (CPU near the hashing's own)
-    host_window: int = 64 * MiB  # host bytes of device transfers and chunks in flight
-    device_path: str = "auto"  # which jax arrays are fetched while writing: auto, always, never
-    device_snapshot: int | None = None  # device bytes an async save's snapshot may take
+    stats: bool = True
+    host_window: int = 64 * MiB
+    device_path: str = "auto"
+    device_snapshot: int | None = None
 
     def __post_init__(self) -> None:
         if not 4096 <= self.chunk_size <= 256 * MiB:
