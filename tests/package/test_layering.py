@@ -136,6 +136,19 @@ def test_storage_imports_only_the_error_classes_and_the_path_grammar_of_treestor
     assert not found, found
 
 
+def test_kernels_import_only_the_error_classes_of_treestore():
+    """``_kernels`` imports its own modules and ``treestore.errors``, nothing else of treestore
+    (the layering contract forbids the layers above it, not ``treestore.types`` or the package's
+    own ``__init__``)."""
+    found = []
+    for path in sorted((ROOT / "treestore" / "_kernels").glob("*.py")):
+        for line, module in _runtime_imports(ast.parse(path.read_text(encoding="utf-8"))):
+            own = module.startswith(("treestore._kernels", "treestore.errors"))
+            if module.startswith("treestore") and not own:
+                found.append(f"{path.name}:{line}: {module}")
+    assert not found, found
+
+
 def test_columns_are_made_by_validate_only():
     """Only ``_format/manifest/check.py`` (its ``validate``) constructs ``Columns``: every manifest
     in memory, whatever its version and whoever made it, passed the readers' checks (others
