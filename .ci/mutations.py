@@ -412,7 +412,7 @@ MUTATIONS: list[Mutation] = [
     ),
     m(
         "BLAKE3 runs without kept room",
-        "treestore/_format/encoding.py",
+        "treestore/_kernels/digest.py",
         "    if not _is_limited:",
         "    if True:",
         ["tests/engine/test_threads.py::test_blake3_keeps_room_under_an_address_space_limit"],

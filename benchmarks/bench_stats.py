@@ -25,7 +25,7 @@ import numpy as np
 
 import treestore
 from treestore._format import stats as _stats
-from treestore._format.encoding import digest
+from treestore._kernels.digest import digest
 
 from . import trees
 

@@ -27,9 +27,9 @@ import numpy as np
 from treestore._engine.reading.memory import allocate
 from treestore._engine.write import SaveOptions
 from treestore._format import codecs as C
-from treestore._format import planes as P
-from treestore._format.encoding import digest
-from treestore._format.scratch import scratch
+from treestore._kernels import planes as P
+from treestore._kernels.digest import digest
+from treestore._kernels.scratch import scratch
 
 from . import trees as T
 

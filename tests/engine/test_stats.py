@@ -530,19 +530,6 @@ def test_health_names_a_damaged_manifest_and_reports_the_rest(tmp_path):
     assert run_cli("health", url).exit_code == 1  # a damaged checkpoint alone is reason enough
 
 
-def test_the_install_measures_float32_and_bfloat16_with_its_compiled_pass():
-    """The README's install builds the one-pass statistics (``_planes.c``) on x86-64: the path
-    the benchmarks measure is the one ``pip install`` gives. (Elsewhere numpy's passes measure.)"""
-    import platform
-
-    from treestore._format import stats
-
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        pytest.skip("the compiled statistics are built for x86-64 only")
-
-    assert stats._PASS is not None, "treestore/_format/_planes.c was not built: numpy measures floats"
-
-
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("size", [1, 7, 8, 9, 17, 4099])
 @pytest.mark.parametrize("case", ["normal", "zeros", "extremes", "nan", "inf", "all-nan"])
@@ -551,8 +538,9 @@ def test_the_compiled_and_the_numpy_statistics_are_the_same_record(monkeypatch, 
     equal, sums of squares equal to float64 rounding, for every tail length of the eight-element
     steps, signed zeros, subnormals and the largest finite values, NaN and infinities anywhere."""
     from treestore._format import stats
+    from treestore._kernels import float_pass
 
-    if stats._PASS is None:
+    if float_pass.COMPILED is None:
         pytest.skip("no compiled part in this install: only the numpy path exists")
     np_dtype = np.dtype(getattr(ml_dtypes, dtype, dtype))
     x = (np.random.default_rng(size).standard_normal(size) * 2).astype(np_dtype)
@@ -570,7 +558,7 @@ def test_the_compiled_and_the_numpy_statistics_are_the_same_record(monkeypatch, 
     elif case == "all-nan":
         x[:] = np.nan
     fast = stats.measure(x)
-    monkeypatch.setattr(stats, "_PASS", None)
+    monkeypatch.setattr(float_pass, "COMPILED", None)
     slow = stats.measure(x)
     assert fast[:6] == slow[:6]
     assert fast[6] == pytest.approx(slow[6], rel=1e-12, abs=1e-300)
@@ -587,45 +575,17 @@ def reference_record(x):
     return (FLOAT, int(np.isnan(w).sum()), int((w == np.inf).sum()), int((w == -np.inf).sum()), lo, hi)
 
 
-def test_a_compiled_pass_that_differs_from_numpy_is_not_used(monkeypatch):
-    """The compiled pass is checked against numpy at import: one that gives another minimum, a
-    sum off by more than rounding, or a finite sum over a NaN or an infinity (a miscompiled
-    build, say) is left for numpy's passes, as is an install where it was not built."""
-    import sys
-
-    from treestore._format import stats
-
-    fn = stats._PASS or pytest.skip("no compiled part in this install")
-    assert stats.same_as_numpy(fn)
-    assert not stats.same_as_numpy(lambda x, w: (fn(x, w)[0] - 1, *fn(x, w)[1:]))
-    assert not stats.same_as_numpy(lambda x, w: (*fn(x, w)[:2], fn(x, w)[2] * (1 + 1e-9)))
-    assert not stats.same_as_numpy(lambda x, w: (*fn(x, w)[:2], 1.0))
-    monkeypatch.setattr(stats, "same_as_numpy", lambda fn: False)
-    assert stats.compiled_pass() is None
-    monkeypatch.undo()
-    from treestore import _format
-    from treestore._format import _planes
-
-    monkeypatch.setitem(sys.modules, "treestore._format._planes", None)  # not built
-    monkeypatch.delattr(_format, "_planes")
-    assert stats.compiled_pass() is None
-
-    with pytest.raises(ValueError, match=r"float32 \(4\) or bfloat16 \(2\)"):
-        _planes.float_stats(np.zeros(6, np.uint8), 4)
-    with pytest.raises(ValueError, match=r"float32 \(4\) or bfloat16 \(2\)"):
-        _planes.float_stats(np.zeros(8, np.uint8), 8)
-
-
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_a_save_measures_each_float_chunk_in_one_compiled_pass(monkeypatch, tmp_path, dtype):
     """A regression counter, not a timing: a save of a float32 or bfloat16 leaf of several chunks
     makes one compiled pass per chunk and none of numpy's (its float64 sums of squares), and the
     leaf's record is the numpy reference's."""
     from treestore._format import stats
+    from treestore._kernels import float_pass
 
-    fn = stats._PASS or pytest.skip("no compiled part in this install")
+    fn = float_pass.COMPILED or pytest.skip("no compiled part in this install")
     passes, sums = [], []
-    monkeypatch.setattr(stats, "_PASS", lambda x, w: passes.append(x.nbytes) or fn(x, w))
+    monkeypatch.setattr(float_pass, "COMPILED", lambda x, w: passes.append(x.nbytes) or fn(x, w))
     monkeypatch.setattr(stats, "_sumsq", lambda x: sums.append(x.size) or 0.0)
     np_dtype = getattr(ml_dtypes, dtype, dtype)
     x = (np.random.default_rng(3).standard_normal(5 * 2**16 + 3) * 0.5).astype(np_dtype)

@@ -175,11 +175,11 @@ def test_threads_that_cannot_start_are_out_of_memory_and_leave_no_pool(monkeypat
 
 NEAR_THE_LIMIT = """
 import resource, sys, treestore
-from treestore._format import encoding
+from treestore._kernels import digest as hashing
 store = sys.argv[1]
 treestore.verify(store)  # threads, imports and caches in place first
 treestore.load(store + "#c")
-encoding._next_look = -1.0  # look at the limit again at the next digest
+hashing._next_look = -1.0  # look at the limit again at the next digest
 def limit_to(extra):
     size = int(open("/proc/self/statm").read().split()[0]) * resource.getpagesize()
     hard = resource.getrlimit(resource.RLIMIT_AS)[1]
@@ -188,20 +188,20 @@ def limit_to(extra):
 
 # With room to spare, each thread that hashed keeps room for BLAKE3: Python runs out first,
 # and hashing still works after it did.
-limit_to(4 * encoding.NATIVE_ROOM)
-encoding.digest(b"x")
+limit_to(4 * hashing.NATIVE_ROOM)
+hashing.digest(b"x")
 try:
-    held = bytearray(3 * encoding.NATIVE_ROOM + encoding.NATIVE_ROOM // 2)
+    held = bytearray(3 * hashing.NATIVE_ROOM + hashing.NATIVE_ROOM // 2)
     print("python", "allocated")
 except MemoryError:
     print("python", "MemoryError")
-print("digest", encoding.digest(b"x").hex()[:8])
+print("digest", hashing.digest(b"x").hex()[:8])
 resource.setrlimit(resource.RLIMIT_AS, (resource.getrlimit(resource.RLIMIT_AS)[1],) * 2)
-encoding._next_look = -1.0
+hashing._next_look = -1.0
 
 # Less than that room left: reads refuse before BLAKE3 runs.
-limit_to(encoding.NATIVE_ROOM // 2)
-encoding._next_look = -1.0
+limit_to(hashing.NATIVE_ROOM // 2)
+hashing._next_look = -1.0
 calls = (("verify", lambda: treestore.verify(store)), ("load", lambda: treestore.load(store + "#c")))
 for name, call in calls:
     try:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import struct
-import sys
 import threading
 import uuid
 from pathlib import Path
@@ -186,57 +185,12 @@ def test_a_local_chunk_is_fsynced_before_it_takes_its_name(tmp_path: Path, monke
         assert fsynced, f"{path} took its final name before it was fsynced"
 
 
-def test_the_install_splits_and_joins_planes_with_its_compiled_part():
-    """The README's install builds the byte planes' compiled loops (setup.py): the codec path the
-    benchmarks measure is the one ``pip install`` gives. Without a C compiler the build goes on
-    without them, and this test says so."""
-    from treestore._format import planes
-
-    assert planes._COMPILED is not None, "treestore/_format/_planes.c was not built: numpy splits the planes"
-    assert planes.joined_fast(3)
-
-
-def test_compiled_planes_that_differ_from_numpy_are_not_used(monkeypatch):
-    """The compiled loops are checked against numpy's planes at import, every width: loops that
-    make other bytes (a miscompiled build, say) are left for numpy's."""
-    from treestore._format import planes
-
-    split, join = planes._COMPILED or pytest.skip("no compiled part in this install")
-
-    def wrong_split(src, dst, width):
-        split(src, dst, width)
-        if width == 5:
-            np.frombuffer(dst, np.uint8)[0] ^= 1
-
-    def wrong_join(src, dst, width):
-        join(src, dst, width)
-        if width == 7:
-            np.frombuffer(dst, np.uint8)[-1] ^= 1
-
-    assert planes.same_as_numpy(split, join)
-    assert not planes.same_as_numpy(wrong_split, join)
-    assert not planes.same_as_numpy(split, wrong_join)
-    from treestore._format import _planes
-
-    monkeypatch.setattr(planes, "same_as_numpy", lambda *fns: False)
-    assert planes.compiled() is None
-    monkeypatch.undo()
-    from treestore import _format
-
-    monkeypatch.setitem(sys.modules, "treestore._format._planes", None)  # not built
-    monkeypatch.delattr(_format, "_planes")
-    assert planes.compiled() is None
-    with pytest.raises(ValueError, match="whole number of elements"):
-        _planes.split(np.zeros(7, np.uint8), np.zeros(7, np.uint8), 2)
-    with pytest.raises(ValueError, match="at least as long"):
-        _planes.join(np.zeros(8, np.uint8), np.zeros(6, np.uint8), 2)
-
-
 @pytest.mark.parametrize("width", [2, 4, 8])
 def test_the_fast_and_the_numpy_byte_planes_are_the_same_bytes(monkeypatch, width):
     """Chunk objects do not depend on whether the compiled part was built: encoding with it and
     without it gives identical objects, and each decodes the other's."""
-    from treestore._format import codecs, planes
+    from treestore._format import codecs
+    from treestore._kernels import planes
 
     if planes._COMPILED is None:
         pytest.skip("no compiled part in this install: only the numpy path exists")
@@ -263,7 +217,8 @@ def test_a_big_chunk_stored_alone_is_hashed_and_compressed_on_every_core(tmp_pat
     size (four at a time here) stay on one thread each."""
     import blake3
 
-    from treestore._format import codecs, encoding
+    from treestore._kernels import compressors
+    from treestore._kernels import digest as hashing
 
     asked: list[tuple[int, int]] = []
     real = blake3.blake3
@@ -272,12 +227,13 @@ def test_a_big_chunk_stored_alone_is_hashed_and_compressed_on_every_core(tmp_pat
         asked.append((memoryview(data).nbytes, kwargs.get("max_threads", 1)))
         return real(data, **kwargs)
 
-    monkeypatch.setattr(encoding.blake3, "blake3", spy)
+    monkeypatch.setattr(hashing.blake3, "blake3", spy)
     raw = (np.random.default_rng(3).standard_normal(16 * 2**20) * 0.02).astype(np.float32).view(np.uint8)
-    assert encoding.digest(raw, spread=True) == real(raw.tobytes()).digest() == encoding.digest(raw)
+    assert hashing.digest(raw, spread=True) == real(raw.tobytes()).digest() == hashing.digest(raw)
     plane = raw[3::4].tobytes()
     if (os.cpu_count() or 1) > 1:  # zstd's threads make other, equally valid, frames
-        assert codecs._compressor(1, spread=True).compress(plane) != codecs._compressor(1).compress(plane)
+        spread = compressors.compressor(1, spread=True).compress(plane)
+        assert spread != compressors.compressor(1).compress(plane)
     store = treestore.Store(str(tmp_path / "store"))
     asked.clear()
     store.save({"w": raw.view(np.float32)}, "a", options=treestore.SaveOptions(chunk_size=64 * 2**20))
@@ -447,7 +403,8 @@ def test_without_the_compiled_part_planes_split_and_join_by_word_arithmetic_exac
     planes are exactly SPEC's, and every decoder (whole, in place) gives the bytes back."""
     import sys
 
-    from treestore._format import codecs, planes
+    from treestore._format import codecs
+    from treestore._kernels import planes
 
     monkeypatch.setattr(planes, "_COMPILED", None)
     assert planes.joined_fast(width) == (width == 2 and sys.byteorder == "little")

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 import treestore
 from treestore._format import codecs as C
-from treestore._format import planes
 from treestore._format.paths import chunk_path
+from treestore._kernels import planes
 from treestore.errors import ChunkDamagedError
 
 SIZE = 256 * 1024  # a chunk as big as the in-place path starts at

@@ -37,7 +37,6 @@ from treestore._engine.reading.committed import (
 )
 from treestore._engine.reading.parts import UNREAD_PART, complete
 from treestore._engine.write import SaveOptions, SaveResult
-from treestore._format.encoding import digest
 from treestore._format.manifest import frame as frame_module
 from treestore._format.manifest.codec import decode_any, decode_columns, encode, encode_columns
 from treestore._format.manifest.columns import CHUNK_DTYPE
@@ -48,6 +47,7 @@ from treestore._format.manifest.records import ChunkRef, LeafEntry, Piece
 from treestore._format.parts.merge import frame_leaves_from_fields, frame_of
 from treestore._format.parts.part import decode_part, encode_part, leaf_range, part_from_fields
 from treestore._format.paths import manifest_path
+from treestore._kernels.digest import digest
 from treestore._storage.registry import open_storage
 from treestore._tree.leaves import ArrayLeaf
 from treestore._tree.prepare import prepare

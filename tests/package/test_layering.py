@@ -12,13 +12,14 @@ import pytest
 import treestore._format.manifest.columns as columns_module
 
 ROOT = Path(__file__).resolve().parent.parent.parent
+CLI = ROOT / "cli" / "treestore_cli"  # the command line's package
 CODES = {"ARRAY_CODES", "DTYPE_NAMES", "KINDS", "PRNG_NAMES", "PRNG_SHIFT", "WEAK_TYPE", "IN_PIECES"}
 CODES |= {"FLAG_BITS"}
 FIELDS = {"kind", "dtype", "flags"}  # of the leaf table; the stats table has a "kind" too
 
 
 def _modules() -> list[Path]:
-    return sorted([*(ROOT / "treestore" / "_api").glob("*.py"), *(ROOT / "cli").glob("*.py")])
+    return sorted([*(ROOT / "treestore" / "_api").glob("*.py"), *CLI.glob("*.py")])
 
 
 def test_the_codes_named_here_are_the_leaf_tables():
@@ -107,7 +108,7 @@ def test_jax_is_imported_at_import_time_by_no_module():
 
 
 def _package_modules() -> list[Path]:
-    return sorted([*(ROOT / "treestore").rglob("*.py"), *(ROOT / "cli").glob("*.py")])
+    return sorted([*(ROOT / "treestore").rglob("*.py"), *CLI.glob("*.py")])
 
 
 def _runtime_imports(tree: ast.Module) -> list[tuple[int, str]]:
@@ -151,6 +152,19 @@ def test_storage_imports_only_the_error_classes_and_the_path_grammar_of_treestor
     for path in sorted((ROOT / "treestore" / "_storage").glob("*.py")):
         for line, module in _runtime_imports(ast.parse(path.read_text(encoding="utf-8"))):
             own = module.startswith(("treestore._storage", "treestore.errors", "treestore._format.paths"))
+            if module.startswith("treestore") and not own:
+                found.append(f"{path.name}:{line}: {module}")
+    assert not found, found
+
+
+def test_kernels_import_only_the_error_classes_of_treestore():
+    """``_kernels`` imports its own modules and ``treestore.errors``, nothing else of treestore
+    (the layering contract forbids the layers above it, not ``treestore.types`` or the package's
+    own ``__init__``)."""
+    found = []
+    for path in sorted((ROOT / "treestore" / "_kernels").glob("*.py")):
+        for line, module in _runtime_imports(ast.parse(path.read_text(encoding="utf-8"))):
+            own = module.startswith(("treestore._kernels", "treestore.errors"))
             if module.startswith("treestore") and not own:
                 found.append(f"{path.name}:{line}: {module}")
     assert not found, found
@@ -209,9 +223,9 @@ def test_every_package_of_the_library_is_in_the_distribution():
     tomllib = pytest.importorskip("tomllib")  # Python 3.11 on
     listed = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]
     found = set()
-    for top, name in (("treestore", "treestore"), ("cli", "treestore_cli")):
-        for init in (ROOT / top).rglob("__init__.py"):
-            found.add(".".join((name, *init.parent.relative_to(ROOT / top).parts)))
+    for top, name in ((ROOT / "treestore", "treestore"), (CLI, "treestore_cli")):
+        for init in top.rglob("__init__.py"):
+            found.add(".".join((name, *init.parent.relative_to(top).parts)))
     assert set(listed["packages"]) == found
 
 

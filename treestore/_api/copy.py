@@ -38,9 +38,9 @@ from treestore._engine.reading.scan import bad_members, scan
 from treestore._engine.saving import writing as _writing
 from treestore._engine.threads import default_threads
 from treestore._format import paths as _paths
-from treestore._format.encoding import digest
 from treestore._format.manifest.frame import Frame, ListedPart
 from treestore._format.manifest.rules import check_name
+from treestore._kernels.digest import digest
 from treestore._storage.base import Storage
 from treestore._storage.registry import open_storage
 from treestore.errors import (

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from treestore._format import paths
 from treestore._format.commit_record import CommitRecord, encode_commit_record
-from treestore._format.encoding import FORMAT_VERSION, digest
+from treestore._format.encoding import FORMAT_VERSION
 from treestore._format.manifest.columns import Columns
+from treestore._kernels.digest import digest
 from treestore._storage.base import Storage
 from treestore.errors import CheckpointExistsError
 

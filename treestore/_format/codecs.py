@@ -10,16 +10,15 @@ set, else stored raw, preceded by a table of the planes' stored lengths (u64 eac
 whole chunk) is compressed is decided from a small sample, so incompressible mantissa bytes cost no CPU.
 Decoding trusts nothing: every length is checked against the declared raw size before allocating.
 
-Planes are made and undone by :mod:`treestore._format.planes` (compiled loops where they were
-built, else numpy; the same bytes either way). Decoding decompresses
-each plane straight into this thread's scratch buffer and unshuffles it into the caller's array.
+Planes are made and undone by :mod:`treestore._kernels.planes` (compiled loops where they were
+built, else numpy; the same bytes either way), frames by each thread's own compressors
+(:mod:`treestore._kernels.compressors`). Decoding decompresses each plane straight into this
+thread's scratch buffer and unshuffles it into the caller's array.
 """
 
 from __future__ import annotations
 
-import os
 import struct
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,13 +27,15 @@ import numpy as np
 import zstandard
 
 from treestore._format.limits import CHUNK_HEADER_BYTES, CHUNK_SLACK, MAX_PLANE_WIDTH
-from treestore._format.planes import join_planes, joined_fast, split_planes
-from treestore._format.scratch import scratch
+from treestore._kernels.compressors import compressor, decompressor
+from treestore._kernels.planes import WIDEST, join_planes, joined_fast, split_planes
+from treestore._kernels.scratch import scratch
 from treestore.errors import ChunkDamagedError, InvalidInputError
 
 MAGIC = b"TSC1"
 HEADER = struct.Struct("<4sBBHQ")
 assert HEADER.size == CHUNK_HEADER_BYTES
+assert MAX_PLANE_WIDTH <= WIDEST  # the compiled planes are checked at every width a chunk may have
 RAW, ZSTD, PLANES = 0, 1, 2
 SAMPLE_BYTES = 64 * 1024
 PAYS_OFF = 0.97  # compress a plane only if a sample shrinks below this fraction
@@ -43,8 +44,6 @@ PAYS_OFF = 0.97  # compress a plane only if a sample shrinks below this fraction
 # than the quarter or tenth that weights in bf16 or fp32 shrink by (packs hold a model's smallest
 # leaves: a sliver of its bytes). Zeros, counters and masks still compress.
 PACK_PAYS_OFF = 0.5
-
-_tls = threading.local()
 
 
 @dataclass(frozen=True)
@@ -115,46 +114,14 @@ def stored_codec(chunks: Sequence[tuple[int, int]], dtype: np.dtype[Any], codec:
     return name + ("/raw" if any(raw) else "")
 
 
-def _compressor(level: int, spread: bool = False) -> zstandard.ZstdCompressor:
-    """This thread's compressor for ``level``; with ``spread``, a new one that compresses on
-    every core (zstd's own threads, in jobs of 4 MiB: smaller ones cost more than they overlap).
-    That one is not kept: freeing it joins its threads, which in a process forked while it was
-    kept would hang or crash (the threads are not there)."""
-    cores = os.cpu_count() or 1
-    if spread and cores > 1:
-        return zstandard.ZstdCompressor(compression_params=_params(level, threads=cores, job_size=4 * 2**20))
-    cache = getattr(_tls, "compressors", None)
-    if cache is None:
-        cache = _tls.compressors = {}
-    if level not in cache:
-        cache[level] = zstandard.ZstdCompressor(compression_params=_params(level))
-    return cache[level]
-
-
-def _params(level: int, **threads: int) -> zstandard.ZstdCompressionParameters:
-    # Weights have little to find by LZ matching: a tiny match search keeps the entropy coding
-    # (where the gain is) at several times the speed of the level's defaults, and compresses
-    # exponent planes slightly better.
-    return zstandard.ZstdCompressionParameters.from_level(
-        level, min_match=7, search_log=1, hash_log=6, window_log=17, write_content_size=True, **threads
-    )
-
-
-def _decompressor() -> zstandard.ZstdDecompressor:
-    d = getattr(_tls, "decompressor", None)
-    if d is None:
-        d = _tls.decompressor = zstandard.ZstdDecompressor()
-    return d
-
-
 def _maybe_compress(data: np.ndarray[Any, Any], level: int, spread: bool = False) -> bytes | None:
     """zstd of ``data`` if a sample says it pays, else None; ``spread``: on every core."""
     if data.nbytes > 2 * SAMPLE_BYTES:
         mid = data.nbytes // 2
         sample = data[mid : mid + SAMPLE_BYTES]
-        if len(_compressor(level).compress(sample.data)) > PAYS_OFF * SAMPLE_BYTES:
+        if len(compressor(level).compress(sample.data)) > PAYS_OFF * SAMPLE_BYTES:
             return None
-    packed = _compressor(level, spread).compress(data.data)
+    packed = compressor(level, spread=spread).compress(data.data)
     return packed if len(packed) < PAYS_OFF * data.nbytes else None
 
 
@@ -220,7 +187,7 @@ def _unzstd_into(frame: bytes | memoryview, out: np.ndarray[Any, Any]) -> None:
     if declared != size:
         raise ChunkDamagedError(f"zstd frame declares {declared} bytes, expected {size}")
     target = memoryview(out.data).cast("B")
-    reader = _decompressor().stream_reader(frame)
+    reader = decompressor().stream_reader(frame)
     done = 0
     while done < size:
         n = reader.readinto(target[done:])

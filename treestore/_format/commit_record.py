@@ -7,12 +7,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from treestore._format.encoding import DIGEST_BYTES, FORMAT_VERSION, digest, from_msgpack, to_msgpack
+from treestore._format.encoding import DIGEST_BYTES, FORMAT_VERSION, from_msgpack, to_msgpack
 from treestore._format.encoding import Bad as _Bad
 from treestore._format.encoding import check_version as _check_version
 from treestore._format.encoding import count as _count
 from treestore._format.encoding import field as _get
 from treestore._format.limits import MAX_MANIFEST_BYTES, MAX_RECORD_BYTES
+from treestore._kernels.digest import digest
 from treestore.errors import ManifestDamagedError
 
 RECORD_MAGIC = "treestore.checkpoint"

@@ -20,11 +20,12 @@ retention; nothing else trusts them.
 from __future__ import annotations
 
 import math
-import threading
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+
+from treestore._kernels import float_pass as _float_pass
+from treestore._kernels.scratch import scratch
 
 # Record kinds: how ``min`` and ``max`` are read (the 8 bytes as float64, int64 or uint64).
 # COMPLEX: a complex leaf's parts (2 per element) measured as FLOAT ones.
@@ -83,7 +84,6 @@ UNKNOWN_RECORD: Record = (UNKNOWN, 0, 0, 0, 0, 0, 0.0)
 ROW = 8192  # elements per dot product (OpenBLAS runs a longer one on threads of its own, which
 # fight the save's threads for the cores: a whole chunk's dot costs ten times a loop of short ones)
 SPAN = 32 * ROW  # elements converted per step (their float64 copy, 2 MiB, stays in the core's cache)
-_scratch = threading.local()
 
 
 def kind_of(dtype_name: str) -> int:
@@ -98,11 +98,7 @@ def empty(kind: int) -> Record:
 
 def _buffer(name: str, dtype: type, size: int) -> np.ndarray:
     """This thread's scratch array ``name`` of ``size`` (at most SPAN) elements."""
-    buf = getattr(_scratch, name, None)
-    if buf is None:
-        buf = np.empty(SPAN, dtype)
-        setattr(_scratch, name, buf)
-    return buf[:size]
+    return scratch(size * np.dtype(dtype).itemsize, f"stats_{name}").view(dtype)
 
 
 def _sumsq(x: np.ndarray) -> float:
@@ -171,46 +167,6 @@ def _numeric(flat: np.ndarray, kind: int) -> np.ndarray:
     return flat
 
 
-_PassFn = Callable[[Any, int], tuple[float, float, float]]
-_PASS_WIDTHS = {"float32": 4, "bfloat16": 2}  # dtypes the compiled pass measures, by element width
-
-
-def compiled_pass() -> _PassFn | None:
-    """The compiled one-pass statistics of float32 and bfloat16 elements (``_planes.c``'s
-    ``float_stats(src, width) -> (min, max, sum of squares)``, built at install on x86-64); None
-    where it was not built or fails :func:`same_as_numpy` (numpy's passes then)."""
-    try:
-        from treestore._format import _planes
-    except ImportError:
-        return None
-    fn = getattr(_planes, "float_stats", None)  # built only where SSE2 runs it faster than numpy
-    return fn if fn is not None and same_as_numpy(fn) else None
-
-
-def same_as_numpy(fn: _PassFn) -> bool:
-    """Whether ``fn`` gives numpy's minimum and maximum exactly and its sum of squares to float64
-    rounding, and a sum that is not finite wherever an element is NaN or infinite."""
-    x32 = (np.random.default_rng(0).standard_normal(1003) * 3).astype(np.float32)
-    bf16 = (x32.view(np.uint32) >> 16).astype(np.uint16)  # bfloat16 bits, without ml_dtypes
-    for x, wide in ((x32, x32), (bf16, (bf16.astype(np.uint32) << 16).view(np.float32))):
-        wide = wide.astype(np.float64)
-        lo, hi, total = fn(x, x.itemsize)
-        want = float(np.dot(wide, wide))
-        if (lo, hi) != (wide.min(), wide.max()) or not abs(total - want) <= 1e-12 * want:
-            return False
-        for bad in (np.nan, np.inf, -np.inf):
-            y = x32.copy()
-            y[1000] = bad
-            if x.itemsize == 2:
-                y = (y.view(np.uint32) >> 16).astype(np.uint16)
-            if math.isfinite(fn(y, y.itemsize)[2]):
-                return False
-    return True
-
-
-_PASS = compiled_pass()
-
-
 def parts(dtype_name: str) -> int:
     """The real numbers a record counts per element of ``dtype_name``: 2 for a complex dtype."""
     return 2 if dtype_name in _PARTS else 1
@@ -227,9 +183,9 @@ def measure(values: np.ndarray) -> Record:
     if kind != FLOAT:
         x = _numeric(flat, kind)
         return (kind, 0, 0, 0, int(x.min()), int(x.max()), _sumsq(x))
-    width = _PASS_WIDTHS.get(flat.dtype.name)
-    if _PASS is not None and width is not None and flat.flags.c_contiguous:
-        lo, hi, total = _PASS(flat, width)  # one pass; a NaN or inf makes the sum NaN or inf
+    found = _float_pass.measure(flat)  # one compiled pass, where it was built
+    if found is not None:
+        lo, hi, total = found  # a NaN or inf makes the sum NaN or inf
         if math.isfinite(total):
             return (FLOAT, 0, 0, 0, lo, hi, total)
         return _measure_nonfinite(_as_float(flat))

@@ -39,7 +39,6 @@ from treestore._engine.group.group_runtime import JaxRuntime, Runtime
 from treestore._engine.group.group_wait import BARRIER_TIMEOUT, barrier_timeout, kept_fresh
 from treestore._engine.reading.parts import merged, named
 from treestore._format import paths as _paths
-from treestore._format.encoding import digest
 from treestore._format.limits import (
     MAX_OUTCOME_BYTES,
     MAX_PART_BYTES,
@@ -65,6 +64,7 @@ from treestore._format.parts.part import (
     most_pieces,
     part_from_fields,
 )
+from treestore._kernels.digest import digest
 from treestore._storage.base import Storage
 from treestore._tree import jax_import
 from treestore._tree.jax_import import jax

@@ -11,12 +11,12 @@ from collections import OrderedDict
 from treestore._engine.reading.parts import assemble
 from treestore._format import paths as _paths
 from treestore._format.commit_record import CommitRecord, decode_commit_record
-from treestore._format.encoding import digest
 from treestore._format.limits import MAX_MANIFEST_BYTES, MAX_RECORD_BYTES
 from treestore._format.manifest.codec import decode_any
 from treestore._format.manifest.columns import Columns
 from treestore._format.manifest.frame import Frame
 from treestore._format.manifest.rules import check_name
+from treestore._kernels.digest import digest
 from treestore._storage.base import Storage
 from treestore.errors import (
     CheckpointNotFoundError,

@@ -18,11 +18,12 @@ from dataclasses import replace
 import numpy as np
 
 from treestore._format import paths as _paths
-from treestore._format.encoding import Bad, digest
+from treestore._format.encoding import Bad
 from treestore._format.manifest.columns import Columns
 from treestore._format.manifest.frame import Frame
 from treestore._format.parts.merge import frame_leaves_of, gather, merge
 from treestore._format.parts.part import PART_FIELDS, Part, decode_part
+from treestore._kernels.digest import digest
 from treestore._storage.base import Storage
 from treestore.errors import InvalidInputError, ManifestDamagedError, OutOfMemoryError
 

@@ -12,11 +12,11 @@ import numpy as np
 from treestore._engine.reading.memory import allocate
 from treestore._format import paths as _paths
 from treestore._format.codecs import decode_in_place, decode_into, in_place_room
-from treestore._format.encoding import digest
 from treestore._format.limits import CHUNK_HEADER_BYTES, CHUNK_SLACK
 from treestore._format.manifest.columns import Columns
 from treestore._format.manifest.records import ChunkRef
-from treestore._format.scratch import scratch, scratch_held
+from treestore._kernels.digest import digest
+from treestore._kernels.scratch import scratch, scratch_held
 from treestore._storage.base import Storage
 from treestore.errors import ChunkDamagedError, ChunkMissingError, TreestoreError
 

@@ -20,7 +20,7 @@ from treestore._engine.threads import default_threads, run_all
 from treestore._format.dtypes import dtype_from_name
 from treestore._format.manifest.columns import DTYPE_NAMES, IN_PIECES, Columns
 from treestore._format.manifest.records import ChunkRef
-from treestore._format.scratch import scratch
+from treestore._kernels.scratch import scratch
 from treestore.errors import OutOfBoundsError
 
 Region = tuple[slice, ...]

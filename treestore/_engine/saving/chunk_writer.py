@@ -20,9 +20,9 @@ from treestore._engine.threads import Batch, shared_pool
 from treestore._format import paths as _paths
 from treestore._format import stats as _stats
 from treestore._format.codecs import PACK_PAYS_OFF, PROBE_BYTES, Codec, encode, sound
-from treestore._format.encoding import ALL_CORES_FROM, digest
 from treestore._format.manifest.records import ChunkRef
-from treestore._format.scratch import scratch
+from treestore._kernels.digest import ALL_CORES_FROM, digest
+from treestore._kernels.scratch import scratch
 from treestore._storage.base import PUBLISHED, Staged, Storage
 
 

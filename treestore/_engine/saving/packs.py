@@ -20,9 +20,9 @@ import numpy as np
 
 from treestore._format import stats as _stats
 from treestore._format.codecs import plane_width
-from treestore._format.encoding import digest
 from treestore._format.manifest.leaf_table import Ref
 from treestore._format.manifest.records import ChunkRef
+from treestore._kernels.digest import digest
 
 Span = tuple[int, np.dtype[Any], int, int]  # (leaf index, dtype, first byte, end byte) in a pack
 Packed = tuple[ChunkRef, list[tuple[int, _stats.Record]]]  # a pack's ref, its leaves' statistics

@@ -24,7 +24,7 @@ from treestore._format.dtypes import (
     value_to_record,
 )
 from treestore._format.encoding import Bad as _Bad
-from treestore._format.encoding import digest, from_msgpack, to_msgpack
+from treestore._format.encoding import from_msgpack, to_msgpack
 from treestore._format.limits import (
     LEAF_BYTES_END,
     MAX_DIM,
@@ -33,6 +33,7 @@ from treestore._format.limits import (
     MAX_METADATA_BYTES,
     MAX_NDIM,
 )
+from treestore._kernels.digest import digest
 from treestore.errors import InvalidInputError, ManifestDamagedError
 
 MANIFEST_MAGIC = "treestore.manifest"

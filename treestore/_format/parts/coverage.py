@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 
-from treestore._format.encoding import digest
+from treestore._kernels.digest import digest
 
 P = 2**127 - 1
 _BYTES = 16

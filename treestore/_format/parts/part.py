@@ -19,12 +19,13 @@ from typing import Any
 
 import numpy as np
 
-from treestore._format.encoding import Bad, digest, from_msgpack, to_msgpack
+from treestore._format.encoding import Bad, from_msgpack, to_msgpack
 from treestore._format.encoding import field as _get
 from treestore._format.limits import MAX_PART_BYTES
 from treestore._format.manifest.codec import binary_array
 from treestore._format.manifest.columns import CHUNK_DTYPE, IN_PIECES, PACK_DTYPE, concat_ranges, prefix_sums
 from treestore._format.parts.coverage import Coverage, P, from_text, to_text
+from treestore._kernels.digest import digest
 from treestore.errors import TreestoreError
 
 PART_FORMAT = "treestore.part"

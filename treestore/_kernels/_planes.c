@@ -1,9 +1,10 @@
 /* Byte planes of chunk objects (SPEC.md section 4): the bytes of fixed-width elements split into
    planes (byte j of every element, one plane after another) and joined back. Each common width
    has its own loop, with the width a constant, which the compiler vectorises; the GIL is
-   released while a loop runs. Where this is not built, numpy does the same in codecs.py.
+   released while a loop runs. Where this is not built, numpy does the same in planes.py.
    Beside them, the finite minimum, maximum and float64 sum of squares of float32 and bfloat16
-   elements in one pass (the statistics of SPEC.md section 6.8; numpy's passes in stats.py). */
+   elements in one pass (the statistics of SPEC.md section 6.8, used by float_pass.py; numpy's
+   passes in treestore/_format/stats.py). */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <math.h>

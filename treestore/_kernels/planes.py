@@ -1,6 +1,7 @@
 """Byte planes (SPEC.md section 4): byte j of every element of a chunk gathered into plane j,
 and joined back. The package's compiled loops (``_planes.c``, built at install) do it where they
-were built; numpy does the same bytes elsewhere.
+were built and make the same bytes as numpy at every width up to :data:`WIDEST` (checked at
+import); numpy does the same bytes elsewhere.
 """
 
 from __future__ import annotations
@@ -11,10 +12,10 @@ from typing import Any
 
 import numpy as np
 
-from treestore._format.limits import MAX_PLANE_WIDTH
-from treestore._format.scratch import scratch
+from treestore._kernels.scratch import scratch
 
 _Planes = Callable[[Any, Any, int], None]
+WIDEST = 8  # the widest elements checked: the format's MAX_PLANE_WIDTH at least (codecs asserts it)
 
 
 def compiled() -> tuple[_Planes, _Planes] | None:
@@ -22,7 +23,7 @@ def compiled() -> tuple[_Planes, _Planes] | None:
     ``_planes.c``, built when the package is installed); None where no compiler built them or
     they fail a self-test (numpy then)."""
     try:
-        from treestore._format import _planes
+        from treestore._kernels import _planes
     except ImportError:
         return None
     return (_planes.split, _planes.join) if same_as_numpy(_planes.split, _planes.join) else None
@@ -31,7 +32,7 @@ def compiled() -> tuple[_Planes, _Planes] | None:
 def same_as_numpy(split: _Planes, join: _Planes) -> bool:
     """Whether ``split`` and ``join`` make exactly the byte planes of SPEC.md section 4."""
     data = np.random.default_rng(0).integers(0, 256, 8 * 1000 + 7, dtype=np.uint8)
-    for width in range(1, MAX_PLANE_WIDTH + 1):
+    for width in range(1, WIDEST + 1):
         n = data.nbytes // width * width
         planes, back = np.empty(n, np.uint8), np.empty(n, np.uint8)
         split(data[:n], planes, width)
