@@ -150,9 +150,21 @@ def _saved_while_donating(path, state, options, steps):  # type: ignore[no-untyp
     return state
 
 
+def test_the_default_host_window_grows_with_the_chunk_size() -> None:
+    """Unset, the window is 64 MiB, or four chunks where chunks are bigger: every chunk size the
+    options accept saves with the default window."""
+    biggest = treestore.SaveOptions(chunk_size=256 << 20)  # refused when the default was fixed
+    assert biggest.window == 1 << 30
+    assert treestore.SaveOptions(chunk_size=64 << 20).window == 256 << 20
+    assert treestore.SaveOptions().window == 64 << 20
+    assert treestore.SaveOptions(chunk_size=1 << 20, host_window=8 << 20).window == 8 << 20
+
+
 def test_save_options_of_the_device_path_are_checked() -> None:
     with pytest.raises(treestore.InvalidInputError, match="host_window"):
         treestore.SaveOptions(host_window=1 << 20)
+    with pytest.raises(treestore.InvalidInputError, match="host_window"):
+        treestore.SaveOptions(chunk_size=64 << 20, host_window=128 << 20)
     with pytest.raises(treestore.InvalidInputError, match="device_path"):
         treestore.SaveOptions(device_path="sometimes")
     with pytest.raises(treestore.InvalidInputError, match="device_snapshot"):

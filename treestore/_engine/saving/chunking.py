@@ -139,7 +139,7 @@ def _submit_leaves(
     ) -> cf.Future[Measured]:
         return pool.submit(writer.put_measured, raw, width, dtype, private=private)
 
-    fetcher = Fetcher(Window(options.host_window), options.chunk_size)
+    fetcher = Fetcher(Window(options.window), options.chunk_size)
     for i, private in chunked:
         plan = plans[i]
         # chunks measured on the host unless the leaf is measured on its device (its host pieces

@@ -10,6 +10,7 @@ from treestore._tree.leaves import Keep
 from treestore.errors import InvalidInputError
 
 MiB = 2**20
+DEFAULT_WINDOW = 64 * MiB  # host bytes of a save's device transfers and chunks in flight, by default
 
 
 @dataclass(frozen=True)
@@ -34,7 +35,8 @@ class SaveOptions:
         host_window: Bytes of host memory a save of arrays on an accelerator holds at most for
             their transfers and chunks in flight: big leaves are fetched in slices, each
             transfer started as soon as the window has room, and hashed, compressed and
-            written as it arrives (at least ``4 * chunk_size``; default 64 MiB).
+            written as it arrives (at least ``4 * chunk_size``; default None: 64 MiB, or
+            ``4 * chunk_size`` where that is more; :attr:`window` is the figure in use).
         device_path: Which jax arrays a save fetches while it writes, in ``host_window``, and
             measures on their device: ``"auto"`` those off the CPU (default), ``"always"``
             every jax array (CPU ones too), ``"never"`` none (every leaf is copied to the host
@@ -62,7 +64,7 @@ class SaveOptions:
     pack_size: int = 1 * MiB
     threads: int = field(default_factory=default_threads)
     stats: bool = True
-    host_window: int = 64 * MiB
+    host_window: int | None = None
     device_path: str = "auto"
     device_snapshot: int | None = None
 
@@ -77,10 +79,12 @@ class SaveOptions:
             raise InvalidInputError(f"threads must be between 1 and 256, got {self.threads}")
         if type(self.stats) is not bool:
             raise InvalidInputError(f"stats must be True or False, got {self.stats!r}")
-        if type(self.host_window) is not int or self.host_window < 4 * self.chunk_size:
+        if self.host_window is not None and (
+            type(self.host_window) is not int or self.host_window < 4 * self.chunk_size
+        ):
             raise InvalidInputError(
-                f"host_window must be an int of at least 4 * chunk_size ({4 * self.chunk_size}), "
-                f"got {self.host_window!r}"
+                f"host_window must be None or an int of at least 4 * chunk_size "
+                f"({4 * self.chunk_size}), got {self.host_window!r}"
             )
         if self.device_path not in ("auto", "always", "never"):
             raise InvalidInputError(
@@ -93,6 +97,14 @@ class SaveOptions:
             raise InvalidInputError(
                 f"device_snapshot must be None or an int >= 0, got {self.device_snapshot!r}"
             )
+
+    @property
+    def window(self) -> int:
+        """The bytes of host memory a save's device transfers and chunks in flight may hold:
+        ``host_window``, or where that is None 64 MiB, or ``4 * chunk_size`` where that is more."""
+        if self.host_window is not None:
+            return self.host_window
+        return max(DEFAULT_WINDOW, 4 * self.chunk_size)
 
     @property
     def keep(self) -> Keep | None:
