@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         ["benchmarks.bench_health", "--runs", runs],
         ["benchmarks.bench_profile", "--runs", runs],
         ["benchmarks.bench_files", "--runs", runs],
-        ["benchmarks.bench_one_leaf", "--runs", "7"],
+        ["benchmarks.bench_one_leaf", "--runs", "9"],
         ["benchmarks.bench_startup", "--runs", "7", "--fresh"],
     ]
     if importlib.util.find_spec("benchmarks.bench_s3") and importlib.util.find_spec("moto"):

@@ -1,6 +1,6 @@
 """Where one ordinary leaf's read goes: open, lookup and read, beside safetensors.
 
-    python -m benchmarks.bench_one_leaf [--runs 7] [--trees minilm-fp32,gpt2]
+    python -m benchmarks.bench_one_leaf [--runs 9] [--trees minilm-fp32,gpt2]
 
 For each tree, each run saves it afresh in both formats, loads it whole, reads its largest leaf
 (as the side-by-side benchmark does just before its median-leaf row), then times, in that
@@ -9,7 +9,10 @@ order: opening the checkpoint (``treestore.open`` / ``safe_open``), finding the 
 for the median-size leaf and for a leaf of a few MB. Then the lookup and the read again on the
 same open checkpoint ("again"): what a reader that keeps its checkpoint open pays per leaf; and,
 for treestore, all three once more on a checkpoint opened anew ("reopened": a warm open).
-Medians of --runs; one table.
+Beside each leaf, its LIMIT: one read of its stored bytes, zstd decompression, joining the byte
+planes and BLAKE3 of the result, timed on that leaf's own chunks with the functions treestore
+calls (``benchmarks/limits.py``), split over as many cores as the leaf has chunks (one chunk is
+one core's work). Medians of --runs; one table.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import numpy as np
 import treestore
 
 from . import harness as H
+from . import limits as L
 from . import trees as T
 
 MIDDLE = {  # a leaf of a few MB, as users pick them
@@ -63,6 +67,16 @@ def _safetensors(path: str, keys: list[str]) -> list[tuple[float, float, float]]
     return rows
 
 
+def _limit(leaf: np.ndarray, root: str) -> float:
+    """Seconds of the load side's components for ``leaf``'s chunks, split over as many cores as
+    it has chunks (at most the machine's); after a first pass that warms the buffers and code,
+    as treestore's timed reads come after reads of their own."""
+    L.components([leaf], root)
+    t = L.components([leaf], root)
+    chunks = -(-leaf.nbytes // treestore.SaveOptions().chunk_size)
+    return sum(t.get(k, 0.0) for k in L.LOAD) / max(1, min(chunks, os.cpu_count() or 1))
+
+
 def run(name: str, runs: int, root: str) -> list[tuple[str, str, str, float, float, float]]:
     tree = T.build(name)
     largest, median, middle = T.one_leaf_key(name), T.median_leaf_key(tree), MIDDLE[name]
@@ -70,6 +84,8 @@ def run(name: str, runs: int, root: str) -> list[tuple[str, str, str, float, flo
     plan = [("median", median), ("a few MB", middle)]
     times: dict[tuple[str, str, str], list[tuple[float, float, float]]] = {}
     for _ in range(runs):
+        for what, key in plan:
+            times.setdefault(("LIMIT", what, "-"), []).append((0.0, 0.0, _limit(flat[key], root)))
         folder = tempfile.mkdtemp(dir=root)
         try:
             ts, st = os.path.join(folder, "ts"), os.path.join(folder, "model.safetensors")
@@ -111,7 +127,7 @@ def run(name: str, runs: int, root: str) -> list[tuple[str, str, str, float, flo
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_one_leaf")
-    ap.add_argument("--runs", type=int, default=7)
+    ap.add_argument("--runs", type=int, default=9)
     ap.add_argument("--trees", default="minilm-fp32,gpt2")
     ap.add_argument("--tmp-root", default=None)
     args = ap.parse_args(argv)
@@ -124,9 +140,11 @@ def main(argv: list[str] | None = None) -> int:
             H.log(f"[one leaf] {name}")
             rows = run(name, args.runs, root)
             totals = {(r[0], r[1], r[2]): r[3] + r[4] + r[5] for r in rows}
-            for lib, what, when, o, lk, rd in sorted(rows, key=lambda r: (r[1], r[2], r[0] != "treestore")):
+            for lib, what, when, o, lk, rd in sorted(
+                rows, key=lambda r: (r[1], r[2] == "-", r[2], r[0] != "treestore")
+            ):
                 total = o + lk + rd
-                ref = totals[("safetensors", what, "again" if when == "reopened" else when)]
+                ref = totals[("safetensors", what, "again" if when in ("reopened", "-") else when)]
                 print(
                     f"| {name} | {what} | {lib} | {when} | {o * 1e3:.3f} | {lk * 1e3:.3f} | "
                     f"{rd * 1e3:.3f} | {total * 1e3:.3f} | {total / ref:.2f}× |"
