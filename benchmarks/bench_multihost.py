@@ -56,6 +56,7 @@ from treestore._engine.group import distributed as D
 from treestore._engine.group import stats_gather
 from treestore._engine.group.group_runtime import LocalRuntime
 from treestore._engine.reading.committed import read_commit_record, read_manifest_bytes
+from treestore._engine.saving import writing as W
 from treestore._engine.write import SaveOptions, write
 from treestore._format.manifest.codec import decode_any
 from treestore._format.manifest.frame import Frame
@@ -110,7 +111,7 @@ class Clock:
         self._lock = threading.Lock()
 
     def install(self) -> None:
-        barrier, commit, combine = D.Group.barrier, D.commit, stats_gather.combine
+        barrier, commit, combine = D.Group.barrier, W.commit, stats_gather.combine
 
         def timed_combine(*args: Any, **kwargs: Any) -> Any:
             started = time.thread_time()  # its CPU: the threads share this process's cores
@@ -144,7 +145,7 @@ class Clock:
             return out
 
         D.Group.barrier = timed_barrier  # type: ignore[method-assign]
-        D.commit = timed_commit  # type: ignore[assignment]
+        W.commit = timed_commit  # type: ignore[assignment]  # the one door's commit step
         stats_gather.combine = timed_combine  # type: ignore[assignment]
 
 
