@@ -30,7 +30,7 @@ class SaveOptions:
             min and max of the finite elements, L2 norm (float64) — measured while its chunks are
             hashed, so that health checks, ``treestore show --stats`` and retention read
             manifests only (True or False; default True; see :meth:`Checkpoint.stats`). They
-            cost about as much CPU as the hashing (the benchmarks page has the figures). Leaves
+            cost no more CPU than the hashing (the benchmarks page has the figures). Leaves
             that live on an accelerator are measured there (float dtypes of up to 32 bits).
         host_window: Bytes of host memory a save of arrays on an accelerator holds at most for
             their transfers and chunks in flight: big leaves are fetched in slices, each
