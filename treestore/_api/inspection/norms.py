@@ -10,12 +10,11 @@ from typing import Any
 import numpy as np
 
 from treestore._api.inspection import heatmap as _heatmap
-from treestore._api.inspection.timeline import array_leaves, readable
+from treestore._api.inspection.timeline import chosen_leaves
 from treestore._format import select as _select
 from treestore._format import stats as _stats
 from treestore._format.manifest.columns import Columns
 from treestore._storage.base import Storage
-from treestore.errors import InvalidInputError
 
 
 @dataclass(frozen=True)
@@ -112,12 +111,7 @@ class Norms:
 def norms(storage: Storage, *, select: _select.Patterns = None, depth: int | None = None) -> Norms:
     """The :class:`Norms` of every checkpoint of a store, oldest first, from manifests alone
     (see :meth:`treestore.Store.norms`)."""
-    if depth is not None and (type(depth) is not int or depth < 1):
-        raise InvalidInputError(f"depth must be an int of at least 1, got {depth!r}")
-    views, damaged = readable(storage)
-    leaves = [array_leaves(v._columns) for v in views]
-    every = list(dict.fromkeys(a for which in leaves for a in which))
-    chosen = _select.select(every, select, where=f"the checkpoints of {storage.url}")
+    views, damaged, leaves, chosen = chosen_leaves(storage, select, depth)
     groups: dict[str, int] = {}
     row_of = {
         a: groups.setdefault(a if depth is None else "/".join(a.split("/")[:depth]), len(groups))

@@ -305,6 +305,22 @@ def readable(storage: Storage) -> tuple[list[Checkpoint], tuple[tuple[str, str],
     return views, tuple((name, str(problems[name])) for name in sorted(problems))
 
 
+def chosen_leaves(
+    storage: Storage, select: _select.Patterns, depth: int | None
+) -> tuple[list[Checkpoint], tuple[tuple[str, str], ...], list[dict[str, int]], list[str]]:
+    """What a timeline and the norms walk: the :func:`readable` checkpoints and the others'
+    problems, each checkpoint's :func:`array_leaves`, and the addresses ``select`` chooses among
+    all of them (in order of first appearance). Raises InvalidInputError for a ``depth`` that is
+    not an int of at least 1."""
+    if depth is not None and (type(depth) is not int or depth < 1):
+        raise InvalidInputError(f"depth must be an int of at least 1, got {depth!r}")
+    views, damaged = readable(storage)
+    arrays = [array_leaves(v._columns) for v in views]
+    every = list(dict.fromkeys(a for leaves in arrays for a in leaves))
+    chosen = _select.select(every, select, where=f"the checkpoints of {storage.url}")
+    return views, damaged, arrays, chosen
+
+
 def timeline(
     storage: Storage,
     *,
@@ -314,12 +330,7 @@ def timeline(
 ) -> Timeline:
     """The :class:`Timeline` of every checkpoint of a store, oldest first (see
     :meth:`treestore.Store.timeline`)."""
-    if depth is not None and (type(depth) is not int or depth < 1):
-        raise InvalidInputError(f"depth must be an int of at least 1, got {depth!r}")
-    views, damaged = readable(storage)
-    arrays = [array_leaves(v._columns) for v in views]
-    every = list(dict.fromkeys(a for leaves in arrays for a in leaves))
-    chosen = _select.select(every, select, where=f"the checkpoints of {storage.url}")
+    views, damaged, arrays, chosen = chosen_leaves(storage, select, depth)
     row = {a: i for i, a in enumerate(chosen)}
     sizes = [0] * len(chosen)
     for view, leaves in zip(views, arrays, strict=True):
