@@ -79,7 +79,7 @@ def _write_in_group(
             written,
             failure,
             w.header(),
-            w.commit,
+            w.commit_manifest,
         )
     finally:
         w.release()  # after a commit the save has succeeded: a failure is logged

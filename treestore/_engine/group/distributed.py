@@ -206,7 +206,7 @@ class Group:
         written: Written | None,
         failure: BaseException | None,
         header: dict[str, Any],
-        commit: Callable[[Columns, bytes], object],
+        commit: Callable[[Columns, bytes], None],
     ) -> tuple[int, int] | None:
         """Part what this process wrote (``written``: its leaf entries and packs, None when
         ``failure`` stopped it), then commit (the primary, through ``commit(columns, manifest

@@ -18,7 +18,7 @@ itself: an import contract in ``pyproject.toml`` keeps it so.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -30,6 +30,7 @@ from treestore._engine.saving import trusted as _trusted
 from treestore._engine.saving.chunk_writer import ChunkWriter, SaveResult, reusable_size
 from treestore._engine.saving.save_options import SaveOptions
 from treestore._format import paths as _paths
+from treestore._format.encoding import FORMAT_VERSION
 from treestore._format.manifest.codec import columns_from_fields, encode
 from treestore._format.manifest.columns import Columns
 from treestore._format.manifest.leaf_table import LeafTable
@@ -176,12 +177,10 @@ class Writing:
         header, created now, checked as readers check it before anything refers to it."""
         return columns_from_fields({**fields, **self.header(), "created": time.time()}, nodes)
 
-    def commit(self, columns: Columns, manifest: bytes | None = None) -> SaveResult:
-        """Commit checkpoint ``columns`` (:func:`treestore._engine.commit.commit`) with the bytes
-        ``manifest`` (encoded here when None; a multi-process save's frame is encoded by its
-        group); what this write did."""
-        data = encode(columns) if manifest is None else manifest
-        commit(self.storage, data, columns, overwrite=self.overwrite)
+    def commit(self, columns: Columns) -> SaveResult:
+        """Commit checkpoint ``columns``, encoded here (:meth:`commit_manifest`); what this
+        write did."""
+        self.commit_manifest(columns, encode(columns))
         return self.writer.result(columns.name, len(columns), columns.nbytes)
 
     # -- copies: stored objects, then their checkpoints ---------------------------------------
@@ -210,8 +209,16 @@ class Writing:
         assert self.lock is not None
         self.storage.write(_paths.manifest_path(part), [data])
 
-    def commit_manifest(self, columns: Columns, manifest: bytes, version: int, chunks: list[bytes]) -> None:
-        """Commit checkpoint ``columns`` as ``manifest`` (its bytes, in format ``version``), whose
+    def commit_manifest(
+        self,
+        columns: Columns,
+        manifest: bytes,
+        version: int = FORMAT_VERSION,
+        chunks: Sequence[bytes] = (),
+    ) -> None:
+        """Commit checkpoint ``columns`` as ``manifest`` (its bytes, in format ``version``: a
+        copy keeps its source's), through :func:`treestore._engine.commit.commit`, the one
+        commit step: a save's encoded columns, a multi-process save's frame, a copied manifest.
         ``chunks`` (digests) are in the store; a write that trusts chunks then trusts those."""
         assert self.lock is not None
         commit(self.storage, manifest, columns, overwrite=self.overwrite, version=version)
