@@ -215,31 +215,33 @@ def _measure_nonfinite(x: np.ndarray) -> Record:
     return (FLOAT, nan, posinf, neginf, float(kept.min()), float(kept.max()), _sumsq(kept))
 
 
-def measure_segments(values: np.ndarray, starts: np.ndarray) -> list[Record]:
+def measure_segments(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
     """The records of the consecutive segments of ``values`` (1-D, one dtype; segment k is
     ``values[starts[k]:starts[k + 1]]``, the last running to the end, none empty), each what
-    :func:`measure` gives it, in a few passes over all of them: a pack of thousands of small
-    leaves costs about what one leaf of its size does. Sums of squares are of float64 squares,
-    added in float64."""
+    :func:`measure` gives it, as rows of a ``stats`` column (:func:`column`), in a few passes
+    over all of them and no Python object per segment: a pack of thousands of small leaves
+    costs about what one leaf of its size does. Sums of squares are of float64 squares, added
+    in float64."""
     kind = kind_of(values.dtype.name)
+    out = np.zeros(len(starts), STATS_DTYPE)
     if kind == UNKNOWN:
-        return [empty(kind)] * len(starts)
+        return out
     if kind == COMPLEX:
-        real = measure_segments(values.view(_PARTS[values.dtype.name]), starts * 2)
-        return [(COMPLEX, *r[1:]) for r in real]
+        out = measure_segments(values.view(_PARTS[values.dtype.name]), starts * 2)
+        out["kind"] = COMPLEX
+        return out
     x = _numeric(values, kind)
     lo, hi = np.minimum.reduceat(x, starts), np.maximum.reduceat(x, starts)
     if kind == FLOAT and not (np.isfinite(lo).all() and np.isfinite(hi).all()):
         ends = [*starts[1:].tolist(), values.size]
-        return [measure(values[a:b]) for a, b in zip(starts.tolist(), ends, strict=True)]
+        return column([measure(values[a:b]) for a, b in zip(starts.tolist(), ends, strict=True)])
     with np.errstate(over="ignore", invalid="ignore"):
         squares = x.astype(np.float64)
-        sumsq = np.add.reduceat(np.square(squares, out=squares), starts).tolist()
-    number = float if kind == FLOAT else int
-    return [
-        (kind, 0, 0, 0, number(a), number(b), s)
-        for a, b, s in zip(lo.tolist(), hi.tolist(), sumsq, strict=True)
-    ]
+        out["sumsq"] = np.add.reduceat(np.square(squares, out=squares), starts)
+    out["kind"] = kind
+    bits = {FLOAT: "<f8", INT: "<i8", UINT: "<u8"}[kind]
+    out["min"], out["max"] = lo.astype(bits).view("<i8"), hi.astype(bits).view("<i8")
+    return out
 
 
 def combine(records: Any, kind: int) -> Record:

@@ -142,7 +142,7 @@ def committed(table: LeafTable, sharded: Sequence[bool], gathered: np.ndarray | 
     """The manifest's ``stats`` column: the primary's records of the leaves that are not sharded,
     and ``gathered`` (every process's pieces combined) for the sharded ones; these UNKNOWN when
     ``gathered`` is None."""
-    out = _stats.column(table.stats)
+    out = table.stats_column()
     split = np.flatnonzero(np.asarray(sharded, bool))
     if len(split):
         out[split] = np.zeros(1, _stats.STATS_DTYPE) if gathered is None else gathered

@@ -15,13 +15,13 @@ from treestore._engine import locks as _locks
 from treestore._engine.saving import device_stats as _device_stats
 from treestore._engine.saving.chunk_writer import ChunkWriter, Measured
 from treestore._engine.saving.device_fetch import Fetcher, Window
-from treestore._engine.saving.packs import Packer
+from treestore._engine.saving.packs import Packed, Packer
 from treestore._engine.saving.save_options import SaveOptions
 from treestore._engine.threads import Batch, compute_threads, shared_pool
 from treestore._format import stats as _stats
 from treestore._format.codecs import plane_width
 from treestore._format.dtypes import PRNG_KEY
-from treestore._format.manifest.leaf_table import LeafTable, PieceRow, ref_of
+from treestore._format.manifest.leaf_table import LeafTable, PieceRow, Ref, ref_of
 from treestore._format.manifest.records import ChunkRef
 from treestore._tree.leaves import ArrayLeaf, ValueLeaf
 from treestore._tree.prepare import Prepared
@@ -89,6 +89,7 @@ def _submit_leaves(
     small = options.small_leaf
     pack = packer.add
     chunked: list[tuple[int, bool]] = []  # the leaves with chunks of their own, or pieces; private
+    in_pieces: list[int] = []  # the sharded leaves, whose small pieces may span several packs
     kinds: list[int] = []  # each leaf's statistics kind; UNKNOWN where none is recorded
     on_device: dict[int, list[Any]] = {}  # the leaves measured on their devices: kernel results
     # Statistics of real numbers, not of PRNG key data (looked up inline: at 100k leaves a
@@ -127,6 +128,7 @@ def _submit_leaves(
                 ]
             )
             chunked.append((i, leaf.private))
+            in_pieces.append(i)
         elif 0 < leaf.data.nbytes < small:
             plans.append(pack(leaf.data, i, measure))
         else:
@@ -171,26 +173,25 @@ def _submit_leaves(
     fetcher.run()  # every device leaf's chunks submitted: its futures are in plans
     device_records = _device_records(prepared, on_device)
 
-    packs: list[ChunkRef] = []
-    small_records: dict[int, list[_stats.Record | None]] = {}
-    for job in pack_jobs:
-        ref, measured_members = job.result()
-        packs.append(ref)
-        for i, record in measured_members:
-            small_records.setdefault(i, []).append(record)
+    packs, small_records, packed = _pack_results(pack_jobs, in_pieces, kinds)
+    packed_rows: list[int] = []  # the sink's rows of the measured leaves packed whole, in order
     for i, ((address, leaf), plan) in enumerate(zip(prepared.leaves, plans, strict=True)):
         if isinstance(leaf, ValueLeaf):
             sink.value(leaf.kind, leaf.value, address, i)
             continue
+        if type(plan) is tuple:  # packed whole: its statistics are its pack's row (set below)
+            if kinds[i] != unknown:
+                packed_rows.append(len(sink))
+            stats = _stats.empty(kinds[i]) if options.stats else None
+            row = leaf.kind, leaf.dtype, leaf.shape, leaf.prng_impl, leaf.weak_type
+            sink.array(*row, [plan], None, address, i, stats)
+            continue
+        if plan is None:  # another process writes it
+            continue
         pieces: list[PieceRow] | None = None
         records = small_records.get(i, [])
-        if type(plan) is tuple:  # packed: nothing to wait for
-            refs = [plan]
-        elif plan is None:  # another process writes it
-            continue
-        elif type(plan) is not list:  # empty
-            refs = []
-        else:
+        refs: list[Ref] = []  # none for an empty leaf
+        if type(plan) is list:
             if leaf.sharded:
                 refs, pieces = [], []
                 for start, shape, fs in plan:
@@ -206,7 +207,6 @@ def _submit_leaves(
                     refs += got
                     pieces.append((start, shape, len(got)))
             else:
-                refs = []
                 for f in plan:
                     ref, record = f.result()
                     refs.append(ref_of(ref))
@@ -219,7 +219,30 @@ def _submit_leaves(
         sink.array(
             leaf.kind, leaf.dtype, leaf.shape, leaf.prng_impl, leaf.weak_type, refs, pieces, address, i, stats
         )
+    if packed_rows:
+        sink.set_stats(packed_rows, packed)
     return packs
+
+
+def _pack_results(
+    jobs: list[cf.Future[Packed]], in_pieces: list[int], kinds: list[int]
+) -> tuple[list[ChunkRef], dict[int, list[_stats.Record | None]], np.ndarray]:
+    """The packs' refs, once every pack is stored; the records of the sharded leaves' packed
+    pieces, by leaf; and the statistics of the measured leaves packed whole, in leaf order (a
+    leaf's row UNKNOWN where its pack measured it as another kind than the leaf's)."""
+    done = [job.result() for job in jobs]
+    if not done:
+        return [], {}, np.zeros(0, _stats.STATS_DTYPE)
+    leaves = np.concatenate([d[1] for d in done])
+    table = np.concatenate([d[2] for d in done])
+    pieces = np.isin(leaves, np.array(in_pieces, np.int64))
+    small_records: dict[int, list[_stats.Record | None]] = {}
+    if pieces.any():
+        for i, record in zip(leaves[pieces].tolist(), _stats.records(table[pieces]), strict=True):
+            small_records.setdefault(i, []).append(record)
+    whole, which = table[~pieces], leaves[~pieces]
+    whole[whole["kind"] != np.array(kinds, np.uint8)[which]] = np.zeros(1, _stats.STATS_DTYPE)
+    return [d[0] for d in done], small_records, whole
 
 
 def _on_device(leaf: ArrayLeaf) -> list[Any]:

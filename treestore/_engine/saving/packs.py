@@ -25,7 +25,7 @@ from treestore._format.manifest.records import ChunkRef
 from treestore._kernels.digest import digest
 
 Span = tuple[int, np.dtype[Any], int, int]  # (leaf index, dtype, first byte, end byte) in a pack
-Packed = tuple[ChunkRef, list[tuple[int, _stats.Record]]]  # a pack's ref, its leaves' statistics
+Packed = tuple[ChunkRef, np.ndarray, np.ndarray]  # a pack's ref; its spans' leaves and statistics
 
 
 @dataclass
@@ -91,12 +91,13 @@ class Packer:
 
 
 def _store(put: Callable[..., ChunkRef], raw: np.ndarray[Any, Any], width: int, spans: list[Span]) -> Packed:
-    return put(raw, width, private=True, pack=True), _measure(raw, spans)
+    return (put(raw, width, private=True, pack=True), *_measure(raw, spans))
 
 
-def _measure(raw: np.ndarray[Any, Any], spans: list[Span]) -> list[tuple[int, _stats.Record]]:
-    """The statistics of each span: each run of adjacent spans of one dtype measured at once."""
-    out: list[tuple[int, _stats.Record]] = []
+def _measure(raw: np.ndarray[Any, Any], spans: list[Span]) -> tuple[np.ndarray, np.ndarray]:
+    """The leaf of each span and its statistics (a ``stats`` column, a row per span): each run
+    of adjacent spans of one dtype measured at once."""
+    tables = []
     i = 0
     while i < len(spans):
         j = i + 1
@@ -104,10 +105,10 @@ def _measure(raw: np.ndarray[Any, Any], spans: list[Span]) -> list[tuple[int, _s
             j += 1
         dtype, first, end = spans[i][1], spans[i][2], spans[j - 1][3]
         starts = np.array([s[2] - first for s in spans[i:j]], np.int64) // dtype.itemsize
-        records = _stats.measure_segments(raw[first:end].view(dtype), starts)
-        out += [(s[0], r) for s, r in zip(spans[i:j], records, strict=True)]
+        tables.append(_stats.measure_segments(raw[first:end].view(dtype), starts))
         i = j
-    return out
+    leaves = np.array([s[0] for s in spans], np.int64)
+    return leaves, np.concatenate(tables) if tables else np.zeros(0, _stats.STATS_DTYPE)
 
 
 __all__ = ["Packed", "Packer"]

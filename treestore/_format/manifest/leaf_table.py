@@ -72,6 +72,7 @@ class LeafTable:
         self.piece_start: list[int] = []
         self.piece_shape: list[int] = []
         self.stats: list[Record] = []  # each leaf's statistics (UNKNOWN for Python scalars)
+        self._measured_rows: list[tuple[list[int], np.ndarray]] = []  # (rows, their stats column)
         self.measured = False  # whether the save records statistics (the manifest's stats column)
 
     def __len__(self) -> int:
@@ -122,6 +123,21 @@ class LeafTable:
                 self.piece_shape += box
                 self.piece_chunks.append(n)
 
+    def set_stats(self, rows: list[int], table: np.ndarray) -> None:
+        """The statistics of rows ``rows`` (appended with a placeholder record), as rows of a
+        ``stats`` column: a pack's thousands of small leaves measured at once take no record
+        object each."""
+        if len(rows) != len(table):
+            raise ValueError(f"{len(table)} statistics for {len(rows)} rows")
+        self._measured_rows.append((rows, table))
+
+    def stats_column(self) -> np.ndarray:
+        """Every row's statistics as the manifest's ``stats`` column."""
+        out = column(self.stats)
+        for rows, table in self._measured_rows:
+            out[rows] = table
+        return out
+
     def fields(self, packs: list[ChunkRef]) -> dict[str, Any]:
         """The manifest arrays of these leaves and ``packs`` (what ``columns_from_fields`` takes,
         but the header fields and the tree)."""
@@ -141,5 +157,5 @@ class LeafTable:
             "piece_shape": np.array(self.piece_shape, "<u8"),
             "chunks": chunks,
             "packs": pack_table(packs),
-            **({"stats": column(self.stats)} if self.measured else {}),
+            **({"stats": self.stats_column()} if self.measured else {}),
         }
