@@ -17,7 +17,7 @@ import pytest
 
 import treestore
 from tests.support import servers
-from tests.support.helpers import assert_tree_equal
+from tests.support.helpers import assert_tree_equal, in_use
 from treestore._engine import gc as _gc
 from treestore._engine import locks as _locks
 from treestore._engine.write import SaveOptions
@@ -77,7 +77,7 @@ class ChunkCalls:
 
 
 def test_second_save_sends_no_request_for_known_chunks(store_url, monkeypatch):
-    store = treestore.Store(store_url)
+    store = treestore.Store(in_use(store_url))
     calls = ChunkCalls(monkeypatch, store)
     tree = model()
     first = store.save(tree, "step-1", options=OPTIONS)
@@ -98,7 +98,7 @@ def test_second_save_sends_no_request_for_known_chunks(store_url, monkeypatch):
 
 
 def test_trust_previous_false_checks_every_chunk(store_url, monkeypatch):
-    store = treestore.Store(store_url)
+    store = treestore.Store(in_use(store_url))
     tree = model()
     store.save(tree, "step-1", options=OPTIONS)
     calls = ChunkCalls(monkeypatch, store)
@@ -232,7 +232,7 @@ def test_a_save_never_trusts_chunks_gc_deleted_while_it_waited(tmp_path):
 
 
 def test_manager_trusts_its_last_step(tmp_path):
-    url = str(tmp_path / "store")
+    url = in_use(str(tmp_path / "store"))
     tree = model()
     with treestore.CheckpointManager(url, async_save=False) as m:
         m.save(1, tree)

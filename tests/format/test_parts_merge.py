@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 import treestore
+from tests.support.helpers import in_use
 from tests.support.jobs import prepared, rows, run_job
 from tests.support.records import Hand
 from treestore._api.checkpoint import Checkpoint
@@ -162,7 +163,7 @@ def test_a_job_of_threads_saves_one_checkpoint_every_layout(store_url):
 def test_every_process_trusts_the_previous_checkpoints_chunks(store_url):
     """A second save of the same tree by the job sends no existence check from any process: each
     learns the newest checkpoint's chunks under its own lock."""
-    storage = open_storage(store_url)
+    storage = open_storage(in_use(store_url))
     first = run_job(storage, job(), "one", options=OPTIONS)
     again = run_job(storage, job(), "two", options=OPTIONS)
     assert all(isinstance(r, SaveResult) for r in first + again), first + again

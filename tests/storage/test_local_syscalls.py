@@ -15,7 +15,7 @@ import pytest
 import treestore
 from treestore._storage.registry import open_storage
 
-CALLS = ("lstat", "stat", "open", "fstat", "urandom")
+CALLS = ("lstat", "stat", "open", "fstat", "urandom", "mkdir")
 CHUNKS = 40
 
 
@@ -74,3 +74,21 @@ def test_a_write_into_a_folder_the_store_made_costs_one_lstat(
     assert calls["lstat"] == 10, dict(calls)
     assert calls["stat"] == 0, dict(calls)
     assert storage.read("folder/9") == b"more"
+
+
+def test_a_save_asks_nothing_about_chunks_in_folders_it_made(tmp_path: Path, calls: collections.Counter[str]):
+    """A save into a new store makes each chunk folder with one mkdir and asks nothing about the
+    chunks it writes into folders it made (no object can be there yet): on a network file system
+    the existence check and the folder checks were a quarter of a big save's work. Into an
+    existing store, chunks it does not trust are still checked, one request each."""
+    result = treestore.save(str(tmp_path), _tree(3), "a", options=OPTIONS)
+    made = dict(calls)
+    assert result.chunks_written >= CHUNKS and result.existence_checks == 0
+    folders = len({p.parent for p in (tmp_path / "chunks").rglob("*") if p.is_file()})
+    assert made["mkdir"] <= folders + 6, made  # the store's own folders besides
+    assert made["stat"] <= 10, made
+    assert made["lstat"] <= result.chunks_written + 10, made  # a folder check per write
+    again = treestore.save(str(tmp_path), _tree(3), "b", options=OPTIONS, trust_previous=False)
+    assert again.existence_checks == again.chunks_reused == result.chunks_written
+    assert again.chunks_written == 0
+    assert treestore.verify(str(tmp_path)).ok

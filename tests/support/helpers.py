@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import jax
@@ -71,3 +72,13 @@ def read_events(path: Any) -> list[tuple[str, str]]:
     if not path.exists():
         return []
     return [(word, rest) for word, _, rest in (line.partition(" ") for line in path.read_text().splitlines())]
+
+
+def in_use(url: str) -> str:
+    """``url``, with every chunk folder made where it is a local folder, as in a store that has
+    been saved to for a while: a save then asks about each chunk it does not trust (into a
+    folder it makes itself, a save asks nothing: no chunk can be there yet)."""
+    if "://" not in url:
+        for i in range(256):
+            os.makedirs(os.path.join(url, "chunks", f"{i:02x}"), exist_ok=True)
+    return url

@@ -321,6 +321,13 @@ class Storage:
 
     stages = False  # whether stage() leaves the waiting (for the disk) to Staged.publish
 
+    def new_folder(self, path: str) -> bool:
+        """Make the folder that ``path`` goes in, where the backend has folders, and say whether
+        this call made it: then no object was under ``path`` a moment ago, and a writer need not
+        ask (only another writer, racing, can have put one there since). Object stores have no
+        folders: False."""
+        return False
+
     def stage(self, path: str, buffers: Buffers) -> Staged:
         """Write an object's bytes now and give them the name ``path`` later, with
         :meth:`Staged.publish`: on a local disk the bytes go to a temporary file, and publishing

@@ -302,26 +302,50 @@ class LocalStorage(Storage):
             self._made.discard(folder)
             self._inside.discard(folder)
         if folder not in self._made:
-            self._make_folder(folder)
-            self._check_inside(folder)  # never write through a symlinked folder
-            self._made.add(folder)
+            self._folder(folder)
         return os.path.join(folder, _tmp_name())
 
-    def _make_folder(self, folder: str) -> None:
-        """Make ``folder`` and any missing folder above it. The parent of each folder made is
-        left for :meth:`sync`: fsyncing a folder makes the names in it durable, not its own
-        name in its parent, and a commit must not name chunks in a folder a crash can lose."""
-        missing = []
-        here = folder
-        while here and not os.path.lexists(here):
-            missing.append(here)
-            parent = os.path.dirname(here)
-            if parent == here:
-                break
-            here = parent
-        os.makedirs(folder, exist_ok=True)
+    def new_folder(self, path: str) -> bool:
+        self._check_writable(path)
+        folder = os.path.dirname(self._full(path))
+        if folder in self._made:
+            return False
+        return self._call("writing", path, lambda: self._folder(folder))
+
+    def _folder(self, folder: str) -> bool:
+        """Make ``folder`` unless it exists, check that it lies in the store (never write through
+        a symlinked folder) and remember it; whether this call made it."""
+        made = self._make_folder(folder)
+        if made:  # a folder mkdir just made is no link: only the folders above it need a look
+            self._check_inside(os.path.dirname(folder))
+            self._inside.add(folder)
+        else:
+            self._check_inside(folder)
+        self._made.add(folder)
+        return made
+
+    def _make_folder(self, folder: str) -> bool:
+        """Make ``folder`` and any missing folder above it; whether ``folder`` was missing. A
+        folder that exists costs one call (a mkdir that finds it), a missing one whose parent
+        exists one too. The parent of each folder made is left for :meth:`sync`: fsyncing a
+        folder makes the names in it durable, not its own name in its parent, and a commit must
+        not name chunks in a folder a crash can lose."""
+        try:
+            os.mkdir(folder)
+        except FileExistsError:
+            return False
+        except FileNotFoundError:
+            parent = os.path.dirname(folder)
+            if not parent or parent == folder:
+                raise
+            self._make_folder(parent)
+            try:
+                os.mkdir(folder)
+            except FileExistsError:
+                return False
         with self._dirty_lock:
-            self._dirty_dirs.update(os.path.dirname(m) or "." for m in missing)
+            self._dirty_dirs.add(os.path.dirname(folder) or ".")
+        return True
 
     def _write_tmp(self, full: str, buffers: Buffers) -> str:
         """The bytes of ``buffers`` in a new temporary file in ``full``'s folder (removed again

@@ -144,7 +144,9 @@ class ChunkWriter:
     chunks of a checkpoint committed in the store, learned under this save's lock: see
     :mod:`treestore._engine.saving.trusted`) is referenced with the stored size that checkpoint records,
     with no request; an object already under its name is referenced only if it passes
-    :func:`reusable_size`; otherwise it is written (over a bad object, replacing it).
+    :func:`reusable_size`; otherwise it is written (over a bad object, replacing it). A chunk
+    whose folder was made for this writer (:meth:`Storage.new_folder`) is written with no
+    request: on a network file system each is a round trip.
     """
 
     def __init__(
@@ -161,6 +163,7 @@ class ChunkWriter:
         self.requests = ChunkRequests()
         self._lock = threading.Lock()
         self._claimed: dict[bytes, cf.Future[int]] = {}
+        self._new_folders: set[str] = set()  # chunk folders this writer's storage made for it
         self.written = self.written_bytes = self.reused = self.trusted_hits = 0
         self._publisher: Batch | None = None
         self._staged: list[tuple[Staged, cf.Future[None]]] = []
@@ -236,6 +239,13 @@ class ChunkWriter:
                 with self._lock:
                     self.trusted_hits += 1
                 return stored
+        path = _paths.chunk_path(d)
+        folder = path.rpartition("/")[0]
+        if folder in self._new_folders:  # this save made its folder: only its own chunks are there
+            return None
+        if self.storage.new_folder(path):
+            self._new_folders.add(folder)
+            return None
         return reusable_size(self.storage, d, raw_size, self.requests)
 
     def put(
