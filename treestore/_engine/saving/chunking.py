@@ -96,10 +96,11 @@ def _submit_leaves(
     # function call per leaf shows).
     kind_of = _stats.KIND_OF.get
     unknown = _stats.UNKNOWN
+    stats_on = options.stats
     for i, (_, leaf) in enumerate(prepared.leaves):
         kind = (
             kind_of(leaf.dtype, unknown)
-            if options.stats and isinstance(leaf, ArrayLeaf) and leaf.kind != PRNG_KEY
+            if stats_on and isinstance(leaf, ArrayLeaf) and leaf.kind != PRNG_KEY
             else unknown
         )
         kinds.append(kind)
@@ -175,16 +176,19 @@ def _submit_leaves(
 
     packs, small_records, packed = _pack_results(pack_jobs, in_pieces, kinds)
     packed_rows: list[int] = []  # the sink's rows of the measured leaves packed whole, in order
+    placeholder = _stats.UNKNOWN_RECORD if stats_on else None  # their record until then
+    row = len(sink)  # the sink's row of the next leaf
     for i, ((address, leaf), plan) in enumerate(zip(prepared.leaves, plans, strict=True)):
         if isinstance(leaf, ValueLeaf):
             sink.value(leaf.kind, leaf.value, address, i)
+            row += 1
             continue
         if type(plan) is tuple:  # packed whole: its statistics are its pack's row (set below)
             if kinds[i] != unknown:
-                packed_rows.append(len(sink))
-            stats = _stats.empty(kinds[i]) if options.stats else None
-            row = leaf.kind, leaf.dtype, leaf.shape, leaf.prng_impl, leaf.weak_type
-            sink.array(*row, [plan], None, address, i, stats)
+                packed_rows.append(row)
+            fields = leaf.kind, leaf.dtype, leaf.shape, leaf.prng_impl, leaf.weak_type
+            sink.array(*fields, [plan], None, address, i, placeholder)
+            row += 1
             continue
         if plan is None:  # another process writes it
             continue
@@ -214,11 +218,12 @@ def _submit_leaves(
                         records.append(record)
             lock.refresh(_locks.STALE_AFTER)  # after waiting for chunks: keep the save's lock fresh
         stats = None
-        if options.stats:
+        if stats_on:
             stats = _stats.combine(records + device_records.get(i, []), kinds[i])
         sink.array(
             leaf.kind, leaf.dtype, leaf.shape, leaf.prng_impl, leaf.weak_type, refs, pieces, address, i, stats
         )
+        row += 1
     if packed_rows:
         sink.set_stats(packed_rows, packed)
     return packs
