@@ -108,7 +108,7 @@ class Store:
         visible, so a failed save leaves nothing visible. The chunks of the store's newest
         checkpoint are referenced without a request for each (its manifest is read once the save
         holds its lock, when no gc can delete them); other chunks cost an existence check, and a
-        reuse read when present.
+        reuse read when present (none in a local folder the save itself made).
 
         Args:
             tree: A pytree of arrays (numpy, jax, PRNG keys) and Python scalars.
