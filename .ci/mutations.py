@@ -91,10 +91,18 @@ MUTATIONS: list[Mutation] = [
     m(
         "a new local folder's name left to chance",
         "treestore/_storage/local.py",
-        '            self._dirty_dirs.update(os.path.dirname(m) or "." for m in missing)\n',
+        '            self._dirty_dirs.add(os.path.dirname(folder) or ".")\n',
         "            pass\n",
         ["tests/engine/test_commit_order.py::test_a_new_folder_is_durable_in_its_parent_before_the_record"],
         "after a power cut a new chunk folder, and every chunk in it, can be gone under a commit",
+    ),
+    m(
+        "an existing local folder taken as made",
+        "treestore/_storage/local.py",
+        "        except FileExistsError:\n            return False\n        except FileNotFoundError:\n",
+        "        except FileExistsError:\n            return True\n        except FileNotFoundError:\n",
+        ["tests/storage/test_local_syscalls.py::test_a_save_asks_nothing_about_chunks_in_folders_it_made"],
+        "a save into a store in use writes every chunk again instead of reusing it",
     ),
     m(
         "a failed save keeps its staged chunks",
