@@ -282,6 +282,30 @@ def test_copy_trusts_the_destinations_newest_checkpoint(tmp_path):
     assert off.chunks_trusted == 0 and off.chunks_present == CHUNKS
 
 
+def test_a_copy_into_a_new_local_store_asks_nothing_about_its_chunks(tmp_path, monkeypatch):
+    """As a save does, a copy writes the chunks that go into folders it made with no request for
+    each (none can be there yet); into folders that were there, every chunk is checked."""
+    from treestore._storage.local import LocalStorage
+
+    src, dst = str(tmp_path / "src"), str(tmp_path / "dst")
+    tree = model()
+    treestore.save(src, tree, "step-1", options=OPTIONS)
+    asked: list[str] = []
+    real = LocalStorage.object_size
+
+    def object_size(self, path):
+        if self.root.startswith(dst) and path.startswith("chunks/"):
+            asked.append(path)
+        return real(self, path)
+
+    monkeypatch.setattr(LocalStorage, "object_size", object_size)
+    first = treestore.copy(f"{src}#step-1", dst)
+    assert first.chunks_copied == CHUNKS and asked == []
+    again = treestore.copy(f"{src}#step-1", f"{dst}#again", trust_previous=False)
+    assert again.chunks_present == CHUNKS and len(asked) == CHUNKS
+    assert_tree_equal(treestore.load(f"{dst}#again"), tree)
+
+
 # -- on S3: what the real server received -------------------------------------------------------
 
 _REQUEST = re.compile(r'"(?:\x1b\[[0-9;]*m)*(GET|HEAD|PUT|POST|DELETE) (\S+) HTTP')

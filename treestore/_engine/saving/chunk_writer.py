@@ -163,7 +163,7 @@ class ChunkWriter:
         self.requests = ChunkRequests()
         self._lock = threading.Lock()
         self._claimed: dict[bytes, cf.Future[int]] = {}
-        self._new_folders: set[str] = set()  # chunk folders this writer's storage made for it
+        self._folders: dict[str, cf.Future[bool]] = {}  # chunk folder: whether it was made for this writer
         self.written = self.written_bytes = self.reused = self.trusted_hits = 0
         self._publisher: Batch | None = None
         self._staged: list[tuple[Staged, cf.Future[None]]] = []
@@ -239,14 +239,28 @@ class ChunkWriter:
                 with self._lock:
                     self.trusted_hits += 1
                 return stored
-        path = _paths.chunk_path(d)
-        folder = path.rpartition("/")[0]
-        if folder in self._new_folders:  # this save made its folder: only its own chunks are there
-            return None
-        if self.storage.new_folder(path):
-            self._new_folders.add(folder)
+        if self.in_new_folder(d):
             return None
         return reusable_size(self.storage, d, raw_size, self.requests)
+
+    def in_new_folder(self, d: bytes) -> bool:
+        """Whether chunk ``d``'s folder was made for this writer (:meth:`Storage.new_folder`,
+        made now if it is missing): then no object is under its name but one this writer put
+        there, and the store need not be asked."""
+        path = _paths.chunk_path(d)
+        folder = path.rpartition("/")[0]
+        with self._lock:  # one thread asks for each folder; the others wait for its answer
+            made = self._folders.get(folder)
+            owner = made is None
+            if made is None:
+                made = self._folders[folder] = cf.Future()
+        if owner:
+            try:
+                made.set_result(self.storage.new_folder(path))
+            except BaseException as exc:
+                made.set_exception(exc)
+                raise
+        return made.result()
 
     def put(
         self, raw: np.ndarray[Any, Any], width: int, *, private: bool = False, pack: bool = False

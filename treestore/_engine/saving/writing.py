@@ -188,11 +188,12 @@ class Writing:
         """Chunk object ``chunk`` (its digest; ``raw_size`` raw bytes) present in the store:
         taken as present when trusted (returns -1), kept when the object under its name passes
         the check a save applies before reusing one (returns 0), written from ``fetch()``
-        otherwise, over a bad one (returns the stored bytes written)."""
+        otherwise, over a bad one (returns the stored bytes written); in a folder made for this
+        copy, written with no check."""
         trusted = self.writer.trusted
         if (trusted is not None and chunk in trusted.stored) or chunk in self._committed:
             return -1
-        if reusable_size(self.storage, chunk, raw_size) is not None:
+        if not self.writer.in_new_folder(chunk) and reusable_size(self.storage, chunk, raw_size) is not None:
             return 0
         data = fetch()
         self.replace_object(chunk, data)
