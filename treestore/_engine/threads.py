@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 from treestore.errors import OutOfMemoryError
 
 T = TypeVar("T")
+K = TypeVar("K")
 
 
 def default_threads() -> int:
@@ -31,6 +32,23 @@ def compute_threads(threads: int, waits_elsewhere: bool) -> int:
     by threads of its own (:meth:`Storage.stage` on a local disk), one per core keeps every core
     busy without the switching and scratch memory of more."""
     return min(threads, os.cpu_count() or 1) if waits_elsewhere else threads
+
+
+def once(table: dict[K, cf.Future[T]], key: K, lock: threading.Lock, compute: Callable[[], T]) -> T:
+    """``compute()`` for ``key``, run by the first thread that asks: the others, and later calls,
+    wait for its result (or get its error) from ``table``, which ``lock`` guards."""
+    with lock:
+        done = table.get(key)
+        first = done is None
+        if done is None:
+            done = table[key] = cf.Future()
+    if first:
+        try:
+            done.set_result(compute())
+        except BaseException as exc:
+            done.set_exception(exc)
+            raise
+    return done.result()
 
 
 _pools: dict[tuple[str, int], cf.ThreadPoolExecutor] = {}

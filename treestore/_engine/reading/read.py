@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from treestore._engine.reading.memory import allocate
+from treestore._engine.threads import once
 from treestore._format import paths as _paths
 from treestore._format.codecs import decode_in_place, decode_into, in_place_room
 from treestore._format.limits import CHUNK_HEADER_BYTES, CHUNK_SLACK
@@ -173,22 +174,15 @@ class ChunkReader:
         """Pack ``index``, decoded (read once per reader; errors name ``address``). Its bytes are
         used only through :meth:`member`, which checks each member against its own digest: the
         pack's digest, over the same bytes again, is left to ``verify`` (SPEC.md section 6.5)."""
-        with self._lock:
-            fut = self._packs.get(index)
-            owner = fut is None
-            if fut is None:
-                fut = self._packs[index] = cf.Future()
-        if owner:
-            try:
-                c = self.packs[index]
-                obj = self._object(c, address)  # the object first: its size bounds what we allocate
-                buf = allocate(c.raw_size, address, self.name)
-                self._decode(obj, c, buf, address, check=False)
-                fut.set_result(buf)
-            except BaseException as exc:
-                fut.set_exception(exc)  # other leaves of this pack fail alike, without rereading
-                raise
-        return fut.result()
+
+        def decoded() -> np.ndarray[Any, Any]:  # once: other leaves of the pack fail alike, unread
+            c = self.packs[index]
+            obj = self._object(c, address)  # the object first: its size bounds what we allocate
+            buf = allocate(c.raw_size, address, self.name)
+            self._decode(obj, c, buf, address, check=False)
+            return buf
+
+        return once(self._packs, index, self._lock, decoded)
 
     def member(
         self, pack: np.ndarray[Any, Any], offset: int, size: int, chunk_digest: bytes

@@ -16,7 +16,7 @@ import numpy as np
 
 from treestore._deprecated import renamed_attribute
 from treestore._engine.saving import trusted as _trusted
-from treestore._engine.threads import Batch, shared_pool
+from treestore._engine.threads import Batch, once, shared_pool
 from treestore._format import paths as _paths
 from treestore._format import stats as _stats
 from treestore._format.codecs import PACK_PAYS_OFF, PROBE_BYTES, Codec, encode, sound
@@ -249,18 +249,8 @@ class ChunkWriter:
         there, and the store need not be asked."""
         path = _paths.chunk_path(d)
         folder = path.rpartition("/")[0]
-        with self._lock:  # one thread asks for each folder; the others wait for its answer
-            made = self._folders.get(folder)
-            owner = made is None
-            if made is None:
-                made = self._folders[folder] = cf.Future()
-        if owner:
-            try:
-                made.set_result(self.storage.new_folder(path))
-            except BaseException as exc:
-                made.set_exception(exc)
-                raise
-        return made.result()
+        # one thread asks for each folder; the others wait for its answer
+        return once(self._folders, folder, self._lock, lambda: self.storage.new_folder(path))
 
     def put(
         self, raw: np.ndarray[Any, Any], width: int, *, private: bool = False, pack: bool = False
@@ -310,14 +300,8 @@ class ChunkWriter:
             raw = _private_copy(raw)
         record = None if dtype is None else _stats.measure(raw.view(dtype))
         d = digest(raw, spread=self._alone(raw))
-        with self._lock:
-            fut = self._claimed.get(d)
-            owner = fut is None
-            if fut is None:
-                fut = self._claimed[d] = cf.Future()
-        if not owner:
-            return ChunkRef(d, raw.nbytes, fut.result()), record
-        try:
+
+        def store() -> int:  # once per chunk of this save: its stored size
             stored = self._stored(d, raw.nbytes)
             if stored is None:
                 # (written before this thread encodes the next)
@@ -332,13 +316,11 @@ class ChunkWriter:
             else:
                 with self._lock:
                     self.reused += 1
-            fut.set_result(stored)
-        except BaseException as exc:
-            fut.set_exception(exc)
-            raise
-        if self.on_chunk is not None:
-            self.on_chunk(raw.nbytes)
-        return ChunkRef(d, raw.nbytes, stored), record
+            if self.on_chunk is not None:
+                self.on_chunk(raw.nbytes)
+            return stored
+
+        return ChunkRef(d, raw.nbytes, once(self._claimed, d, self._lock, store)), record
 
 
 Measured = tuple[ChunkRef, "_stats.Record | None"]
