@@ -6,6 +6,8 @@ run as they are and take the real path."""
 from __future__ import annotations
 
 import math
+import os
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -375,3 +377,63 @@ def test_a_fetch_that_fails_gives_its_window_back() -> None:
     with pytest.raises(RuntimeError, match="deleted"):
         _fetched([first, gone], window, chunk=4096)
     assert window.held == 0 and window.peak > 0
+
+
+class _CountedKernel:
+    """The statistics kernel, its compiles counted with the thread each ran on; the first
+    ``fail`` compiles raise."""
+
+    def __init__(self, kernel, fail: int = 0) -> None:  # type: ignore[no-untyped-def]
+        self.kernel, self.fail = kernel, fail
+        self.threads: list[str] = []
+        self.lock = threading.Lock()
+
+    def lower(self, x):  # type: ignore[no-untyped-def]
+        with self.lock:
+            self.threads.append(threading.current_thread().name)
+            if self.fail:
+                self.fail -= 1
+                raise RuntimeError("RESOURCE_EXHAUSTED: no memory to compile")
+        return self.kernel.lower(x)
+
+
+def _counted(monkeypatch: pytest.MonkeyPatch, fail: int = 0) -> _CountedKernel:
+    counted = _CountedKernel(device_stats._kernel(), fail)
+    monkeypatch.setattr(device_stats, "_kernel", lambda: counted)
+    monkeypatch.setattr(device_stats, "_compiled", {})
+    return counted
+
+
+def test_each_leaf_shape_is_compiled_once_and_new_shapes_together(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model has a handful of leaf shapes, each a second or two of compiling on a TPU: a save
+    compiles each shape once (not once per leaf), the shapes it meets first on the compiling
+    threads together, then gives the compilers' heap back; a later save of the same shapes
+    compiles nothing."""
+    counted = _counted(monkeypatch)
+    trims: list[str] = []
+    monkeypatch.setattr(device_stats._libc, "give_back_free_heap", lambda: trims.append("after"))
+    shapes = [(300, 517), (70_000,), (128, 256), (40_000,)]  # each over small_leaf
+    tree = {f"w{i}": jnp.ones(shapes[i % 4], jnp.float32) * i for i in range(12)}
+    store = treestore.Store("memory://device-path/compile-once")
+    store.save(tree, "a", options=treestore.SaveOptions(**ALWAYS))
+    assert len(counted.threads) == 4
+    if (os.cpu_count() or 1) > 1:  # one core: compiled one after the other, in the saving thread
+        assert all(name.startswith("treestore-compile") for name in counted.threads)
+    assert trims == ["after"]  # the compilers' heap given back, once
+    store.save({k: v + 1 for k, v in tree.items()}, "b", options=treestore.SaveOptions(**ALWAYS))
+    assert len(counted.threads) == 4
+    assert trims == ["after"]
+    got = store.open("b").stats("w5")["w5"]
+    assert (got.min, got.max) == (6.0, 6.0)
+
+
+def test_a_compile_that_failed_is_tried_again_by_the_next_save(monkeypatch: pytest.MonkeyPatch) -> None:
+    counted = _counted(monkeypatch, fail=1)
+    store = treestore.Store("memory://device-path/compile-again")
+    tree = {"w": jnp.arange(100_000.0)}
+    with pytest.raises(RuntimeError, match="RESOURCE_EXHAUSTED"):
+        store.save(tree, "a", options=treestore.SaveOptions(**ALWAYS))
+    assert store.list() == []
+    store.save(tree, "a", options=treestore.SaveOptions(**ALWAYS))
+    assert len(counted.threads) == 2
+    assert store.open("a").stats("w")["w"].max == 99_999.0

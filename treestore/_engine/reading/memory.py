@@ -5,7 +5,6 @@ memory, big ones faulted in with ordinary pages; and running out of memory repor
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import functools
 import inspect
 import math
@@ -16,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from treestore._engine import libc as _libc
 from treestore.errors import OutOfMemoryError
 
 
@@ -32,26 +32,11 @@ SMALL_PAGES_FROM = 4 * 2**20  # bytes from which a result is faulted in with ord
 _MADV_NOHUGEPAGE = 15
 
 
-def _load_madvise() -> Any:
-    """libc's madvise, or None off Linux (loaded once, at import: never while reading a store)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).madvise
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
-    return fn
-
-
-_MADVISE = _load_madvise()
-
-
 def _small_pages(buf: np.ndarray[Any, Any]) -> None:
     """Undo the huge-page hint numpy gives a big new array before it is touched: where memory
     is fragmented, faulting in huge pages stalls on compaction (it made loads of GPT-2 shapes
     markedly slower). Best effort: nothing changes where madvise is missing or refuses."""
-    madvise = _MADVISE
+    madvise = _libc.madvise
     page = mmap.PAGESIZE
     start = buf.ctypes.data + (-buf.ctypes.data % page)
     length = (buf.ctypes.data + buf.nbytes - start) // page * page

@@ -91,7 +91,7 @@ def _submit_leaves(
     chunked: list[tuple[int, bool]] = []  # the leaves with chunks of their own, or pieces; private
     in_pieces: list[int] = []  # the sharded leaves, whose small pieces may span several packs
     kinds: list[int] = []  # each leaf's statistics kind; UNKNOWN where none is recorded
-    on_device: dict[int, list[Any]] = {}  # the leaves measured on their devices: kernel results
+    on_device: dict[int, list[Any]] = {}  # the leaves measured on their devices: the arrays
     # Statistics of real numbers, not of PRNG key data (looked up inline: at 100k leaves a
     # function call per leaf shows).
     kind_of = _stats.KIND_OF.get
@@ -111,7 +111,7 @@ def _submit_leaves(
         if measure and (leaf.source is not None or leaf.data is None):
             kept = _on_device(leaf)
             if kept and _device_stats.measurable(np.dtype(kept[0].dtype)):
-                on_device[i] = _device_stats.dispatch(kept)  # before the slices, on each device
+                on_device[i] = kept
         if leaf.source is not None:  # kept on its device: chunked as it is fetched
             plans.append(leaf.source)
             chunked.append((i, True))
@@ -136,6 +136,8 @@ def _submit_leaves(
             plans.append(leaf.data)
             chunked.append((i, leaf.private))
     pack_jobs = packer.finish()
+    # measured before the slices are fetched, all at once (new shapes are compiled side by side)
+    measuring = _device_stats.dispatch([x for kept in on_device.values() for x in kept])
 
     def submit(
         raw: np.ndarray[Any, Any], width: int, private: bool, dtype: np.dtype[Any] | None
@@ -172,7 +174,7 @@ def _submit_leaves(
                 for start, piece, ref in plan
             ]
     fetcher.run()  # every device leaf's chunks submitted: its futures are in plans
-    device_records = _device_records(prepared, on_device)
+    device_records = _device_records(on_device, measuring)
 
     packs, small_records, packed = _pack_results(pack_jobs, in_pieces, kinds)
     packed_rows: list[int] = []  # the sink's rows of the measured leaves packed whole, in order
@@ -258,15 +260,10 @@ def _on_device(leaf: ArrayLeaf) -> list[Any]:
     return [piece for _, piece in leaf.pieces if type(piece) is not np.ndarray]
 
 
-def _device_records(prepared: Prepared, on_device: dict[int, list[Any]]) -> dict[int, list[_stats.Record]]:
-    """The records of the leaves (and kept pieces) measured on their devices, fetched together."""
-    order = sorted(on_device)
-    results = [r for i in order for r in on_device[i]]
+def _device_records(on_device: dict[int, list[Any]], results: list[Any]) -> dict[int, list[_stats.Record]]:
+    """The records of the leaves (and kept pieces) measured on their devices, from the kernel's
+    ``results`` for them in order, fetched together."""
     blocks = iter(_device_stats.fetch(results))
-    out: dict[int, list[_stats.Record]] = {}
-    for i in order:
-        leaf = prepared.leaves[i][1]
-        assert isinstance(leaf, ArrayLeaf)
-        kept = _on_device(leaf)
-        out[i] = [_device_stats.record(next(blocks), int(x.size)) for x in kept]
-    return out
+    return {
+        i: [_device_stats.record(next(blocks), int(x.size)) for x in kept] for i, kept in on_device.items()
+    }

@@ -10,19 +10,27 @@ rounding of each block's sum (relative 10⁻⁶ at worst; sums are taken 256 ele
 
 Only floating dtypes of at most 32 bits are measured here: their every value is exact in
 float32. Other dtypes (integers, float64) keep the host's measurement as their chunks are
-hashed. The function is compiled once per (shape, dtype) and kept by jax across saves; every
-leaf's block results travel to the host in one transfer.
+hashed. The function is compiled once per (shape, dtype, sharding) and kept for the process;
+the shapes a save meets for the first time are compiled side by side, one per core (on a TPU
+each compile takes a second or two, and a model has a handful of leaf shapes), and the memory the
+compilers worked in is given back to the system after them. Every leaf's block results travel to
+the host in one transfer.
 """
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import functools
 import math
+import os
+import threading
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from treestore._engine import libc as _libc
+from treestore._engine import threads as _threads
 from treestore._format import stats as _stats
 from treestore._tree.jax_import import jax
 
@@ -65,11 +73,39 @@ def _kernel() -> Any:
     return jax.jit(blocks)
 
 
+_compiled: dict[tuple[Any, ...], cf.Future[Any]] = {}  # (shape, dtype, sharding) -> executable
+_compiling = threading.Lock()
+
+
+def _key(x: Any) -> tuple[Any, ...]:
+    return (x.shape, x.dtype, x.sharding)
+
+
+def _executable(x: Any) -> Any:
+    """The kernel compiled for arrays like ``x`` (compiled by the first thread to ask). A compile
+    that failed is not kept: the next save tries again."""
+    key = _key(x)
+    try:
+        return _threads.once(_compiled, key, _compiling, lambda: _kernel().lower(x).compile())
+    except BaseException:
+        with _compiling:
+            done = _compiled.get(key)
+            if done is not None and done.done() and done.exception() is not None:
+                del _compiled[key]
+        raise
+
+
 def dispatch(arrays: Sequence[Any]) -> list[Any]:
     """Start measuring each jax array of ``arrays`` on its device; returns the block results
-    (still on the devices) for :func:`records`. Nothing waits for the device here."""
-    kernel = _kernel()
-    return [kernel(x) for x in arrays]
+    (still on the devices) for :func:`records`. Nothing waits for the device here, once the
+    kernel is compiled for every shape of ``arrays``."""
+    new = {_key(x): x for x in arrays if _key(x) not in _compiled}
+    if len(new) > 1:
+        cores = os.cpu_count() or 1
+        jobs = [functools.partial(_executable, x) for x in new.values()]
+        _threads.run_all(jobs, cores, "compile")
+        _libc.give_back_free_heap()  # the compilers' working memory: kept otherwise, by their threads
+    return [_executable(x)(x) for x in arrays]
 
 
 def fetch(results: Sequence[Any]) -> list[np.ndarray[Any, Any]]:
