@@ -40,9 +40,10 @@ from tests.support.refusal import (
 
 
 # --- 12.4: saves that commit what readers refuse -------------------------------------------------
-def nested(depth: int, kind: str = "list") -> Any:
-    """A leaf under ``depth`` containers: its node sits at depth ``depth``."""
-    tree: Any = np.float32(7.0)
+def nested(depth: int, kind: str = "list", leaf: Any = None) -> Any:
+    """A leaf (``np.float32(7.0)`` unless given) under ``depth`` containers: its node sits at
+    depth ``depth``."""
+    tree: Any = np.float32(7.0) if leaf is None else leaf
     for _ in range(depth):
         tree = {"k": tree} if kind == "dict" else (tree,) if kind == "tuple" else [tree]
     return tree
@@ -88,6 +89,17 @@ def test_deep_tree_over_limit_is_refused_before_writing(tmp_path, depth, kind):
     w = np.arange(5.0)
     tree = {"w": w, "k": nested(depth - 1, kind)} if kind == "dict" else [w, nested(depth - 1, kind)]
     assert_refused(url, tree)
+
+
+@pytest.mark.parametrize("leaf", [np.arange(3.0), 5, "s"], ids=["array", "int", "str"])
+def test_a_container_of_leaves_only_at_the_limit_saves_and_one_level_deeper_is_refused(tmp_path, leaf):
+    """The same boundary where a node's children are all arrays or Python values (the case the
+    walk visits without a task per leaf)."""
+    url = with_base(tmp_path)
+    treestore.save(url, nested(500, "list", leaf), "deep")
+    assert list(treestore.open(url, "deep").leaves) == [deep_address(500)]
+    exc = assert_refused(url, {"w": np.arange(5.0), "k": nested(500, "list", leaf)})
+    assert "nested deeper than 500" in str(exc) and exc.address == "k/" + deep_address(500)
 
 
 @pytest.mark.parametrize("kind", ["list", "dict"])

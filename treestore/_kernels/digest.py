@@ -30,9 +30,11 @@ def digest(data: Any, *, spread: bool = False) -> bytes:
     Under an address-space limit the call runs in room kept for it (:func:`_free_room`): BLAKE3's
     bindings abort the process when an allocation of their own fails, and Python cannot catch
     that. Raises MemoryError when there is no such room."""
-    threads = (os.cpu_count() or 1) if spread else 1
     if monotonic() >= _next_look:
         _look()
+    if not (_is_limited or spread):  # the common case, a call per small leaf: nothing else
+        return blake3.blake3(data).digest()
+    threads = (os.cpu_count() or 1) if spread else 1
     if not _is_limited:
         return blake3.blake3(data, max_threads=threads).digest()
     _free_room()

@@ -169,17 +169,20 @@ def flatten(tree: Any, visit: Callable[[str, Any], int]) -> Nodes:
         kinds.extend([NONE] * len(children))
         parents.extend([me] * len(children))
         keys.extend([where.setdefault(s, len(where)) for s in segments])
+        addresses = [join_address(address, s) for s in segments]
+        for j in reversed(visits):
+            if len(addresses[j]) > MAX_ADDRESS_CHARS:
+                _too_long(addresses[j])
+        if depth < MAX_DEPTH and all(type(c) in _LEAF_TYPES for c in children):
+            # Leaves only (a layer's arrays): visited now, in the order the stack would give them.
+            for j in visits:
+                kinds[first + j] = LEAF
+                leaf_nodes.append((first + j, visit(addresses[j], children[j])))
+            continue
         open_ids.add(id(x))
         stack.append(_Close(x))
         for j in reversed(visits):
-            child_address = join_address(address, segments[j])
-            if len(child_address) > MAX_ADDRESS_CHARS:
-                raise InvalidInputError(
-                    f"{child_address[:80]}...: an address of {len(child_address)} characters, over "
-                    f"the limit of {MAX_ADDRESS_CHARS} readers accept (shorter keys, or less nesting)",
-                    address=child_address[:80],
-                )
-            stack.append((children[j], (*path, node_keys[j]), child_address, depth + 1, first + j))
+            stack.append((children[j], (*path, node_keys[j]), addresses[j], depth + 1, first + j))
     table = np.zeros(len(kinds), NODE_DTYPE)
     table["kind"], table["parent"], table["key"] = kinds, parents, keys
     leaf_nodes.sort()
@@ -189,6 +192,14 @@ def flatten(tree: Any, visit: Callable[[str, Any], int]) -> Nodes:
         return check_nodes(tuple(where), table, tuple(n for _, n in names), leaves, len(leaf_nodes))
     except (Bad, UnsupportedFormatError) as exc:  # never for a tree this walk accepted
         raise InvalidInputError(f"the tree's structure would not be readable: {exc}") from None
+
+
+def _too_long(address: str) -> None:
+    raise InvalidInputError(
+        f"{address[:80]}...: an address of {len(address)} characters, over the limit of "
+        f"{MAX_ADDRESS_CHARS} readers accept (shorter keys, or less nesting)",
+        address=address[:80],
+    )
 
 
 def any_node(tree: Any, test: Callable[[Any], bool]) -> bool:
