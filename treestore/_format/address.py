@@ -198,6 +198,15 @@ def format_key(key: object, path: Sequence[object] = ()) -> str:
     return segment
 
 
+def dict_key_segment(key: object, path: Sequence[object] = ()) -> str:
+    """``format_key(DictKey(key), path)``, without making the key entry once the segment of
+    ``key`` is known (a model's dicts repeat a few keys thousands of times)."""
+    try:
+        return _SEGMENTS[(DictKey, type(key), key)]
+    except (KeyError, TypeError):
+        return format_key(DictKey(key), path)
+
+
 def _format_key(entry: object, path: Sequence[object]) -> str:
     key = as_key(entry)
     if isinstance(key, SequenceKey) and type(key.idx) is int and 0 <= key.idx < MAX_INDEX:

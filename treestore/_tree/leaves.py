@@ -116,6 +116,8 @@ def prepare_leaf(value: object, address: str, *, copy: bool = False, keep: Keep 
     jax arrays are copied to host here, once; those that ``keep`` keeps (and the pieces of a
     sharded one that it keeps) stay on their devices, for the save to fetch.
     """
+    if type(value) is np.ndarray:  # the most common leaf first
+        return _numpy_leaf(value, address, copy)
     where = address or "(root)"
     kind = PY_KINDS.get(type(value))
     if kind is not None:
@@ -129,8 +131,6 @@ def prepare_leaf(value: object, address: str, *, copy: bool = False, keep: Keep 
             except ValueError as exc:
                 raise UnsupportedLeafError(f"{where}: {exc}", address=address) from None
         return ValueLeaf(kind, value)
-    if type(value) is np.ndarray:  # the most common leaf first
-        return _numpy_leaf(value, address, copy)
     if isinstance(value, jax.Array):
         deleted = getattr(value, "is_deleted", None)  # tracers have none
         if deleted is not None and deleted():

@@ -23,6 +23,7 @@ from treestore._format.address import (
     Key,
     SequenceKey,
     check_node_keys,
+    dict_key_segment,
     format_address,
     format_key,
     join_address,
@@ -126,11 +127,11 @@ def flatten(tree: Any, visit: Callable[[str, Any], int]) -> Nodes:
         if x is None:
             continue  # kinds[me] is NONE already
         t = type(x)
-        node_keys: list[Key]
+        node_keys: list[Any]  # key entries; a dict's own keys for a dict
         visits: range | list[int]  # the children's positions in jax's flattening order
         if t is dict or t is collections.OrderedDict:
             order = list(x)
-            node_keys = [DictKey(k) for k in order]
+            node_keys = order  # the dict's own keys: key entries made only for paths below
             visits = range(len(order)) if t is collections.OrderedDict else _jax_order(order)
             children = [x[k] for k in order]
             kind = DICT if t is dict else ORDEREDDICT
@@ -152,6 +153,8 @@ def flatten(tree: Any, visit: Callable[[str, Any], int]) -> Nodes:
             names.append((me, type_name(t)))
         if kind in (LIST, TUPLE):
             segments = [str(j) for j in visits]
+        elif kind in (DICT, ORDEREDDICT):
+            segments = [dict_key_segment(k, path) for k in node_keys]
         else:
             segments = [format_key(k, path) for k in node_keys]
             if kind >= NAMEDTUPLE:  # a dict's keys are distinct already
@@ -182,7 +185,8 @@ def flatten(tree: Any, visit: Callable[[str, Any], int]) -> Nodes:
         open_ids.add(id(x))
         stack.append(_Close(x))
         for j in reversed(visits):
-            stack.append((children[j], (*path, node_keys[j]), addresses[j], depth + 1, first + j))
+            key = DictKey(node_keys[j]) if kind in (DICT, ORDEREDDICT) else node_keys[j]
+            stack.append((children[j], (*path, key), addresses[j], depth + 1, first + j))
     table = np.zeros(len(kinds), NODE_DTYPE)
     table["kind"], table["parent"], table["key"] = kinds, parents, keys
     leaf_nodes.sort()
