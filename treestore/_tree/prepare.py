@@ -85,8 +85,9 @@ def start_transfers(values: list[Any], keep: Keep | None = None) -> None:
     (and that ``keep`` does not keep), so that their transfers overlap."""
     if not jax_imported():  # no jax array can be among them
         return
+    array = jax.Array  # looked up once: each lookup through the stand-in costs a call
     for x in values:
-        if isinstance(x, jax.Array) and off_cpu(x) and not (keep is not None and keep.kept(x)):
+        if isinstance(x, array) and off_cpu(x) and not (keep is not None and keep.kept(x)):
             with contextlib.suppress(Exception):  # np.asarray copies anyway
                 x.copy_to_host_async()
 

@@ -97,25 +97,28 @@ class HostSnapshot:
                 return old.leaf
             leaf = prepare_leaf(value, address)
             if isinstance(leaf, ArrayLeaf):
-                if isinstance(value, jax.Array) and off_cpu(value):
+                # numpy first: the stand-in's jax.Array costs a call per leaf of a big tree
+                on_jax = type(value) is not np.ndarray and isinstance(value, jax.Array)
+                if on_jax and off_cpu(value):
                     new[address] = _Kept(weakref.ref(value), leaf, owned=False)
                 else:
                     leaf = _private(leaf, old)
-                    source = weakref.ref(value) if isinstance(value, jax.Array) else None
+                    source = weakref.ref(value) if on_jax else None
                     new[address] = _Kept(source, leaf, owned=True)
             return leaf
 
         def start_copies(values: list[Any]) -> None:  # every device-to-host copy at once
             nonlocal device
+            array = jax.Array  # looked up once: each lookup through the stand-in costs a call
             if on_device is not None and device_room(values, on_device, device_limit):
                 device = on_device
-                originals = {id(x): x for x in values if isinstance(x, jax.Array) and on_device.kept(x)}
+                originals = {id(x): x for x in values if isinstance(x, array) and on_device.kept(x)}
                 made = _copier()(list(originals.values()))
                 on_device_copies.update(zip(originals, made, strict=True))
                 copies.extend(made)
             for x in values:
                 if (
-                    isinstance(x, jax.Array)
+                    isinstance(x, array)
                     and id(x) not in same
                     and off_cpu(x)
                     and not (device is not None and device.kept(x))
@@ -158,8 +161,9 @@ def device_room(tree_leaves: list[Any], keep: Keep, limit: int | None) -> bool:
     devices: in at most ``limit`` bytes in all (None: no bound of the caller's), and in at most
     half of what each device has free (where the device tells; a CPU does not)."""
     need: dict[Any, int] = {}
+    array = jax.Array
     for x in tree_leaves:
-        if isinstance(x, jax.Array) and keep.kept(x):
+        if isinstance(x, array) and keep.kept(x):
             for shard in x.addressable_shards:
                 need[shard.device] = need.get(shard.device, 0) + int(shard.data.nbytes)
     if limit is not None and sum(need.values()) > limit:
