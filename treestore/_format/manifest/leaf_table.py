@@ -30,7 +30,7 @@ from treestore._format.manifest.columns import (
     WEAK_TYPE,
 )
 from treestore._format.manifest.records import ChunkRef
-from treestore._format.stats import UNKNOWN_RECORD, Record, column
+from treestore._format.stats import STATS_DTYPE, UNKNOWN_RECORD, Record, column
 from treestore.errors import InvalidInputError
 
 Ref = tuple[bytes, int, int, int, int]  # digest, raw size, stored size, pack index (-1: none), offset
@@ -38,6 +38,10 @@ PieceRow = tuple[tuple[int, ...], tuple[int, ...], int]  # start, shape, number 
 _KIND = {name: code for code, name in enumerate(KINDS)}
 _DTYPE = {name: code for code, name in enumerate(DTYPE_NAMES)}
 _PRNG = {name: code << PRNG_SHIFT for code, name in enumerate(PRNG_NAMES)}
+_REFS_DTYPE = np.dtype(  # CHUNK_DTYPE with the digest read from bytes
+    [("digest", "S32"), ("raw", "<u4"), ("stored", "<u4"), ("pack", "<i4"), ("offset", "<u4")]
+)
+assert _REFS_DTYPE.descr[1:] == CHUNK_DTYPE.descr[1:] and _REFS_DTYPE.itemsize == CHUNK_DTYPE.itemsize
 
 
 def pack_table(packs: list[ChunkRef] | tuple[ChunkRef, ...]) -> np.ndarray:
@@ -133,7 +137,12 @@ class LeafTable:
 
     def stats_column(self) -> np.ndarray:
         """Every row's statistics as the manifest's ``stats`` column."""
-        out = column(self.stats)
+        # UNKNOWN rows are zeros: only the others are converted (at 100k small leaves nearly
+        # every row is a placeholder that a pack's measurement replaces below)
+        known = [i for i, r in enumerate(self.stats) if r is not UNKNOWN_RECORD]
+        out = np.zeros(len(self.stats), STATS_DTYPE)
+        if known:
+            out[known] = column([self.stats[i] for i in known])
         for rows, table in self._measured_rows:
             out[rows] = table
         return out
@@ -141,12 +150,8 @@ class LeafTable:
     def fields(self, packs: list[ChunkRef]) -> dict[str, Any]:
         """The manifest arrays of these leaves and ``packs`` (what ``columns_from_fields`` takes,
         but the header fields and the tree)."""
-        chunks = np.zeros(len(self.refs), CHUNK_DTYPE)
-        if self.refs:
-            digests, raw, stored, pack, offset = zip(*self.refs, strict=True)
-            chunks["digest"] = np.frombuffer(b"".join(digests), "V32")
-            chunks["raw"], chunks["stored"] = raw, stored
-            chunks["pack"], chunks["offset"] = pack, offset
+        # numpy reads the refs' tuples in one pass (the digest as 32 bytes, then seen as V32)
+        chunks = np.array(self.refs, _REFS_DTYPE).view(CHUNK_DTYPE) if self.refs else np.zeros(0, CHUNK_DTYPE)
         return {
             "leaves": np.array(self.rows, LEAF_DTYPE) if self.rows else np.zeros(0, LEAF_DTYPE),
             "shapes": np.array(self.shapes, "<u8"),
