@@ -178,7 +178,8 @@ def _submit_leaves(
 
     packs, small_records, packed = _pack_results(pack_jobs, in_pieces, kinds)
     packed_rows: list[int] = []  # the sink's rows of the measured leaves packed whole, in order
-    placeholder = _stats.UNKNOWN_RECORD if stats_on else None  # their record until then
+    packed_leaf = sink.packed_leaf
+    any_packed = False
     row = len(sink)  # the sink's row of the next leaf
     for i, ((address, leaf), plan) in enumerate(zip(prepared.leaves, plans, strict=True)):
         if isinstance(leaf, ValueLeaf):
@@ -188,8 +189,8 @@ def _submit_leaves(
         if type(plan) is tuple:  # packed whole: its statistics are its pack's row (set below)
             if kinds[i] != unknown:
                 packed_rows.append(row)
-            fields = leaf.kind, leaf.dtype, leaf.shape, leaf.prng_impl, leaf.weak_type
-            sink.array(*fields, [plan], None, address, i, placeholder)
+            packed_leaf(leaf.kind, leaf.dtype, leaf.shape, leaf.prng_impl, leaf.weak_type, plan, i)
+            any_packed = True
             row += 1
             continue
         if plan is None:  # another process writes it
@@ -226,6 +227,8 @@ def _submit_leaves(
             leaf.kind, leaf.dtype, leaf.shape, leaf.prng_impl, leaf.weak_type, refs, pieces, address, i, stats
         )
         row += 1
+    if stats_on and any_packed:
+        sink.measured = True  # as array() with a placeholder record would have
     if packed_rows:
         sink.set_stats(packed_rows, packed)
     return packs

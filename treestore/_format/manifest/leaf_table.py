@@ -127,6 +127,26 @@ class LeafTable:
                 self.piece_shape += box
                 self.piece_chunks.append(n)
 
+    def packed_leaf(
+        self,
+        kind: str,
+        dtype: str,
+        shape: tuple[int, ...],
+        prng_impl: str | None,
+        weak_type: bool,
+        ref: Ref,
+        leaf: int,
+    ) -> None:
+        """:meth:`array` for a leaf packed whole (one chunk ref, no pieces), its statistics a
+        placeholder until :meth:`set_stats` (or none, unless :attr:`measured` is set): the one
+        call per leaf of a save of many small leaves, kept to what such a leaf needs."""
+        self.index.append(leaf)
+        self.stats.append(UNKNOWN_RECORD)
+        flags = _PRNG[prng_impl] | (WEAK_TYPE if weak_type else 0)
+        self.rows.append((_KIND[kind], _DTYPE[dtype], len(shape), flags, 1))
+        self.shapes += shape
+        self.refs.append(ref)
+
     def set_stats(self, rows: list[int], table: np.ndarray) -> None:
         """The statistics of rows ``rows`` (appended with a placeholder record), as rows of a
         ``stats`` column: a pack's thousands of small leaves measured at once take no record
