@@ -24,8 +24,19 @@ from treestore._format.manifest.leaf_table import Ref
 from treestore._format.manifest.records import ChunkRef
 from treestore._kernels.digest import digest
 
-Span = tuple[int, np.dtype[Any], int, int]  # (leaf index, dtype, first byte, end byte) in a pack
 Packed = tuple[ChunkRef, np.ndarray, np.ndarray]  # a pack's ref; its spans' leaves and statistics
+
+
+@dataclass(slots=True)
+class _Run:
+    """Measured members side by side in a pack, of one dtype: measured in one call. A span is one
+    leaf's bytes (its adjacent pieces together); the run keeps each span's first byte and leaf,
+    as lists (a tuple per span cost a save of many small leaves a Python step each to unpack)."""
+
+    dtype: np.dtype[Any]
+    end: int  # the pack byte after its last span
+    starts: list[int]  # each span's first byte in the pack
+    leaves: list[int]  # each span's leaf index
 
 
 @dataclass
@@ -35,7 +46,7 @@ class _Pack:
     fill: int = 0
     width: int | None = None  # the plane width of every member (0: they differ); None: empty
     dtype: np.dtype[Any] | None = None  # the last member's
-    spans: list[Span] = field(default_factory=list)  # the measured leaves' bytes, in order
+    runs: list[_Run] = field(default_factory=list)  # the measured leaves' bytes, in order
 
 
 class Packer:
@@ -69,46 +80,47 @@ class Packer:
         at = pack.fill
         pack.view[at : at + n] = raw
         pack.fill = at + n
-        if data.dtype != pack.dtype:
-            width = plane_width(data.dtype)
+        dtype = data.dtype
+        if dtype is not pack.dtype and dtype != pack.dtype:
+            width = plane_width(dtype)
             pack.width = width if pack.width in (None, width) else 0
-            pack.dtype = data.dtype
+            pack.dtype = dtype
         if measure:
-            last = pack.spans[-1] if pack.spans else None
-            if last is not None and last[0] == leaf and last[3] == at:  # the leaf's next piece
-                pack.spans[-1] = (leaf, last[1], last[2], at + n)
+            run = pack.runs[-1] if pack.runs else None
+            if run is not None and run.end == at and (run.dtype is dtype or run.dtype == dtype):
+                if run.leaves[-1] != leaf:  # else the leaf's next piece: its span grows
+                    run.starts.append(at)
+                    run.leaves.append(leaf)
+                run.end = at + n
             else:
-                pack.spans.append((leaf, data.dtype, at, at + n))
+                pack.runs.append(_Run(dtype, at + n, [at], [leaf]))
         return (digest(raw), n, 0, len(self._packs) - 1, at)
 
     def finish(self) -> list[cf.Future[Packed]]:
         """Hand every pack to the workers; their jobs, in pack order."""
         packs, self._packs = self._packs, []
         return [
-            self._submit(_store, self._put, np.frombuffer(p.buffer, np.uint8, p.fill), p.width or 0, p.spans)
+            self._submit(_store, self._put, np.frombuffer(p.buffer, np.uint8, p.fill), p.width or 0, p.runs)
             for p in packs
         ]
 
 
-def _store(put: Callable[..., ChunkRef], raw: np.ndarray[Any, Any], width: int, spans: list[Span]) -> Packed:
-    return (put(raw, width, private=True, pack=True), *_measure(raw, spans))
+def _store(put: Callable[..., ChunkRef], raw: np.ndarray[Any, Any], width: int, runs: list[_Run]) -> Packed:
+    return (put(raw, width, private=True, pack=True), *_measure(raw, runs))
 
 
-def _measure(raw: np.ndarray[Any, Any], spans: list[Span]) -> tuple[np.ndarray, np.ndarray]:
-    """The leaf of each span and its statistics (a ``stats`` column, a row per span): each run
-    of adjacent spans of one dtype measured at once."""
-    tables = []
-    i = 0
-    while i < len(spans):
-        j = i + 1
-        while j < len(spans) and spans[j][1] == spans[i][1] and spans[j][2] == spans[j - 1][3]:
-            j += 1
-        dtype, first, end = spans[i][1], spans[i][2], spans[j - 1][3]
-        starts = np.array([s[2] - first for s in spans[i:j]], np.int64) // dtype.itemsize
-        tables.append(_stats.measure_segments(raw[first:end].view(dtype), starts))
-        i = j
-    leaves = np.array([s[0] for s in spans], np.int64)
-    return leaves, np.concatenate(tables) if tables else np.zeros(0, _stats.STATS_DTYPE)
+def _measure(raw: np.ndarray[Any, Any], runs: list[_Run]) -> tuple[np.ndarray, np.ndarray]:
+    """The leaf of each span and its statistics (a ``stats`` column, a row per span), each run
+    measured at once."""
+    if not runs:
+        return np.zeros(0, np.int64), np.zeros(0, _stats.STATS_DTYPE)
+    tables, leaves = [], []
+    for run in runs:
+        first = run.starts[0]
+        starts = (np.array(run.starts, np.int64) - first) // run.dtype.itemsize
+        tables.append(_stats.measure_segments(raw[first : run.end].view(run.dtype), starts))
+        leaves.append(np.array(run.leaves, np.int64))
+    return np.concatenate(leaves), np.concatenate(tables)
 
 
 __all__ = ["Packed", "Packer"]
