@@ -188,11 +188,19 @@ def prepare_leaf(value: object, address: str, *, copy: bool = False, keep: Keep 
     )
 
 
+_NUMPY_OK: dict[tuple[np.dtype[Any], tuple[int, ...]], str] = {}  # (dtype, shape): its store name
+
+
 def _numpy_leaf(value: np.ndarray[Any, Any], address: str, copy: bool) -> ArrayLeaf:
-    name = _checked_name(value.dtype, address)
-    _checked_shape(value.shape, value.dtype, address)
+    dtype, shape = value.dtype, value.shape
+    name = _NUMPY_OK.get((dtype, shape))  # a model repeats a few dtypes and shapes many times
+    if name is None:
+        name = _checked_name(dtype, address)
+        _checked_shape(shape, dtype, address)
+        if len(_NUMPY_OK) < 4096:
+            _NUMPY_OK[(dtype, shape)] = name
     data = _host(value, copy)
-    return ArrayLeaf(NUMPY, name, data, private=data is not value)
+    return ArrayLeaf(NUMPY, name, data, None, (), None, False, data is not value)
 
 
 def _whole(x: jax.Array) -> np.ndarray[Any, Any]:
