@@ -33,6 +33,8 @@ class Slot:
 
 
 def _is_key_like(x: Any) -> bool:
+    if type(x) is np.ndarray:  # never a key (and jax's lookups cost a big template's load)
+        return False
     return hasattr(x, "dtype") and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
 
 
