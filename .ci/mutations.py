@@ -118,8 +118,8 @@ MUTATIONS: list[Mutation] = [
     m(
         "the caller's own array read in place",
         "treestore/_tree/leaves.py",
-        "    return ArrayLeaf(NUMPY, name, data, private=data is not value)\n",
-        "    return ArrayLeaf(NUMPY, name, data, private=True)\n",
+        "    return ArrayLeaf(NUMPY, name, data, None, (), None, False, data is not value)\n",
+        "    return ArrayLeaf(NUMPY, name, data, None, (), None, False, True)\n",
         [
             "tests/tree/test_private_leaves.py::test_which_leaves_a_save_may_read_in_place",
             "tests/format/test_chunk_objects.py::test_an_array_written_to_during_a_save_never_makes_a_damaged_chunk",
