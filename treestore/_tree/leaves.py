@@ -150,8 +150,7 @@ def prepare_leaf(value: object, address: str, *, copy: bool = False, keep: Keep 
                     address=address,
                 )
             value = jax.random.key_data(value)
-        name = _checked_name(np.dtype(value.dtype), address)
-        _checked_shape(tuple(value.shape), np.dtype(value.dtype), address)
+        name = _checked_array(np.dtype(value.dtype), tuple(value.shape), address)
         weak = bool(getattr(value, "weak_type", False))
         owned = _owned_shards(value, keep)
         jax_copy = off_cpu(value)  # the host data is jax's own copy
@@ -188,17 +187,8 @@ def prepare_leaf(value: object, address: str, *, copy: bool = False, keep: Keep 
     )
 
 
-_NUMPY_OK: dict[tuple[np.dtype[Any], tuple[int, ...]], str] = {}  # (dtype, shape): its store name
-
-
 def _numpy_leaf(value: np.ndarray[Any, Any], address: str, copy: bool) -> ArrayLeaf:
-    dtype, shape = value.dtype, value.shape
-    name = _NUMPY_OK.get((dtype, shape))  # a model repeats a few dtypes and shapes many times
-    if name is None:
-        name = _checked_name(dtype, address)
-        _checked_shape(shape, dtype, address)
-        if len(_NUMPY_OK) < 4096:
-            _NUMPY_OK[(dtype, shape)] = name
+    name = _checked_array(value.dtype, value.shape, address)
     data = _host(value, copy)
     return ArrayLeaf(NUMPY, name, data, None, (), None, False, data is not value)
 
@@ -229,20 +219,26 @@ def _owned_shards(x: jax.Array, keep: Keep | None = None) -> list[tuple[tuple[in
     return parts
 
 
-_SHAPES_OK: set[tuple[tuple[int, ...], int]] = set()  # (shape, itemsize) pairs check_shape accepted
+_ARRAYS_OK: dict[tuple[np.dtype[Any], tuple[int, ...]], str] = {}  # accepted (dtype, shape): name
 
 
-def _checked_shape(shape: tuple[int, ...], dtype: np.dtype[Any], address: str) -> None:
-    if (shape, dtype.itemsize) in _SHAPES_OK:  # a model repeats a few shapes many times
-        return
+def _checked_array(dtype: np.dtype[Any], shape: tuple[int, ...], address: str) -> str:
+    """The store name of ``dtype``, once an array of it and ``shape`` is one readers accept;
+    UnsupportedLeafError naming ``address`` otherwise. A model repeats a few dtypes and shapes
+    many times: each pair is checked once (one lookup a leaf after that)."""
+    name = _ARRAYS_OK.get((dtype, shape))
+    if name is not None:
+        return name
+    name = _checked_name(dtype, address)
     try:
         check_shape(shape, dtype.itemsize)  # the bound readers keep to
-        if len(_SHAPES_OK) < 4096:
-            _SHAPES_OK.add((shape, dtype.itemsize))
     except ValueError as exc:
         raise UnsupportedLeafError(
             f"{address or '(root)'}: cannot store an array of shape {shape}: {exc}", address=address
         ) from None
+    if len(_ARRAYS_OK) < 4096:
+        _ARRAYS_OK[(dtype, shape)] = name
+    return name
 
 
 def _checked_name(dtype: np.dtype[Any], address: str) -> str:
