@@ -54,6 +54,35 @@ def test_a_save_and_a_load_of_many_leaves_run_no_collection(tmp_path, collection
     assert np.array_equal(back["g29"]["w2999"], tree["g29"]["w2999"])
 
 
+@pytest.mark.parametrize("how", ["function", "store"])
+def test_a_save_frees_its_per_leaf_objects_before_the_collector_resumes(tmp_path, how):
+    # A save's leaves, leaf table and columns die with it. When they were still referenced as
+    # the pause ended, the next allocation started a collection that walked them all once more
+    # (two objects a leaf: 32-54 ms at 100k leaves).
+    tree = {f"g{g}": {f"w{i}": np.full(4, i, np.float32) for i in range(100)} for g in range(30)}
+    walked: list[int] = []  # the young objects each collection that starts walks
+
+    def callback(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start" and info["generation"] == 0:
+            walked.append(len(gc.get_objects(generation=0)))
+
+    store = treestore.Store(str(tmp_path / "s"))
+    store.save(tree, "warm")  # the modules a first save imports, and its memos, made
+    gc.collect()
+    gc.callbacks.append(callback)
+    try:
+        if how == "store":
+            store.save(tree, "a")
+        else:
+            treestore.save(str(tmp_path / "s"), tree, "a")
+        young = len(gc.get_objects(generation=0))
+        after = [object() for _ in range(1000)]  # allocations that start any collection due
+    finally:
+        gc.callbacks.remove(callback)
+    assert all(n < MANY_LEAVES for n in walked) and young < MANY_LEAVES, (walked, young)
+    assert len(after) == 1000
+
+
 def test_the_collector_is_left_as_the_caller_had_it(tmp_path):
     store = treestore.Store(str(tmp_path / "s"))
     gc.disable()

@@ -139,11 +139,12 @@ class Store:
         if codec is not None:
             options = dataclasses.replace(options, codec=codec)
         check_name(name)
-        with paused_collector():  # one pause while the caller waits (see treestore._tree.collector_pause)
-            prepared = _prepare.prepare(tree, keep=options.keep)
+        # one pause while the caller waits (see treestore._tree.collector_pause); the prepared
+        # leaves are an argument, not a local, so they are freed before the collector resumes
+        with paused_collector():
             return _write.write(
                 self._storage,
-                prepared,
+                _prepare.prepare(tree, keep=options.keep),
                 name,
                 metadata=metadata,
                 options=options,

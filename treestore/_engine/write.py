@@ -44,9 +44,17 @@ def write(
     group = _distributed.group()
     if group is None:
         with paused_collector(len(prepared.leaves)), w.hold(previous):
-            table, packs = w.write_leaves(prepared)
-            return w.commit(w.columns(table.fields(packs), prepared.nodes))
+            return _write_alone(w, prepared)
     return _write_in_group(group, w, prepared, previous)
+
+
+def _write_alone(w: Writing, prepared: Prepared) -> SaveResult:
+    """The leaves and the commit of a one-process save, holding its lock. Its per-leaf objects
+    (the leaf table, the manifest's columns) are this call's own, freed when it returns: before
+    the collector resumes, which would otherwise walk them all once more
+    (:mod:`treestore._tree.collector_pause`)."""
+    table, packs = w.write_leaves(prepared)
+    return w.commit(w.columns(table.fields(packs), prepared.nodes))
 
 
 def _write_in_group(
