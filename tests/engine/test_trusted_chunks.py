@@ -4,6 +4,7 @@ last step) without a request for each, and never trusts one gc may have deleted.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import re
 import threading
 import time
@@ -20,8 +21,11 @@ from tests.support import servers
 from tests.support.helpers import assert_tree_equal, in_use
 from treestore._engine import gc as _gc
 from treestore._engine import locks as _locks
+from treestore._engine.reading.committed import read_commit_record
+from treestore._engine.saving import trusted as _trusted
 from treestore._engine.write import SaveOptions
 from treestore._format import paths as _paths
+from treestore._format.commit_record import encode_commit_record
 
 # 64 KiB layers cut into 16 KiB chunks: 4 chunks a layer; the step (a numpy scalar) is packed.
 OPTIONS = SaveOptions(chunk_size=16384, small_leaf=4096, pack_size=4096)
@@ -95,6 +99,45 @@ def test_second_save_sends_no_request_for_known_chunks(store_url, monkeypatch):
     assert calls.take() == {"object_size": second.existence_checks, "write": second.chunks_written}
     assert_tree_equal(store.load("step-2"), tree2)
     assert treestore.verify(f"{store_url}#step-2").ok
+
+
+def test_a_save_learns_the_manifest_this_process_committed_without_decoding_it(tmp_path, monkeypatch):
+    # The record and the manifest's bytes are read (and checked) under the lock each time; the
+    # chunk table of a manifest this process committed is not decoded again (at 100k leaves most
+    # of what learning costs).
+    decoded: list[str] = []
+    read: list[str] = []
+    real_columns, real_bytes = _trusted.read_columns, _trusted.read_manifest_bytes
+    monkeypatch.setattr(
+        _trusted, "read_columns", lambda s, r, *a: decoded.append(r.name) or real_columns(s, r, *a)
+    )
+    monkeypatch.setattr(_trusted, "read_manifest_bytes", lambda s, r: read.append(r.name) or real_bytes(s, r))
+    store = treestore.Store(tmp_path / "store")
+    tree = model()
+    store.save(tree, "step-1", options=OPTIONS, metadata={"step": [1, (2, 3)], "lr": 0.5})
+    r = store.save(changed(tree, 3, 2), "step-2", options=OPTIONS)
+    assert (r.trusted_from, r.chunks_trusted) == ("step-1", CHUNKS - PER_LAYER - 1)
+    assert (read, decoded) == (["step-1"], [])
+    # In a process that kept nothing (a checkpoint another process committed): decoded once.
+    monkeypatch.setattr(_trusted, "_tables", _trusted._Tables())
+    for step in (3, 4):
+        r = store.save(changed(tree, 6, step), f"step-{step}", options=OPTIONS)
+        assert r.trusted_from == f"step-{step - 1}" and r.chunks_trusted >= CHUNKS - 2 * PER_LAYER - 1
+    assert read == ["step-1", "step-2", "step-3"] and decoded == ["step-2"]
+
+
+def test_a_kept_table_serves_only_the_record_it_was_checked_with(tmp_path):
+    # A record naming a kept manifest that does not describe it (another name) is refused as the
+    # decoded manifest would refuse it: its chunks are not trusted through that record.
+    store = treestore.Store(tmp_path / "store")
+    store.save(model(), "step-1", options=OPTIONS)
+    storage = store._storage
+    record = read_commit_record(storage, "step-1")
+    assert _trusted.learn(storage, "step-1") is not None
+    storage.write(
+        _paths.record_path("forged"), [encode_commit_record(dataclasses.replace(record, name="forged"))]
+    )
+    assert _trusted.learn(storage, "forged") is None
 
 
 def test_trust_previous_false_checks_every_chunk(store_url, monkeypatch):

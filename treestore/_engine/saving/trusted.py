@@ -28,6 +28,14 @@ A hint learned *before* the lock (a table kept in memory from an earlier save) w
 the checkpoint could have been deleted and gc run in between. That is why callers name the
 checkpoint (or ask for the store's newest) and the table is read under the lock, never cached.
 
+What a manifest's bytes give is a pure function of them, and the bytes are named by their
+digest: the table learned from a manifest (or made from the columns a save in this process
+committed) is kept with the commit record it was checked against (:class:`_Tables`). The record
+and the manifest's bytes are still read under the lock, and the bytes checked against the
+record's digest, every time; the table is used only for an equal record. Only the decoding of
+bytes already decoded (or encoded) here is skipped, which at 100k leaves is most of what
+learning costs.
+
 A trusted chunk also skips the reuse check: the save that committed it wrote it or checked it, and
 damage since then (a body rotted on disk) is what ``verify`` finds, as for any chunk whose body
 is damaged behind an intact header. A hint that cannot be used (no such checkpoint, a damaged or
@@ -38,10 +46,16 @@ every chunk, as it would without one. ``trust_previous=False`` asks for that eve
 from __future__ import annotations
 
 import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
-from treestore._engine.reading.committed import read_columns, read_commit_record
+from treestore._engine.reading.committed import read_columns, read_commit_record, read_manifest_bytes
 from treestore._format import paths as _paths
+from treestore._format.commit_record import CommitRecord, decode_commit_record, encode_commit_record
+from treestore._format.manifest.columns import Columns
 from treestore._storage.base import Storage
 from treestore.errors import TreestoreError
 
@@ -53,7 +67,7 @@ class TrustedChunks:
     """The chunk objects checkpoint ``checkpoint`` references, by digest: their stored sizes."""
 
     checkpoint: str
-    stored: dict[bytes, int]  # chunk digest -> stored size (Columns.chunk_objects)
+    stored: Mapping[bytes, int]  # chunk digest -> stored size (Columns.chunk_objects); read-only
 
     def __len__(self) -> int:
         return len(self.stored)
@@ -75,10 +89,56 @@ def learn(storage: Storage, previous: Previous) -> TrustedChunks | None:
         if name is None:
             return None
         record = read_commit_record(storage, name)
-        return TrustedChunks(record.name, read_columns(storage, record).chunk_objects())
+        data = read_manifest_bytes(storage, record)  # read and checked now, under the lock
+        stored = _tables.get(record)
+        if stored is None:
+            stored = read_columns(storage, record, data).chunk_objects()
+            _tables.put(record, stored)
+        return TrustedChunks(record.name, MappingProxyType(stored))
     except TreestoreError as exc:  # an unusable hint: the save checks every chunk instead
         _log.debug("%s: no trusted chunks from %r (%s: %s)", storage.url, previous, type(exc).__name__, exc)
         return None
+
+
+def remember(record: CommitRecord, columns: Columns) -> None:
+    """Keep the chunk table of ``columns``, just committed by ``record``, for :func:`learn` (a
+    manifest in parts, whose pieces are not all at hand, is left to be decoded when learned)."""
+    if not columns.unread.any():  # the record as a reader decodes it (a tuple in its metadata: a list)
+        _tables.put(decode_commit_record(encode_commit_record(record), record.name), columns.chunk_objects())
+
+
+class _Tables:
+    """Chunk tables by manifest digest, each with the commit record it was checked against; the
+    least recently used leaving first: at most
+    ``MAX_COUNT`` of them, none of more than ``MAX_CHUNKS`` chunk objects (a table costs about
+    150 bytes a chunk; a bigger manifest is decoded each time it is learned)."""
+
+    MAX_COUNT = 4
+    MAX_CHUNKS = 100_000
+
+    def __init__(self) -> None:
+        self._found: OrderedDict[bytes, tuple[CommitRecord, dict[bytes, int]]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, record: CommitRecord) -> dict[bytes, int] | None:
+        """The table of ``record``'s manifest, if kept for an equal record."""
+        with self._lock:
+            found = self._found.get(record.manifest)
+            if found is None or found[0] != record:
+                return None
+            self._found.move_to_end(record.manifest)
+            return found[1]
+
+    def put(self, record: CommitRecord, stored: dict[bytes, int]) -> None:
+        if len(stored) > self.MAX_CHUNKS:
+            return
+        with self._lock:
+            self._found[record.manifest] = (record, stored)
+            while len(self._found) > self.MAX_COUNT:
+                self._found.popitem(last=False)
+
+
+_tables = _Tables()
 
 
 def _newest(storage: Storage) -> str | None:

@@ -222,7 +222,8 @@ class Writing:
         commit step: a save's encoded columns, a multi-process save's frame, a copied manifest.
         ``chunks`` (digests) are in the store; a write that trusts chunks then trusts those."""
         assert self.lock is not None
-        commit(self.storage, manifest, columns, overwrite=self.overwrite, version=version)
+        record = commit(self.storage, manifest, columns, overwrite=self.overwrite, version=version)
+        _trusted.remember(record, columns)  # the next save here learns it undecoded
         if self._trusting:  # written or checked under this lock, and now referenced
             self._committed.update(chunks)
 
