@@ -458,14 +458,9 @@ def test_a_node_of_leaves_only_takes_no_task_per_leaf(monkeypatch: pytest.Monkey
     tree = {f"g{i}": {f"w{j}": np.full(2, i * 10 + j) for j in (3, 1, 2)} | {"n": i} for i in range(10)}
     tree["mixed"] = {"a": np.ones(1), "b": {"c": 1}}
     visited: list[tuple[str, Any]] = []
-
-    def visit(address: str, value: Any) -> int:
-        visited.append((address, value))
-        return len(visited) - 1
-
-    nodes = structure.flatten(tree, visit)
+    nodes = structure.flatten(tree, visited)
     assert [id(c) for c in closed] == [id(tree), id(tree["mixed"])]  # not one per group of leaves
     assert [id(v) for _, v in visited] == [id(x) for x in jax.tree.leaves(tree)]  # jax's order
     assert [a for a, _ in visited[:4]] == ["g0/n", "g0/w1", "g0/w2", "g0/w3"]
-    assert sorted(nodes.addresses()) == sorted(a for a, _ in visited)
+    assert nodes.addresses() == [a for a, _ in visited]  # each leaf's node names its address
     assert len(nodes.leaves) == len(visited) == 10 * 4 + 2

@@ -54,13 +54,8 @@ def prepare(
     if before is None and keep is not None:
         before = functools.partial(start_transfers, keep=keep)
     found: list[tuple[str, Any]] = []
-
-    def visit(address: str, value: Any) -> int:
-        found.append((address, value))
-        return len(found) - 1
-
     with paused_collector():  # the per-leaf objects made here (see collector_pause)
-        nodes = flatten(tree, visit)  # distinct keys in each node: distinct addresses
+        nodes = flatten(tree, found)  # distinct keys in each node: distinct addresses
         if before is not None:
             before([value for _, value in found])
         leaves = _converted(tree, found, make)

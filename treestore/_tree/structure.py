@@ -91,9 +91,9 @@ class _Close:
         self.container = container
 
 
-def flatten(tree: Any, visit: Callable[[str, Any], int]) -> Nodes:
-    """The node table of ``tree``; ``visit(address, leaf)`` is called for each leaf in jax's
-    flattening order and returns the leaf's index.
+def flatten(tree: Any, found: list[tuple[str, Any]]) -> Nodes:
+    """The node table of ``tree``; each leaf is appended to ``found`` (given empty) as
+    ``(address, leaf)``, in jax's flattening order: its leaf index is its position there.
 
     A node's children get consecutive node numbers, in the node's own order (a dict's insertion
     order), when the node is reached: every parent comes before its children, as the format
@@ -108,7 +108,7 @@ def flatten(tree: Any, visit: Callable[[str, Any], int]) -> Nodes:
     keys: list[int] = [0]
     where: dict[str, int] = {}  # distinct segments, numbered in order of first use
     names: list[tuple[int, str]] = []  # (node, type name) of namedtuple and custom nodes
-    leaf_nodes: list[tuple[int, int]] = []  # (node, leaf index)
+    leaf_nodes: list[int] = []  # each leaf's node, by leaf index
     # A task: the subtree ``x`` found at ``path`` (address ``address``) is node ``me``.
     stack: list[Any] = [(tree, (), "", 0, 0)]
     open_ids: set[int] = set()  # the containers on the path from the root to the current task
@@ -144,7 +144,8 @@ def flatten(tree: Any, visit: Callable[[str, Any], int]) -> Nodes:
             pairs = None if t in _LEAF_TYPES else _children(x)
             if pairs is None:
                 kinds[me] = LEAF
-                leaf_nodes.append((me, visit(address, x)))
+                leaf_nodes.append(me)
+                found.append((address, x))
                 continue
             node_keys = [k for k, _ in pairs]
             visits = range(len(pairs))
@@ -172,15 +173,20 @@ def flatten(tree: Any, visit: Callable[[str, Any], int]) -> Nodes:
         kinds.extend([NONE] * len(children))
         parents.extend([me] * len(children))
         keys.extend([where.setdefault(s, len(where)) for s in segments])
-        addresses = [join_address(address, s) for s in segments]
-        for j in reversed(visits):
-            if len(addresses[j]) > MAX_ADDRESS_CHARS:
-                _too_long(addresses[j])
+        addresses = [f"{address}/{s}" for s in segments] if address else segments
+        if max(map(len, addresses)) > MAX_ADDRESS_CHARS:
+            _too_long(
+                next(a for a in map(addresses.__getitem__, reversed(visits)) if len(a) > MAX_ADDRESS_CHARS)
+            )
         if depth < MAX_DEPTH and all(type(c) in _LEAF_TYPES for c in children):
             # Leaves only (a layer's arrays): visited now, in the order the stack would give them.
-            for j in visits:
-                kinds[first + j] = LEAF
-                leaf_nodes.append((first + j, visit(addresses[j], children[j])))
+            kinds[first:] = [LEAF] * len(children)
+            if type(visits) is range:
+                leaf_nodes.extend(range(first, first + len(children)))
+                found.extend(zip(addresses, children, strict=True))
+            else:
+                leaf_nodes.extend([first + j for j in visits])
+                found.extend([(addresses[j], children[j]) for j in visits])
             continue
         open_ids.add(id(x))
         stack.append(_Close(x))
@@ -189,9 +195,8 @@ def flatten(tree: Any, visit: Callable[[str, Any], int]) -> Nodes:
             stack.append((children[j], (*path, key), addresses[j], depth + 1, first + j))
     table = np.zeros(len(kinds), NODE_DTYPE)
     table["kind"], table["parent"], table["key"] = kinds, parents, keys
-    leaf_nodes.sort()
     names.sort()
-    leaves = np.array([leaf for _, leaf in leaf_nodes], "<u4")
+    leaves = np.argsort(np.array(leaf_nodes, np.int64), kind="stable").astype("<u4")  # by node
     try:
         return check_nodes(tuple(where), table, tuple(n for _, n in names), leaves, len(leaf_nodes))
     except (Bad, UnsupportedFormatError) as exc:  # never for a tree this walk accepted
