@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import jax  # noqa: F401  # as a JAX user's process has: without jax, a save never looks it up
+import jax  # as a JAX user's process has: without jax, a save never looks it up
 import numpy as np
 import pytest
 
@@ -68,3 +68,25 @@ def test_a_load_with_a_template_looks_jax_up_per_call_not_per_leaf(tmp_path, jax
     back = store.load("a", like=tree)
     assert len(jax_lookups) < 20, sorted(set(jax_lookups))
     assert np.array_equal(back["g7"]["w3"], tree["g7"]["w3"])
+
+
+def test_a_load_with_a_template_asks_each_template_leaf_once(tmp_path, monkeypatch) -> None:
+    """A ``like=`` load asked each template leaf what it expects twice (to match it, then to
+    restore it) and the columns for each stored leaf's fields one leaf at a time: at 100k leaves
+    about 200 ms. Now once per leaf, and the stored leaves' fields in one pass."""
+    from treestore._tree import template
+
+    asked: list[Any] = []
+    passes: list[int] = []
+    expected, stored_rows = template._expected, template.stored_rows
+    monkeypatch.setattr(template, "_expected", lambda like: asked.append(like) or expected(like))
+    monkeypatch.setattr(
+        template, "stored_rows", lambda columns, rows: passes.append(len(rows)) or stored_rows(columns, rows)
+    )
+    store = treestore.Store(str(tmp_path / "s"))
+    tree = small_leaves(2000) | {"step": 3, "key": jax.random.key(0)}
+    store.save(tree, "a")
+    back = store.load("a", like=tree)
+    assert len(asked) == 2002 and passes == [2002]
+    assert back["step"] == 3 and np.array_equal(back["g19"]["w99"], np.full(4, 1999, np.float32))
+    assert jax.random.key_data(back["key"]).tolist() == jax.random.key_data(tree["key"]).tolist()

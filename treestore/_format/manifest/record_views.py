@@ -18,6 +18,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, overload
 
+import numpy as np
+
 from treestore._format.commit_record import CommitRecord
 from treestore._format.manifest.columns import (
     ARRAY_CODES,
@@ -168,13 +170,34 @@ class Stored:
 
 def stored(columns: Columns, i: int) -> Stored:
     """Leaf ``i`` of ``columns`` as :class:`Stored`."""
-    kind, prng_impl, weak_type = columns.restore_kind(i)
-    address = columns.address(i)
-    if columns.leaves["kind"][i] >= ARRAY_CODES:
-        return Stored(address, i, kind, None, None, columns.value(i), None, False, 0)
-    dtype = DTYPE_NAMES[columns.leaves["dtype"][i]]
-    nbytes = int(columns.leaf_nbytes[i])
-    return Stored(address, i, kind, dtype, columns.shape(i), None, prng_impl, weak_type, nbytes)
+    return stored_rows(columns, [i])[0]
+
+
+def stored_rows(columns: Columns, rows: Sequence[int]) -> list[Stored]:
+    """:func:`stored` of each leaf of ``rows``, the columns read once for all of them (a
+    ``like=`` load of 100k leaves asked numpy for each field of each leaf)."""
+    at = np.asarray(rows, np.int64)
+    table = columns.leaves[at]
+    kinds, dtypes, flags = table["kind"].tolist(), table["dtype"].tolist(), table["flags"].tolist()
+    nbytes = columns.leaf_nbytes[at].tolist()
+    if len(rows) > 1:  # every address built at once, the shapes read as lists
+        addresses = columns.addresses
+        starts, shapes = columns.shape_start.tolist(), columns.shapes.tolist()
+        where = [addresses[i] for i in rows]
+        dims = [tuple(shapes[starts[i] : starts[i + 1]]) for i in rows]
+    else:  # a leaf's address walked up to, without building every address
+        where = [columns.address(i) for i in rows]
+        dims = [columns.shape(i) for i in rows]
+    out = []
+    for i, address, shape, kind, dtype, flag, size in zip(
+        rows, where, dims, kinds, dtypes, flags, nbytes, strict=True
+    ):
+        if kind >= ARRAY_CODES:
+            out.append(Stored(address, i, KINDS[kind], None, None, columns.value(i), None, False, 0))
+            continue
+        prng_impl, weak = PRNG_NAMES[flag >> PRNG_SHIFT], bool(flag & WEAK_TYPE)
+        out.append(Stored(address, i, KINDS[kind], DTYPE_NAMES[dtype], shape, None, prng_impl, weak, size))
+    return out
 
 
 class LeafEntries(Sequence[LeafEntry]):
