@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import os
 import threading
+import time
 
 import jax
 import jax.numpy as jnp
@@ -425,6 +426,35 @@ def test_each_leaf_shape_is_compiled_once_and_new_shapes_together(monkeypatch: p
     assert trims == ["after"]
     got = store.open("b").stats("w5")["w5"]
     assert (got.min, got.max) == (6.0, 6.0)
+
+
+def test_new_shapes_compile_at_most_compile_threads_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each compile in flight holds tens of MB of host memory: on a host of many cores a save
+    compiles at most COMPILE_THREADS new shapes at once (one per core before: GPT-2's nine
+    shapes on a 13-core TPU host put the save's peak at 0.28x the tree)."""
+    counted = _counted(monkeypatch)
+    monkeypatch.setattr(device_stats.os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(device_stats, "COMPILE_THREADS", 2)
+    in_flight, most = [0], [0]
+    lower = counted.lower
+
+    def overlapping(x):  # type: ignore[no-untyped-def]
+        with counted.lock:
+            in_flight[0] += 1
+            most[0] = max(most[0], in_flight[0])
+        try:
+            time.sleep(0.05)  # long enough for every compiling thread to start one
+            return lower(x)
+        finally:
+            with counted.lock:
+                in_flight[0] -= 1
+
+    monkeypatch.setattr(counted, "lower", overlapping)
+    tree = {f"w{i}": jnp.ones((20_000 + i,), jnp.float32) for i in range(6)}  # six shapes
+    store = treestore.Store("memory://device-path/compile-bounded")
+    store.save(tree, "a", options=treestore.SaveOptions(**ALWAYS))
+    assert len(counted.threads) == 6 and most[0] == 2
+    assert store.open("a").stats("w5")["w5"].max == 1.0
 
 
 def test_a_compile_that_failed_is_tried_again_by_the_next_save(monkeypatch: pytest.MonkeyPatch) -> None:

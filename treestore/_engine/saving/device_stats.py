@@ -11,9 +11,11 @@ rounding of each block's sum (relative 10⁻⁶ at worst; sums are taken 256 ele
 Only floating dtypes of at most 32 bits are measured here: their every value is exact in
 float32. Other dtypes (integers, float64) keep the host's measurement as their chunks are
 hashed. The function is compiled once per (shape, dtype, sharding) and kept for the process;
-the shapes a save meets for the first time are compiled side by side, one per core (on a TPU
-each compile takes a second or two, and a model has a handful of leaf shapes), and the memory the
-compilers worked in is given back to the system after them. Every leaf's block results travel to
+the shapes a save meets for the first time are compiled side by side, at most
+:data:`COMPILE_THREADS` at once (on a TPU each compile takes a second or two, a model has a
+handful of leaf shapes, and each compile in flight holds tens of MB of host memory, which a save
+keeps within a fraction of the tree's bytes), and the memory the compilers worked in is given
+back to the system after them. Every leaf's block results travel to
 the host in one transfer.
 """
 
@@ -35,6 +37,7 @@ from treestore._format import stats as _stats
 from treestore._tree.jax_import import jax
 
 BLOCK = 256 * 256  # elements per block: counts stay exact in float32 (< 2**24)
+COMPILE_THREADS = 4  # new leaf shapes compiled at once, at most (and at most one per core)
 _FIELDS = 7  # nan, posinf, neginf, min, max, scaled sum of squares, exponent of the scale
 
 
@@ -101,9 +104,9 @@ def dispatch(arrays: Sequence[Any]) -> list[Any]:
     kernel is compiled for every shape of ``arrays``."""
     new = {_key(x): x for x in arrays if _key(x) not in _compiled}
     if len(new) > 1:
-        cores = os.cpu_count() or 1
+        threads = min(os.cpu_count() or 1, COMPILE_THREADS)
         jobs = [functools.partial(_executable, x) for x in new.values()]
-        _threads.run_all(jobs, cores, "compile")
+        _threads.run_all(jobs, threads, "compile")
         _libc.give_back_free_heap()  # the compilers' working memory: kept otherwise, by their threads
     return [_executable(x)(x) for x in arrays]
 
