@@ -91,44 +91,36 @@ def match(
     leaf_at = {addresses[i]: i for i in (range(len(columns)) if rows is None else rows)}
     nones: set[str] | None = None  # found on the first leaf the checkpoint lacks
     joined = rooted(prefix)
+    found = [(joined(rel), leaf) for rel, leaf in pairs]
+    wanted = {address for address, _ in found}
+    # the stored leaves matched, read from the columns at once (a call per leaf shows at 100k)
+    entries = iter(stored_rows(columns, [leaf_at[a] for a, _ in found if a in leaf_at]))
     problems: list[str] = []
     missing: list[str] = []  # the template's addresses the checkpoint has no leaf for
-    kept: dict[int, Slot] = {}  # by position among the template's leaves
-    wanted = set()
-    matched: list[tuple[str, Any, int]] = []  # (address, template leaf, stored leaf)
-    for rel, leaf in pairs:
-        address = joined(rel)
-        wanted.add(address)
-        i = leaf_at.get(address)
-        if i is not None:
-            matched.append((address, leaf, i))
-            continue
-        nones = _none_addresses(columns.tree_record()) if nones is None else nones
-        if _kept(leaf, address in nones):
-            kept[len(matched) + len(kept)] = Slot(address, leaf, None)
-            continue
-        held = " (it holds None there)" if address in nones else ""
-        missing.append(address)
-        problems.append(
-            f"{address or '(root)'}: missing: expected {_describe_like(leaf)}, not in the checkpoint{held}"
-        )
-    # the stored leaves matched, read from the columns at once (a call per leaf shows at 100k)
-    entries = stored_rows(columns, [i for _, _, i in matched])
     slots: list[Slot] = []
-    for (address, leaf, _), entry in zip(matched, entries, strict=True):
-        while len(slots) in kept:
-            slots.append(kept[len(slots)])
+    for address, leaf in found:
+        if address not in leaf_at:
+            nones = _none_addresses(columns.tree_record()) if nones is None else nones
+            if _kept(leaf, address in nones):
+                slots.append(Slot(address, leaf, None))
+                continue
+            held = " (it holds None there)" if address in nones else ""
+            missing.append(address)
+            problems.append(
+                f"{address or '(root)'}: missing: expected {_describe_like(leaf)}, not in the "
+                f"checkpoint{held}"
+            )
+            continue
+        entry = next(entries)
         expected = _expected(leaf)
         problem = _mismatch(leaf, expected, entry, cast)
         if problem is not None:
             problems.append(f"{address or '(root)'}: {problem}")
         slots.append(Slot(address, leaf, entry, expected))
-    while len(slots) in kept:
-        slots.append(kept[len(slots)])
     unexpected = [a for a in leaf_at if a not in wanted and under(a, prefix) and not partial]
     for address in unexpected:
-        found = describe(stored_rows(columns, [leaf_at[address]])[0])
-        problems.append(f"{address or '(root)'}: unexpected: found {found}, not in the template")
+        held = describe(stored_rows(columns, [leaf_at[address]])[0])
+        problems.append(f"{address or '(root)'}: unexpected: found {held}, not in the template")
     if problems:
         raise StructureMismatchError(problems, checkpoint=columns.name, hints=_hints(missing, unexpected))
     return slots, treedef
