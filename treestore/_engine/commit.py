@@ -4,7 +4,7 @@ commit record, each made durable before the next. Saves, copies and imports all 
 from __future__ import annotations
 
 from treestore._format import paths
-from treestore._format.commit_record import CommitRecord, encode_commit_record
+from treestore._format.commit_record import CommitRecord, decode_commit_record, encode_commit_record
 from treestore._format.encoding import FORMAT_VERSION
 from treestore._format.manifest.columns import Columns
 from treestore._kernels.digest import digest
@@ -23,7 +23,7 @@ def commit(
     size from ``manifest``; ``version``: the record's format version (a copy keeps its source's).
     Without ``overwrite`` the commit record is put-if-absent, and a checkpoint of that name
     committed by another writer meanwhile raises CheckpointExistsError. Returns the record as
-    committed.
+    committed, as readers decode it (a tuple in its metadata is a list there).
     """
     storage.sync()  # chunks before the manifest
     mdigest = digest(manifest)
@@ -50,4 +50,4 @@ def commit(
             checkpoint=record.name,
         )
     storage.sync()
-    return record
+    return decode_commit_record(data, record.name)

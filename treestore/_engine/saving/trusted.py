@@ -54,7 +54,7 @@ from types import MappingProxyType
 
 from treestore._engine.reading.committed import read_columns, read_commit_record, read_manifest_bytes
 from treestore._format import paths as _paths
-from treestore._format.commit_record import CommitRecord, decode_commit_record, encode_commit_record
+from treestore._format.commit_record import CommitRecord
 from treestore._format.manifest.columns import Columns
 from treestore._storage.base import Storage
 from treestore.errors import TreestoreError
@@ -101,10 +101,11 @@ def learn(storage: Storage, previous: Previous) -> TrustedChunks | None:
 
 
 def remember(record: CommitRecord, columns: Columns) -> None:
-    """Keep the chunk table of ``columns``, just committed by ``record``, for :func:`learn` (a
-    manifest in parts, whose pieces are not all at hand, is left to be decoded when learned)."""
-    if not columns.unread.any():  # the record as a reader decodes it (a tuple in its metadata: a list)
-        _tables.put(decode_commit_record(encode_commit_record(record), record.name), columns.chunk_objects())
+    """Keep the chunk table of ``columns``, just committed by ``record`` (as readers decode it),
+    for :func:`learn` (a manifest in parts, whose pieces are not all at hand, is left to be
+    decoded when learned)."""
+    if not columns.unread.any():
+        _tables.put(record, columns.chunk_objects())
 
 
 class _Tables:
