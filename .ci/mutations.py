@@ -57,8 +57,8 @@ MUTATIONS: list[Mutation] = [
         (
             ("        storage.write(path, [manifest])\n", "        pass\n"),
             (
-                "    storage.sync()\n    return record",
-                "    storage.write(path, [manifest])\n    storage.sync()\n    return record",
+                "    storage.sync()\n    return decode_commit_record(",
+                "    storage.write(path, [manifest])\n    storage.sync()\n    return decode_commit_record(",
             ),
         ),
         ("tests/engine/test_commit_order.py",),
