@@ -26,7 +26,7 @@ Why a trusted chunk needs no check (SPEC.md sections 5.2 and 9):
 
 A hint learned *before* the lock (a table kept in memory from an earlier save) would not be safe:
 the checkpoint could have been deleted and gc run in between. That is why callers name the
-checkpoint (or ask for the store's newest) and the table is read under the lock, never cached.
+checkpoint (or ask for the store's newest) and its record and manifest are read under the lock.
 
 What a manifest's bytes give is a pure function of them, and the bytes are named by their
 digest: the table learned from a manifest (or made from the columns a save in this process
@@ -51,6 +51,8 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
+
+import numpy as np
 
 from treestore._engine.reading.committed import read_columns, read_commit_record, read_manifest_bytes
 from treestore._format import paths as _paths
@@ -104,15 +106,16 @@ def remember(record: CommitRecord, columns: Columns) -> None:
     """Keep the chunk table of ``columns``, just committed by ``record`` (as readers decode it),
     for :func:`learn` (a manifest in parts, whose pieces are not all at hand, is left to be
     decoded when learned)."""
-    if not columns.unread.any():
+    objects = int(np.count_nonzero(columns.chunks["pack"] < 0)) + len(columns.packs)
+    if objects <= _Tables.MAX_CHUNKS and not columns.unread.any():
         _tables.put(record, columns.chunk_objects())
 
 
 class _Tables:
-    """Chunk tables by manifest digest, each with the commit record it was checked against; the
-    least recently used leaving first: at most
-    ``MAX_COUNT`` of them, none of more than ``MAX_CHUNKS`` chunk objects (a table costs about
-    150 bytes a chunk; a bigger manifest is decoded each time it is learned)."""
+    """Chunk tables by manifest digest, each with the commit record it was checked against, the
+    least recently used leaving first: at most ``MAX_COUNT`` of them, none of more than
+    ``MAX_CHUNKS`` chunk objects (a table costs about 150 bytes a chunk; a bigger manifest is
+    decoded each time it is learned)."""
 
     MAX_COUNT = 4
     MAX_CHUNKS = 100_000
