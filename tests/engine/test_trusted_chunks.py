@@ -126,6 +126,21 @@ def test_a_save_learns_the_manifest_this_process_committed_without_decoding_it(t
     assert read == ["step-1", "step-2", "step-3"] and decoded == ["step-2"]
 
 
+def test_a_chunk_table_over_the_bound_is_not_kept(tmp_path, monkeypatch):
+    # The memo's memory is bounded: a table of more chunk objects is decoded each time.
+    decoded: list[str] = []
+    real = _trusted.read_columns
+    monkeypatch.setattr(_trusted, "read_columns", lambda s, r, *a: decoded.append(r.name) or real(s, r, *a))
+    monkeypatch.setattr(_trusted, "_tables", _trusted._Tables())
+    monkeypatch.setattr(_trusted._Tables, "MAX_CHUNKS", CHUNKS - 1)
+    store = treestore.Store(tmp_path / "store")
+    store.save(model(), "step-1", options=OPTIONS)
+    for step in (2, 3):
+        r = store.save(model(), f"step-{step}", options=OPTIONS)
+        assert r.chunks_trusted == CHUNKS
+    assert decoded == ["step-1", "step-2"] and not _trusted._tables._found
+
+
 def test_a_kept_table_serves_only_the_record_it_was_checked_with(tmp_path):
     # A record naming a kept manifest that does not describe it (another name) is refused as the
     # decoded manifest would refuse it: its chunks are not trusted through that record.
