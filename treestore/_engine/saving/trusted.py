@@ -113,11 +113,11 @@ def remember(record: CommitRecord, columns: Columns) -> None:
 
 class _Tables:
     """Chunk tables by manifest digest, each with the commit record it was checked against, the
-    least recently used leaving first: at most ``MAX_COUNT`` of them, none of more than
-    ``MAX_CHUNKS`` chunk objects (a table costs about 150 bytes a chunk; a bigger manifest is
-    decoded each time it is learned)."""
+    least recently used leaving first: at most ``MAX_COUNT`` of them (a store and its remote
+    tier), none of more than ``MAX_CHUNKS`` chunk objects (a table costs about 150 bytes a chunk,
+    so they hold 30 MB at most; a bigger manifest is decoded each time it is learned)."""
 
-    MAX_COUNT = 4
+    MAX_COUNT = 2
     MAX_CHUNKS = 100_000
 
     def __init__(self) -> None:
