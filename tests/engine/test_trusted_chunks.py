@@ -141,6 +141,19 @@ def test_a_chunk_table_over_the_bound_is_not_kept(tmp_path, monkeypatch):
     assert decoded == ["step-1", "step-2"] and not _trusted._tables._found
 
 
+def test_the_memo_keeps_the_tables_used_last():
+    from treestore._format.commit_record import CommitRecord
+
+    tables = _trusted._Tables()
+    records = [CommitRecord(f"c{i}", bytes([i]) * 32, 10, 1.0) for i in range(3)]
+    for i, record in enumerate(records[:2]):
+        tables.put(record, {bytes([i]) * 32: i})
+    assert tables.get(records[0]) == {bytes(32): 0}  # now the one used last
+    tables.put(records[2], {bytes([2]) * 32: 2})  # the least recently used (c1) leaves
+    assert tables.get(records[1]) is None and tables.get(records[0]) is not None
+    assert tables.get(records[2]) is not None
+
+
 def test_a_kept_table_serves_only_the_record_it_was_checked_with(tmp_path):
     # A record naming a kept manifest that does not describe it (another name) is refused as the
     # decoded manifest would refuse it: its chunks are not trusted through that record.
