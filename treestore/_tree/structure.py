@@ -27,6 +27,7 @@ from treestore._format.address import (
     format_address,
     format_key,
     join_address,
+    join_addresses,
     key_from_record,
     key_value,
 )
@@ -173,7 +174,7 @@ def flatten(tree: Any, found: list[tuple[str, Any]]) -> Nodes:
         kinds.extend([NONE] * len(children))
         parents.extend([me] * len(children))
         keys.extend([where.setdefault(s, len(where)) for s in segments])
-        addresses = [f"{address}/{s}" for s in segments] if address else segments
+        addresses = join_addresses(address, segments)
         if max(map(len, addresses)) > MAX_ADDRESS_CHARS:
             _too_long(
                 next(a for a in map(addresses.__getitem__, reversed(visits)) if len(a) > MAX_ADDRESS_CHARS)
