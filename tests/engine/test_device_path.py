@@ -154,13 +154,14 @@ def _saved_while_donating(path, state, options, steps):  # type: ignore[no-untyp
 
 
 def test_the_default_host_window_grows_with_the_chunk_size() -> None:
-    """Unset, the window is 32 MiB, or four chunks where chunks are bigger: every chunk size the
+    """Unset, the window is 64 MiB, or four chunks where chunks are bigger: every chunk size the
     options accept saves with the default window."""
     biggest = treestore.SaveOptions(chunk_size=256 << 20)  # refused when the default was fixed
     assert biggest.window == 1 << 30
     assert treestore.SaveOptions(chunk_size=64 << 20).window == 256 << 20
-    assert treestore.SaveOptions().window == 32 << 20
-    assert treestore.SaveOptions(chunk_size=8 << 20).window == 32 << 20
+    assert treestore.SaveOptions().window == 64 << 20
+    assert treestore.SaveOptions(chunk_size=16 << 20).window == 64 << 20
+    assert treestore.SaveOptions(chunk_size=32 << 20).window == 128 << 20
     assert treestore.SaveOptions(chunk_size=1 << 20, host_window=8 << 20).window == 8 << 20
 
 

@@ -10,7 +10,7 @@ from treestore._tree.leaves import Keep
 from treestore.errors import InvalidInputError
 
 MiB = 2**20
-DEFAULT_WINDOW = 32 * MiB  # host bytes of a save's device transfers and chunks in flight, by default
+DEFAULT_WINDOW = 64 * MiB  # host bytes of a save's device transfers and chunks in flight, by default
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ class SaveOptions:
         host_window: Bytes of host memory a save of arrays on an accelerator holds at most for
             their transfers and chunks in flight: big leaves are fetched in slices, each
             transfer started as soon as the window has room, and hashed, compressed and
-            written as it arrives (at least ``4 * chunk_size``; default None: 32 MiB, or
+            written as it arrives (at least ``4 * chunk_size``; default None: 64 MiB, or
             ``4 * chunk_size`` where that is more; :attr:`window` is the figure in use).
         device_path: Which jax arrays a save fetches while it writes, in ``host_window``, and
             measures on their device: ``"auto"`` those off the CPU (default), ``"always"``
@@ -101,7 +101,7 @@ class SaveOptions:
     @property
     def window(self) -> int:
         """The bytes of host memory a save's device transfers and chunks in flight may hold:
-        ``host_window``, or where that is None 32 MiB, or ``4 * chunk_size`` where that is more."""
+        ``host_window``, or where that is None 64 MiB, or ``4 * chunk_size`` where that is more."""
         if self.host_window is not None:
             return self.host_window
         return max(DEFAULT_WINDOW, 4 * self.chunk_size)
