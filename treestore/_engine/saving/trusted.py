@@ -52,8 +52,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-import numpy as np
-
 from treestore._engine.reading.committed import read_columns, read_commit_record, read_manifest_bytes
 from treestore._format import paths as _paths
 from treestore._format.commit_record import CommitRecord
@@ -106,8 +104,7 @@ def remember(record: CommitRecord, columns: Columns) -> None:
     """Keep the chunk table of ``columns``, just committed by ``record`` (as readers decode it),
     for :func:`learn` (a manifest in parts, whose pieces are not all at hand, is left to be
     decoded when learned)."""
-    objects = int(np.count_nonzero(columns.chunks["pack"] < 0)) + len(columns.packs)
-    if objects <= _Tables.MAX_CHUNKS and not columns.unread.any():
+    if not columns.unread.any() and columns.chunk_object_count() <= _Tables.MAX_CHUNKS:
         _tables.put(record, columns.chunk_objects())
 
 

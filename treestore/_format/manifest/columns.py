@@ -301,6 +301,12 @@ class Columns:
         sizes = np.concatenate([own["stored"], self.packs["stored"]]).tolist()
         return {digests[32 * j : 32 * j + 32]: n for j, n in enumerate(sizes)}
 
+    def chunk_object_count(self) -> int:
+        """How many chunk objects :meth:`chunk_objects` lists (equal digests counted apart), without
+        building it."""
+        self.require_pieces()
+        return int(np.count_nonzero(self.chunks["pack"] < 0)) + len(self.packs)
+
     def chunk_digests(self) -> set[bytes]:
         """Every chunk object this checkpoint needs: chunk refs outside packs, and packs."""
         self.require_pieces()
