@@ -92,3 +92,35 @@ def test_a_save_asks_nothing_about_chunks_in_folders_it_made(tmp_path: Path, cal
     assert again.existence_checks == again.chunks_reused == result.chunks_written
     assert again.chunks_written == 0
     assert treestore.verify(str(tmp_path)).ok
+
+
+def test_two_writes_into_one_new_folder_make_it_once(tmp_path: Path, calls: collections.Counter[str]):
+    """Two threads writing into the same folder the store has not made yet: one mkdir, the other
+    write waits for it (a save's threads write chunks whose names share a folder)."""
+    import threading
+    import time
+
+    storage = open_storage(str(tmp_path))
+    storage.write("chunks/first", [b"x"])  # the folder above made
+    mkdir = os.mkdir
+
+    def slow_mkdir(*args: object, **kwargs: object) -> None:
+        time.sleep(0.05)  # both writes reach the folder before it exists
+        mkdir(*args, **kwargs)  # type: ignore[arg-type]
+
+    calls.clear()
+    start = threading.Barrier(2)
+
+    def write(name: str) -> None:
+        start.wait()
+        storage.write(f"chunks/ab/{name}", [name.encode()])
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(os, "mkdir", slow_mkdir)
+        threads = [threading.Thread(target=write, args=(n,)) for n in ("one", "two")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert calls["mkdir"] == 1, dict(calls)
+    assert storage.read("chunks/ab/one") == b"one" and storage.read("chunks/ab/two") == b"two"

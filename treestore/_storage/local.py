@@ -127,6 +127,7 @@ class LocalStorage(Storage):
         self._dirty_dirs: set[str] = set()
         self._dirty_lock = threading.Lock()
         self._inside: set[str] = set()
+        self._making: dict[str, threading.Lock] = {}  # a lock per folder, so one thread makes it
 
     # A store opened by a plain path has no fsspec filesystem until something needs one: its
     # reads, writes and listings go through ``os``, and fsspec takes a tenth of a second to import
@@ -302,7 +303,11 @@ class LocalStorage(Storage):
             self._made.discard(folder)
             self._inside.discard(folder)
         if folder not in self._made:
-            self._folder(folder)
+            with self._dirty_lock:
+                making = self._making.setdefault(folder, threading.Lock())
+            with making:  # a write into the same new folder waits for this one to make it
+                if folder not in self._made:
+                    self._folder(folder)
         return os.path.join(folder, _tmp_name())
 
     def new_folder(self, path: str) -> bool:
