@@ -160,6 +160,11 @@ class OutOfMemoryError(TreestoreError, MemoryError):
     """The host cannot hold what a load asks for (the leaf is named)."""
 
 
+class DeviceError(TreestoreError, RuntimeError):
+    """An accelerator failed to hand a leaf's bytes to the host during a save (the leaf is
+    named; nothing was committed). Retrying may succeed once the device recovers."""
+
+
 # --- the storage underneath failed --------------------------------------------------------------
 class StorageError(TreestoreError, OSError):
     """The filesystem failed (permission, network, a killed server). Retrying may succeed."""

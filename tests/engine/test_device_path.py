@@ -6,9 +6,6 @@ run as they are and take the real path."""
 from __future__ import annotations
 
 import math
-import os
-import threading
-import time
 
 import jax
 import jax.numpy as jnp
@@ -17,7 +14,7 @@ import numpy as np
 import pytest
 
 import treestore
-from treestore._engine.saving import device_fetch, device_stats
+from treestore._engine.saving import device_fetch
 from treestore._engine.saving.chunk_writer import ChunkWriter
 from treestore._format import stats as host_stats
 
@@ -44,15 +41,6 @@ def _cases() -> list[np.ndarray]:
         (rng.standard_normal(1000) * 1e-30).astype(np.float32),  # squares below float32
         np.concatenate([rng.standard_normal(200_000), [np.nan] * 3]).astype(np.float32),  # blocks
     ]
-
-
-@pytest.mark.parametrize("index", range(len(_cases())))
-def test_device_statistics_equal_the_host_reference(index: int) -> None:
-    values = _cases()[index]
-    (got,) = device_stats.measure([jnp.asarray(values)])
-    want = host_stats.measure(values)
-    assert got[:6] == want[:6]  # kind, counts, minimum and maximum exactly
-    assert math.isclose(got[6], want[6], rel_tol=1e-5, abs_tol=0.0)
 
 
 def test_device_statistics_of_a_sharded_array_equal_the_host_reference() -> None:
@@ -379,92 +367,3 @@ def test_a_fetch_that_fails_gives_its_window_back() -> None:
     with pytest.raises(RuntimeError, match="deleted"):
         _fetched([first, gone], window, chunk=4096)
     assert window.held == 0 and window.peak > 0
-
-
-class _CountedKernel:
-    """The statistics kernel, its compiles counted with the thread each ran on; the first
-    ``fail`` compiles raise."""
-
-    def __init__(self, kernel, fail: int = 0) -> None:  # type: ignore[no-untyped-def]
-        self.kernel, self.fail = kernel, fail
-        self.threads: list[str] = []
-        self.lock = threading.Lock()
-
-    def lower(self, x):  # type: ignore[no-untyped-def]
-        with self.lock:
-            self.threads.append(threading.current_thread().name)
-            if self.fail:
-                self.fail -= 1
-                raise RuntimeError("RESOURCE_EXHAUSTED: no memory to compile")
-        return self.kernel.lower(x)
-
-
-def _counted(monkeypatch: pytest.MonkeyPatch, fail: int = 0) -> _CountedKernel:
-    counted = _CountedKernel(device_stats._kernel(), fail)
-    monkeypatch.setattr(device_stats, "_kernel", lambda: counted)
-    monkeypatch.setattr(device_stats, "_compiled", {})
-    return counted
-
-
-def test_each_leaf_shape_is_compiled_once_and_new_shapes_together(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A model has a handful of leaf shapes, each a second or two of compiling on a TPU: a save
-    compiles each shape once (not once per leaf), the shapes it meets first on the compiling
-    threads together, then gives the compilers' heap back; a later save of the same shapes
-    compiles nothing."""
-    counted = _counted(monkeypatch)
-    trims: list[str] = []
-    monkeypatch.setattr(device_stats._libc, "give_back_free_heap", lambda: trims.append("after"))
-    shapes = [(300, 517), (70_000,), (128, 256), (40_000,)]  # each over small_leaf
-    tree = {f"w{i}": jnp.ones(shapes[i % 4], jnp.float32) * i for i in range(12)}
-    store = treestore.Store("memory://device-path/compile-once")
-    store.save(tree, "a", options=treestore.SaveOptions(**ALWAYS))
-    assert len(counted.threads) == 4
-    if (os.cpu_count() or 1) > 1:  # one core: compiled one after the other, in the saving thread
-        assert all(name.startswith("treestore-compile") for name in counted.threads)
-    assert trims == ["after"]  # the compilers' heap given back, once
-    store.save({k: v + 1 for k, v in tree.items()}, "b", options=treestore.SaveOptions(**ALWAYS))
-    assert len(counted.threads) == 4
-    assert trims == ["after"]
-    got = store.open("b").stats("w5")["w5"]
-    assert (got.min, got.max) == (6.0, 6.0)
-
-
-def test_new_shapes_compile_at_most_compile_threads_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each compile in flight holds tens of MB of host memory: on a host of many cores a save
-    compiles at most COMPILE_THREADS new shapes at once (one per core before: GPT-2's nine
-    shapes on a 13-core TPU host put the save's peak at 0.28x the tree)."""
-    counted = _counted(monkeypatch)
-    monkeypatch.setattr(device_stats.os, "cpu_count", lambda: 16)
-    monkeypatch.setattr(device_stats, "COMPILE_THREADS", 2)
-    in_flight, most = [0], [0]
-    lower = counted.lower
-
-    def overlapping(x):  # type: ignore[no-untyped-def]
-        with counted.lock:
-            in_flight[0] += 1
-            most[0] = max(most[0], in_flight[0])
-        try:
-            time.sleep(0.05)  # long enough for every compiling thread to start one
-            return lower(x)
-        finally:
-            with counted.lock:
-                in_flight[0] -= 1
-
-    monkeypatch.setattr(counted, "lower", overlapping)
-    tree = {f"w{i}": jnp.ones((20_000 + i,), jnp.float32) for i in range(6)}  # six shapes
-    store = treestore.Store("memory://device-path/compile-bounded")
-    store.save(tree, "a", options=treestore.SaveOptions(**ALWAYS))
-    assert len(counted.threads) == 6 and most[0] == 2
-    assert store.open("a").stats("w5")["w5"].max == 1.0
-
-
-def test_a_compile_that_failed_is_tried_again_by_the_next_save(monkeypatch: pytest.MonkeyPatch) -> None:
-    counted = _counted(monkeypatch, fail=1)
-    store = treestore.Store("memory://device-path/compile-again")
-    tree = {"w": jnp.arange(100_000.0)}
-    with pytest.raises(RuntimeError, match="RESOURCE_EXHAUSTED"):
-        store.save(tree, "a", options=treestore.SaveOptions(**ALWAYS))
-    assert store.list() == []
-    store.save(tree, "a", options=treestore.SaveOptions(**ALWAYS))
-    assert len(counted.threads) == 2
-    assert store.open("a").stats("w")["w"].max == 99_999.0

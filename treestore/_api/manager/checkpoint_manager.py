@@ -59,8 +59,10 @@ class CheckpointManager:
 
     **Async.** With ``async_save=True`` (the default) ``save`` blocks only while the tree is
     validated and its arrays are copied: big arrays on an accelerator are copied on their
-    devices where they have the room (``SaveOptions.device_snapshot``), the rest to host, into
-    one host copy of the last save that is kept to reuse; hashing, compressing, writing,
+    devices where they have the room beside the training step's peak
+    (``SaveOptions.device_snapshot``), the rest to host, into one host copy of the last save
+    that is kept to reuse (``SaveOptions.keep_host_copies=False`` drops it after each save);
+    hashing, compressing, writing,
     retention and gc run on one background thread. At most one save is in flight: a save waits
     for the previous one. An error of a background save is raised, as it was raised, by the next
     ``save``, ``wait``, ``restore`` or ``close`` that finds it finished, and that call saves

@@ -29,7 +29,7 @@ class SaveQueue:
         """``tree`` validated and converted for a save; with a background, copied as well."""
         if self._background is None:
             return _prepare.prepare(tree, keep=self._options.keep)
-        return self.snapshot.take(tree, *self._device_snapshot())
+        return self.snapshot.take(tree, *self._device_snapshot(), window=self._options.window)
 
     def _device_snapshot(self) -> tuple[Keep | None, int | None]:
         """Which arrays an async save may copy on their devices (None: none), and the bound on
@@ -50,10 +50,17 @@ class SaveQueue:
             try:
                 commit()
             finally:
-                self.snapshot.release()  # the device copies, as soon as they are written
+                if self._options.keep_host_copies:
+                    self.snapshot.release()  # the device copies, as soon as they are written
+                else:
+                    self.snapshot.clear()  # the host copies too
 
+        try:
+            self._background.submit(job)
+        except RuntimeError:  # no thread to write on: write now, which frees the device copies too
+            job()
+            return
         self.pending = step
-        self._background.submit(job)
 
     def collect(self, *, block: bool) -> None:
         """Raise the error of the finished save in flight (waiting for it with ``block``)."""

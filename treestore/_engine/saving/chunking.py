@@ -1,7 +1,9 @@
 """The leaves of a prepared tree cut into chunks, hashed, measured, compressed and written:
-big leaves in chunks of their own, small ones in packs, device arrays fetched in slices as they
-are written (:mod:`treestore._engine.saving.device_fetch`) and measured on their devices. Every writer
-calls it through :mod:`treestore._engine.saving.writing`, which holds the save's lock it keeps fresh."""
+big leaves in chunks of their own, small ones in packs, device arrays fetched as they are written
+(:mod:`treestore._engine.saving.device_fetch`). Every chunk is measured on the host as it is
+hashed, wherever its leaf lived: one implementation of the statistics, so one tree gets one record.
+Every writer calls it through :mod:`treestore._engine.saving.writing`, which holds the save's
+lock it keeps fresh."""
 
 from __future__ import annotations
 
@@ -12,7 +14,6 @@ from typing import Any
 import numpy as np
 
 from treestore._engine import locks as _locks
-from treestore._engine.saving import device_stats as _device_stats
 from treestore._engine.saving.chunk_writer import ChunkWriter, Measured
 from treestore._engine.saving.device_fetch import Fetcher, Window
 from treestore._engine.saving.packs import Packed, Packer
@@ -34,6 +35,7 @@ def _plan_chunks(
     private: bool,
     measure: bool,
     fetcher: Fetcher,
+    address: str,
 ) -> list[cf.Future[Measured]]:
     """The futures of the chunks of ``data``: host data's submitted now, a device array's (a leaf
     or piece kept on its device) appended as :meth:`Fetcher.run` fetches them."""
@@ -42,7 +44,7 @@ def _plan_chunks(
     width = plane_width(np.dtype(data.dtype))
     dtype = np.dtype(data.dtype) if measure else None
     if not isinstance(data, np.ndarray):
-        return fetcher.add(data, step, lambda raw: submit(raw, width, True, dtype))
+        return fetcher.add(data, step, lambda raw: submit(raw, width, True, dtype), address)
     raw = data.reshape(-1).view(np.uint8)
     return [submit(raw[i : i + step], width, private, dtype) for i in range(0, raw.nbytes, step)]
 
@@ -91,7 +93,6 @@ def _submit_leaves(
     chunked: list[tuple[int, bool]] = []  # the leaves with chunks of their own, or pieces; private
     in_pieces: list[int] = []  # the sharded leaves, whose small pieces may span several packs
     kinds: list[int] = []  # each leaf's statistics kind; UNKNOWN where none is recorded
-    on_device: dict[int, list[Any]] = {}  # the leaves measured on their devices: the arrays
     # Statistics of real numbers, not of PRNG key data (looked up inline: at 100k leaves a
     # function call per leaf shows).
     kind_of = _stats.KIND_OF.get
@@ -108,10 +109,6 @@ def _submit_leaves(
         if isinstance(leaf, ValueLeaf) or not (primary or leaf.sharded):
             plans.append(None)
             continue
-        if measure and (leaf.source is not None or leaf.data is None):
-            kept = _on_device(leaf)
-            if kept and _device_stats.measurable(np.dtype(kept[0].dtype)):
-                on_device[i] = kept
         if leaf.source is not None:  # kept on its device: chunked as it is fetched
             plans.append(leaf.source)
             chunked.append((i, True))
@@ -136,8 +133,6 @@ def _submit_leaves(
             plans.append(leaf.data)
             chunked.append((i, leaf.private))
     pack_jobs = packer.finish()
-    # measured before the slices are fetched, all at once (new shapes are compiled side by side)
-    measuring = _device_stats.dispatch([x for kept in on_device.values() for x in kept])
 
     def submit(
         raw: np.ndarray[Any, Any], width: int, private: bool, dtype: np.dtype[Any] | None
@@ -147,14 +142,11 @@ def _submit_leaves(
     fetcher = Fetcher(Window(options.window), options.chunk_size)
     for i, private in chunked:
         plan = plans[i]
-        # chunks measured on the host unless the leaf is measured on its device (its host pieces
-        # still are: they were never on a device of their own)
         measure = kinds[i] != unknown
+        address = prepared.leaves[i][0]
         if type(plan) is not list:  # host data, or a device array
-            measure_here = measure and i not in on_device
-            plans[i] = (
-                _plan_chunks(plan, options, submit, private, measure_here, fetcher) if plan.nbytes else plan
-            )
+            if plan.nbytes:
+                plans[i] = _plan_chunks(plan, options, submit, private, measure, fetcher, address)
         else:
             plans[i] = [
                 (
@@ -162,19 +154,11 @@ def _submit_leaves(
                     piece.shape,
                     [ref]
                     if type(ref) is tuple
-                    else _plan_chunks(
-                        piece,
-                        options,
-                        submit,
-                        private,
-                        measure and not (i in on_device and type(piece) is not np.ndarray),
-                        fetcher,
-                    ),
+                    else _plan_chunks(piece, options, submit, private, measure, fetcher, address),
                 )
                 for start, piece, ref in plan
             ]
     fetcher.run()  # every device leaf's chunks submitted: its futures are in plans
-    device_records = _device_records(on_device, measuring)
 
     packs, small_records, packed = _pack_results(pack_jobs, in_pieces, kinds)
     packed_rows: list[int] = []  # the sink's rows of the measured leaves packed whole, in order
@@ -209,20 +193,18 @@ def _submit_leaves(
                         else:
                             ref, record = f.result()
                             got.append(ref_of(ref))
-                            if record is not None:  # None: measured on its device
-                                records.append(record)
+                            records.append(record)
                     refs += got
                     pieces.append((start, shape, len(got)))
             else:
                 for f in plan:
                     ref, record = f.result()
                     refs.append(ref_of(ref))
-                    if record is not None:  # None: measured on its device
-                        records.append(record)
+                    records.append(record)
             lock.refresh(_locks.STALE_AFTER)  # after waiting for chunks: keep the save's lock fresh
         stats = None
         if stats_on:
-            stats = _stats.combine(records + device_records.get(i, []), kinds[i])
+            stats = _stats.combine(records, kinds[i])
         sink.array(
             leaf.kind, leaf.dtype, leaf.shape, leaf.prng_impl, leaf.weak_type, refs, pieces, address, i, stats
         )
@@ -253,20 +235,3 @@ def _pack_results(
     whole, which = table[~pieces], leaves[~pieces]
     whole[whole["kind"] != np.array(kinds, np.uint8)[which]] = np.zeros(1, _stats.STATS_DTYPE)
     return [d[0] for d in done], small_records, whole
-
-
-def _on_device(leaf: ArrayLeaf) -> list[Any]:
-    """The jax arrays of a leaf that stay on their devices: the leaf itself, or the pieces of a
-    sharded one that are kept there (measured on their devices, in this order)."""
-    if leaf.source is not None:
-        return [leaf.source]
-    return [piece for _, piece in leaf.pieces if type(piece) is not np.ndarray]
-
-
-def _device_records(on_device: dict[int, list[Any]], results: list[Any]) -> dict[int, list[_stats.Record]]:
-    """The records of the leaves (and kept pieces) measured on their devices, from the kernel's
-    ``results`` for them in order, fetched together."""
-    blocks = iter(_device_stats.fetch(results))
-    return {
-        i: [_device_stats.record(next(blocks), int(x.size)) for x in kept] for i, kept in on_device.items()
-    }

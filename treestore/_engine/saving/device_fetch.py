@@ -1,17 +1,27 @@
 """Device arrays to host chunks, pipelined, in a bounded window of host memory.
 
-A save of arrays that live on an accelerator does not copy the whole tree to the host first. Each
-big leaf is cut on its device into slices of rows (a jitted slice, compiled once per shape,
-dtype and slice height); the transfer of each slice to the host starts as soon as the window has
-room for it, so that the transfers run ahead of the hashing and compression, and the host bytes
-of a slice are given back to the window when the last chunk cut from it has been stored. Chunks
-are cut at the same boundaries as a save from host memory (every ``chunk_size`` raw bytes of the
-leaf), so both store the same chunk objects; a chunk that spans two slices is put together in a
-buffer of its own, which the window counts too.
+A save of arrays that live on an accelerator does not copy the whole tree to the host first. A
+leaf no bigger than a slice is moved to host memory whole, with no program (into pinned host
+memory where the backend has it); a bigger leaf is cut on its device into slices of rows, by a
+slicing program compiled once per leaf shape, dtype, sharding and slice height and kept in a
+bounded set (:data:`PROGRAMS`). So the programs a save compiles grow with the distinct shapes of
+its leaves over a slice only, never with its many small ones. The transfer of each piece to the
+host starts as soon as the window has room for it, so that the transfers run ahead of the
+hashing and compression, and the host bytes of a piece are given back to the window when the
+last chunk cut from it has been stored. Chunks are cut at the same boundaries as a save from
+host memory (every ``chunk_size`` raw bytes of the leaf), so both store the same chunk objects;
+a chunk that spans two slices is put together in a buffer of its own, which the window counts.
 
 The window holds a slice and the chunks that span its two ends: slices are made smaller where
 the window is small, and a leaf whose single row is bigger than a slice is fetched through a flat
 view of it.
+
+Device memory: the slices in flight take at most the window's bytes on the devices. Where a
+device has less room than that beside the training step's peak
+(:func:`treestore._engine.saving.device_memory.room`), or a slicing program cannot be compiled,
+loaded or run for want of memory, leaves are fetched whole instead: no device memory, at the
+cost of host memory for the whole leaf. A transfer that fails raises
+:class:`~treestore.errors.DeviceError` naming the leaf.
 """
 
 from __future__ import annotations
@@ -26,10 +36,13 @@ from typing import Any
 
 import numpy as np
 
+from treestore._engine.saving import device_memory
 from treestore._tree.jax_import import jax
+from treestore.errors import DeviceError
 
 MiB = 2**20
 SLICE = 16 * MiB  # bytes a slice aims at (several chunks: one transfer each)
+PROGRAMS = 32  # compiled slicing programs kept, the most recently used
 
 
 class Window:
@@ -68,14 +81,49 @@ class Window:
 
 
 @functools.cache
-def _slicer(rows: int, flat: bool) -> Any:
-    """A jitted ``x -> rows`` rows of ``x`` (of its flat view when ``flat``) from a start row."""
+def _slice_rows(rows: int, flat: bool) -> Any:
+    """A jitted ``(x, start) -> rows`` rows of ``x`` (of its flat view when ``flat``)."""
     lax = jax.lax
 
     def take(x: Any, start: Any) -> Any:
         return lax.dynamic_slice_in_dim(x.reshape(-1) if flat else x, start, rows, 0)
 
     return jax.jit(take)
+
+
+_programs: collections.OrderedDict[tuple[Any, ...], Any] = collections.OrderedDict()
+_programs_lock = threading.Lock()
+
+
+def slicer(x: Any, rows: int, flat: bool) -> Any:
+    """The compiled program that takes ``rows`` rows of arrays like ``x`` from a start row; the
+    :data:`PROGRAMS` used last are kept (a program dropped is freed, and compiled again if asked)."""
+    key = (x.shape, x.dtype, x.sharding, rows, flat)
+    with _programs_lock:
+        program = _programs.get(key)
+        if program is not None:
+            _programs.move_to_end(key)
+            return program
+    program = _slice_rows(rows, flat).lower(x, 0).compile()
+    with _programs_lock:
+        _programs[key] = program
+        while len(_programs) > PROGRAMS:
+            _programs.popitem(last=False)
+    return program
+
+
+def whole(x: Any) -> Any:
+    """``x`` on its way to host memory, with no program: moved into pinned host memory where its
+    devices have it (so the copy does not stay cached on ``x``), else ``x`` with its transfer
+    started."""
+    try:
+        kinds = {m.kind for d in x.devices() for m in d.addressable_memories()}
+    except Exception:  # a backend without memory spaces
+        kinds = set()
+    if "pinned_host" in kinds:
+        return jax.device_put(x, x.sharding.with_memory_kind("pinned_host"))
+    x.copy_to_host_async()
+    return x
 
 
 def to_host(x: Any) -> np.ndarray[Any, Any]:
@@ -98,7 +146,9 @@ class _Leaf:
     array: Any
     step: int  # raw bytes per chunk
     submit: Callable[[np.ndarray[Any, Any]], cf.Future[Any]]
+    address: str
     futures: list[cf.Future[Any]] = field(default_factory=list)
+    host: np.ndarray[Any, Any] | None = None  # the leaf's bytes, once fetched whole after slicing failed
     carry: np.ndarray[Any, Any] | None = None  # a chunk that spans slices, as it fills
     carry_at: int = 0
     carry_reserved: int = 0
@@ -107,10 +157,13 @@ class _Leaf:
     def nbytes(self) -> int:
         return int(self.array.nbytes)
 
-    def slices(self, target: int) -> list[tuple[Any, int, int, int]]:
-        """(slicer, start row, first byte, end byte) of each slice of the leaf."""
+    def slices(self, target: int) -> list[tuple[tuple[int, bool] | None, int, int, int]]:
+        """((rows, flat) of the slicing program, start row, first byte, end byte) of each slice
+        of the leaf; one piece and no program for a leaf of at most ``target`` bytes."""
         x = self.array
         nbytes = self.nbytes
+        if nbytes <= target:
+            return [(None, 0, 0, nbytes)]
         row = nbytes // x.shape[0] if x.ndim and x.shape[0] else nbytes
         flat = x.ndim == 0 or row > target
         if flat:
@@ -120,10 +173,10 @@ class _Leaf:
         rows = max(1, min(count, target // row))
         if row * rows % self.step and self.step % row == 0 and rows * row >= self.step:
             rows -= rows % (self.step // row)  # slices of whole chunks: no chunk spans two
-        out = []
+        out: list[tuple[tuple[int, bool] | None, int, int, int]] = []
         for first in range(0, count, rows):
             height = min(rows, count - first)  # the last slice is shorter (compiled once more)
-            out.append((_slicer(height, flat), first, first * row, (first + height) * row))
+            out.append(((height, flat), first, first * row, (first + height) * row))
         return out
 
     def carry_begun(self, first: int, end: int) -> int:
@@ -143,13 +196,19 @@ class Fetcher:
         self.window = window
         self.target = max(1, min(target, window.limit - 2 * chunk_size))
         self._leaves: list[_Leaf] = []
+        self._room: dict[Any, bool] = {}  # device: whether slices in flight fit beside the step
 
     def add(
-        self, array: Any, step: int, submit: Callable[[np.ndarray[Any, Any]], cf.Future[Any]]
+        self,
+        array: Any,
+        step: int,
+        submit: Callable[[np.ndarray[Any, Any]], cf.Future[Any]],
+        address: str = "",
     ) -> list[cf.Future[Any]]:
         """Plan ``array``'s chunks of ``step`` raw bytes, each stored by ``submit(raw bytes)``;
-        returns the list its chunks' futures are appended to, in order, by :meth:`run`."""
-        leaf = _Leaf(array, step, submit)
+        returns the list its chunks' futures are appended to, in order, by :meth:`run`.
+        ``address`` names the leaf in errors."""
+        leaf = _Leaf(array, step, submit, address)
         self._leaves.append(leaf)
         return leaf.futures
 
@@ -161,7 +220,8 @@ class Fetcher:
             for leaf in self._leaves:
                 if not leaf.nbytes:
                     continue
-                for slicer, start, first, end in leaf.slices(self.target):
+                target = self.target if self._may_slice(leaf.array) else leaf.nbytes
+                for program, start, first, end in leaf.slices(target):
                     size = end - first
                     carry = leaf.carry_begun(first, end)
                     while not self.window.try_take(size + carry):
@@ -170,8 +230,7 @@ class Fetcher:
                             break
                         self._store(pending.popleft())
                     try:
-                        device = slicer(leaf.array, start)
-                        device.copy_to_host_async()
+                        device = self._start(leaf, program, start, first, end)
                     except BaseException:
                         self.window.give(size + carry)
                         raise
@@ -183,13 +242,50 @@ class Fetcher:
                 self.window.give(piece.reserved + piece.carry)
             self._leaves = []
 
+    def _may_slice(self, x: Any) -> bool:
+        """Whether every device of ``x`` has room for a window of slices beside the step's peak."""
+        for device in x.devices():
+            if device not in self._room:
+                self._room[device] = device_memory.fits({device: self.window.limit})
+            if not self._room[device]:
+                return False
+        return True
+
+    def _start(self, leaf: _Leaf, program: tuple[int, bool] | None, start: int, first: int, end: int) -> Any:
+        """The piece [first, end) of ``leaf`` on its way to the host: a slice cut on its device, or
+        the whole leaf (no program). A slicing program that the device cannot compile, load or
+        run (no memory) is given up for the rest of the save: the leaf is fetched whole and the
+        piece cut from host memory."""
+        if leaf.host is None and program is not None:
+            try:
+                piece = slicer(leaf.array, *program)(leaf.array, start)
+                piece.copy_to_host_async()
+                return piece
+            except jax.errors.JaxRuntimeError:
+                self._room = dict.fromkeys(leaf.array.devices(), False)
+                leaf.host = self._whole_on_host(leaf)
+        if leaf.host is not None:
+            return leaf.host[first:end]
+        try:
+            return whole(leaf.array)
+        except jax.errors.JaxRuntimeError as e:
+            raise _failed(leaf, e) from e
+
+    def _whole_on_host(self, leaf: _Leaf) -> np.ndarray[Any, Any]:
+        try:
+            return to_host(whole(leaf.array)).reshape(-1).view(np.uint8)
+        except jax.errors.JaxRuntimeError as e:
+            raise _failed(leaf, e) from e
+
     def _store(self, piece: _Slice) -> None:
         """Wait for ``piece``'s bytes and submit every chunk that they complete."""
         leaf = piece.leaf
         try:
             raw = to_host(piece.device).reshape(-1).view(np.uint8)
-        except BaseException:
+        except BaseException as e:
             self.window.give(piece.reserved + piece.carry)
+            if isinstance(e, jax.errors.JaxRuntimeError):
+                raise _failed(leaf, e) from e
             raise
         piece.device = None
         step, nbytes = leaf.step, leaf.nbytes
@@ -243,4 +339,12 @@ class Fetcher:
         return future
 
 
-__all__ = ["SLICE", "Fetcher", "Window", "to_host"]
+def _failed(leaf: _Leaf, error: BaseException) -> DeviceError:
+    return DeviceError(
+        f"{leaf.address}: the device did not hand over the leaf's bytes "
+        f"({leaf.array.dtype}{list(leaf.array.shape)}): {error}",
+        address=leaf.address,
+    )
+
+
+__all__ = ["PROGRAMS", "SLICE", "Fetcher", "Window", "slicer", "to_host", "whole"]

@@ -27,25 +27,35 @@ class SaveOptions:
             1 MiB).
         threads: Threads that write chunks (1 to 256; default: chosen from the cores).
         stats: Record each array leaf's statistics in the manifest — NaN, +inf and -inf counts,
-            min and max of the finite elements, L2 norm (float64) — measured while its chunks are
-            hashed, so that health checks, ``treestore show --stats`` and retention read
-            manifests only (True or False; default True; see :meth:`Checkpoint.stats`). They
-            cost no more CPU than the hashing (the benchmarks page has the figures). Leaves
-            that live on an accelerator are measured there (float dtypes of up to 32 bits).
+            min and max of the finite elements, L2 norm (float64) — measured on the host while
+            its chunks are hashed, so that health checks, ``treestore show --stats`` and
+            retention read manifests only (True or False; default True; see
+            :meth:`Checkpoint.stats`). They cost no more CPU than the hashing (the benchmarks
+            page has the figures). Leaves that live on an accelerator are measured from the
+            bytes fetched to be stored: a tree gets the same record wherever it lives.
         host_window: Bytes of host memory a save of arrays on an accelerator holds at most for
             their transfers and chunks in flight: big leaves are fetched in slices, each
             transfer started as soon as the window has room, and hashed, compressed and
             written as it arrives (at least ``4 * chunk_size``; default None: 64 MiB, or
             ``4 * chunk_size`` where that is more; :attr:`window` is the figure in use).
-        device_path: Which jax arrays a save fetches while it writes, in ``host_window``, and
-            measures on their device: ``"auto"`` those off the CPU (default), ``"always"``
-            every jax array (CPU ones too), ``"never"`` none (every leaf is copied to the host
-            first and measured there).
+        device_path: Which jax arrays a save fetches while it writes, in ``host_window``:
+            ``"auto"`` those off the CPU (default), ``"always"`` every jax array (CPU ones
+            too), ``"never"`` none (every leaf is copied to the host first). Beyond the tree,
+            such a save takes at most ``window`` bytes of device memory (the slices of leaves
+            bigger than 16 MiB in flight), and none on a device with less room than that beside
+            the training step's peak: there, leaves are fetched whole.
         device_snapshot: Bytes of device memory an async save of :class:`CheckpointManager` may
             take to copy the tree on its devices, so that the training step is blocked only while
             the copies are started (None, the default: up to half of what each device has free;
-            0: never, the tree is copied to host memory before ``save`` returns). A tree that
-            does not fit is copied to host memory.
+            0: never, the tree is copied to host memory before ``save`` returns). The copies
+            are made only where they fit, with ``window`` bytes more for the save's slices, in
+            what each device has never used (its limit less its peak use, so that the training
+            step's own peak is left to it); a tree that does not fit is copied to host memory.
+        keep_host_copies: Whether an async save of :class:`CheckpointManager` keeps its host
+            copies of the tree between saves, to copy the next tree into (True, the default:
+            at most one host copy of the part of the tree not copied on the devices is held
+            between saves; False: they are dropped once each save is written, and the next save
+            allocates anew).
 
     Raises:
         InvalidInputError: A value is out of its range (or ``stats`` is not a bool).
@@ -67,6 +77,7 @@ class SaveOptions:
     host_window: int | None = None
     device_path: str = "auto"
     device_snapshot: int | None = None
+    keep_host_copies: bool = True
 
     def __post_init__(self) -> None:
         if not 4096 <= self.chunk_size <= 256 * MiB:
@@ -79,6 +90,8 @@ class SaveOptions:
             raise InvalidInputError(f"threads must be between 1 and 256, got {self.threads}")
         if type(self.stats) is not bool:
             raise InvalidInputError(f"stats must be True or False, got {self.stats!r}")
+        if type(self.keep_host_copies) is not bool:
+            raise InvalidInputError(f"keep_host_copies must be True or False, got {self.keep_host_copies!r}")
         if self.host_window is not None and (
             type(self.host_window) is not int or self.host_window < 4 * self.chunk_size
         ):

@@ -8,10 +8,13 @@ It keeps the copies of the last snapshot and reuses them: a jax array that is th
 at the last snapshot holds the same bytes (jax arrays are immutable), so it is not copied again,
 and an array that changed is copied into the last snapshot's buffer of its address when the shape
 and dtype match, which avoids the page faults of fresh allocations. The price is one host copy of
-the tree, held until :meth:`HostSnapshot.clear`. Where the devices have the memory, the big
-arrays are copied on their devices instead (:func:`device_room`), which stalls the caller for
+the tree, held until :meth:`HostSnapshot.clear`; the host copies of accelerator arrays that jax
+made (which cannot be written into) are dropped before the next snapshot is taken, so two trees
+are never held at once. Where the devices have the memory beside the training step's peak, the
+big arrays are copied on their devices instead (:func:`device_room`), which stalls the caller for
 the time it takes to start the copies, and the save fetches them in a bounded window of host
-memory as it writes (:mod:`treestore._engine.saving.device_fetch`).
+memory as it writes (:mod:`treestore._engine.saving.device_fetch`). A copy program the devices
+cannot compile, load or run (no memory) is given up, and the tree copied to host memory.
 
 :class:`Background` runs one job at a time on one thread and keeps its error until it is collected.
 """
@@ -28,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from treestore._engine.saving import device_memory
 from treestore._tree.jax_import import jax
 from treestore._tree.leaves import ArrayLeaf, Keep, Leaf, off_cpu, prepare_leaf
 from treestore._tree.prepare import Prepared, prepare
@@ -66,13 +70,16 @@ class HostSnapshot:
         self._kept = {}
         self.release()
 
-    def take(self, tree: Any, on_device: Keep | None = None, device_limit: int | None = None) -> Prepared:
+    def take(
+        self, tree: Any, on_device: Keep | None = None, device_limit: int | None = None, window: int = 0
+    ) -> Prepared:
         """Validate ``tree`` and copy its array leaves to host; raises before keeping anything.
 
         The jax arrays that ``on_device`` keeps are copied on their devices instead when the
-        copies fit there (:func:`device_room`, with at most ``device_limit`` bytes in all): the
-        copy is started, not waited for (the device orders it before any later use of the array,
-        a donation included), and the save fetches the copies while it writes.
+        copies fit there (:func:`device_room`, with at most ``device_limit`` bytes in all, and
+        ``window`` bytes more for the slices the save will cut from them): the copy is started,
+        not waited for (the device orders it before any later use of the array, a donation
+        included), and the save fetches the copies while it writes.
         """
         self.release()
         kept = self._kept
@@ -110,12 +117,19 @@ class HostSnapshot:
         def start_copies(values: list[Any]) -> None:  # every device-to-host copy at once
             nonlocal device
             array = jax.Array  # looked up once: each lookup through the stand-in costs a call
-            if on_device is not None and device_room(values, on_device, device_limit):
-                device = on_device
+            live = {id(x) for x in values}
+            for address in [a for a, k in kept.items() if not k.owned and _source_id(k) not in live]:
+                del kept[address]  # jax's host copy of an array gone: no use to this snapshot
+            if on_device is not None and device_room(values, on_device, device_limit, window):
                 originals = {id(x): x for x in values if isinstance(x, array) and on_device.kept(x)}
-                made = _copier()(list(originals.values()))
-                on_device_copies.update(zip(originals, made, strict=True))
-                copies.extend(made)
+                try:
+                    made = _copier()(list(originals.values()))
+                except jax.errors.JaxRuntimeError:  # no device memory for the program or copies
+                    made = None
+                if made is not None:
+                    device = on_device
+                    on_device_copies.update(zip(originals, made, strict=True))
+                    copies.extend(made)
             for x in values:
                 if (
                     isinstance(x, array)
@@ -156,28 +170,22 @@ def _copier() -> Any:
     return jax.jit(lambda xs: [jax.numpy.copy(x) for x in xs])
 
 
-def device_room(tree_leaves: list[Any], keep: Keep, limit: int | None) -> bool:
+def device_room(tree_leaves: list[Any], keep: Keep, limit: int | None, window: int = 0) -> bool:
     """Whether copies of the jax arrays of ``tree_leaves`` that ``keep`` keeps fit on their
-    devices: in at most ``limit`` bytes in all (None: no bound of the caller's), and in at most
-    half of what each device has free (where the device tells; a CPU does not)."""
-    need: dict[Any, int] = {}
+    devices: in at most ``limit`` bytes in all (None: no bound of the caller's), and, with
+    ``window`` bytes more, in what each device has never used (:func:`device_memory.room`: the
+    training step's peak is left to it; no bound where the device does not tell, as a CPU)."""
     array = jax.Array
-    for x in tree_leaves:
-        if isinstance(x, array) and keep.kept(x):
-            for shard in x.addressable_shards:
-                need[shard.device] = need.get(shard.device, 0) + int(shard.data.nbytes)
+    need = device_memory.per_device(x for x in tree_leaves if isinstance(x, array) and keep.kept(x))
     if limit is not None and sum(need.values()) > limit:
         return False
-    for device, nbytes in need.items():
-        try:
-            memory = device.memory_stats()
-        except Exception:  # a backend without memory statistics
-            memory = None
-        if memory and "bytes_limit" in memory:
-            free = int(memory["bytes_limit"]) - int(memory.get("bytes_in_use", 0))
-            if nbytes > free // 2:
-                return False
-    return True
+    return device_memory.fits(need, window)
+
+
+def _source_id(kept: _Kept) -> int | None:
+    """The id of the jax array ``kept`` was copied from, while it lives."""
+    value = kept.source() if kept.source is not None else None
+    return None if value is None else id(value)
 
 
 def _private(leaf: ArrayLeaf, old: _Kept | None) -> ArrayLeaf:
