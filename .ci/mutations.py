@@ -491,12 +491,33 @@ MUTATIONS: list[Mutation] = [
     m(
         "unknown health taken for healthy",
         "treestore/_api/manager/retention.py",
-        "        if step_health(store, infos[step], check) is True:\n",
-        "        if step_health(store, infos[step], check) is not False:\n",
+        "        if state is True:\n",
+        "        if state is not False:\n",
         [
             "tests/api/test_health_retention.py::test_an_unknown_newer_step_does_not_take_the_healthy_steps_protection"
         ],
         "a step saved without statistics takes the last healthy step's protection, which is deleted",
+    ),
+    m(
+        "retention protects no step of unknown health",
+        "treestore/_api/manager/retention.py",
+        "    found = maybe if known is None else known\n",
+        "    found = known\n",
+        [
+            "tests/api/test_health_retention.py::test_with_no_step_known_healthy_the_newest_not_known_unhealthy_is_kept",
+            "tests/api/test_two_tier.py::test_each_tier_keeps_its_newest_step_not_known_unhealthy_when_none_is_known_healthy",
+        ],
+        "with no step known healthy, keep_last deletes the one step never shown unhealthy: nothing to resume",
+    ),
+    m(
+        "retention protects the oldest step of unknown health",
+        "treestore/_api/manager/retention.py",
+        "        if state is None and maybe is None:\n",
+        "        if state is None:\n",
+        [
+            "tests/api/test_health_retention.py::test_a_step_known_healthy_takes_the_protection_from_older_and_newer_unknown_ones"
+        ],
+        "with no step known healthy, retention keeps the oldest step of unknown health, not the newest",
     ),
     m(
         "export temporaries through links",

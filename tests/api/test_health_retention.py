@@ -10,9 +10,19 @@ import pytest
 
 import treestore
 from tests.engine.test_stats import run_cli
+from tests.support import hostile
 from treestore._api.manager.retention import Policy, apply_retention
+from treestore._format.paths import step_name
 
 LAST_1, LAST_2 = treestore.Retention(keep_last=1), treestore.Retention(keep_last=2)
+NAN = {"w": np.array([np.nan, 1.0, 2.0])}
+# Every way a step's health becomes unknown: the SaveOptions it is saved with, and what is done
+# to its checkpoint after (given the store's URL and the checkpoint's name).
+UNKNOWN = {
+    "saved-without-statistics": (treestore.SaveOptions(stats=False), lambda url, name: None),
+    "statistics-column-unreadable": (None, hostile.damage_stats),
+    "manifest-unreadable": (None, hostile.damage_manifest),
+}
 
 
 def finite(tree) -> bool:
@@ -181,3 +191,46 @@ def test_a_check_that_accepts_everything_cannot_override_recorded_nan(tmp_path):
         assert m.steps() == [0, 1] and m.latest_step(healthy=True) == 0
         restored = m.restore(healthy=True)
         np.testing.assert_array_equal(np.asarray(restored["w"]), np.ones(3))
+
+
+@pytest.mark.parametrize("how", UNKNOWN)
+def test_with_no_step_known_healthy_the_newest_not_known_unhealthy_is_kept(tmp_path, how):
+    """Step 1's health becomes unknown, then steps 2 and 3 hold NaN, keep_last=1: no step is
+    known healthy, so retention keeps step 1 (never shown unhealthy) beside the newest.
+    restore(healthy=True) still loads only a step known healthy: it refuses, naming step 1 and
+    how to load it."""
+    url = str(tmp_path / "run")
+    options, make_unknown = UNKNOWN[how]
+    with treestore.CheckpointManager(url, retention=LAST_1, async_save=False, options=options) as m:
+        m.save(1, {"w": np.ones(3)})
+    make_unknown(url, step_name(1))
+    with treestore.CheckpointManager(url, retention=LAST_1, async_save=False) as m:
+        for step in (2, 3):
+            m.save(step, NAN)
+        assert m.steps() == [1, 3]
+        assert m.latest_step(healthy=True) is None  # unknown is never taken for healthy
+        with pytest.raises(treestore.errors.CheckpointNotFoundError, match=r"restore\(step=1\) loads it"):
+            m.restore(healthy=True)
+        if how != "manifest-unreadable":
+            np.testing.assert_array_equal(np.asarray(m.restore(step=1)["w"]), np.ones(3))
+
+
+def test_a_step_known_healthy_takes_the_protection_from_older_and_newer_unknown_ones(tmp_path):
+    """Unknown steps are protected only where no step is known healthy: the newest of them
+    (step 1 of 0-1), and none once step 2 is known healthy, even with step 3 unknown after it."""
+    url = str(tmp_path / "run")
+    off = treestore.SaveOptions(stats=False)
+    with treestore.CheckpointManager(url, retention=LAST_1, async_save=False, options=off) as m:
+        m.save(0, {"w": np.ones(3)})
+        m.save(1, {"w": np.ones(3)})
+    with treestore.CheckpointManager(url, retention=LAST_1, async_save=False) as m:
+        m.save(4, NAN)
+        assert m.steps() == [1, 4]  # the newer of the two unknown steps
+        m.save(5, {"w": np.ones(3)})
+        m.save(6, NAN)
+        assert m.steps() == [5, 6]  # step 5 is known healthy: step 1 goes
+    with treestore.CheckpointManager(url, retention=LAST_1, async_save=False, options=off) as m:
+        m.save(7, {"w": np.ones(3)})
+    with treestore.CheckpointManager(url, retention=LAST_1, async_save=False) as m:
+        m.save(8, NAN)
+        assert m.steps() == [5, 8] and m.latest_step(healthy=True) == 5  # step 7 goes

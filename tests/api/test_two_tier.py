@@ -26,6 +26,7 @@ import numpy as np
 import pytest
 
 import treestore
+from tests.api.test_health_retention import NAN, UNKNOWN
 from tests.support.helpers import assert_tree_equal
 from tests.system.test_cloud_faults import FAIL_FAST, Proxy
 from tests.system.test_manager_process import ENV, ROOT
@@ -103,6 +104,35 @@ def test_each_tier_has_its_own_retention(tmp_path):
     assert remote_steps(remote) == [0, 4, 8, 9]
     for step in (0, 4, 8, 9):  # remote gc freed nothing a kept step uses
         assert_tree_equal(treestore.Store(remote).load(step_name(step)), tree(step))
+
+
+@pytest.mark.parametrize("how", UNKNOWN)
+def test_each_tier_keeps_its_newest_step_not_known_unhealthy_when_none_is_known_healthy(tmp_path, how):
+    """Step 1 is replicated, then its health becomes unknown in both tiers; steps 2 and 3 hold
+    NaN. With keep_last=1 in each tier and no step known healthy, each keeps step 1."""
+    local, remote = str(tmp_path / "local"), str(tmp_path / "remote")
+    options, make_unknown = UNKNOWN[how]
+
+    def manager(options: treestore.SaveOptions | None = None) -> treestore.CheckpointManager:
+        tier = treestore.RemoteTier(remote, keep_last=1)
+        return treestore.CheckpointManager(
+            local=local, remote=tier, retention=treestore.Retention(keep_last=1), options=options
+        )
+
+    with manager(options) as m:
+        m.save(1, {"w": np.ones(3)})
+        m.wait()
+    for url in (local, remote):
+        make_unknown(url, step_name(1))
+    with manager() as m:
+        for step in (2, 3):
+            m.save(step, NAN)
+            m.wait()
+        assert m.steps() == [1, 3] and m.latest_step(healthy=True) is None
+        with pytest.raises(treestore.errors.CheckpointNotFoundError, match=r"restore\(step=1\) loads it"):
+            m.restore(healthy=True)
+    assert treestore.CheckpointManager(local).steps() == [1, 3]
+    assert remote_steps(remote) == [1, 3]
 
 
 def test_replicate_every_steps(tmp_path):

@@ -127,6 +127,12 @@ def damage_manifest(url: str, name: str) -> None:
     storage(url).write(_paths.manifest_path(commit_record(url, name)["manifest"]), [b"damaged"])
 
 
+def damage_stats(url: str, name: str) -> None:
+    """Replace the statistics column of ``name``'s (version-2) manifest with bytes of the wrong
+    size, the rest intact: a reader ignores the column, so the checkpoint's health is unknown."""
+    mutate_v2_manifest(url, name, lambda rec, arrays: rec.update(stats=b"\x00" * 48))
+
+
 def flip_byte(url: str, path: str, at: int) -> None:
     s = storage(url)
     data = bytearray(s.read(path))

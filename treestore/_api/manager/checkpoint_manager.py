@@ -73,11 +73,14 @@ class CheckpointManager:
     best_metric=..., best_mode=...)`` (see :class:`Retention`) names the steps kept: the N newest,
     every step divisible by K, the N best by a metric (which every save must then pass); a step is
     kept if any rule keeps it, and the newest step is always kept; with no rule every step is
-    kept. After each save the other steps' checkpoints are deleted, then gc removes the chunks no
-    checkpoint uses; gc never touches a save in flight in any process and is retried later when
-    one is. Retention runs after the commit, so its failures are logged (logger ``treestore``),
-    never raised: the step is saved. A damaged checkpoint in the store is left out of ``steps()``
-    (and logged), and keeps gc from freeing space until it is deleted.
+    kept. With ``keep_healthy=True`` (the default) retention protects the newest step known
+    healthy; where there is none, it protects the newest step not known unhealthy (its health
+    unknown: saved without statistics, or its statistics or manifest unreadable). After each save
+    the other steps' checkpoints are deleted, then gc removes the chunks no checkpoint uses; gc
+    never touches a save in flight in any process and is retried later when one is. Retention
+    runs after the commit, so its failures are logged (logger ``treestore``), never raised: the
+    step is saved. A damaged checkpoint in the store is left out of ``steps()`` (and logged), and
+    keeps gc from freeing space until it is deleted.
 
     **Preemption.** ``preemption=True`` installs a SIGTERM handler (main thread only; it calls
     any previous Python handler, and close() puts it back). After a SIGTERM, every ``save`` saves
@@ -125,10 +128,10 @@ class CheckpointManager:
             checkpoint's manifest.
         keep_healthy: Never let retention delete the newest step known to be healthy (its
             statistics show no NaN/inf; a step without statistics is unknown, never healthy),
-            in both tiers.
+            or where no step is, the newest step not known unhealthy; in both tiers.
         healthy: ``healthy(info, stats) -> bool``, a further test of health over a step's
             :class:`StepInfo` and its statistics by address; a step it rejects counts as
-            unhealthy, one it raises on as unknown (kept).
+            unhealthy, one it raises on as unknown.
         **deprecated: The flat keywords that ``retention=`` and ``remote=`` replace, still
             taken with a DeprecationWarning naming the replacement: ``keep_last``,
             ``keep_every``, ``keep_best``, ``best_metric`` and ``best_mode`` (the
@@ -416,9 +419,10 @@ class CheckpointManager:
         """The newest committed step of either tier.
 
         Args:
-            healthy: The newest whose recorded statistics show no NaN/inf and that the manager's
-                ``healthy`` check accepts (a step saved without statistics counts: unknown is
-                never taken for unhealthy); read from manifests alone, newest first.
+            healthy: The newest known to be healthy: its recorded statistics show no NaN/inf
+                and the manager's ``healthy`` check accepts it (a step whose health is unknown,
+                saved without statistics or with them unreadable, is never taken for healthy);
+                read from manifests alone, newest first.
 
         Returns:
             The step, or None when there is none.
@@ -468,7 +472,9 @@ class CheckpointManager:
             partial: With ``like``, let it be a subset of the checkpoint.
             types: Without ``like``, the namedtuple classes and dataclasses to restore as
                 themselves.
-            healthy: Without ``step``, the newest healthy step.
+            healthy: Without ``step``, the newest step known to be healthy (as
+                ``latest_step(healthy=True)``); when none is, the error names the newest step
+                whose health is unknown, which retention keeps, for ``step=`` to load.
 
         Returns:
             The restored tree.

@@ -69,8 +69,8 @@ def check_metrics(metrics: object) -> dict[str, float]:
 
 @dataclass(frozen=True)
 class Policy:
-    """When to save and which steps to keep (a :class:`Retention`'s rules, and the newest step
-    known healthy with ``keep_healthy``); validated on construction."""
+    """When to save and which steps to keep (a :class:`Retention`'s rules, and with
+    ``keep_healthy`` the step :func:`kept_healthy` protects); validated on construction."""
 
     save_every_steps: int | None = None
     save_every_seconds: float | None = None
@@ -79,7 +79,7 @@ class Policy:
     keep_best: int | None = None
     best_metric: str | None = None
     best_mode: str | None = None
-    keep_healthy: bool = True  # never delete the newest step known healthy (see kept_healthy)
+    keep_healthy: bool = True  # never delete the newest step that may be good (see kept_healthy)
     healthy: HealthCheck | None = None  # the caller's test, beside "no NaN/inf"
 
     def __post_init__(self) -> None:
@@ -167,24 +167,31 @@ def step_health(store: Store, info: StepInfo, check: HealthCheck | None = None) 
         return None
 
 
-def newest_healthy(
-    store: Store, infos: Mapping[int, StepInfo], check: HealthCheck | None = None
-) -> int | None:
-    """The newest step known to be healthy (unknown is never taken for healthy), reading
-    manifests from the newest down until it finds one; None when no step is known healthy."""
-    for step in sorted(infos, reverse=True):
-        if step_health(store, infos[step], check) is True:
-            return step
-    return None
+def newest_by_health(
+    steps: Iterable[tuple[int, StepInfo, Store]], check: HealthCheck | None = None
+) -> tuple[int | None, int | None]:
+    """Of ``steps`` (each with the store holding it), the newest known to be healthy and the
+    newest not known to be unhealthy (healthy or unknown), None for either when there is none;
+    manifests are read from the newest down, stopping at the first step known healthy."""
+    maybe = None
+    for step, info, store in sorted(steps, key=lambda s: s[0], reverse=True):
+        state = step_health(store, info, check)
+        if state is True:
+            return step, step if maybe is None else maybe
+        if state is None and maybe is None:
+            maybe = step
+    return None, maybe
 
 
 def kept_healthy(store: Store, policy: Policy, infos: Mapping[int, StepInfo]) -> set[int]:
-    """With ``policy.keep_healthy``, the newest step known to be healthy: kept whatever the other
-    rules say, so that a run whose newest steps hold NaN/inf, or whose health is unknown (saved
-    without statistics, a manifest that cannot be read), never loses its last good step."""
+    """With ``policy.keep_healthy``, the step retention protects whatever the other rules say:
+    the newest step known to be healthy; where there is none, the newest step not known to be
+    unhealthy (its health unknown: saved without statistics, statistics or a manifest that cannot
+    be read). So a run whose newest steps hold NaN/inf never loses the last step that may be good."""
     if not policy.keep_healthy or not infos:
         return set()
-    found = newest_healthy(store, infos, policy.healthy)
+    known, maybe = newest_by_health(((s, i, store) for s, i in infos.items()), policy.healthy)
+    found = maybe if known is None else known
     return set() if found is None else {found}
 
 
@@ -193,7 +200,7 @@ def deleted_by_retention(store: Store, policy: Policy, protected: Iterable[int] 
     each step once it is gone (deleted here, or by someone else meanwhile)."""
     infos = step_infos(store)
     keep = policy.retained(infos) | set(protected)
-    if set(infos) - keep:  # the newest step known healthy stays (keep_healthy)
+    if set(infos) - keep:  # the newest step that may be good stays (keep_healthy)
         keep |= kept_healthy(store, policy, infos)
     for step, info in infos.items():
         if step not in keep:

@@ -8,7 +8,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from treestore._api.manager.retention import HealthCheck, StepInfo, check_step, newest_healthy, step_infos
+from treestore._api.manager.retention import HealthCheck, StepInfo, check_step, newest_by_health, step_infos
 from treestore._api.store import Store
 from treestore._format.paths import step_name
 from treestore.errors import CheckpointNotFoundError, DamagedError, TreestoreError
@@ -45,16 +45,17 @@ class Tiers:
         return out
 
     def latest(self, *, healthy: bool = False) -> int | None:
-        """The newest step of either tier; with ``healthy``, the newest whose statistics show no
-        NaN/inf and that :attr:`healthy` accepts (read from manifests alone, newest first)."""
-        tiers = self.steps()
+        """The newest step of either tier; with ``healthy``, the newest known to be healthy: its
+        statistics show no NaN/inf and :attr:`healthy` accepts it (read from manifests alone,
+        newest first; a step whose health is unknown is never taken for healthy)."""
         if not healthy:
-            return max(tiers, default=None)
-        for step in sorted(tiers, reverse=True):
-            info, store = tiers[step]
-            if newest_healthy(store, {step: info}, self.healthy) is not None:
-                return step
-        return None
+            return max(self.steps(), default=None)
+        return self._by_health()[0]
+
+    def _by_health(self) -> tuple[int | None, int | None]:
+        """The newest step known to be healthy and the newest not known to be unhealthy, each
+        judged from the copy it would be loaded from."""
+        return newest_by_health(((s, i, store) for s, (i, store) in self.steps().items()), self.healthy)
 
     def find(self, step: int | None) -> tuple[StepInfo, Store]:
         """``step`` (default: the newest) and the store to load it from; CheckpointNotFoundError
@@ -77,12 +78,9 @@ class Tiers:
         :meth:`Store.load` with ``kwargs`` loads it, from the remote tier when the local copy is
         damaged and the remote has the step."""
         if step is None and healthy:
-            step = self.latest(healthy=True)
+            step, maybe = self._by_health()
             if step is None:
-                raise CheckpointNotFoundError(
-                    f"no healthy step in {self.local.url}: none is known to hold no NaN/inf "
-                    "(statistics showing none, and accepted by the healthy= check if one is set)"
-                )
+                raise _no_healthy_step(self.local.url, maybe)
         info, store = self.find(step)
         try:
             return store.load(info.name, **kwargs)
@@ -97,6 +95,21 @@ class Tiers:
                 self.remote.url,
             )
             return self.remote.load(info.name, **kwargs)
+
+
+def _no_healthy_step(url: str, unknown: int | None) -> CheckpointNotFoundError:
+    """The error of a healthy load with no step known healthy; it names ``unknown``, the newest
+    step whose health is unknown (the one retention keeps then), when there is one."""
+    found = (
+        ""
+        if unknown is None
+        else f"; the health of step {unknown} is unknown (no statistics, none readable, or the "
+        f"healthy= check failed): restore(step={unknown}) loads it"
+    )
+    return CheckpointNotFoundError(
+        f"no healthy step in {url}: none is known to hold no NaN/inf (statistics showing none, "
+        f"and accepted by the healthy= check if one is set){found}"
+    )
 
 
 __all__ = ["Tiers"]
