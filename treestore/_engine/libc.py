@@ -23,15 +23,6 @@ def _load(name: str, argtypes: list[Any]) -> Any:
 
 
 madvise = _load("madvise", [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int])
-malloc_trim = _load("malloc_trim", [ctypes.c_size_t])  # glibc's
 
 
-def give_back_free_heap() -> None:
-    """Return the C heap's free pages to the operating system. Threads that allocated a lot and
-    freed it (a compiler's) leave it in their heaps otherwise, counted in the process's resident
-    memory for as long as it runs."""
-    if malloc_trim is not None:
-        malloc_trim(0)
-
-
-__all__ = ["give_back_free_heap", "madvise", "malloc_trim"]
+__all__ = ["madvise"]
