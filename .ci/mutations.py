@@ -48,6 +48,7 @@ def m(name: str, file: str, old: str, new: str, tests: list[str], why: str) -> M
 FUZZ = "tests/attacks/test_decoder_fuzz.py"
 SIZES = "tests/attacks/test_sizes.py"
 ADDRESSES = "tests/attacks/test_addresses.py"
+CHIP = "tests/engine/test_full_chip.py"
 
 MUTATIONS: list[Mutation] = [
     # --- commit order and put-if-absent ------------------------------------------------------
@@ -619,6 +620,99 @@ MUTATIONS: list[Mutation] = [
             "tests/engine/test_stats.py::test_the_compiled_and_the_numpy_statistics_are_the_same_record",
         ],
         "a float32 chunk holding NaN is recorded as finite: healthy, and retention keeps the wrong step",
+    ),
+    # --- the device path on a full chip (tests/engine/test_full_chip.py) ---------------------------
+    m(
+        "device room read between steps, not at the peak",
+        "treestore/_engine/saving/device_memory.py",
+        'used = max(int(memory.get("peak_bytes_in_use", 0)), int(memory.get("bytes_in_use", 0)))',
+        'used = int(memory.get("bytes_in_use", 0))',
+        [
+            f"{CHIP}::test_an_async_snapshot_is_copied_on_the_device_only_beside_the_step_s_peak",
+            f"{CHIP}::test_a_device_without_room_for_slices_beside_the_step_s_peak_gets_none",
+        ],
+        "an async snapshot's device copy takes memory the next step needs",
+    ),
+    m(
+        "device snapshot without the device-room rule",
+        "treestore/_engine/saving/snapshot.py",
+        "if on_device is not None and device_room(values, on_device, device_limit, window):",
+        "if on_device is not None:",
+        [f"{CHIP}::test_an_async_snapshot_is_copied_on_the_device_only_beside_the_step_s_peak"],
+        "the device copy is made whatever the device's room",
+    ),
+    m(
+        "device snapshot leaves no room for the slices",
+        "treestore/_engine/saving/snapshot.py",
+        "return device_memory.fits(need, window)",
+        "return device_memory.fits(need)",
+        [f"{CHIP}::test_an_async_snapshot_is_copied_on_the_device_only_beside_the_step_s_peak"],
+        "the copy fits, but the slices the save cuts from it do not",
+    ),
+    m(
+        "slices cut on a device without room",
+        "treestore/_engine/saving/device_fetch.py",
+        "target = self.target if self._may_slice(leaf.array) else leaf.nbytes",
+        "target = self.target",
+        [f"{CHIP}::test_a_device_without_room_for_slices_beside_the_step_s_peak_gets_none"],
+        "slices in flight take device memory the step needs",
+    ),
+    m(
+        "host window unbounded",
+        "treestore/_engine/saving/device_fetch.py",
+        "if self.held and self.held + nbytes > self.limit:",
+        "if False:",
+        ["tests/engine/test_device_path.py::test_the_host_window_bounds_the_bytes_in_flight"],
+        "device transfers run ahead of the writes without bound: the tree in host memory",
+    ),
+    m(
+        "slicing program out of memory fails the save",
+        "treestore/_engine/saving/device_fetch.py",
+        "            except jax.errors.JaxRuntimeError:\n                self._room",
+        "            except ZeroDivisionError:\n                self._room",
+        [f"{CHIP}::test_a_slicing_program_out_of_memory_falls_back_to_whole_leaves"],
+        "a save fails for want of device memory instead of fetching leaves whole",
+    ),
+    m(
+        "failed transfer raised as jax's error",
+        "treestore/_engine/saving/device_fetch.py",
+        "            if isinstance(e, jax.errors.JaxRuntimeError):\n"
+        "                raise _failed(leaf, e) from e\n",
+        "",
+        [f"{CHIP}::test_a_failed_transfer_raises_a_device_error_and_commits_nothing"],
+        "a failed transfer is not a TreestoreError and names no leaf",
+    ),
+    m(
+        "device copy out of memory fails the save",
+        "treestore/_engine/saving/snapshot.py",
+        "except jax.errors.JaxRuntimeError:  # no device memory",
+        "except ZeroDivisionError:  # no device memory",
+        [f"{CHIP}::test_a_device_copy_that_fails_falls_back_to_a_host_snapshot"],
+        "an async save fails for want of device memory instead of staging on the host",
+    ),
+    m(
+        "background that cannot start keeps the device copies",
+        "treestore/_api/manager/save_queue.py",
+        "            job()\n            return\n",
+        "            raise\n",
+        [f"{CHIP}::test_a_background_that_cannot_start_writes_at_once_and_frees_the_device_copies"],
+        "the device copies stay alive until the next save, and the save is lost",
+    ),
+    m(
+        "jax's host copies held across snapshots",
+        "treestore/_engine/saving/snapshot.py",
+        "                del kept[address]  # jax's host copy",
+        "                pass  # jax's host copy",
+        [f"{CHIP}::test_an_async_snapshot_drops_jax_s_host_copies_before_the_next_one"],
+        "an async save holds two trees in host memory",
+    ),
+    m(
+        "device leaves measured apart",
+        "treestore/_engine/saving/chunking.py",
+        "lambda raw: submit(raw, width, True, dtype), address)",
+        "lambda raw: submit(raw, width, True, None), address)",
+        [f"{CHIP}::test_one_tree_gets_one_record_on_the_device_path_the_host_path_and_an_async_snapshot"],
+        "a leaf fetched from a device gets another record than the same bytes from the host",
     ),
 ]
 
