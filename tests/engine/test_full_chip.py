@@ -260,24 +260,38 @@ def test_one_tree_gets_one_record_on_the_device_path_the_host_path_and_an_async_
 
 
 # -- faults on the device path ---------------------------------------------------------------------
-def test_a_slicing_program_out_of_memory_falls_back_to_whole_leaves(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The slicing program cannot be compiled, loaded or run (RESOURCE_EXHAUSTED): the save
-    fetches the leaves whole instead, and stores the same chunks."""
+@pytest.mark.parametrize("when", ["compile", "run"])
+def test_a_slicing_program_out_of_memory_falls_back_to_whole_leaves(
+    monkeypatch: pytest.MonkeyPatch, when: str
+) -> None:
+    """The slicing program cannot be compiled or loaded, or cannot run (RESOURCE_EXHAUSTED): the
+    save fetches the leaves whole instead, and stores the same chunks."""
     tree = _big_tree(1)
-    store = treestore.Store("memory://full-chip/slicer-oom")
+    store = treestore.Store("memory://full-chip/slicer-oom-" + when)
     store.save(tree, "host", options=treestore.SaveOptions(**{**ALWAYS, "device_path": "never"}))
     before = _live()
-    failed = _counting(monkeypatch, device_fetch, "_slice_rows")
     monkeypatch.setattr(device_fetch, "_programs", collections.OrderedDict())
-    real = device_fetch.slicer
+    tried: list[str] = []
 
-    def slicer(x: Any, rows: int, flat: bool) -> Any:
-        real(x, rows, flat)
-        return _raising()
+    class Unloadable:
+        def lower(self, *args: Any) -> Any:
+            tried.append("compile")
+            raise jax.errors.JaxRuntimeError(OOM)
 
-    monkeypatch.setattr(device_fetch, "slicer", slicer)
+    if when == "compile":
+        monkeypatch.setattr(device_fetch, "_slice_rows", lambda rows, flat: Unloadable())
+    else:
+        real = device_fetch.slicer
+
+        def slicer(x: Any, rows: int, flat: bool) -> Any:
+            real(x, rows, flat)
+            tried.append("run")
+            return _raising()
+
+        monkeypatch.setattr(device_fetch, "slicer", slicer)
     r = store.save(tree, "device", options=treestore.SaveOptions(**ALWAYS))
-    assert failed and r.chunks_written == 0
+    assert tried and set(tried) == {when}
+    assert r.chunks_written == 0
     _assert_same(store, "device", tree)
     assert _live() <= before
 
