@@ -360,3 +360,25 @@ def test_a_background_that_cannot_start_writes_at_once_and_frees_the_device_copi
         assert m.steps() == [1]
         m.save(2, {"w": tree["w"] + 1})
         assert m.steps() == [1, 2]
+
+
+def test_no_pinned_host_memory_to_be_had_moves_leaves_through_jax_s_own_host_copy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Pinned host memory is a scarce kind: a device_put into it that fails leaves the leaf to
+    jax's own transfer, and the save stores the same bytes."""
+    tree = {"w": jnp.arange(100_000.0), "v": jnp.ones((300, 70))}
+    real = jax.device_put
+    refused: list[str] = []
+
+    def device_put(x: Any, where: Any = None, **kwargs: Any) -> Any:
+        if getattr(where, "memory_kind", None) == "pinned_host":
+            refused.append("pinned_host")
+            raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: no pinned host memory")
+        return real(x, where, **kwargs)
+
+    monkeypatch.setattr(jax, "device_put", device_put)
+    store = treestore.Store("memory://full-chip/no-pinned")
+    store.save(tree, "a", options=treestore.SaveOptions(**{**ALWAYS, "small_leaf": 0}))
+    assert refused
+    _assert_same(store, "a", tree)

@@ -114,14 +114,17 @@ def slicer(x: Any, rows: int, flat: bool) -> Any:
 
 def whole(x: Any) -> Any:
     """``x`` on its way to host memory, with no program: moved into pinned host memory where its
-    devices have it (so the copy does not stay cached on ``x``), else ``x`` with its transfer
-    started."""
+    devices have it and it can be had (so the copy does not stay cached on ``x``), else ``x``
+    with its transfer started."""
     try:
         kinds = {m.kind for d in x.devices() for m in d.addressable_memories()}
     except Exception:  # a backend without memory spaces
         kinds = set()
     if "pinned_host" in kinds:
-        return jax.device_put(x, x.sharding.with_memory_kind("pinned_host"))
+        try:
+            return jax.device_put(x, x.sharding.with_memory_kind("pinned_host"))
+        except jax.errors.JaxRuntimeError:  # no pinned memory to be had: jax's own host copy
+            pass
     x.copy_to_host_async()
     return x
 
