@@ -49,6 +49,7 @@ FUZZ = "tests/attacks/test_decoder_fuzz.py"
 SIZES = "tests/attacks/test_sizes.py"
 ADDRESSES = "tests/attacks/test_addresses.py"
 CHIP = "tests/engine/test_full_chip.py"
+LIMIT = "tests/format/test_memory_limit.py"
 
 MUTATIONS: list[Mutation] = [
     # --- commit order and put-if-absent ------------------------------------------------------
@@ -459,6 +460,26 @@ MUTATIONS: list[Mutation] = [
         "",
         [ADDRESSES + "::test_a_deep_chain_of_long_keys_is_refused_before_its_addresses_are_built"],
         "a few KiB of manifest names gigabytes of addresses, built by every reader",
+    ),
+    m(
+        "version-1 leaves decoded to the last byte",
+        "treestore/_format/manifest/v1.py",
+        "            if i % ROOM_EVERY == 0:\n"
+        "                check_room()  # stop while running out can still be reported\n",
+        "",
+        [f"{LIMIT}::test_a_manifest_of_many_leaves_decodes_or_runs_out_promptly_with_room_left[v1]"],
+        "a version-1 manifest of many leaves under an address-space limit runs the process to its last "
+        "bytes, where CPython can spin forever unwinding the MemoryError",
+    ),
+    m(
+        "node segments checked to the last byte",
+        "treestore/_format/manifest/tree.py",
+        "    for i, segment in enumerate(segments):\n        if i % ROOM_EVERY == 0:\n"
+        "            check_room()",
+        "    for i, segment in enumerate(segments):\n        if False:\n            check_room()",
+        [f"{LIMIT}::test_a_manifest_of_many_leaves_decodes_or_runs_out_promptly_with_room_left[v2]"],
+        "the segments of a manifest of many nodes, either version, run the process to its last bytes "
+        "under an address-space limit, where CPython can spin forever unwinding the MemoryError",
     ),
     m(
         "repair trusts the source copy unchecked",

@@ -40,6 +40,7 @@ from treestore._format.manifest.columns import (
 from treestore._format.manifest.rules import check_shape, check_tiling
 from treestore._format.manifest.tree import Nodes
 from treestore._format.stats import check_column
+from treestore._kernels.room import ROOM_EVERY, check_room
 from treestore.errors import UnsupportedFormatError
 
 PIECE_FIELDS = ("piece_counts", "piece_chunks", "piece_start", "piece_shape")
@@ -118,7 +119,9 @@ def validate(fields: dict[str, Any], nodes: Nodes, *, unread: bool | np.ndarray 
     if len(values) != len(scalars):
         raise Bad(f"{len(values)} values for {len(scalars)} scalar leaves")
     decoded = []
-    for i, rec in zip(scalars.tolist(), values, strict=True):
+    for j, (i, rec) in enumerate(zip(scalars.tolist(), values, strict=True)):
+        if j % ROOM_EVERY == 0:
+            check_room()  # stop while running out can still be reported
         try:
             decoded.append(value_from_record(KINDS[kind[i]], rec))
         except ValueError as exc:

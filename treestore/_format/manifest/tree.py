@@ -30,6 +30,7 @@ from treestore._format.address import (
 from treestore._format.encoding import Bad
 from treestore._format.limits import MAX_ADDRESS_CHARS, MAX_ADDRESSES_CHARS, MAX_DEPTH
 from treestore._format.select import loose_segment
+from treestore._kernels.room import ROOM_EVERY, check_room
 from treestore.errors import TreestoreError, UnsupportedFormatError
 
 # Node kinds, by code (SPEC.md, version-2 manifest).
@@ -76,6 +77,8 @@ class Nodes:
         segs = [""] + [self.segments[k] for k in self.table["key"][1:].tolist()]
         out = [""] * len(parents)
         for i in range(1, len(parents)):
+            if i % ROOM_EVERY == 0:
+                check_room()  # stop while running out can still be reported
             p = parents[i]
             out[i] = segs[i] if p == 0 else out[p] + "/" + segs[i]
         return [out[n] for n in self.leaf_node.tolist()]
@@ -196,6 +199,8 @@ def nodes_from_tree(tree: object, nleaves: int) -> Nodes:
         if code is None:
             raise UnsupportedFormatError(f"unsupported node kind {node['type']!r}")
         here = len(kinds)
+        if here % ROOM_EVERY == 0:
+            check_room()  # stop while running out can still be reported
         kinds.append(code)
         parents.append(parent)
         keys.append(where.setdefault(segment, len(where)) if here else 0)
@@ -238,6 +243,8 @@ def _segment_keys(segments: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray, np
     value = np.empty(len(segments), np.int64)
     values: dict[object, int] = {}
     for i, segment in enumerate(segments):
+        if i % ROOM_EVERY == 0:
+            check_room()  # stop while running out can still be reported
         if type(segment) is not str:
             raise Bad(f"segment {i} should be str, found {type(segment).__name__}")
         try:

@@ -53,6 +53,7 @@ from treestore._format.manifest.rules import (
     within_size,
 )
 from treestore._format.manifest.tree import nodes_from_tree
+from treestore._kernels.room import ROOM_EVERY, check_room
 from treestore.errors import InvalidInputError, TreestoreError, UnsupportedFormatError
 
 VERSION = 1
@@ -70,7 +71,11 @@ def decode_v1(rec: dict[str, Any], checkpoint: str) -> Columns:
             raise _Bad(f"it is a version-{version} manifest, not the version-1 form this decodes")
         packs: list[Ref] = [_chunk(p, 0) for p in _get(rec, "packs", list)]
         table = LeafTable(pieces_kept=True)  # a leaf's pieces are what its record says
-        addresses = [_leaf(x, packs, table, i) for i, x in enumerate(_get(rec, "leaves", list))]
+        addresses: list[str] = []
+        for i, x in enumerate(_get(rec, "leaves", list)):
+            if i % ROOM_EVERY == 0:
+                check_room()  # stop while running out can still be reported
+            addresses.append(_leaf(x, packs, table, i))
         nodes = nodes_from_tree(_get(rec, "tree", dict), len(addresses))
         for stored, placed in zip(addresses, nodes.addresses(), strict=True):
             if stored != placed:
