@@ -49,6 +49,9 @@ FUZZ = "tests/attacks/test_decoder_fuzz.py"
 SIZES = "tests/attacks/test_sizes.py"
 ADDRESSES = "tests/attacks/test_addresses.py"
 CHIP = "tests/engine/test_full_chip.py"
+SHARED = "tests/system/test_shared_restore.py"
+PLAN = "tests/engine/test_share_plan.py"
+VOTE = "tests/engine/test_restore_vote.py"
 
 MUTATIONS: list[Mutation] = [
     # --- commit order and put-if-absent ------------------------------------------------------
@@ -260,6 +263,98 @@ MUTATIONS: list[Mutation] = [
         "    if False:",
         ["tests/format/test_parts_merge.py::test_a_part_missing_or_changed_is_refused_by_readers"],
         "a reader takes a changed part's pieces",
+    ),
+    # --- restores that share replicated bytes between processes --------------------------------
+    m(
+        "restore: nothing shared",
+        "treestore/_engine/reading/share_plan.py",
+        "    if not replicated:\n        return None\n",
+        "    if True:\n        return None\n",
+        [f"{SHARED}::test_two_processes_read_each_replicated_byte_once"],
+        "every process reads every replicated byte from the store: N times the checkpoint at N processes",
+    ),
+    m(
+        "restore: one process reads everything",
+        "treestore/_engine/reading/share_plan.py",
+        "        process = min(candidates, key=lambda p: (load.get(p, 0), p))",
+        "        process = min(candidates)",
+        [f"{PLAN}::test_the_readers_are_spread_evenly_over_the_processes"],
+        "one process reads the whole checkpoint while the others wait for it",
+    ),
+    m(
+        "restore: regions of one chunk read by two processes",
+        "treestore/_engine/reading/share_plan.py",
+        "            at = next(joined, None)",
+        "            at = None",
+        [f"{PLAN}::test_regions_that_need_one_chunk_go_to_one_reader_when_a_process_holds_both"],
+        "a chunk that two regions need is read by two processes although one holds both",
+    ),
+    m(
+        "restore: a chunk two regions meet fetched twice",
+        "treestore/_engine/reading/region.py",
+        "    reader.expect({d: n for d, n in uses.items() if n > 1})",
+        "    pass",
+        ["tests/engine/test_region.py::test_a_chunk_two_regions_meet_is_fetched_once"],
+        "a process restoring a leaf saved whole onto two of its devices reads its chunk twice",
+    ),
+    m(
+        "restore: no vote before the collective",
+        "treestore/_engine/reading/share.py",
+        "        agreement.agree(batch_token(token, batch))\n",
+        "",
+        [f"{SHARED}::test_two_processes_read_each_replicated_byte_once"],
+        "a process whose read failed leaves the others in the collective until the timeout",
+    ),
+    m(
+        "restore: a failing process does not vote",
+        "treestore/_engine/group/restore_vote.py",
+        "            vote.fail(exc)\n",
+        "            pass\n",
+        [f"{VOTE}::test_a_process_that_fails_makes_every_process_raise_its_class"],
+        "the other processes wait for the failed one until the barrier timeout",
+    ),
+    m(
+        "restore: no last vote",
+        "treestore/_engine/group/restore_vote.py",
+        '    vote.agree("done")',
+        "    pass",
+        [f"{VOTE}::test_a_failure_after_the_last_collective_makes_every_process_raise"],
+        "processes return a tree another process failed to make",
+    ),
+    m(
+        "restore: plans not compared",
+        "treestore/_engine/group/restore_vote.py",
+        "        if len(tokens) > 1:",
+        "        if False:",
+        [f"{VOTE}::test_processes_sharing_different_things_all_raise"],
+        "processes restoring different checkpoints or shardings share each other's bytes",
+    ),
+    m(
+        "restore: a dead process waited for without end",
+        "treestore/_engine/group/restore_vote.py",
+        "        why = self.runtime.wait(root, self.timeout)",
+        "        why = self.runtime.wait(root, 3600.0)",
+        [f"{SHARED}::test_a_process_killed_mid_restore_makes_every_survivor_raise[reading]"],
+        "the survivors of a process killed mid-restore hang",
+    ),
+    m(
+        "restore: the collective not bounded",
+        "treestore/_engine/reading/share.py",
+        "    thread.join(timeout)",
+        "    thread.join()",
+        [f"{SHARED}::test_a_process_killed_mid_restore_makes_every_survivor_raise[sharing]"],
+        "the survivors of a process that dies as the collective starts hang in it",
+    ),
+    Mutation(
+        "restore: bytes summed as floats",
+        "treestore/_engine/reading/share.py",
+        (
+            ("            bits = np.zeros(shape, s.wire)", "            bits = np.zeros(shape, s.dtype)"),
+            ("found.astype(s.dtype)).view(s.wire)", "found.astype(s.dtype))"),
+            ("else jax.lax.bitcast_convert_type(summed, dtype))", "else summed)"),
+        ),
+        (f"{SHARED}::test_two_processes_read_each_replicated_byte_once",),
+        "a psum of floats: -0.0 arrives as 0.0, NaN payloads may change",
     ),
     # --- structure validation ------------------------------------------------------------------
     m(

@@ -90,6 +90,19 @@ def test_a_failure_after_a_vote_passed_is_voted_at_the_next():
     assert all(isinstance(e, StorageError) and "process 2" in str(e) for e in outcomes[:2]), outcomes
 
 
+def test_a_failure_after_the_last_collective_makes_every_process_raise():
+    """No process returns a tree another process failed to make."""
+
+    def body(i: int, vote: Vote) -> None:
+        vote.agree("same")
+        if i == 0:
+            raise OSError("placing the shared leaves failed")
+
+    outcomes = job(3, body)
+    assert isinstance(outcomes[0], OSError)
+    assert all(isinstance(e, StorageError) and "process 0" in str(e) for e in outcomes[1:]), outcomes
+
+
 def test_processes_sharing_different_things_all_raise():
     outcomes = job(3, lambda i, vote: vote.agree("mine" if i == 1 else "same"))
     assert all(isinstance(e, InvalidInputError) for e in outcomes), outcomes

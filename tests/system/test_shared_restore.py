@@ -27,6 +27,7 @@ from tests.support import servers
 WORKER = Path(__file__).parent.parent / "scripts" / "restore_worker.py"
 ROOT = Path(__file__).parent.parent.parent
 BARRIER_TIMEOUT = 4  # seconds, for the jobs whose process dies
+BOUNDED = {"TREESTORE_BARRIER_TIMEOUT": "30"}  # a job that hangs fails in seconds, not in 600
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +118,7 @@ def test_two_processes_read_each_replicated_byte_once(counting_s3):
     url = counting_s3.url("two")
     damaged(counting_s3, url)
     steps = "save:c,share:c,old:c,fails:bad"
-    outputs = run_job(counting_s3, url, "mixed", steps, processes=2, devices=2)
+    outputs = run_job(counting_s3, url, "mixed", steps, processes=2, devices=2, env=BOUNDED)
     check_ok(outputs)
     once, each, checkpoint = served(outputs, "share:c"), served(outputs, "old:c"), total(outputs)
     assert once <= 1.05 * checkpoint, (once, checkpoint)
@@ -134,7 +135,7 @@ def test_four_processes_read_each_replicated_byte_once(counting_s3):
     along one axis (two processes each), and sharded."""
     counting_s3.reset()
     url = counting_s3.url("four")
-    outputs = run_job(counting_s3, url, "mixed", "save:c,share:c,old:c", processes=4, devices=1)
+    outputs = run_job(counting_s3, url, "mixed", "save:c,share:c,old:c", processes=4, devices=1, env=BOUNDED)
     check_ok(outputs)
     once, each, checkpoint = served(outputs, "share:c"), served(outputs, "old:c"), total(outputs)
     assert once <= 1.05 * checkpoint, (once, checkpoint)
@@ -152,7 +153,7 @@ def test_a_process_killed_mid_restore_makes_every_survivor_raise(counting_s3, wh
     treestore.save(url, expected("replicated"), "c", storage_options=counting_s3.storage_options)
     env = {"TREESTORE_BARRIER_TIMEOUT": str(BARRIER_TIMEOUT)}
     started = time.monotonic()
-    outputs = run_job(counting_s3, url, "replicated", f"dies-{where}:c", 3, 1, env, timeout=120)
+    outputs = run_job(counting_s3, url, "replicated", f"dies-{where}:c", 3, 1, env, timeout=60)
     assert outputs[2][0] == -9, outputs[2]  # SIGKILL
     wanted = "(BarrierTimeoutError)" if where == "reading" else "(DeviceError|BarrierTimeoutError)"
     for i, (code, out) in enumerate(outputs[:2]):
@@ -160,4 +161,4 @@ def test_a_process_killed_mid_restore_makes_every_survivor_raise(counting_s3, wh
         found = re.search(rf"^RAISED {wanted} ([\d.]+) ", out, re.M)
         assert found, out[-3000:]
         assert float(found.group(2)) <= BARRIER_TIMEOUT + 10, found.group(0)
-    assert time.monotonic() - started < 90
+    assert time.monotonic() - started < 60

@@ -70,8 +70,8 @@ class Vote:
             ballot["address"] = error.address
         try:
             self._vote(ballot, error)
-        except TreestoreError as exc:  # the others did not all arrive: the caller raises its own
-            _log.warning("%s", exc)
+        except Exception as exc:  # the others did not all arrive, or the runtime is gone: the
+            _log.warning("%s", exc)  # caller raises its own error
 
     def _where(self) -> str:
         name = "" if self.checkpoint is None else f" of checkpoint {self.checkpoint!r}"
