@@ -17,7 +17,7 @@ from jax.sharding import PartitionSpec as P
 
 import treestore
 from treestore._engine.reading.committed import read_columns, read_commit_record
-from treestore._engine.reading.share_plan import Layout, _assign, _units, key_of, wire_dtype
+from treestore._engine.reading.share_plan import Layout, Shared, _placed, _units, key_of, wire_dtype
 from treestore._format.manifest.record_views import stored
 from treestore._storage.registry import open_storage
 from treestore._tree.template import Slot
@@ -29,32 +29,6 @@ class Device:
     process_index: int
 
 
-def layout(regions: list[tuple[slice, ...]], holders: list[tuple[Device, ...]]) -> Layout:
-    return Layout(("data",), tuple(regions), tuple(holders), {key_of(r): k for k, r in enumerate(regions)})
-
-
-def test_the_readers_are_spread_evenly_over_the_processes():
-    devices = [Device(i, i) for i in range(4)]
-    layouts = [layout([(slice(0, 16),)], [tuple(devices)]) for _ in range(8)]
-    readers = _assign([[(j, 0)] for j in range(8)], layouts, [4] * 8)
-    assert Counter(r[0].process_index for r in readers) == {0: 2, 1: 2, 2: 2, 3: 2}
-    # bigger regions first, each to the least loaded: 3 + 1 against 2 + 2, not 3 + 2 against 1 + 1
-    sizes = [(slice(0, n),) for n in (2, 3, 1, 2)]
-    layouts = [layout([r], [tuple(devices[:2])]) for r in sizes]
-    readers = _assign([[(j, 0)] for j in range(4)], layouts, [1] * 4)
-    load = Counter()
-    for region, (reader,) in zip(sizes, readers, strict=True):
-        load[reader.process_index] += region[0].stop
-    assert sorted(load.values()) == [4, 4]
-
-
-def test_a_region_is_read_by_a_device_that_holds_it():
-    a, b, c = Device(0, 0), Device(1, 1), Device(2, 1)
-    regions = [(slice(0, 4),), (slice(4, 8),)]
-    readers = _assign([[(0, 0)], [(0, 1)]], [layout(regions, [(a, b), (c,)])], [4])
-    assert readers[0][1] is c and readers[0][0] is a  # process 1 is busy with region 1
-
-
 def _columns(tree: dict, options: treestore.SaveOptions | None = None):
     url = f"memory://share-plan/{uuid.uuid4().hex}"
     treestore.save(url, tree, "c", options=options)
@@ -62,32 +36,49 @@ def _columns(tree: dict, options: treestore.SaveOptions | None = None):
     return read_columns(storage, read_commit_record(storage, "c"))
 
 
-def _found(columns, address: str, lay: Layout) -> tuple:
-    index = columns.addresses.index(address)
-    entry = stored(columns, index)
-    slot = Slot(address, None, entry)
-    dtype = np.dtype(entry.dtype)
-    return (0, slot, None, tuple(entry.shape), dtype, wire_dtype(dtype), lay)
+def replicated(columns, addresses: list[str], processes: int) -> list[Shared]:
+    """The leaves at ``addresses`` as shared leaves replicated on ``processes`` processes of
+    one device each (stand-ins: one replica group, replica index = process)."""
+    devices = tuple(Device(i, i) for i in range(processes))
+    out = []
+    for address in addresses:
+        entry = stored(columns, columns.addresses.index(address))
+        region = tuple(slice(0, n) for n in entry.shape)
+        place = {d: (0, d.process_index) for d in devices}
+        lay = Layout(("data",), processes, (region,), (devices,), {key_of(region): 0}, place)
+        slot = Slot(address, None, entry)
+        out.append(Shared(len(out), slot, None, entry.shape, np.dtype(entry.dtype), lay))
+    return out
 
 
-def test_regions_that_need_one_chunk_go_to_one_reader_when_a_process_holds_both():
-    columns = _columns({"w": np.arange(1024.0, dtype=np.float32).reshape(32, 32)})  # one chunk
-    top, bottom = (slice(0, 16), slice(0, 32)), (slice(16, 32), slice(0, 32))
-    across = layout([top, bottom], [(Device(0, 0), Device(1, 1)), (Device(2, 0), Device(3, 1))])
-    (unit,) = _units([_found(columns, "w", across)], columns)
-    assert unit == [(0, 0), (0, 1)]
-    readers = _assign([unit], [across], [4])
-    assert readers[0][0].process_index == readers[0][1].process_index
-    apart = layout([top, bottom], [(Device(0, 0),), (Device(3, 1),)])  # no process holds both
-    assert len(_units([_found(columns, "w", apart)], columns)) == 2
+def test_the_readers_are_spread_evenly_over_the_replicas():
+    values = {f"w{i}": np.full(2**15, i, np.float32) for i in range(8)}  # 128 KiB: a chunk each
+    columns = _columns(values)
+    batch = _placed(None, ("data",), replicated(columns, sorted(values), 4), columns)
+    assert Counter(s.reader for s in batch.leaves) == {0: 2, 1: 2, 2: 2, 3: 2}
+    assert batch.size == 2 * 2**17
+    for r in range(4):  # each reader's regions one after the other in its segment
+        mine = sorted((s.offset, s.region_bytes) for s in batch.leaves if s.reader == r)
+        assert [o for o, _ in mine] == [0, 2**17]
 
 
-def test_small_leaves_in_one_pack_go_to_one_reader():
+def test_bigger_leaves_go_first_each_to_the_least_loaded():
+    rows = {"a": 2, "b": 3, "c": 1, "d": 2}  # 3 + 1 against 2 + 2, not 3 + 2 against 1 + 1
+    values = {k: np.zeros((n, 2**14), np.float32) for k, n in rows.items()}
+    columns = _columns(values)
+    batch = _placed(None, ("data",), replicated(columns, list(rows), 2), columns)
+    load = Counter()
+    for s in batch.leaves:
+        load[s.reader] += s.region_bytes
+    assert sorted(load.values()) == [4 * 2**16, 4 * 2**16]
+
+
+def test_small_leaves_in_one_pack_get_one_reader():
     columns = _columns({"a": np.arange(4.0), "b": np.arange(5.0), "big": np.zeros(2**17)})
-    everywhere = (Device(0, 0), Device(1, 1))
-    whole = [layout([(slice(0, n),)], [everywhere]) for n in (4, 5, 2**17)]
-    found = [_found(columns, a, lay) for a, lay in zip(("a", "b", "big"), whole, strict=True)]
-    assert _units(found, columns) == [[(0, 0), (1, 0)], [(2, 0)]]
+    leaves = replicated(columns, ["a", "b", "big"], 2)
+    assert _units(leaves, columns, 2**20) == [[0, 1], [2]]
+    batch = _placed(None, ("data",), leaves, columns)
+    assert batch.leaves[0].reader == batch.leaves[1].reader != batch.leaves[2].reader
 
 
 def test_what_travels_bit_for_bit():

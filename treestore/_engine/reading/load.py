@@ -211,7 +211,7 @@ def _like(
         for (group, _), values in zip(groups, staging.values(), strict=True):
             restored.update(zip(group, values, strict=True))
     sharded = [(slot, s) for slot, s in zip(slots, shardings, strict=True) if s is not None]
-    shared, rest = ([], list(range(len(sharded)))) if sharing is None else _share_plan.plan(sharded, columns)
+    batches, rest = ([], list(range(len(sharded)))) if sharing is None else _share_plan.plan(sharded, columns)
 
     def read(wanted: list[tuple[_template.Stored, list[_region.Region]]]) -> list[list[np.ndarray]]:
         leaves = [(_region.leaf_pieces(columns, e.index), regions) for e, regions in wanted]
@@ -219,7 +219,7 @@ def _like(
 
     placed = dict(zip(rest, _template.assemble_all([sharded[k] for k in rest], read), strict=True))
     if sharing is not None:
-        placed.update(_share.restore_shared(reader, columns, shared, threads, *sharing))
+        placed.update(_share.restore_shared(reader, columns, batches, threads, *sharing))
     at = iter(range(len(sharded)))
     leaves = [restored[k] if sharding is None else placed[next(at)] for k, sharding in enumerate(shardings)]
     return jax.tree_util.tree_unflatten(treedef, leaves)

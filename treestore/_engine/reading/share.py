@@ -1,23 +1,26 @@
 """Leaves replicated across processes, read once and shared over the devices' interconnect.
 
-For the shared leaves of a load (:mod:`treestore._engine.reading.share_plan`), in batches of
-about :data:`BATCH_BYTES`, the same on every process:
+For each batch of a load's shared leaves (:mod:`treestore._engine.reading.share_plan`), the same
+on every process:
 
-1. Each process reads the regions the plan gives it, every chunk checked against its digest, as
-   any load does; then puts each region's bytes, as unsigned integers of the leaf's width (the
-   same bits), on the device the plan names, and zeros on the region's other devices.
-2. It compiles the batch's program: over each leaf's mesh, a ``psum`` along the mesh axes the
-   leaf is replicated along (the sum of one region's bytes and zeros is those bytes, exactly:
-   integer addition), then the bits taken back as the leaf's dtype.
+1. Each process reads, for each of its devices, the regions the plan gives that device's replica
+   index (in the device's replica group), every chunk checked against its digest as any load
+   does, and lays their bytes one after the other in the device's *segment* (zeros past them).
+2. It compiles the batch's program: over the mesh, an ``all_gather`` of the segments along the
+   replicated axes, then each leaf's region cut from its reader's segment and its bytes taken
+   back as the leaf's dtype (a bitcast: the bits as stored; -0.0 and NaN payloads included).
 3. Every process votes (:class:`Agreement`): each says it read and prepared everything and what
-   it is about to share; a process that failed, or a plan that differs, makes every process
-   raise before any collective starts, and one that never votes makes them raise
-   ``BarrierTimeoutError`` after the barrier timeout.
+   it is about to share, as a digest every process must match; a process that failed, or a plan
+   that differs, makes every process raise before any collective starts, and one that never
+   votes makes them raise ``BarrierTimeoutError`` after the barrier timeout.
 4. The program runs; a collective that fails (a process died in it) raises ``DeviceError``, one
    that does not finish within the barrier timeout ``BarrierTimeoutError``.
 
-The caller votes once more after the last batch (:mod:`treestore._engine.group.restore_vote`), so
-every process returns its tree or every process raises.
+One all-gather per batch moves each byte to each device once; a ``psum`` of each leaf (the bytes
+on its reader, zeros elsewhere) moves each twice, adds them up, and runs one collective per leaf:
+0.85 s against 0.22 s for 32 MiB in 16 leaves on eight CPU processes (gloo). The caller votes
+once more after the last batch
+(:mod:`treestore._engine.group.restore_vote`), so every process returns its tree or none does.
 """
 
 from __future__ import annotations
@@ -31,13 +34,11 @@ import numpy as np
 
 from treestore._engine.reading import region as _region
 from treestore._engine.reading.read import ChunkReader
-from treestore._engine.reading.share_plan import Shared, key_of, region_of
+from treestore._engine.reading.share_plan import Batch, Shared
 from treestore._format.manifest.columns import Columns
 from treestore._kernels.digest import digest
 from treestore._tree.jax_import import jax
 from treestore.errors import BarrierTimeoutError, DeviceError
-
-BATCH_BYTES = 256 * 2**20  # bytes of shared leaves per collective, at most (a bigger leaf alone)
 
 
 class Agreement(Protocol):
@@ -53,113 +54,110 @@ class Agreement(Protocol):
 def restore_shared(
     reader: ChunkReader,
     columns: Columns,
-    shared: Sequence[Shared],
+    batches: Sequence[Batch],
     threads: int,
     agreement: Agreement,
     token: str,
 ) -> dict[int, Any]:
     """The jax.Array of each shared leaf, by its position among the load's sharded leaves."""
     out: dict[int, Any] = {}
-    me = jax.process_index()
-    for batch in batches(shared):
-        args, program = _prepared(reader, columns, batch, me, threads)
+    for batch in batches:
+        segments, program = _prepared(reader, columns, batch, threads)
         agreement.agree(batch_token(token, batch))
-        arrays = _bounded(functools.partial(program, *args), agreement.timeout, columns.name)
-        out.update((s.position, a) for s, a in zip(batch, arrays, strict=True))
+        arrays = _bounded(functools.partial(program, segments), agreement.timeout, columns.name)
+        out.update((s.position, a) for s, a in zip(batch.leaves, arrays, strict=True))
     return out
 
 
-def batches(shared: Sequence[Shared]) -> list[list[Shared]]:
-    """``shared`` by mesh (one program runs over one mesh), each mesh's leaves in runs of at most
-    :data:`BATCH_BYTES` (a bigger leaf alone): the same runs on every process."""
-    by_mesh: dict[Any, list[Shared]] = {}
-    for s in shared:
-        by_mesh.setdefault(s.sharding.mesh, []).append(s)
-    out: list[list[Shared]] = []
-    for leaves in by_mesh.values():
-        run: list[Shared] = []
-        size = 0
-        for s in leaves:
-            if run and size + s.nbytes > BATCH_BYTES:
-                out.append(run)
-                run, size = [], 0
-            run.append(s)
-            size += s.nbytes
-        out.append(run)
-    return out
-
-
-def batch_token(token: str, batch: Sequence[Shared]) -> str:
-    """What a batch shares, as a digest every process must agree on: the checkpoint (``token``)
-    and each leaf's address, shape, dtype, partition, mesh and readers."""
-    parts = [token]
-    for s in batch:
-        mesh = s.sharding.mesh
-        parts.append(
-            f"{s.slot.address}|{s.shape}|{s.dtype}|{tuple(s.sharding.spec)}|{mesh.axis_names}|"
-            f"{[d.id for d in mesh.devices.flat]}|{[d.id for d in s.readers]}"
-        )
+def batch_token(token: str, batch: Batch) -> str:
+    """What a batch shares, as a digest every process must agree on: the checkpoint (``token``),
+    the mesh, and each leaf's address, shape, dtype, partition, reader and offset."""
+    parts = [token, f"{batch.mesh.axis_names}|{[d.id for d in batch.mesh.devices.flat]}|{batch.size}"]
+    parts += [
+        f"{s.slot.address}|{s.shape}|{s.dtype}|{tuple(s.sharding.spec)}|{s.reader}|{s.offset}"
+        for s in batch.leaves
+    ]
     return digest("\n".join(parts).encode()).hex()
 
 
 def _prepared(
-    reader: ChunkReader, columns: Columns, batch: Sequence[Shared], me: int, threads: int
-) -> tuple[list[Any], Callable[..., Any]]:
-    """This process's regions of ``batch`` read and placed (zeros on the devices that do not
-    read), and the batch's compiled program: all that can fail before the collective."""
-    mine = [s.read_by(me) for s in batch]
-    wanted = [
-        (_region.leaf_pieces(columns, s.index), [s.layout.regions[k] for k in ks])
-        for s, ks in zip(batch, mine, strict=True)
-        if ks
-    ]
-    found = iter(_region.read_many(reader, wanted, threads))
-    args = []
-    for s, ks in zip(batch, mine, strict=True):
-        data = dict(zip(ks, next(found), strict=True)) if ks else {}
-        args.append(_placed(s, data))
-    program = _program(batch[0].sharding.mesh, tuple(_signature(s) for s in batch))
-    compiled = program.lower(*args).compile()
-    return args, compiled
-
-
-def _placed(s: Shared, data: dict[int, np.ndarray[Any, Any]]) -> Any:
-    """Leaf ``s`` as a global array of its wire type: on each of this process's devices, the
-    region's bytes where the device is its reader (``data``, by region), else zeros."""
+    reader: ChunkReader, columns: Columns, batch: Batch, threads: int
+) -> tuple[Any, Callable[..., Any]]:
+    """This process's devices' segments of ``batch``, read and placed, and the batch's compiled
+    program: all that can fail before the collective."""
+    mesh = batch.mesh
+    devices = [d for d in mesh.devices.flat if d.process_index == jax.process_index()]
+    jobs = {d: _reads(batch, d) for d in devices}
+    wanted: dict[int, list[int]] = {}  # leaf -> the regions of it this process reads
+    for pairs in jobs.values():
+        for j, k in pairs:
+            if k not in wanted.setdefault(j, []):
+                wanted[j].append(k)
+    leaves = sorted(wanted)
+    asked = [_asked(columns, batch.leaves[j], wanted[j]) for j in leaves]
+    data: dict[tuple[int, int], np.ndarray[Any, Any]] = {}
+    for j, outs in zip(leaves, _region.read_many(reader, asked, threads), strict=True):
+        data.update(((j, k), out) for k, out in zip(wanted[j], outs, strict=True))
     arrays = []
-    for device, index in s.sharding.addressable_devices_indices_map(s.shape).items():
-        k = s.layout.keys[key_of(region_of(index, s.shape))]
-        found = data.get(k) if s.readers[k] == device else None
-        if found is None:
-            shape = tuple(r.stop - r.start for r in s.layout.regions[k])
-            bits = np.zeros(shape, s.wire)
-        else:
-            bits = (found if found.dtype == s.dtype else found.astype(s.dtype)).view(s.wire)
-        arrays.append(jax.device_put(bits, device))
-    return jax.make_array_from_single_device_arrays(s.shape, s.sharding, arrays)
+    for d in devices:
+        segment = np.zeros(batch.size, np.uint8)
+        for j, k in jobs[d]:
+            s = batch.leaves[j]
+            got = data[j, k] if data[j, k].dtype == s.dtype else data[j, k].astype(s.dtype)
+            bits = np.ascontiguousarray(got).reshape(-1).view(np.uint8)
+            segment[s.offset : s.offset + s.region_bytes] = bits
+        arrays.append(jax.device_put(segment, d))
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(tuple(mesh.axis_names)))
+    segments = jax.make_array_from_single_device_arrays((batch.size * mesh.devices.size,), sharding, arrays)
+    program = _program(mesh, batch.axes, batch.size, tuple(_signature(s) for s in batch.leaves))
+    return segments, program.lower(segments).compile()
 
 
-Signature = tuple[Any, tuple[str, ...], np.dtype[Any]]  # spec, axes, dtype
+def _reads(batch: Batch, device: Any) -> list[tuple[int, int]]:
+    """What ``device`` reads of ``batch``: (leaf, the region of its replica group) for each leaf
+    whose reader is its replica index."""
+    out = []
+    for j, s in enumerate(batch.leaves):
+        group, replica = s.layout.place[device]
+        if replica == s.reader:
+            out.append((j, group))
+    return out
+
+
+def _asked(columns: Columns, s: Shared, groups: list[int]) -> tuple[_region.LeafPieces, list[Any]]:
+    """What :func:`_region.read_many` reads of leaf ``s``: its regions of ``groups``."""
+    return _region.leaf_pieces(columns, s.index), [s.layout.regions[k] for k in groups]
+
+
+Signature = tuple[Any, tuple[int, ...], np.dtype[Any], int, int]  # spec, region shape, dtype, reader, offset
 
 
 def _signature(s: Shared) -> Signature:
-    return (s.sharding.spec, s.layout.axes, s.dtype)
+    return (s.sharding.spec, s.region_shape, s.dtype, s.reader, s.offset)
 
 
 @functools.lru_cache(maxsize=32)
-def _program(mesh: Any, leaves: tuple[Signature, ...]) -> Any:
-    """The jitted program that shares a batch: per leaf, a psum of its wire bits along its
-    replicated axes, taken back as its dtype, onto its own sharding."""
-    specs = tuple(spec for spec, _, _ in leaves)
+def _program(mesh: Any, axes: tuple[str, ...], size: int, leaves: tuple[Signature, ...]) -> Any:
+    """The jitted program that shares a batch: the segments gathered along ``axes``, each leaf's
+    region cut from its reader's segment, its bytes taken back as its dtype, onto its sharding."""
+    specs = tuple(spec for spec, *_ in leaves)
+    mine = jax.sharding.PartitionSpec(tuple(mesh.axis_names))
 
-    def body(*bits: Any) -> tuple[Any, ...]:
+    def body(segment: Any) -> tuple[Any, ...]:
+        gathered = jax.lax.all_gather(segment, axes)  # [replicas, size]: every reader's segment
         out = []
-        for x, (_, axes, dtype) in zip(bits, leaves, strict=True):
-            summed = jax.lax.psum(x, axes)
-            out.append(summed != 0 if dtype == np.bool_ else jax.lax.bitcast_convert_type(summed, dtype))
+        for _, shape, dtype, reader, offset in leaves:
+            n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+            raw = jax.lax.slice(gathered, (reader, offset), (reader + 1, offset + n)).reshape(-1)
+            if dtype == np.bool_:
+                out.append((raw != 0).reshape(shape))
+            elif dtype.itemsize == 1:
+                out.append(jax.lax.bitcast_convert_type(raw, dtype).reshape(shape))
+            else:
+                out.append(jax.lax.bitcast_convert_type(raw.reshape((*shape, dtype.itemsize)), dtype))
         return tuple(out)
 
-    mapped = jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=specs, check_vma=False)
+    mapped = jax.shard_map(body, mesh=mesh, in_specs=mine, out_specs=specs, check_vma=False)
     shardings = tuple(jax.sharding.NamedSharding(mesh, spec) for spec in specs)
     return jax.jit(mapped, out_shardings=shardings)
 
@@ -196,4 +194,4 @@ def _bounded(run: Callable[[], Any], timeout: float, checkpoint: str) -> Any:
     return box["out"]
 
 
-__all__ = ["BATCH_BYTES", "Agreement", "batch_token", "batches", "restore_shared"]
+__all__ = ["Agreement", "batch_token", "restore_shared"]
