@@ -6,15 +6,17 @@ on every process:
 1. Each process reads, for each of its devices, the regions the plan gives that device's replica
    index (in the device's replica group), every chunk checked against its digest as any load
    does, and lays their bytes one after the other in the device's *segment* (zeros past them).
-2. It compiles the batch's program: over the mesh, an ``all_gather`` of the segments along the
-   replicated axes, then each leaf's region cut from its reader's segment and its bytes taken
-   back as the leaf's dtype (a bitcast: the bits as stored; -0.0 and NaN payloads included).
+2. It compiles the batch's programs: over the mesh, an ``all_gather`` of the segments along
+   the replicated axes; and, one per kind of leaf (partition, region shape, dtype), the cut of a
+   leaf's region from its reader's gathered segment, its bytes taken back as the leaf's dtype
+   (a bitcast: the bits as stored; -0.0 and NaN payloads included).
 3. Every process votes (:class:`Agreement`): each says it read and prepared everything and what
    it is about to share, as a digest every process must match; a process that failed, or a plan
    that differs, makes every process raise before any collective starts, and one that never
    votes makes them raise ``BarrierTimeoutError`` after the barrier timeout.
-4. The program runs; a collective that fails (a process died in it) raises ``DeviceError``, one
-   that does not finish within the barrier timeout ``BarrierTimeoutError``.
+4. The gather runs; a collective that fails (a process died in it) raises ``DeviceError``, one
+   that does not finish within the barrier timeout ``BarrierTimeoutError``. Then each leaf is cut
+   on this process's devices, which no other process waits on.
 
 One all-gather per batch moves each byte to each device once; a ``psum`` of each leaf (the bytes
 on its reader, zeros elsewhere) moves each twice, adds them up, and runs one collective per leaf:
@@ -25,7 +27,9 @@ once more after the last batch
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
+import math
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -34,7 +38,7 @@ import numpy as np
 
 from treestore._engine.reading import region as _region
 from treestore._engine.reading.read import ChunkReader
-from treestore._engine.reading.share_plan import Batch, Shared
+from treestore._engine.reading.share_plan import ALIGN, Batch, Shared
 from treestore._format.manifest.columns import Columns
 from treestore._kernels.digest import digest
 from treestore._tree.jax_import import jax
@@ -62,10 +66,14 @@ def restore_shared(
     """The jax.Array of each shared leaf, by its position among the load's sharded leaves."""
     out: dict[int, Any] = {}
     for batch in batches:
-        segments, program = _prepared(reader, columns, batch, threads)
+        segments, (gather, cutters) = _prepared(reader, columns, batch, threads)
         agreement.agree(batch_token(token, batch))
-        arrays = _bounded(functools.partial(program, segments), agreement.timeout, columns.name)
-        out.update((s.position, a) for s, a in zip(batch.leaves, arrays, strict=True))
+        gathered = _bounded(functools.partial(gather, segments), agreement.timeout, columns.name)
+        for s in batch.leaves:  # on this process's devices alone: no other process waits on it
+            start = np.array([s.reader, s.offset // ALIGN], np.int32)
+            starts = jax.make_array_from_callback((2,), _replicated(batch.mesh), start.__getitem__)
+            out[s.position] = cutters[_signature(s)](gathered, starts)
+        del gathered
     return out
 
 
@@ -80,11 +88,21 @@ def batch_token(token: str, batch: Batch) -> str:
     return digest("\n".join(parts).encode()).hex()
 
 
-def _prepared(
-    reader: ChunkReader, columns: Columns, batch: Batch, threads: int
-) -> tuple[Any, Callable[..., Any]]:
+def _prepared(reader: ChunkReader, columns: Columns, batch: Batch, threads: int) -> tuple[Any, Programs]:
     """This process's devices' segments of ``batch``, read and placed, and the batch's compiled
-    program: all that can fail before the collective."""
+    programs (the gather, and a cut per kind of leaf): all that can fail before the collective."""
+    mesh = batch.mesh
+    everywhere = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(tuple(mesh.axis_names)))
+    # Compiled while the regions are read (an XLA compile takes tens of milliseconds a program).
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="treestore-compile") as pool:
+        compiled = pool.submit(_compiled, batch, everywhere)
+        segments = _segments(reader, columns, batch, threads, everywhere)
+        return segments, compiled.result()
+
+
+def _segments(reader: ChunkReader, columns: Columns, batch: Batch, threads: int, everywhere: Any) -> Any:
+    """The segments of ``batch`` as a global array: on each of this process's devices, the
+    regions its replica index reads in its replica group, read from storage, at their offsets."""
     mesh = batch.mesh
     devices = [d for d in mesh.devices.flat if d.process_index == jax.process_index()]
     jobs = {d: _reads(batch, d) for d in devices}
@@ -107,10 +125,22 @@ def _prepared(
             bits = np.ascontiguousarray(got).reshape(-1).view(np.uint8)
             segment[s.offset : s.offset + s.region_bytes] = bits
         arrays.append(jax.device_put(segment, d))
-    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(tuple(mesh.axis_names)))
-    segments = jax.make_array_from_single_device_arrays((batch.size * mesh.devices.size,), sharding, arrays)
-    program = _program(mesh, batch.axes, batch.size, tuple(_signature(s) for s in batch.leaves))
-    return segments, program.lower(segments).compile()
+    return jax.make_array_from_single_device_arrays((batch.size * mesh.devices.size,), everywhere, arrays)
+
+
+def _compiled(
+    batch: Batch, everywhere: Any
+) -> tuple[Callable[..., Any], dict[Signature, Callable[..., Any]]]:
+    """The batch's gather and its cuts (one per kind of leaf), compiled."""
+    mesh = batch.mesh
+    segments = jax.ShapeDtypeStruct((batch.size * mesh.devices.size,), np.uint8, sharding=everywhere)
+    replicas = batch.leaves[0].layout.replicas
+    gathered = jax.ShapeDtypeStruct((mesh.devices.size * replicas, batch.size), np.uint8, sharding=everywhere)
+    starts = jax.ShapeDtypeStruct((2,), np.int32, sharding=_replicated(mesh))
+    cutters = {}
+    for signature in dict.fromkeys(_signature(s) for s in batch.leaves):
+        cutters[signature] = _cut(mesh, *signature).lower(gathered, starts).compile()
+    return _gather(mesh, batch.axes).lower(segments).compile(), cutters
 
 
 def _reads(batch: Batch, device: Any) -> list[tuple[int, int]]:
@@ -129,37 +159,55 @@ def _asked(columns: Columns, s: Shared, groups: list[int]) -> tuple[_region.Leaf
     return _region.leaf_pieces(columns, s.index), [s.layout.regions[k] for k in groups]
 
 
-Signature = tuple[Any, tuple[int, ...], np.dtype[Any], int, int]  # spec, region shape, dtype, reader, offset
+Signature = tuple[Any, tuple[int, ...], np.dtype[Any]]  # spec, region shape, dtype
+
+
+Programs = tuple[Callable[..., Any], dict[Signature, Callable[..., Any]]]  # the gather, the cuts
 
 
 def _signature(s: Shared) -> Signature:
-    return (s.sharding.spec, s.region_shape, s.dtype, s.reader, s.offset)
+    return (s.sharding.spec, s.region_shape, s.dtype)
+
+
+def _replicated(mesh: Any) -> Any:
+    return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
 
 
 @functools.lru_cache(maxsize=32)
-def _program(mesh: Any, axes: tuple[str, ...], size: int, leaves: tuple[Signature, ...]) -> Any:
-    """The jitted program that shares a batch: the segments gathered along ``axes``, each leaf's
-    region cut from its reader's segment, its bytes taken back as its dtype, onto its sharding."""
-    specs = tuple(spec for spec, *_ in leaves)
-    mine = jax.sharding.PartitionSpec(tuple(mesh.axis_names))
+def _gather(mesh: Any, axes: tuple[str, ...]) -> Any:
+    """The collective of a batch: every device's segment gathered, along ``axes``, by every
+    device of its replica group ([replicas, size] on each device)."""
+    everywhere = jax.sharding.PartitionSpec(tuple(mesh.axis_names))
 
-    def body(segment: Any) -> tuple[Any, ...]:
-        gathered = jax.lax.all_gather(segment, axes)  # [replicas, size]: every reader's segment
-        out = []
-        for _, shape, dtype, reader, offset in leaves:
-            n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-            raw = jax.lax.slice(gathered, (reader, offset), (reader + 1, offset + n)).reshape(-1)
-            if dtype == np.bool_:
-                out.append((raw != 0).reshape(shape))
-            elif dtype.itemsize == 1:
-                out.append(jax.lax.bitcast_convert_type(raw, dtype).reshape(shape))
-            else:
-                out.append(jax.lax.bitcast_convert_type(raw.reshape((*shape, dtype.itemsize)), dtype))
-        return tuple(out)
+    def body(segment: Any) -> Any:
+        return jax.lax.all_gather(segment, axes)
 
-    mapped = jax.shard_map(body, mesh=mesh, in_specs=mine, out_specs=specs, check_vma=False)
-    shardings = tuple(jax.sharding.NamedSharding(mesh, spec) for spec in specs)
-    return jax.jit(mapped, out_shardings=shardings)
+    mapped = jax.shard_map(body, mesh=mesh, in_specs=everywhere, out_specs=everywhere, check_vma=False)
+    return jax.jit(mapped, out_shardings=jax.sharding.NamedSharding(mesh, everywhere))
+
+
+@functools.lru_cache(maxsize=256)
+def _cut(mesh: Any, spec: Any, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Any:
+    """A leaf of ``shape`` (a region) and ``dtype`` cut from the gathered segments at
+    ``starts`` (its reader, its offset in units of :data:`ALIGN`), its bytes taken back as its
+    dtype, onto ``spec``: one program per kind of leaf, however many leaves of that kind (a
+    program per leaf took XLA about 13 ms each to compile)."""
+    everywhere = jax.sharding.PartitionSpec(tuple(mesh.axis_names))
+    n = math.prod(shape) * dtype.itemsize
+    rows = -(-n // ALIGN)
+
+    def body(gathered: Any, starts: Any) -> Any:
+        blocks = gathered.reshape(gathered.shape[0], -1, ALIGN)
+        raw = jax.lax.dynamic_slice(blocks, (starts[0], starts[1], 0), (1, rows, ALIGN)).reshape(-1)[:n]
+        if dtype == np.bool_:
+            return (raw != 0).reshape(shape)
+        if dtype.itemsize == 1:
+            return jax.lax.bitcast_convert_type(raw, dtype).reshape(shape)
+        return jax.lax.bitcast_convert_type(raw.reshape((*shape, dtype.itemsize)), dtype)
+
+    in_specs = (everywhere, jax.sharding.PartitionSpec())
+    mapped = jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=spec, check_vma=False)
+    return jax.jit(mapped, out_shardings=jax.sharding.NamedSharding(mesh, spec))
 
 
 def _bounded(run: Callable[[], Any], timeout: float, checkpoint: str) -> Any:

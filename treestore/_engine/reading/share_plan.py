@@ -40,6 +40,7 @@ from treestore._tree.jax_import import jax
 Region = tuple[slice, ...]
 Key = tuple[tuple[int, int], ...]  # a region's bounds: hashable
 BATCH_BYTES = 256 * 2**20  # bytes of shared leaves per collective, at most (a bigger leaf alone)
+ALIGN = 64  # bytes: where a leaf's region starts in its reader's segment (see share._cut)
 
 
 def wire_dtype(dtype: Any) -> np.dtype[Any] | None:
@@ -230,7 +231,8 @@ def plan(sharded: Sequence[tuple[_template.Slot, Any]], columns: Columns) -> tup
 def _placed(mesh: Any, axes: tuple[str, ...], leaves: list[Shared], columns: Columns) -> Batch:
     """``leaves`` given their readers and offsets: units (leaves sharing a stored object) go
     out largest first, ties in plan order, each to the least loaded replica index (ties to the
-    lowest), each leaf placed after those before it in its reader's segment."""
+    lowest), each leaf placed after those before it in its reader's segment (at a multiple of
+    :data:`ALIGN` bytes)."""
     replicas = leaves[0].layout.replicas
     units = _units(leaves, columns, sum(s.region_bytes for s in leaves) / replicas)
     load = [0] * replicas
@@ -245,7 +247,7 @@ def _placed(mesh: Any, axes: tuple[str, ...], leaves: list[Shared], columns: Col
     for j, s in enumerate(leaves):
         r = reader[j]
         placed.append(Shared(s.position, s.slot, s.sharding, s.shape, s.dtype, s.layout, r, offset[r]))
-        offset[r] += s.region_bytes
+        offset[r] += -(-s.region_bytes // ALIGN) * ALIGN
     return Batch(mesh, axes, tuple(placed), max(offset))
 
 
@@ -272,4 +274,15 @@ def _units(leaves: Sequence[Shared], columns: Columns, most: float) -> list[list
     return units
 
 
-__all__ = ["BATCH_BYTES", "Batch", "Layout", "Shared", "crosses", "key_of", "layout", "plan", "region_of"]
+__all__ = [
+    "ALIGN",
+    "BATCH_BYTES",
+    "Batch",
+    "Layout",
+    "Shared",
+    "crosses",
+    "key_of",
+    "layout",
+    "plan",
+    "region_of",
+]
