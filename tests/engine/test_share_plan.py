@@ -101,3 +101,24 @@ def test_one_process_loads_as_before(share):
     mesh = Mesh(np.array(jax.devices()[:2]), ("data",))
     like = {"x": jax.ShapeDtypeStruct((4,), np.float32, sharding=NamedSharding(mesh, P()))}
     assert restore_vote.begin(like, share) is None
+
+
+def test_a_collective_that_fails_or_outlives_the_timeout_raises():
+    """The collective runs on a thread of its own, waited for at most the barrier timeout: one
+    that fails raises DeviceError, one that hangs BarrierTimeoutError (and the caller goes on)."""
+    import time
+
+    from treestore._engine.reading import share
+    from treestore.errors import BarrierTimeoutError, DeviceError
+
+    def failing() -> None:
+        raise ValueError("Gloo all-reduce failed: Connection closed by peer")
+
+    with pytest.raises(DeviceError, match="Connection closed by peer") as caught:
+        share._bounded(failing, 5.0, "c")
+    assert caught.value.checkpoint == "c"
+    started = time.monotonic()
+    with pytest.raises(BarrierTimeoutError, match=r"did not finish within 0\.2 s"):
+        share._bounded(lambda: time.sleep(3), 0.2, "c")
+    assert time.monotonic() - started < 2
+    assert share._bounded(lambda: np.arange(3), 5.0, "c").tolist() == [0, 1, 2]

@@ -146,8 +146,9 @@ def test_four_processes_read_each_replicated_byte_once(counting_s3):
 @pytest.mark.parametrize("where", ["reading", "sharing"])
 def test_a_process_killed_mid_restore_makes_every_survivor_raise(counting_s3, where):
     """3 processes; the last kills itself as it reads its shards, or as the collective starts:
-    the other two raise (BarrierTimeoutError at the vote; DeviceError from the collective)
-    within the barrier timeout, and exit."""
+    the other two raise (BarrierTimeoutError at the vote; from the collective, DeviceError when
+    gloo sees the connection close, BarrierTimeoutError when it waits for a peer that never
+    came) within the barrier timeout, and exit."""
     counting_s3.reset()
     url = counting_s3.url("killed")
     treestore.save(url, expected("replicated"), "c", storage_options=counting_s3.storage_options)
