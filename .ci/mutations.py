@@ -50,6 +50,9 @@ SIZES = "tests/attacks/test_sizes.py"
 ADDRESSES = "tests/attacks/test_addresses.py"
 CHIP = "tests/engine/test_full_chip.py"
 LIMIT = "tests/format/test_memory_limit.py"
+SHARED = "tests/system/test_shared_restore.py"
+PLAN = "tests/engine/test_share_plan.py"
+VOTE = "tests/engine/test_restore_vote.py"
 
 MUTATIONS: list[Mutation] = [
     # --- commit order and put-if-absent ------------------------------------------------------
@@ -261,6 +264,103 @@ MUTATIONS: list[Mutation] = [
         "    if False:",
         ["tests/format/test_parts_merge.py::test_a_part_missing_or_changed_is_refused_by_readers"],
         "a reader takes a changed part's pieces",
+    ),
+    # --- restores that share replicated bytes between processes --------------------------------
+    m(
+        "restore: nothing shared",
+        "treestore/_engine/reading/share_plan.py",
+        "    if not replicated:\n        return None\n",
+        "    if True:\n        return None\n",
+        [f"{SHARED}::test_two_processes_read_each_replicated_byte_once"],
+        "every process reads every replicated byte from the store: N times the checkpoint at N processes",
+    ),
+    m(
+        "restore: one replica reads everything",
+        "treestore/_engine/reading/share_plan.py",
+        "        r = min(range(replicas), key=lambda i: (load[i], i))",
+        "        r = 0",
+        [f"{PLAN}::test_the_readers_are_spread_evenly_over_the_replicas"],
+        "one device, one process, reads the whole checkpoint while the others wait for it",
+    ),
+    m(
+        "restore: leaves of one pack read by several readers",
+        "treestore/_engine/reading/share_plan.py",
+        "        at = next(found, None)  # objects sorted: the same units on every process",
+        "        at = None",
+        [f"{PLAN}::test_small_leaves_in_one_pack_get_one_reader"],
+        "a pack of small leaves is read once per reader of one of its leaves, not once",
+    ),
+    m(
+        "restore: a chunk two regions meet fetched twice",
+        "treestore/_engine/reading/region.py",
+        "    reader.expect({d: n for d, n in uses.items() if n > 1})",
+        "    pass",
+        ["tests/engine/test_region.py::test_a_chunk_two_regions_meet_is_fetched_once"],
+        "a process restoring a leaf saved whole onto two of its devices reads its chunk twice",
+    ),
+    m(
+        "restore: no vote before the collective",
+        "treestore/_engine/reading/share.py",
+        "        agreement.agree(batch_token(token, batch))\n",
+        "",
+        [f"{SHARED}::test_two_processes_read_each_replicated_byte_once"],
+        "a process whose read failed leaves the others in the collective until the timeout",
+    ),
+    m(
+        "restore: a failing process does not vote",
+        "treestore/_engine/group/restore_vote.py",
+        "            vote.fail(exc)\n",
+        "            pass\n",
+        [f"{VOTE}::test_a_process_that_fails_makes_every_process_raise_its_class"],
+        "the other processes wait for the failed one until the barrier timeout",
+    ),
+    m(
+        "restore: no last vote",
+        "treestore/_engine/group/restore_vote.py",
+        '    vote.agree("done")',
+        "    pass",
+        [f"{VOTE}::test_a_failure_after_the_last_collective_makes_every_process_raise"],
+        "processes return a tree another process failed to make",
+    ),
+    m(
+        "restore: plans not compared",
+        "treestore/_engine/group/restore_vote.py",
+        "        if len(tokens) > 1:",
+        "        if False:",
+        [f"{VOTE}::test_processes_sharing_different_things_all_raise"],
+        "processes restoring different checkpoints or shardings share each other's bytes",
+    ),
+    m(
+        "restore: a dead process waited for without end",
+        "treestore/_engine/group/restore_vote.py",
+        "        why = self.runtime.wait(root, self.timeout)",
+        "        why = self.runtime.wait(root, 3600.0)",
+        [f"{SHARED}::test_a_process_killed_mid_restore_makes_every_survivor_raise[reading]"],
+        "the survivors of a process killed mid-restore hang",
+    ),
+    m(
+        "restore: the collective not bounded",
+        "treestore/_engine/reading/share.py",
+        "    thread.join(timeout)",
+        "    thread.join()",
+        [f"{SHARED}::test_a_process_killed_mid_restore_makes_every_survivor_raise[sharing]"],
+        "the survivors of a process that dies as the collective starts hang in it",
+    ),
+    m(
+        "restore: shared bytes taken back big-endian",
+        "treestore/_engine/reading/share.py",
+        "        return jax.lax.bitcast_convert_type(raw.reshape((*shape, dtype.itemsize)), dtype)",
+        "        return jax.lax.bitcast_convert_type(raw.reshape((*shape, -1))[..., ::-1], dtype)",
+        [f"{SHARED}::test_two_processes_read_each_replicated_byte_once"],
+        "the bytes of a wide dtype are put together in the wrong order: every value changes",
+    ),
+    m(
+        "restore: a leaf cut from another reader's segment",
+        "treestore/_engine/reading/share.py",
+        "            start = np.array([s.reader, s.offset // ALIGN], np.int32)",
+        "            start = np.array([0, s.offset // ALIGN], np.int32)",
+        [f"{SHARED}::test_four_processes_read_each_replicated_byte_once"],
+        "the devices take a leaf's bytes from replica 0's segment, whoever read it",
     ),
     # --- structure validation ------------------------------------------------------------------
     m(

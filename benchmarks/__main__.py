@@ -8,7 +8,8 @@ format comparison (``run_peers``: save, load, one leaf, size, files), partial re
 8 CPU devices (``bench_sharding``), restores onto meshes of up to 64 devices (``bench_mesh``),
 derived checkpoints (``bench_derive``), many small leaves and leaves in pieces (``bench_scaling``),
 verify, copy, derive and timeline over many leaves (``bench_store_ops``), multi-process commits
-(``bench_multihost``), the Hugging Face shard set (``bench_hf``), the cost of recording statistics
+and restores by real processes sharing replicated bytes (``bench_multihost``, ``--restores``:
+moto), the Hugging Face shard set (``bench_hf``), the cost of recording statistics
 (``bench_stats``), a run's health from its manifests (``bench_health``), where a save's and a load's
 CPU goes (``bench_profile``), what a file per chunk object costs a save (``bench_files``), where one
 leaf's read goes (``bench_one_leaf``), start-up in a new virtualenv holding the newest dependency
@@ -40,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         ["benchmarks.bench_scaling", "--runs", "3", "--pieces"],
         ["benchmarks.bench_store_ops", "--runs", runs],
         ["benchmarks.bench_multihost"],
+        ["benchmarks.bench_multihost", "--restores"],
         ["benchmarks.bench_hf", "--runs", "3"],
         ["benchmarks.bench_stats", "--runs", runs],
         ["benchmarks.bench_health", "--runs", runs],

@@ -1,7 +1,10 @@
-"""Multi-process saves: the primary's commit as the job grows, in a job of threads.
+"""Multi-process saves: the primary's commit as the job grows, in a job of threads; and, with
+``--restores``, restores by the processes of a real job, each replicated byte read once or by
+every process (:mod:`benchmarks.multihost_restore`, whose docstring says what it measures).
 
     python -m benchmarks.bench_multihost [--runs 3] [--leaves 1000] [--processes 1 8 64 256] [--stages 8]
         [--stats on off]
+    python -m benchmarks.bench_multihost --restores [--processes 1 2 4 8] [--runs 3]
 
 Each job size N runs N threads in this process, each saving as one process of a multi-process
 save (``treestore._engine.group.distributed.joined``, synchronised by a ``LocalRuntime`` as JAX's runtime
@@ -230,6 +233,11 @@ def save_job(
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--restores" in argv:  # the other table: restores by real processes (multihost_restore)
+        from benchmarks import multihost_restore
+
+        return multihost_restore.main([a for a in argv if a != "--restores"])
     ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_multihost")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--leaves", type=int, default=1000)

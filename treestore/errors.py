@@ -162,7 +162,9 @@ class OutOfMemoryError(TreestoreError, MemoryError):
 
 class DeviceError(TreestoreError, RuntimeError):
     """An accelerator failed to hand a leaf's bytes to the host during a save (the leaf is
-    named; nothing was committed). Retrying may succeed once the device recovers."""
+    named; nothing was committed), or the collective that shares a restore's replicated leaves
+    between processes failed (another process died in it; every process raises). Retrying may
+    succeed once the device, or the job, recovers."""
 
 
 # --- the storage underneath failed --------------------------------------------------------------
@@ -175,18 +177,20 @@ class StoreBusyError(StorageError):
 
 
 class BarrierTimeoutError(StorageError, TimeoutError):
-    """A multi-process save gave up waiting for other processes of its job (SPEC.md, section 8).
+    """A multi-process save or restore gave up waiting for other processes of its job (SPEC.md,
+    section 8).
 
     ``missing`` holds the indices of the processes that did not arrive (empty when this process
-    was the late one). The primary commits only after every process has arrived, so nothing is
-    committed, except when a process stops waiting for the primary's outcome: the message then
-    says that the primary may still commit.
+    was the late one, or when a restore's collective did not finish). The primary commits only
+    after every process has arrived, so nothing is committed, except when a process stops
+    waiting for the primary's outcome: the message then says that the primary may still commit.
+    A restore that shares bytes between processes returns nothing on any process.
 
     Args:
         message: What the process waited for, for how long, and whether anything was committed.
         missing: The indices of the processes that did not arrive (kept as a tuple in
             ``missing``).
-        checkpoint: The name of the checkpoint being saved.
+        checkpoint: The name of the checkpoint being saved or restored.
     """
 
     def __init__(self, message: str, *, missing: Sequence[int] = (), checkpoint: str | None = None) -> None:

@@ -3,6 +3,7 @@ where the save commits: a small job of each sharding runs and reports a commit t
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -25,3 +26,25 @@ def test_a_small_job_is_timed_from_its_first_barrier_to_its_commit(
         commit_ms = float(row.split("|")[6])
         assert commit_ms > 0, row
         assert re.search(r"\| on \|", row)
+
+
+def test_the_restore_table_reads_each_process_s_results() -> None:
+    """The rows of the restores table (``--restores``) from the workers' RESULT lines: bytes over
+    the checkpoint's (the server's count from S3, the processes' rchar summed from local files),
+    the slowest process's times, and process 0's share of time in the collective and votes."""
+    from benchmarks import multihost_restore as R
+
+    lines = ["ORBAX_BYTES 300"]
+    for run in range(3):
+        for process in range(2):
+            common = {"run": run, "process": process, "seconds": 1.0 + process, "votes": 0.25}
+            s3 = {"method": "treestore-s3-shared", "rchar": 0, "collective": 0.5, **common}
+            if process == 0:
+                s3["served"] = 100
+            lines.append("RESULT " + json.dumps(s3))
+            local = {"method": "orbax-local", "rchar": 150, "collective": 0.0, **common}
+            lines.append("RESULT " + json.dumps(local))
+    rows = {row[1]: row for row in R.rows_of(2, "\n".join(lines), {"s3": 100, "local": 100})}
+    assert rows["treestore-s3-shared"][2:6] == (1.0, 2.0, 2.0, (0.75, 0.5))
+    assert rows["orbax-local"][2] == 1.0  # 2 x 150 bytes of a 300-byte orbax checkpoint
+    assert rows["treestore-local-each"][2] is None  # not run: a row that says so

@@ -10,14 +10,20 @@ from __future__ import annotations
 
 import itertools
 import uuid
+from collections import Counter
 from typing import Any
 
+import jax
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
+import treestore
 from tests.support.jobs import prepared
 from treestore._api.checkpoint import Checkpoint
+from treestore._engine.reading import read as _read
 from treestore._engine.reading.committed import read_columns, read_commit_record
 from treestore._engine.write import SaveOptions, write
 from treestore._storage.registry import open_storage
@@ -62,3 +68,26 @@ def test_every_box_of_a_leaf_saved_in_pieces_reads_back_exactly(case, data, smal
             region.append(slice(a, data.draw(st.integers(a + 1, n))))
         np.testing.assert_array_equal(leaf.region(tuple(region)), value[tuple(region)])
     np.testing.assert_array_equal(np.asarray(leaf), value)
+
+
+def test_a_chunk_two_regions_meet_is_fetched_once(monkeypatch):
+    """One process restoring a leaf saved whole onto two devices: its one chunk is fetched and
+    decoded once, not once per device's region."""
+    value = np.random.default_rng(0).standard_normal((256, 64)).astype(np.float32)
+    url = f"memory://share-plan/{uuid.uuid4().hex}"
+    treestore.save(url, {"w": value}, "c")
+    fetched = Counter()
+    real = _read.fetch_object
+
+    def counted(storage, c):
+        fetched[c.digest] += 1
+        return real(storage, c)
+
+    monkeypatch.setattr(_read, "fetch_object", counted)
+    mesh = Mesh(np.array(jax.devices()[:2]), ("model",))
+    for spec in (P("model"), P(None, "model")):
+        fetched.clear()
+        like = {"w": jax.ShapeDtypeStruct(value.shape, value.dtype, sharding=NamedSharding(mesh, spec))}
+        out = treestore.load(url, "c", like=like)["w"]
+        assert np.asarray(out).tobytes() == value.tobytes()
+        assert list(fetched.values()) == [1], spec

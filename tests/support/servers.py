@@ -85,6 +85,20 @@ class Backend:
     name: str
     reset: Callable[[], None] = field(repr=False, compare=False)
     local_dir: str | None = None
+    count_url: str | None = None  # moto_s3_server(counting=True): where it tells what it served
+
+    def served(self) -> dict[str, int]:
+        """What a counting server has served since its count was last zeroed: ``bytes`` (every
+        response body), ``requests``, ``gets`` and ``get_bytes`` (GET requests to objects)."""
+        assert self.count_url is not None, "not a counting server"
+        status, body = _http("GET", self.count_url)
+        assert status == 200, (status, body[:200])
+        return json.loads(body)
+
+    def zero_count(self) -> None:
+        assert self.count_url is not None, "not a counting server"
+        status, body = _http("POST", f"{self.count_url}/reset", b"")
+        assert status == 200, (status, body[:200])
 
     @property
     def protocol(self) -> str:
@@ -254,14 +268,20 @@ def _new_bucket_name() -> str:
 
 
 @contextlib.contextmanager
-def moto_s3_server(bucket: str | None = None) -> Iterator[Backend]:
-    """moto standalone server; s3fs ``s3://BUCKET`` with ``endpoint_url``."""
+def moto_s3_server(bucket: str | None = None, *, counting: bool = False) -> Iterator[Backend]:
+    """moto standalone server; s3fs ``s3://BUCKET`` with ``endpoint_url``. With ``counting``, the
+    server counts the bytes it serves (tests/support/counting_moto.py; ``Backend.served``)."""
     _require_modules("moto", "flask", "flask_cors", what="S3 (moto server)")
     _require_modules("s3fs", what="S3 client")
     bucket = bucket or _new_bucket_name()
+    counter = Path(__file__).with_name("counting_moto.py")
     with _server_process(
         "s3",
-        lambda port: [sys.executable, "-m", "moto.server", "-H", HOST, "-p", str(port)],
+        lambda port: (
+            [sys.executable, str(counter), HOST, str(port)]
+            if counting
+            else [sys.executable, "-m", "moto.server", "-H", HOST, "-p", str(port)]
+        ),
         "/moto-api/",
         env={"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"},
     ) as port:
@@ -287,6 +307,7 @@ def moto_s3_server(bucket: str | None = None) -> Iterator[Backend]:
             },
             name="s3",
             reset=reset,
+            count_url=f"{endpoint}/treestore-count" if counting else None,
         )
 
 

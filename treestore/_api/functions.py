@@ -102,6 +102,7 @@ def load(
     threads: int | None = None,
     storage_options: dict[str, Any] | None = None,
     types: Iterable[type] | None = None,
+    share: bool = True,
 ) -> Any:
     """Load a checkpoint, whole or in part, validated against a template when given.
 
@@ -120,6 +121,8 @@ def load(
         storage_options: Options for the fsspec filesystem.
         types: Without ``like``, the namedtuple classes and dataclasses to restore as
             themselves.
+        share: In a job of several processes, read each byte the template replicates across
+            processes once and share it over the devices (False: every process reads its own).
 
     Returns:
         The restored tree.
@@ -158,6 +161,7 @@ def load(
         partial=partial,
         threads=threads,
         types=types,
+        share=share,
     )
 
 

@@ -304,6 +304,7 @@ class Store:
         partial: bool = False,
         threads: int | None = None,
         types: Iterable[type] | None = None,
+        share: bool = True,
     ) -> Any:
         """Load a checkpoint, whole or in part, validated against a template when given.
 
@@ -337,6 +338,11 @@ class Store:
                 order; a dataclass's fields, those a pytree keeps static, such as a flax
                 ``TrainState``'s ``apply_fn`` and ``tx``, set to their default or None). Other
                 names stay dicts.
+            share: In a job of several processes whose template replicates leaves across
+                processes (a mesh spanning them), read each replicated byte from the store once,
+                by one process, and share it over the devices' interconnect (every process of
+                the job must then make this load); False: every process reads what its devices
+                hold, as a single process does (see the sharding guide).
 
         Returns:
             The restored tree.
@@ -348,28 +354,36 @@ class Store:
             NoMatchError: A ``select`` pattern matches no leaf.
             InvalidInputError: ``prefix`` or ``partial`` without ``like``, or ``types`` with it.
             DamagedError: A chunk or manifest fails its digest or is missing.
+            BarrierTimeoutError: Sharing bytes, another process of the job did not take its
+                part within the barrier timeout (every process raises; see the sharing guide).
         """
         if (prefix or partial) and like is None:
             raise InvalidInputError(f"{'prefix=' if prefix else 'partial='} only applies with like=")
         if types is not None and like is not None:
             raise InvalidInputError("types= applies without like=: a template gives every node its type")
+        from treestore._engine.group import restore_vote as _vote
         from treestore._engine.reading import load as _load
         from treestore._tree.structure import trusted_types
 
         trusted = trusted_types(types)
-        record = _committed.find_record(self._storage, name)
-        with _memory.memory_named(f"loading checkpoint {record.name!r}", record.name):
-            return _load.load(
-                self._storage,
-                record,
-                like=like,
-                select=select,
-                prefix=prefix,
-                cast=cast,
-                partial=partial,
-                threads=threads,
-                trusted=trusted,
-            )
+        vote = _vote.begin(like, share)  # None: this process reads all it restores
+        with _vote.voting(vote):  # an error in any process: every process raises
+            record = _committed.find_record(self._storage, name)
+            if vote is not None:
+                vote.checkpoint = record.name
+            with _memory.memory_named(f"loading checkpoint {record.name!r}", record.name):
+                return _load.load(
+                    self._storage,
+                    record,
+                    like=like,
+                    select=select,
+                    prefix=prefix,
+                    cast=cast,
+                    partial=partial,
+                    threads=threads,
+                    trusted=trusted,
+                    agreement=vote,
+                )
 
     # -- derived checkpoints and timelines ---------------------------------------------------
     def derive(

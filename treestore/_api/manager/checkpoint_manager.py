@@ -453,6 +453,7 @@ class CheckpointManager:
         partial: bool = False,
         types: Iterable[type] | None = None,
         healthy: bool = False,
+        share: bool = True,
     ) -> Any:
         """The tree of ``step`` (default: the newest, of either tier; with ``healthy=True`` the
         newest healthy one, as ``latest_step(healthy=True)`` finds it), after waiting for the save
@@ -475,6 +476,9 @@ class CheckpointManager:
             healthy: Without ``step``, the newest step known to be healthy (as
                 ``latest_step(healthy=True)``); when none is, the error names the newest step
                 whose health is unknown, which retention keeps, for ``step=`` to load.
+            share: In a job of several processes, read each byte ``like`` replicates across
+                processes once and share it over the devices, as :meth:`Store.load` does
+                (False: every process reads what its devices hold).
 
         Returns:
             The restored tree.
@@ -485,6 +489,7 @@ class CheckpointManager:
         """
         self.wait()
         kwargs: dict[str, Any] = {"like": like, "select": select, "cast": cast, "partial": partial}
+        kwargs["share"] = share
         if types is not None:
             kwargs["types"] = types
         return self._tiers.load(step, healthy=healthy, **kwargs)

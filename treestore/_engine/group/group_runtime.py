@@ -19,6 +19,11 @@ from treestore.errors import StorageError
 class Runtime(Protocol):
     """The job's synchronisation, as one process of it sees it."""
 
+    @property
+    def job(self) -> int:
+        """Which job this is, for this process: the same for every runtime of one job (its
+        restores are numbered per job, :mod:`treestore._engine.group.restore_vote`)."""
+
     def set(self, key: str, value: str) -> None:
         """Set ``key`` (replacing any value)."""
 
@@ -55,6 +60,10 @@ class JaxRuntime:
             )
         self._client: Any = client
 
+    @property
+    def job(self) -> int:
+        return id(self._client)  # jax.distributed.initialize makes a new client for a new job
+
     def set(self, key: str, value: str) -> None:
         self._client.key_value_set(key, value, allow_overwrite=True)
 
@@ -89,6 +98,10 @@ class LocalRuntime:
         self._arrived: dict[str, int] = {}
         self._first: dict[str, float] = {}
         self._failed: set[str] = set()
+
+    @property
+    def job(self) -> int:
+        return id(self)
 
     def set(self, key: str, value: str) -> None:
         with self._cond:

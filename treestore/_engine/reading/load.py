@@ -19,6 +19,8 @@ from treestore._engine.reading import load_leaves as _load_leaves
 from treestore._engine.reading import parts as _parts
 from treestore._engine.reading import read as _read
 from treestore._engine.reading import region as _region
+from treestore._engine.reading import share as _share
+from treestore._engine.reading import share_plan as _share_plan
 from treestore._engine.reading import staging as _staging
 from treestore._engine.reading.memory import ALIGN
 from treestore._engine.threads import default_threads
@@ -46,9 +48,12 @@ def load(
     partial: bool,
     threads: int | None,
     trusted: dict[str, type],
+    agreement: _share.Agreement | None = None,
 ) -> Any:
     """The checkpoint ``record`` commits, restored as :meth:`treestore.Store.load` documents
-    (the caller has checked that its arguments go together)."""
+    (the caller has checked that its arguments go together). With an ``agreement`` (a restore
+    by every process of a job, :mod:`treestore._engine.group.restore_vote`), the template's
+    leaves replicated across processes are read once and shared (:mod:`.share`)."""
     found = _committed.read_frame(storage, record)
     frame = found.columns if isinstance(found, Frame) else found
     wanted = None if select is None else chosen(frame, select)
@@ -61,7 +66,8 @@ def load(
         if rows is None and columns.unread.any():  # completed for the template's leaves
             rows = np.flatnonzero(~columns.unread).tolist()
         window = LOAD_WINDOW if _to_accelerator() else None
-        return _like(storage, columns, rows, like, prefix, cast, partial, threads, window)
+        sharing = None if agreement is None else (agreement, f"{record.name} {record.manifest.hex()}")
+        return _like(storage, columns, rows, like, prefix, cast, partial, threads, window, sharing)
 
 
 LOAD_WINDOW = 256 * 2**20
@@ -168,12 +174,14 @@ def _like(
     partial: bool,
     threads: int,
     window: int | None,
+    sharing: tuple[_share.Agreement, str] | None = None,
 ) -> Any:
     """The checkpoint as template ``like``: matched (every difference in one error), its leaves
     read whole or, for a template sharded over several devices, shard by shard. With a
     ``window``, the whole leaves are read in groups of about that many bytes into reused host
     buffers (:mod:`treestore._engine.reading.staging`), and each group's copies to the devices run while
-    the next group is read and decoded."""
+    the next group is read and decoded. With ``sharing`` (the processes' agreement and the
+    checkpoint's token), the leaves replicated across processes are read once and shared."""
     slots, treedef = _template.match(columns, rows, like, cast=cast, prefix=prefix, partial=partial)
     shardings = [_template.target_sharding(s) for s in slots]
     reader = _read.ChunkReader(storage, columns)  # one reader: packs are read once
@@ -203,13 +211,17 @@ def _like(
         for (group, _), values in zip(groups, staging.values(), strict=True):
             restored.update(zip(group, values, strict=True))
     sharded = [(slot, s) for slot, s in zip(slots, shardings, strict=True) if s is not None]
+    batches, rest = ([], list(range(len(sharded)))) if sharing is None else _share_plan.plan(sharded, columns)
 
     def read(wanted: list[tuple[_template.Stored, list[_region.Region]]]) -> list[list[np.ndarray]]:
         leaves = [(_region.leaf_pieces(columns, e.index), regions) for e, regions in wanted]
         return _region.read_many(reader, leaves, threads)
 
-    placed = iter(_template.assemble_all(sharded, read))
-    leaves = [restored[k] if sharding is None else next(placed) for k, sharding in enumerate(shardings)]
+    placed = dict(zip(rest, _template.assemble_all([sharded[k] for k in rest], read), strict=True))
+    if sharing is not None:
+        placed.update(_share.restore_shared(reader, columns, batches, threads, *sharing))
+    at = iter(range(len(sharded)))
+    leaves = [restored[k] if sharding is None else placed[next(at)] for k, sharding in enumerate(shardings)]
     return jax.tree_util.tree_unflatten(treedef, leaves)
 
 

@@ -104,7 +104,8 @@ IN_PLACE_FROM, IN_PLACE_UP_TO = 256 * 1024, 16 * 2**20
 
 
 class ChunkReader:
-    """Reads, decodes and verifies the chunks of one checkpoint; packs are read once."""
+    """Reads, decodes and verifies the chunks of one checkpoint; packs are read once, and so are
+    the chunks that several reads are known to need (:meth:`expect`)."""
 
     def __init__(self, storage: Storage, manifest: Columns) -> None:
         self.storage = storage
@@ -113,7 +114,41 @@ class ChunkReader:
         self.packs = manifest.pack_refs()
         self._packs: dict[int, cf.Future[np.ndarray[Any, Any]]] = {}
         self._lock = threading.Lock()
+        self._repeats: dict[bytes, int] = {}  # chunk digest -> reads still expected of it
+        self._kept: dict[bytes, cf.Future[np.ndarray[Any, Any]]] = {}  # their decoded bytes
         self.bytes_read = 0
+
+    def expect(self, repeats: dict[bytes, int]) -> None:
+        """Say that :meth:`read_leaf_chunk` will be asked ``repeats[digest]`` times for each of
+        these (non-packed) chunks: each is then fetched and decoded once, and its bytes kept
+        until its last read (regions of a leaf that share a chunk: a leaf saved whole, restored
+        onto several devices)."""
+        with self._lock:
+            for d, n in repeats.items():
+                self._repeats[d] = self._repeats.get(d, 0) + n
+
+    def _repeated(self, c: ChunkRef, address: str) -> np.ndarray[Any, Any] | None:
+        """The decoded bytes of chunk ``c`` if it is one :meth:`expect` named (None if not),
+        decoded by the first read; the last read expected lets them go."""
+        with self._lock:
+            if c.digest not in self._repeats:
+                return None
+
+        def decoded() -> np.ndarray[Any, Any]:
+            buf = allocate(c.raw_size, address, self.name)
+            self.read_into(c, buf, address)
+            return buf
+
+        try:
+            return once(self._kept, c.digest, self._lock, decoded)
+        finally:
+            with self._lock:
+                left = self._repeats.get(c.digest, 1) - 1
+                if left > 0:
+                    self._repeats[c.digest] = left
+                else:
+                    self._repeats.pop(c.digest, None)
+                    self._kept.pop(c.digest, None)
 
     def _located(self, exc: TreestoreError, address: str) -> TreestoreError:
         """``exc`` (raised for a chunk) with the address and checkpoint it concerns."""
@@ -224,6 +259,10 @@ class ChunkReader:
 
     def read_leaf_chunk(self, c: ChunkRef, out: np.ndarray[Any, Any], address: str) -> None:
         if c.pack is None:
-            self.read_into(c, out, address)
+            kept = self._repeated(c, address) if self._repeats else None
+            if kept is None:
+                self.read_into(c, out, address)
+            else:
+                out[:] = kept
             return
         out[:] = self.member_alone(c.pack, c.offset, c.raw_size, c.digest, address)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -163,11 +164,13 @@ def plan_regions(
     jobs: list[Callable[[], None]],
     fills: list[Callable[[], None]],
     known: dict[Any, Meeting] | None = None,
+    uses: Counter[bytes] | None = None,
 ) -> None:
     """Queue the reads (``jobs``, independent) and copies (``fills``, after all jobs) that put the
     elements of the leaf in each of ``regions`` into the matching ``outs`` (non-empty arrays).
     ``known`` keeps where regions meet pieces for leaves saved and restored alike (the usual
-    case), worked out once."""
+    case), worked out once. ``uses`` counts the reads queued of each chunk not in a pack, by
+    digest (for :meth:`ChunkReader.expect`)."""
     if not regions:
         return
     key = (pieces.starts.shape, pieces.starts.tobytes(), pieces.ends.tobytes(), tuple(map(_bounds, regions)))
@@ -196,7 +199,24 @@ def plan_regions(
         )
     rest = np.flatnonzero(~exact)
     for k, rk, pk in zip(rest.tolist(), r[rest].tolist(), p[rest].tolist(), strict=True):
-        _plan_piece(reader, pieces, pk, regions[rk], lo[k].tolist(), hi[k].tolist(), outs[rk], jobs, fills)
+        box = (lo[k].tolist(), hi[k].tolist())
+        _plan_piece(reader, pieces, pk, regions[rk], *box, outs[rk], jobs, fills, uses)
+
+
+def objects_met(pieces: LeafPieces, region: Region) -> set[tuple[str, Any]]:
+    """The stored objects a read of ``region`` of the leaf fetches: ``("pack", index)`` for a
+    chunk in a pack, ``("chunk", digest)`` for one of its own (the rows of each piece the region
+    meets, as :func:`plan_regions` reads them)."""
+    out: set[tuple[str, Any]] = set()
+    _, p, lo, hi, _ = _meeting(pieces, [region])
+    itemsize = pieces.dtype.itemsize
+    for pk, a, b in zip(p.tolist(), lo.tolist(), hi.tolist(), strict=True):
+        start, end = pieces.starts[pk].tolist(), pieces.ends[pk].tolist()
+        row = math.prod(e - s for s, e in zip(start[1:], end[1:], strict=True)) * itemsize
+        first, stop = ((a[0] - start[0]) * row, (b[0] - start[0]) * row) if a else (0, itemsize)
+        for c, _, _ in pieces.chunks(pk, first, stop):
+            out.add(("chunk", c.digest) if c.pack is None else ("pack", c.pack))
+    return out
 
 
 def _whole_first(pieces: LeafPieces, p: np.ndarray, member: np.ndarray, same: np.ndarray) -> bool:
@@ -297,11 +317,20 @@ def _plan_piece(
     out: np.ndarray[Any, Any],
     jobs: list[Callable[[], None]],
     fills: list[Callable[[], None]],
+    uses: Counter[bytes] | None = None,
 ) -> None:
-    """Queue what puts the box [lo, hi) where piece ``p`` meets ``region`` into ``out``."""
+    """Queue what puts the box [lo, hi) where piece ``p`` meets ``region`` into ``out`` (each
+    chunk read counted in ``uses``)."""
     dtype, address = out.dtype, pieces.address
+
+    def chunks(start: int, stop: int) -> Chunks:
+        found = list(pieces.chunks(p, start, stop))
+        if uses is not None:
+            uses.update(c.digest for c, _, _ in found if c.pack is None)
+        return found
+
     if not lo:  # a 0-d leaf
-        data = chunk_bytes(reader, pieces.chunks(p, 0, dtype.itemsize), 0, dtype.itemsize, address, jobs)
+        data = chunk_bytes(reader, chunks(0, dtype.itemsize), 0, dtype.itemsize, address, jobs)
         fills.append(functools.partial(_fill, out, (), data, dtype, ()))
         return
     start, end = pieces.starts[p].tolist(), pieces.ends[p].tolist()
@@ -317,12 +346,12 @@ def _plan_piece(
         # chunks decode straight into it.
         at = (lo[0] - region[0].start) * row
         into = out.reshape(-1).view(np.uint8)[at : at + (r1 - r0) * row]
-        chunk_bytes(reader, pieces.chunks(p, r0 * row, r1 * row), r0 * row, r1 * row, address, jobs, into)
+        chunk_bytes(reader, chunks(r0 * row, r1 * row), r0 * row, r1 * row, address, jobs, into)
         return
     inner = tuple(slice(x - a, y - a) for x, y, a in zip(lo[1:], hi[1:], start[1:], strict=True))
     dst = tuple(slice(x - r.start, y - r.start) for x, y, r in zip(lo, hi, region, strict=True))
     cut = _Cut(out, dst, inner, dtype, row_shape, r0)
-    _plan_cut(reader, pieces.chunks(p, r0 * row, r1 * row), r0 * row, r1 * row, address, cut, jobs, fills)
+    _plan_cut(reader, chunks(r0 * row, r1 * row), r0 * row, r1 * row, address, cut, jobs, fills)
 
 
 @dataclass(frozen=True)
@@ -437,14 +466,18 @@ def read_many(
     fills: list[Callable[[], None]] = []
     results = []
     known: dict[Any, Meeting] = {}
+    uses: Counter[bytes] = Counter()
     for pieces, regions in wanted:
         shapes = [tuple(r.stop - r.start for r in region) for region in regions]
         outs = allocate_many(shapes, pieces.address, reader.name, pieces.dtype)
         filled = [k for k, out in enumerate(outs) if out.size]
         plan_regions(
-            reader, pieces, [regions[k] for k in filled], [outs[k] for k in filled], jobs, fills, known
+            reader, pieces, [regions[k] for k in filled], [outs[k] for k in filled], jobs, fills, known, uses
         )
         results.append(outs)
+    # A chunk that several regions meet (a leaf saved whole, restored onto several devices) is
+    # fetched and decoded once, not once per region.
+    reader.expect({d: n for d, n in uses.items() if n > 1})
     # The copies run in this thread once every chunk is decoded, as a load's do: most are small
     # (a pack member per device shard, its digest checked), work that holds the GIL, so the
     # reading threads only took turns at it, spending several times the CPU one thread does

@@ -1,0 +1,124 @@
+"""Who reads what when processes share replicated leaves (treestore._engine.reading.share_plan).
+The devices of other processes are stand-ins here: tests/system/test_shared_restore.py runs real
+ones."""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter
+from dataclasses import dataclass
+
+import jax
+import ml_dtypes
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import treestore
+from treestore._engine.reading.committed import read_columns, read_commit_record
+from treestore._engine.reading.share_plan import Layout, Shared, _placed, _units, key_of, wire_dtype
+from treestore._format.manifest.record_views import stored
+from treestore._storage.registry import open_storage
+from treestore._tree.template import Slot
+
+
+@dataclass(frozen=True)
+class Device:
+    id: int
+    process_index: int
+
+
+def _columns(tree: dict, options: treestore.SaveOptions | None = None):
+    url = f"memory://share-plan/{uuid.uuid4().hex}"
+    treestore.save(url, tree, "c", options=options)
+    storage = open_storage(url)
+    return read_columns(storage, read_commit_record(storage, "c"))
+
+
+def replicated(columns, addresses: list[str], processes: int) -> list[Shared]:
+    """The leaves at ``addresses`` as shared leaves replicated on ``processes`` processes of
+    one device each (stand-ins: one replica group, replica index = process)."""
+    devices = tuple(Device(i, i) for i in range(processes))
+    out = []
+    for address in addresses:
+        entry = stored(columns, columns.addresses.index(address))
+        region = tuple(slice(0, n) for n in entry.shape)
+        place = {d: (0, d.process_index) for d in devices}
+        lay = Layout(("data",), processes, (region,), (devices,), {key_of(region): 0}, place)
+        slot = Slot(address, None, entry)
+        out.append(Shared(len(out), slot, None, entry.shape, np.dtype(entry.dtype), lay))
+    return out
+
+
+def test_the_readers_are_spread_evenly_over_the_replicas():
+    values = {f"w{i}": np.full(2**15, i, np.float32) for i in range(8)}  # 128 KiB: a chunk each
+    columns = _columns(values)
+    batch = _placed(None, ("data",), replicated(columns, sorted(values), 4), columns)
+    assert Counter(s.reader for s in batch.leaves) == {0: 2, 1: 2, 2: 2, 3: 2}
+    assert batch.size == 2 * 2**17
+    for r in range(4):  # each reader's regions one after the other in its segment
+        mine = sorted((s.offset, s.region_bytes) for s in batch.leaves if s.reader == r)
+        assert [o for o, _ in mine] == [0, 2**17]
+
+
+def test_bigger_leaves_go_first_each_to_the_least_loaded():
+    rows = {"a": 2, "b": 3, "c": 1, "d": 2}  # 3 + 1 against 2 + 2, not 3 + 2 against 1 + 1
+    values = {k: np.zeros((n, 2**14), np.float32) for k, n in rows.items()}
+    columns = _columns(values)
+    batch = _placed(None, ("data",), replicated(columns, list(rows), 2), columns)
+    load = Counter()
+    for s in batch.leaves:
+        load[s.reader] += s.region_bytes
+    assert sorted(load.values()) == [4 * 2**16, 4 * 2**16]
+
+
+def test_small_leaves_in_one_pack_get_one_reader():
+    columns = _columns({"a": np.arange(4.0), "b": np.arange(5.0), "big": np.zeros(2**17)})
+    leaves = replicated(columns, ["a", "b", "big"], 2)
+    assert _units(leaves, columns, 2**20) == [[0, 1], [2]]
+    batch = _placed(None, ("data",), leaves, columns)
+    assert batch.leaves[0].reader == batch.leaves[1].reader != batch.leaves[2].reader
+
+
+def test_what_travels_bit_for_bit():
+    assert wire_dtype(np.float32) == np.uint32
+    assert wire_dtype(ml_dtypes.bfloat16) == np.uint16
+    assert wire_dtype(ml_dtypes.float8_e4m3fn) == np.uint8
+    assert wire_dtype(np.bool_) == np.uint8
+    assert wire_dtype(np.int16) == np.uint16
+    for refused in (ml_dtypes.int4, ml_dtypes.float4_e2m1fn, np.complex64):
+        assert wire_dtype(refused) is None, refused
+    assert wire_dtype(jax.random.key(0).dtype) is None
+    assert wire_dtype(np.float64) == (np.uint64 if jax.config.read("jax_enable_x64") else None)
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_one_process_loads_as_before(share):
+    """One process: nothing is shared and nothing voted on, whatever ``share`` says."""
+    from treestore._engine.group import restore_vote
+
+    mesh = Mesh(np.array(jax.devices()[:2]), ("data",))
+    like = {"x": jax.ShapeDtypeStruct((4,), np.float32, sharding=NamedSharding(mesh, P()))}
+    assert restore_vote.begin(like, share) is None
+
+
+def test_a_collective_that_fails_or_outlives_the_timeout_raises():
+    """The collective runs on a thread of its own, waited for at most the barrier timeout: one
+    that fails raises DeviceError, one that hangs BarrierTimeoutError (and the caller goes on)."""
+    import time
+
+    from treestore._engine.reading import share
+    from treestore.errors import BarrierTimeoutError, DeviceError
+
+    def failing() -> None:
+        raise ValueError("Gloo all-reduce failed: Connection closed by peer")
+
+    with pytest.raises(DeviceError, match="Connection closed by peer") as caught:
+        share._bounded(failing, 5.0, "c")
+    assert caught.value.checkpoint == "c"
+    started = time.monotonic()
+    with pytest.raises(BarrierTimeoutError, match=r"did not finish within 0\.2 s"):
+        share._bounded(lambda: time.sleep(3), 0.2, "c")
+    assert time.monotonic() - started < 2
+    assert share._bounded(lambda: np.arange(3), 5.0, "c").tolist() == [0, 1, 2]

@@ -1,0 +1,165 @@
+"""Real jax.distributed processes restore from a real S3 server (moto) that counts the bytes it
+serves: every replicated byte is read from the store once and shared over the devices, bit for
+bit; a failure or a killed process makes every process raise, none hangs.
+
+Each job runs tests/scripts/restore_worker.py in 2 to 4 processes (gloo collectives on CPU). The
+job saves the checkpoint first, with the shardings it restores onto (a multi-process save: each
+shard a piece of its own, as a training job's checkpoint is), then restores it with and without
+sharing; process 0 reports what the server served for each restore.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import treestore
+from tests.scripts.restore_worker import expected
+from tests.support import servers
+
+WORKER = Path(__file__).parent.parent / "scripts" / "restore_worker.py"
+ROOT = Path(__file__).parent.parent.parent
+BARRIER_TIMEOUT = 4  # seconds, for the jobs whose process dies
+BOUNDED = {"TREESTORE_BARRIER_TIMEOUT": "30"}  # a job that hangs fails in seconds, not in 600
+
+
+@pytest.fixture(scope="module")
+def counting_s3() -> Iterator[servers.Backend]:
+    with servers.moto_s3_server(counting=True) as backend:
+        yield backend
+
+
+def run_job(
+    backend: servers.Backend,
+    url: str,
+    tree: str,
+    steps: str,
+    processes: int,
+    devices: int,
+    env: dict[str, str] | None = None,
+    timeout: float = 150,
+) -> list[tuple[int | None, str]]:
+    """Each process's exit status and output (None: it was killed)."""
+    port = servers.free_port()
+    environ = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    environ.pop("XLA_FLAGS", None)
+    endpoint = backend.storage_options["endpoint_url"]
+    argv = [str(port), "0", str(processes), str(devices), endpoint, url, tree, steps]
+    procs = []
+    for i in range(processes):
+        argv[1] = str(i)
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(WORKER), *argv],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                env=environ,
+            )
+        )
+    outputs: list[tuple[int | None, str]] = []
+    deadline = time.monotonic() + timeout
+    try:
+        for p in procs:
+            out, _ = p.communicate(timeout=max(deadline - time.monotonic(), 1))
+            outputs.append((p.returncode, out))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return outputs
+
+
+def total(outputs: list[tuple[int | None, str]]) -> int:
+    found = re.search(r"^STORED (\d+)", outputs[0][1], re.M)
+    assert found, outputs[0][1][-3000:]
+    return int(found.group(1))
+
+
+def served(outputs: list[tuple[int | None, str]], step: str) -> int:
+    found = re.search(rf"^SERVED {re.escape(step)} .*\"get_bytes\": (\d+)", outputs[0][1], re.M)
+    assert found, outputs[0][1][-3000:]
+    return int(found.group(1))
+
+
+def check_ok(outputs: list[tuple[int | None, str]]) -> None:
+    for i, (code, out) in enumerate(outputs):
+        assert code == 0 and f"OK {i}" in out, f"process {i} failed:\n{out[-3000:]}"
+
+
+def damaged(backend: servers.Backend, url: str) -> None:
+    """Checkpoint ``bad`` of the mixed tree at ``url``-bad, one chunk of leaf ``full`` damaged."""
+    treestore.save(f"{url}-bad", expected("mixed"), "bad", storage_options=backend.storage_options)
+    manifest = treestore.Store(f"{url}-bad", storage_options=backend.storage_options).manifest("bad")
+    (chunk,) = next(e for e in manifest.leaves if e.address == "full").chunks
+    fs = backend.filesystem()
+    path = next(p for p in fs.find(f"{url}-bad/chunks") if p.endswith(chunk.digest.hex()))
+    data = bytearray(fs.cat_file(path))
+    data[-100:] = bytes(100)  # its frame no longer decodes to its digest
+    fs.pipe_file(path, bytes(data))
+
+
+@pytest.mark.timeout(300)
+def test_two_processes_read_each_replicated_byte_once(counting_s3):
+    """2 processes of 2 devices, a (data, model) mesh: leaves replicated everywhere, replicated
+    along data (across processes), sharded, bfloat16 with -0.0 and NaN payloads, bool, a 0-d
+    array, int4 (not shareable: read by each holder). Each process reads about half the
+    checkpoint; without sharing both read the replicated leaves. A chunk damaged in the leaf one
+    process reads makes both raise ChunkDamagedError."""
+    counting_s3.reset()
+    url = counting_s3.url("two")
+    damaged(counting_s3, url)
+    steps = "save:c,share:c,old:c,fails:bad"
+    outputs = run_job(counting_s3, url, "mixed", steps, processes=2, devices=2, env=BOUNDED)
+    check_ok(outputs)
+    once, each, checkpoint = served(outputs, "share:c"), served(outputs, "old:c"), total(outputs)
+    assert once <= 1.05 * checkpoint, (once, checkpoint)
+    assert each >= 1.8 * checkpoint, (each, checkpoint)  # today's figure: the replicated leaves twice
+    raised = [re.search(r"^RAISED (\w+) .*", out, re.M) for _, out in outputs]
+    assert all(r and r.group(1) == "ChunkDamagedError" for r in raised), [out[-2000:] for _, out in outputs]
+    # one process read the damaged chunk; the other learnt of it from the vote, naming it
+    assert sum("multi-process restore of checkpoint 'bad' failed: process" in r.group(0) for r in raised) == 1
+
+
+@pytest.mark.timeout(300)
+def test_four_processes_read_each_replicated_byte_once(counting_s3):
+    """4 processes of 1 device on a (2, 2) mesh of processes: leaves replicated over all four,
+    along one axis (two processes each), and sharded."""
+    counting_s3.reset()
+    url = counting_s3.url("four")
+    outputs = run_job(counting_s3, url, "mixed", "save:c,share:c,old:c", processes=4, devices=1, env=BOUNDED)
+    check_ok(outputs)
+    once, each, checkpoint = served(outputs, "share:c"), served(outputs, "old:c"), total(outputs)
+    assert once <= 1.05 * checkpoint, (once, checkpoint)
+    assert each >= 2.5 * checkpoint, (each, checkpoint)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("where", ["reading", "sharing"])
+def test_a_process_killed_mid_restore_makes_every_survivor_raise(counting_s3, where):
+    """3 processes; the last kills itself as it reads its shards, or as the collective starts:
+    the other two raise (BarrierTimeoutError at the vote; from the collective, DeviceError when
+    gloo sees the connection close, BarrierTimeoutError when it waits for a peer that never
+    came) within the barrier timeout, and exit."""
+    counting_s3.reset()
+    url = counting_s3.url("killed")
+    treestore.save(url, expected("replicated"), "c", storage_options=counting_s3.storage_options)
+    env = {"TREESTORE_BARRIER_TIMEOUT": str(BARRIER_TIMEOUT)}
+    started = time.monotonic()
+    outputs = run_job(counting_s3, url, "replicated", f"dies-{where}:c", 3, 1, env, timeout=60)
+    assert outputs[2][0] == -9, outputs[2]  # SIGKILL
+    wanted = "(BarrierTimeoutError)" if where == "reading" else "(DeviceError|BarrierTimeoutError)"
+    for i, (code, out) in enumerate(outputs[:2]):
+        assert code == 0 and f"OK {i}" in out, f"process {i}:\n{out[-3000:]}"
+        found = re.search(rf"^RAISED {wanted} ([\d.]+) ", out, re.M)
+        assert found, out[-3000:]
+        assert float(found.group(2)) <= BARRIER_TIMEOUT + 10, found.group(0)
+    assert time.monotonic() - started < 60

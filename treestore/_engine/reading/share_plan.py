@@ -1,0 +1,288 @@
+"""Which device reads which bytes of a restore whose leaves are replicated across processes.
+
+A leaf restored onto a ``NamedSharding`` whose mesh spans every process of the job, and which
+that sharding replicates along mesh axes crossing processes, is *shared*. Its devices fall into
+replica groups (those holding one region of it: devices that differ only along its replicated
+axes), and a device's place in its group is its *replica index*, its coordinates along those
+axes. Each shared leaf gets one replica index: in every group the device at that index reads the
+group's region from storage (checked against its digests) and the group's other devices get the
+bytes from an all-gather along the replicated axes (:mod:`treestore._engine.reading.share`).
+
+The leaves that share a mesh and replicated axes are planned together, in batches of at most
+:data:`BATCH_BYTES`: each replica index gets about as many bytes (largest leaves first, each to
+the least loaded index), so every device, and every process, reads about as much; the leaves
+whose regions need one stored object (small leaves in one pack) get one index, so that object
+is read once per group. A device's bytes of a batch are one *segment*: the regions it reads, one
+after the other, at offsets every process computes alike.
+
+This module only plans, from the template's shardings and the manifest alone: every process
+makes the same plan. A leaf whose dtype cannot travel bit for bit as bytes (sub-byte types,
+complex numbers, PRNG keys; 64-bit types without ``jax_enable_x64``), whose sharding is not a
+``NamedSharding`` over a concrete mesh of every process, splits an axis unevenly, or keeps each
+replica group within one process, is read as before, by every process that holds it.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from treestore._engine.reading import region as _region
+from treestore._format.manifest.columns import Columns
+from treestore._tree import template as _template
+from treestore._tree.jax_import import jax
+
+Region = tuple[slice, ...]
+Key = tuple[tuple[int, int], ...]  # a region's bounds: hashable
+BATCH_BYTES = 256 * 2**20  # bytes of shared leaves per collective, at most (a bigger leaf alone)
+ALIGN = 64  # bytes: where a leaf's region starts in its reader's segment (see share._cut)
+
+
+def wire_dtype(dtype: Any) -> np.dtype[Any] | None:
+    """The unsigned integer type of ``dtype``'s width, when a leaf of it travels as its bytes and
+    comes back bit for bit; None for sub-byte and complex types, PRNG keys, and 64-bit types
+    without x64."""
+    if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+        return None
+    dt = np.dtype(dtype)
+    if not any(jax.dtypes.issubdtype(dt, kind) for kind in (np.bool_, np.integer, np.floating)):
+        return None
+    if dt.itemsize not in (1, 2, 4, 8) or jax.dtypes.itemsize_bits(dt) != 8 * dt.itemsize:
+        return None  # int4, float4_e2m1fn ...: sub-byte types
+    if jax.dtypes.canonicalize_dtype(dt) != dt:  # 64-bit types without jax_enable_x64
+        return None
+    return np.dtype(f"uint{8 * dt.itemsize}")
+
+
+def region_of(index: tuple[slice, ...] | None, shape: tuple[int, ...]) -> Region:
+    """The region a shard index (as jax gives it: slices, maybe fewer than the dimensions)
+    stands for, with concrete bounds."""
+    out = [slice(*s.indices(n)[:2]) for s, n in zip(index or (), shape, strict=False)]
+    return tuple(out + [slice(0, n) for n in shape[len(out) :]])
+
+
+def key_of(region: Region) -> Key:
+    return tuple((r.start, r.stop) for r in region)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How a sharding lays out a leaf of one shape: the mesh axes it replicates the leaf along
+    (``axes``, whose sizes multiply to ``replicas``), its distinct regions (one per replica
+    group; ``keys``: a region's index by its bounds), the devices of each group by replica index
+    (``holders[k][r]``), and each device's group and replica index (``place``)."""
+
+    axes: tuple[str, ...]
+    replicas: int
+    regions: tuple[Region, ...]
+    holders: tuple[tuple[Any, ...], ...]
+    keys: dict[Key, int]
+    place: dict[Any, tuple[int, int]]
+
+
+def _axes_of(entry: Any) -> tuple[str, ...]:
+    if entry is None:
+        return ()
+    return tuple(entry) if isinstance(entry, tuple) else (entry,)
+
+
+@functools.lru_cache(maxsize=4096)
+def layout(sharding: Any, shape: tuple[int, ...]) -> Layout | None:
+    """The layout of a leaf of ``shape`` on ``sharding``, or None when it is not shared: not a
+    ``NamedSharding`` over a mesh of every process of the job, an axis split unevenly, or each
+    replica group within one process (which reads each region once already)."""
+    named = jax.sharding.NamedSharding
+    if not isinstance(sharding, named) or not isinstance(sharding.mesh, jax.sharding.Mesh):
+        return None
+    if sharding.is_fully_addressable:
+        return None
+    mesh, spec = sharding.mesh, tuple(sharding.spec)
+    processes = {d.process_index for d in mesh.devices.flat}
+    if len(spec) > len(shape) or processes != set(range(jax.process_count())):
+        return None
+    used: list[str] = []
+    for entry, dim in zip(spec, shape, strict=False):
+        axes = _axes_of(entry)
+        if dim % math.prod(mesh.shape[a] for a in axes):
+            return None
+        used += axes
+    replicated = tuple(a for a in mesh.axis_names if a not in used and mesh.shape[a] > 1)
+    if not replicated:
+        return None
+    sizes = [mesh.shape[a] for a in replicated]
+    where = [mesh.axis_names.index(a) for a in replicated]
+    at = {d: coords for coords, d in np.ndenumerate(mesh.devices)}
+    keys: dict[Key, int] = {}
+    regions: list[Region] = []
+    place: dict[Any, tuple[int, int]] = {}
+    for device, index in sharding.devices_indices_map(shape).items():
+        region = region_of(index, shape)
+        k = keys.setdefault(key_of(region), len(regions))
+        if k == len(regions):
+            regions.append(region)
+        # as jax numbers a device along several axes: row-major over them, in the order given
+        place[device] = (k, int(np.ravel_multi_index([at[device][i] for i in where], sizes)))
+    holders: list[list[Any]] = [[None] * math.prod(sizes) for _ in regions]
+    for device, (k, r) in place.items():
+        holders[k][r] = device
+    if all(len({d.process_index for d in held}) == 1 for held in holders):
+        return None  # each replica group within one process: it reads each region once already
+    return Layout(replicated, math.prod(sizes), tuple(regions), tuple(map(tuple, holders)), keys, place)
+
+
+def _shared_leaf(leaf: Any) -> bool:
+    sharding = getattr(leaf, "sharding", None)
+    dtype = getattr(leaf, "dtype", None)
+    if sharding is None or dtype is None or wire_dtype(dtype) is None or 0 in tuple(leaf.shape):
+        return False
+    return layout(sharding, tuple(leaf.shape)) is not None
+
+
+def crosses(like: Any) -> bool:
+    """Whether a restore onto template ``like`` shares bytes between processes: some leaf of it
+    is restored onto a sharding that replicates it across processes (and can travel bit for
+    bit). Every process of the job decides alike, from its template alone."""
+    if like is None or not jax.process_count() > 1:
+        return False
+    return any(_shared_leaf(leaf) for leaf in jax.tree_util.tree_leaves(like))
+
+
+@dataclass(frozen=True)
+class Shared:
+    """A leaf read once and shared: its position among the load's sharded leaves, its slot,
+    sharding, shape and the template's dtype, its layout, the replica index whose devices read
+    its regions (``reader``), and where its region's bytes lie in their segments (``offset``)."""
+
+    position: int
+    slot: _template.Slot
+    sharding: Any
+    shape: tuple[int, ...]
+    dtype: np.dtype[Any]
+    layout: Layout
+    reader: int = 0
+    offset: int = 0
+
+    @property
+    def index(self) -> int:
+        """The leaf's index in the manifest."""
+        assert self.slot.entry is not None  # a shared leaf is a stored array
+        return self.slot.entry.index
+
+    @property
+    def region_shape(self) -> tuple[int, ...]:
+        return tuple(r.stop - r.start for r in self.layout.regions[0])
+
+    @property
+    def region_bytes(self) -> int:
+        """The bytes of one of its regions (they are alike: its axes split evenly)."""
+        return math.prod(self.region_shape) * self.dtype.itemsize
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Shared leaves over one mesh and replicated axes, shared by one all-gather of segments of
+    ``size`` bytes, one per device."""
+
+    mesh: Any
+    axes: tuple[str, ...]
+    leaves: tuple[Shared, ...]
+    size: int
+
+
+def plan(sharded: Sequence[tuple[_template.Slot, Any]], columns: Columns) -> tuple[list[Batch], list[int]]:
+    """The batches of the shared leaves among ``sharded`` (a load's (slot, sharding) pairs),
+    and the positions of the others (read as before)."""
+    found: dict[tuple[Any, tuple[str, ...]], list[Shared]] = {}
+    rest: list[int] = []
+    for position, (slot, sharding) in enumerate(sharded):
+        entry = slot.entry
+        assert entry is not None  # target_sharding gives no sharding to a kept leaf
+        shape = tuple(entry.shape or ())
+        dtype = np.dtype(slot.like.dtype)
+        lay = None if wire_dtype(dtype) is None or 0 in shape else layout(sharding, shape)
+        if lay is None:
+            rest.append(position)
+            continue
+        shared = Shared(position, slot, sharding, shape, dtype, lay)
+        found.setdefault((sharding.mesh, lay.axes), []).append(shared)
+    batches = []
+    for (mesh, axes), leaves in found.items():
+        run: list[Shared] = []
+        size = 0
+        for s in leaves:
+            if run and size + s.nbytes > BATCH_BYTES:
+                batches.append(_placed(mesh, axes, run, columns))
+                run, size = [], 0
+            run.append(s)
+            size += s.nbytes
+        batches.append(_placed(mesh, axes, run, columns))
+    return batches, rest
+
+
+def _placed(mesh: Any, axes: tuple[str, ...], leaves: list[Shared], columns: Columns) -> Batch:
+    """``leaves`` given their readers and offsets: units (leaves sharing a stored object) go
+    out largest first, ties in plan order, each to the least loaded replica index (ties to the
+    lowest), each leaf placed after those before it in its reader's segment (at a multiple of
+    :data:`ALIGN` bytes)."""
+    replicas = leaves[0].layout.replicas
+    units = _units(leaves, columns, sum(s.region_bytes for s in leaves) / replicas)
+    load = [0] * replicas
+    reader: dict[int, int] = {}
+    for unit in sorted(units, key=lambda u: (-sum(leaves[j].region_bytes for j in u), u[0])):
+        r = min(range(replicas), key=lambda i: (load[i], i))
+        for j in unit:
+            reader[j] = r
+            load[r] += leaves[j].region_bytes
+    offset = [0] * replicas
+    placed = []
+    for j, s in enumerate(leaves):
+        r = reader[j]
+        placed.append(Shared(s.position, s.slot, s.sharding, s.shape, s.dtype, s.layout, r, offset[r]))
+        offset[r] += -(-s.region_bytes // ALIGN) * ALIGN
+    return Batch(mesh, axes, tuple(placed), max(offset))
+
+
+def _units(leaves: Sequence[Shared], columns: Columns, most: float) -> list[list[int]]:
+    """The leaves (their positions in ``leaves``) as units of reading: leaves whose regions need
+    a stored object in common (small leaves in one pack) make one unit, up to ``most`` bytes of
+    a region each, so that the object is read once per replica group."""
+    units: list[list[int]] = []
+    sizes: list[int] = []
+    owner: dict[tuple[str, Any], int] = {}  # stored object -> the unit that reads it
+    for j, s in enumerate(leaves):
+        pieces = _region.leaf_pieces(columns, s.index)
+        objects = sorted(set().union(*(_region.objects_met(pieces, r) for r in s.layout.regions)))
+        found = (u for o in objects if (u := owner.get(o)) is not None and sizes[u] + s.region_bytes <= most)
+        at = next(found, None)  # objects sorted: the same units on every process
+        if at is None:
+            at = len(units)
+            units.append([])
+            sizes.append(0)
+        units[at].append(j)
+        sizes[at] += s.region_bytes
+        for o in objects:
+            owner.setdefault(o, at)
+    return units
+
+
+__all__ = [
+    "ALIGN",
+    "BATCH_BYTES",
+    "Batch",
+    "Layout",
+    "Shared",
+    "crosses",
+    "key_of",
+    "layout",
+    "plan",
+    "region_of",
+]
