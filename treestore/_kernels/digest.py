@@ -13,10 +13,7 @@ from typing import Any
 
 import blake3
 
-try:
-    import resource
-except ImportError:  # not a POSIX system: no address-space limit
-    resource = None  # type: ignore[assignment]
+from treestore._kernels.room import limited
 
 ALL_CORES_FROM = 16 * 2**20  # a chunk this big may be hashed and compressed on every core
 
@@ -54,8 +51,7 @@ def _look() -> None:
     """Look at the address-space limit, and again a second later at the earliest: a system call
     per digest would cost a save of many small leaves."""
     global _next_look, _is_limited
-    limit = resource.getrlimit(resource.RLIMIT_AS)[0] if resource is not None else None
-    _is_limited = limit is not None and limit != resource.RLIM_INFINITY
+    _is_limited = limited()
     _next_look = monotonic() + 1.0
 
 

@@ -24,12 +24,17 @@ ROOM = 16 * 2**20  # bytes of address space a loop stops with, left for the erro
 ROOM_EVERY = 1024  # items a loop makes between looks (each a few hundred bytes: well under ROOM)
 
 
+def limited() -> bool:
+    """Whether the process runs under an address-space limit (one ``getrlimit`` call)."""
+    return resource is not None and resource.getrlimit(resource.RLIMIT_AS)[0] != resource.RLIM_INFINITY
+
+
 def check_room() -> None:
     """MemoryError when the process runs under an address-space limit that leaves less than
     :data:`ROOM` bytes to map. Without a limit: one ``getrlimit`` call. Under one: :data:`ROOM`
     bytes mapped, read-only and never touched, and unmapped (no file is opened, nothing is
     committed)."""
-    if resource is None or resource.getrlimit(resource.RLIMIT_AS)[0] == resource.RLIM_INFINITY:
+    if not limited():
         return
     try:
         probe = mmap.mmap(-1, ROOM, prot=mmap.PROT_READ)
