@@ -755,6 +755,14 @@ MUTATIONS: list[Mutation] = [
         "an async snapshot's device copy takes memory the next step needs",
     ),
     m(
+        "device room blind to a TPU's reserved program temporaries",
+        "treestore/_engine/saving/device_memory.py",
+        'return int(memory["bytes_limit"]) - used - reserved',
+        'return int(memory["bytes_limit"]) - used',
+        [f"{CHIP}::test_a_step_s_reserved_temporaries_leave_no_room_for_a_device_snapshot"],
+        "a device snapshot beside the step's buffers leaves no room to load the step's program",
+    ),
+    m(
         "device snapshot without the device-room rule",
         "treestore/_engine/saving/snapshot.py",
         "if on_device is not None and device_room(values, on_device, device_limit, window):",
