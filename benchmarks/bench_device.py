@@ -15,8 +15,8 @@ reads back what its save wrote, onto the default device, until every array is re
 treestore (default options; ``stats=False``; ``device_path="never"``, the save that copies the
 whole tree to the host first), orbax ``StandardCheckpointer``, ``safetensors.flax``; the bare
 ``jax.device_get`` / ``jax.device_put`` of the tree; and the time an async save blocks the
-training loop, treestore's ``CheckpointManager`` vs orbax's. Statistics measured on the device
-are timed alone (the first call's compilation reported apart). LIMIT: the bare transfer.
+training loop, treestore's ``CheckpointManager`` vs orbax's. Each method's first save (the
+warm-up round: its compilations and imports) is reported apart. LIMIT: the bare transfer.
 
 Each method's peak resident host memory over its first two saves, above the process's baseline
 (its library imported, the trees made), is measured in a process of its own (one at a time:
@@ -256,10 +256,13 @@ def timed(kind: str, quick: bool, rounds: int, root: str) -> dict[str, Any]:
     nbytes = tree_bytes(tree)
     like = _abstract(tree)
     _log(f"{kind}: {len(jax.tree.leaves(tree))} leaves, {nbytes / 1e9:.2f} GB on {jax.devices()[0]}")
-    warm = fresh()  # warm-up: every method once (compiles, imports), not timed
+    warm = fresh()  # warm-up: every method once (compiles, imports), timed apart as the first save
+    first: dict[str, float] = {}
     for m in SAVES:
         path = os.path.join(root, f"warm-{m}")
+        t = time.perf_counter()
         save_with(m, warm, path)
+        first[m] = time.perf_counter() - t
         if m in LOADS:
             load_with(m, path, like)
         shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else os.remove(path)
@@ -302,6 +305,7 @@ def timed(kind: str, quick: bool, rounds: int, root: str) -> dict[str, Any]:
         "leaves": len(jax.tree.leaves(tree)),
         "bytes": nbytes,
         "device": str(jax.devices()[0].device_kind),
+        "first": first,
         "saves": saves,
         "loads": loads,
         "sizes": sizes,
@@ -380,9 +384,9 @@ def table(result: dict[str, Any], memory: dict[str, float]) -> str:
         f"**{result['kind']}**: {result['leaves']} leaves, {result['bytes'] / 1e9:.2f} GB, on "
         f"{result['device']}; medians of {len(saves['orbax'])} rounds",
         "",
-        "| method | save (s) | × orbax | × safetensors | load (s) | × orbax | × safetensors | "
-        "stored (GB) | peak host memory (× tree) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| method | first save (s) | save (s) | × orbax | × safetensors | load (s) | × orbax | "
+        "× safetensors | stored (GB) | peak host memory (× tree) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for m in SAVES:
         s = _med(saves[m])
@@ -391,13 +395,13 @@ def table(result: dict[str, Any], memory: dict[str, float]) -> str:
             x = _med(loads[m])
             load = f"{x:.3f} | {x / orbax_l:.2f} | {x / st_l:.2f}"
         mem = f"{memory[m]:.2f}" if m in memory else "—"
+        cold = result.get("first", {}).get(m)
         lines.append(
-            f"| {m} | {s:.3f} | {s / orbax_s:.2f} | {s / st_s:.2f} | "
-            + load
-            + f" | {result['sizes'][m] / 1e9:.2f} | {mem} |"
+            f"| {m} | {'—' if cold is None else f'{cold:.3f}'} | {s:.3f} | {s / orbax_s:.2f} | "
+            f"{s / st_s:.2f} | " + load + f" | {result['sizes'][m] / 1e9:.2f} | {mem} |"
         )
     g, p = _med(result["bare_get"]), _med(result["bare_put"])
-    lines.append(f"| LIMIT: bare device→host / host→device | {g:.3f} | | | {p:.3f} | | | | |")
+    lines.append(f"| LIMIT: bare device→host / host→device | | {g:.3f} | | | {p:.3f} | | | | |")
     bt, bo = result["blocked"]["treestore"], result["blocked"]["orbax"]
     lines += [
         "",
