@@ -13,17 +13,22 @@ replaces exact snippets of one file; a snippet that is not found exactly once is
 code moved: update the table). One run with no mutation must pass first. A mutation is caught
 when its tests fail (pytest exit status 1); an error (collection error, timeout, the copy not
 imported) is reported as such and counts as a failure of this script, like a survivor.
+
+Two runs go at once by default (``-j``), each in a copy of its own; mutations whose tests start
+processes of their own and bound them by timeouts (tests/system) run afterwards, one at a time.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import queue
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -914,46 +919,84 @@ def verdict_of(rc: int) -> str:
     return "ERROR: timeout" if rc == -1 else f"ERROR (exit {rc})"
 
 
+def alone(mutation: Mutation) -> bool:
+    """Whether the mutation's tests start processes of their own and bound them by timeouts: they
+    run while no other run does, so that a timeout is the mutation's doing, not the load's."""
+    return any(t.startswith("tests/system/") for t in mutation.tests)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("names", nargs="*", help="run only the mutations whose name contains one of these")
     parser.add_argument("--list", action="store_true", help="print the table and exit")
     parser.add_argument("-v", "--verbose", action="store_true", help="print the output of every run")
+    parser.add_argument(
+        "-j", "--jobs", type=int, default=min(2, os.cpu_count() or 1), help="runs at once (default 2)"
+    )
     args = parser.parse_args()
     chosen = [x for x in MUTATIONS if not args.names or any(n in x.name for n in args.names)]
     if args.list:
         for x in chosen:
             print(f"{x.name}\n    {x.file}: {x.why}\n    tests: {' '.join(x.tests)}")
         return 0
-    failures = 0
+    jobs = max(1, args.jobs)
     with tempfile.TemporaryDirectory(prefix="treestore-mutations-") as tmp:
-        dest = Path(tmp)
-        copy_tree(dest)
+        copies: queue.Queue[Path] = queue.Queue()
+        for i in range(jobs):  # one copy of the package and the tests per run at once
+            dest = Path(tmp) / f"copy{i}"
+            copy_tree(dest)
+            copies.put(dest)
+
+        def run_in_a_copy(
+            tests: list[str], mutation: Mutation | None = None
+        ) -> tuple[int | None, float, str]:
+            """pytest's exit status in a free copy, with ``mutation`` applied (None: its snippet
+            was not found), the seconds it took, and the end of its output."""
+            dest = copies.get()
+            try:
+                if mutation is not None and (problem := apply(dest, mutation)) is not None:
+                    return None, 0.0, problem
+                try:
+                    return run_tests(dest, tests)
+                finally:
+                    if mutation is not None:
+                        restore(dest, mutation)
+            finally:
+                copies.put(dest)
+
         every = sorted({t for x in chosen for t in x.tests})
-        rc, took, out = run_tests(dest, every)
-        print(f"clean run of {len(every)} test selections: exit {rc} in {took:.0f} s", flush=True)
-        if rc != 0:
-            print(out)
+        start = time.monotonic()
+        with ThreadPoolExecutor(jobs) as pool:
+            clean = list(pool.map(run_in_a_copy, [s for s in (every[i::jobs] for i in range(jobs)) if s]))
+        passed = all(rc == 0 for rc, _, _ in clean)
+        print(
+            f"clean run of {len(every)} test selections: {'passed' if passed else 'FAILED'} "
+            f"in {time.monotonic() - start:.0f} s",
+            flush=True,
+        )
+        if not passed:
+            print("\n".join(out for _, _, out in clean))
             print("the tests fail without any mutation (or the copy is not what they import)")
             return 1
+        together = [x for x in chosen if not alone(x)]
         rows = []
-        for x in chosen:
-            problem = apply(dest, x)
-            if problem is not None:
-                rows.append((x, "SNIPPET NOT FOUND", 0.0))
-                print(f"{x.name}: {problem}", flush=True)
-                failures += 1
-                continue
-            try:
-                rc, took, out = run_tests(dest, list(x.tests))
-            finally:
-                restore(dest, x)
-            verdict = verdict_of(rc)
-            failures += verdict != "caught"
+
+        def report(x: Mutation, rc: int | None, took: float, out: str) -> None:
+            verdict = "SNIPPET NOT FOUND" if rc is None else verdict_of(rc)
             rows.append((x, verdict, took))
             print(f"{verdict:>8}  {took:5.1f} s  {x.name}", flush=True)
             if args.verbose or verdict != "caught":
                 print(out)
+
+        with ThreadPoolExecutor(jobs) as pool:
+            for x, (rc, took, out) in zip(
+                together, pool.map(lambda x: run_in_a_copy(list(x.tests), x), together), strict=True
+            ):
+                report(x, rc, took, out)
+        for x in chosen:
+            if alone(x):
+                report(x, *run_in_a_copy(list(x.tests), x))
+    failures = sum(verdict != "caught" for _, verdict, _ in rows)
     width = max(len(x.name) for x, _, _ in rows) if rows else 10
     print(f"\n{'mutation':<{width}}  {'caught?':<17}  tests")
     for x, verdict, _ in rows:
