@@ -7,12 +7,9 @@ stand-in for :func:`device_memory.stats`, and faults are injected where jax woul
 from __future__ import annotations
 
 import collections
-import contextlib
 import gc
-import logging
 import math
 import weakref
-from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -22,6 +19,7 @@ import numpy as np
 import pytest
 
 import treestore
+from tests.support.compiles import compiles
 from treestore._api.manager import save_queue
 from treestore._engine.saving import device_fetch, device_memory, snapshot
 from treestore._tree.leaves import ArrayLeaf
@@ -173,27 +171,6 @@ def test_an_async_snapshot_drops_jax_s_host_copies_before_the_next_one() -> None
 
 
 # -- programs compiled -----------------------------------------------------------------------------
-@contextlib.contextmanager
-def _compiles() -> Iterator[list[str]]:
-    """The programs jax compiles meanwhile, from its compile log."""
-    names: list[str] = []
-
-    class Handler(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            message = record.getMessage()
-            if message.startswith("Finished XLA compilation of"):
-                names.append(message)
-
-    handler = Handler(logging.DEBUG)
-    logger = logging.getLogger("jax")
-    logger.addHandler(handler)
-    try:
-        with jax.log_compiles(True):
-            yield names
-    finally:
-        logger.removeHandler(handler)
-
-
 def test_a_save_of_many_leaf_shapes_compiles_no_program() -> None:
     """A cold process paid one compile per leaf shape (256 shapes: 68 s on a TPU). Leaves up to a
     slice move to the host with no program and statistics are measured on the host: a tree of
@@ -202,7 +179,7 @@ def test_a_save_of_many_leaf_shapes_compiles_no_program() -> None:
     tree = {f"w{i}": jnp.asarray(rng.standard_normal((100 + i, 37)).astype(np.float32)) for i in range(100)}
     jax.block_until_ready(tree)
     store = treestore.Store("memory://full-chip/shapes")
-    with _compiles() as compiled:
+    with compiles() as compiled:
         store.save(tree, "a", options=treestore.SaveOptions(**{**ALWAYS, "small_leaf": 1024}))
     assert compiled == []
     _assert_same(store, "a", tree)
@@ -220,7 +197,7 @@ def test_compile_log_counting_sees_a_slicing_program(monkeypatch: pytest.MonkeyP
     }
     jax.block_until_ready(tree)
     store = treestore.Store("memory://full-chip/programs")
-    with _compiles() as compiled:
+    with compiles() as compiled:
         store.save(tree, "a", options=treestore.SaveOptions(**ALWAYS))
     assert len(compiled) >= 3  # each of the three shapes' slices at least once
     assert len(device_fetch._programs) <= 2
