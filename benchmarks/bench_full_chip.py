@@ -14,8 +14,10 @@ with it, for a run in CI. Cases:
   alone). Five times: an async save, then at once a step. Reported: the steps that ran (the
   others failed with ``RESOURCE_EXHAUSTED``) and the median time ``save`` blocked.
 * **full**: leaves filling 80% of the device, one of them 4 GiB (the rest of 256 MiB); a default
-  synchronous save, then an async save. Reported: whether each succeeded, and for treestore
-  whether every leaf read back equals the device's, bit for bit.
+  synchronous save, then an async save. Reported: whether each succeeded, for treestore
+  whether every leaf read back equals the device's, bit for bit, and the most device memory
+  each save took above what the device held before it (buffers and programs' reserved
+  temporaries, sampled every 2 ms; none on a device without memory statistics).
 * **shapes**: N float32 leaves of distinct shapes, about 2 MB each (N = 8, 64, 256): the first
   save of a fresh process and its second save.
 * **stall**: a tree of half the device (no room for a copy beside it); five async saves. Reported:
@@ -39,6 +41,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from typing import Any
 
@@ -146,6 +149,41 @@ class _Async:
         self.m.close()
 
 
+class _DeviceMemory:
+    """The most device memory taken above what the device held when the block began: buffers
+    (``bytes_in_use``) plus what programs reserved for their temporaries (``bytes_reserved``, a
+    TPU's), sampled every 2 ms on a thread. None where the device gives no statistics (a CPU)."""
+
+    def __init__(self) -> None:
+        import jax
+
+        self.device = jax.devices()[0]
+        self.most: int | None = None
+        self._done = threading.Event()
+
+    def _used(self) -> int | None:
+        stats = self.device.memory_stats()
+        return None if not stats else int(stats.get("bytes_in_use", 0)) + int(stats.get("bytes_reserved", 0))
+
+    def _sample(self, base: int) -> None:
+        while not self._done.is_set():
+            used = self._used()
+            self.most = max(self.most or 0, (used or base) - base)
+            time.sleep(0.002)
+
+    def __enter__(self) -> _DeviceMemory:
+        base = self._used()
+        if base is not None:
+            self._thread = threading.Thread(target=self._sample, args=(base,), daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        if hasattr(self, "_thread"):
+            self._thread.join()
+
+
 def _oom(e: BaseException) -> bool:
     return "RESOURCE_EXHAUSTED" in str(e) or "out of memory" in str(e).lower()
 
@@ -203,14 +241,16 @@ def full(method: str, quick: bool, root: str) -> dict[str, Any]:
         path = os.path.join(root, mode)
         t = time.perf_counter()
         try:
-            if mode == "sync":
-                _save(method, path, tree)
-            else:
-                manager = _Async(method, path)
-                manager.save(1, tree)
-                manager.wait()
-                manager.close()
+            with _DeviceMemory() as device_memory:
+                if mode == "sync":
+                    _save(method, path, tree)
+                else:
+                    manager = _Async(method, path)
+                    manager.save(1, tree)
+                    manager.wait()
+                    manager.close()
             out[mode] = round(time.perf_counter() - t, 3)
+            out[f"{mode}_device_mib"] = None if device_memory.most is None else device_memory.most / MiB
         except Exception as e:
             out[mode] = f"failed: {str(e)[:120]}"
             shutil.rmtree(path, ignore_errors=True)
@@ -365,7 +405,9 @@ def table(case: str, results: dict[str, Any]) -> str:
     def cell(r: dict[str, Any], key: str, fmt: str = "{:.3f}") -> str:
         if "error" in r:
             return r["error"]
-        value = r.get(key, "—")
+        value = r.get(key)
+        if value is None:
+            return "—"
         return (
             fmt.format(value)
             if isinstance(value, (int, float)) and not isinstance(value, bool)
@@ -379,10 +421,14 @@ def table(case: str, results: dict[str, Any]) -> str:
             f"| {m} | {cell(r, 'steps_ran', '{}')} | {cell(r, 'blocked')} |" for m, r in results.items()
         ]
     elif case == "full":
-        lines += ["| method | sync save (s) | exact | async save (s) | exact |", "|---|---:|---|---:|---|"]
         lines += [
-            f"| {m} | {cell(r, 'sync')} | {cell(r, 'sync_exact')} | "
-            f"{cell(r, 'async')} | {cell(r, 'async_exact')} |"
+            "| method | sync save (s) | exact | device MiB above the tree | async save (s) | exact "
+            "| device MiB above the tree |",
+            "|---|---:|---|---:|---:|---|---:|",
+        ]
+        lines += [
+            f"| {m} | {cell(r, 'sync')} | {cell(r, 'sync_exact')} | {cell(r, 'sync_device_mib', '{:.0f}')} | "
+            f"{cell(r, 'async')} | {cell(r, 'async_exact')} | {cell(r, 'async_device_mib', '{:.0f}')} |"
             for m, r in results.items()
         ]
     elif case == "shapes":

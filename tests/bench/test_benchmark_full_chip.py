@@ -19,5 +19,5 @@ def test_the_quick_full_case_saves_both_ways_and_treestore_reads_back_exactly() 
     assert run.returncode == 0, run.stderr[-2000:]
     rows = {line.split("|")[1].strip(): line for line in run.stdout.splitlines() if line.startswith("| ")}
     treestore_row = [cell.strip() for cell in rows["treestore"].split("|")[1:-1]]
-    assert treestore_row[2] == "True" and treestore_row[4] == "True", rows["treestore"]
+    assert treestore_row[2] == "True" and treestore_row[5] == "True", rows["treestore"]
     assert "failed" not in rows["orbax"], rows["orbax"]
