@@ -76,12 +76,15 @@ def files_server() -> Iterator[str]:
     yield from _serve(_Files)
 
 
-def test_an_import_whose_fetch_fails_is_a_storage_error(files_server, tmp_path):
+def test_an_import_whose_fetch_fails_is_a_storage_error(files_server, tmp_path, monkeypatch):
     """The source has the file, but its copy cannot be made (a file name longer than the local
     filesystem allows): a StorageError naming the URL and what failed, no checkpoint, and no
-    temporary folder left behind."""
+    temporary folder left behind (in a temporary folder of this test's own: other tests, in
+    other processes, import at the same time)."""
     url = f"{files_server}/{'w' * 300}"
     dst = str(tmp_path / "store")
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     before = set(Path(tempfile.gettempdir()).glob("treestore-import-*"))
     with pytest.raises(treestore.StorageError) as caught:
         treestore.import_file(url, f"{dst}#w")

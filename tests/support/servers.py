@@ -29,6 +29,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import importlib.util
+import itertools
 import json
 import os
 import shutil
@@ -136,10 +137,30 @@ def _require_modules(*mods: str, what: str) -> None:
         _unavailable(f"{what}: python package(s) not installed: {', '.join(missing)}")
 
 
+_PORTS = itertools.count()
+PORTS_PER_WORKER = 500
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
+    """A port on 127.0.0.1 that nothing listens on now. Under pytest-xdist each worker takes its
+    own range (below Linux's ephemeral ports), one port after another: a port let go by one
+    worker before its server binds it cannot be handed to another worker's server, whose
+    readiness probe the first server would answer."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not worker.startswith("gw"):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((HOST, 0))
+            return s.getsockname()[1]
+    base = 20000 + PORTS_PER_WORKER * int(worker[2:])
+    for _ in range(PORTS_PER_WORKER):
+        port = base + next(_PORTS) % PORTS_PER_WORKER
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((HOST, port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {base}..{base + PORTS_PER_WORKER - 1} for {worker}")
 
 
 def _http(method: str, url: str, body: bytes | None = None, headers=None, timeout=10.0):

@@ -154,7 +154,7 @@ def test_a_process_killed_mid_restore_makes_every_survivor_raise(counting_s3, wh
     treestore.save(url, expected("replicated"), "c", storage_options=counting_s3.storage_options)
     env = {"TREESTORE_BARRIER_TIMEOUT": str(BARRIER_TIMEOUT)}
     started = time.monotonic()
-    outputs = run_job(counting_s3, url, "replicated", f"dies-{where}:c", 3, 1, env, timeout=30)
+    outputs = run_job(counting_s3, url, "replicated", f"dies-{where}:c", 3, 1, env, timeout=45)
     assert outputs[2][0] == -9, outputs[2]  # SIGKILL
     wanted = "(BarrierTimeoutError)" if where == "reading" else "(DeviceError|BarrierTimeoutError)"
     for i, (code, out) in enumerate(outputs[:2]):
@@ -162,4 +162,4 @@ def test_a_process_killed_mid_restore_makes_every_survivor_raise(counting_s3, wh
         found = re.search(rf"^RAISED {wanted} ([\d.]+) ", out, re.M)
         assert found, out[-3000:]
         assert float(found.group(2)) <= BARRIER_TIMEOUT + 10, found.group(0)
-    assert time.monotonic() - started < 30
+    assert time.monotonic() - started < 45
