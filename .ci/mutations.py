@@ -973,13 +973,18 @@ def main() -> int:
             finally:
                 copies.put(dest)
 
-        every = sorted({t for x in chosen for t in x.tests})
+        # The clean run: the tests of the mutations run together split over the copies, those
+        # of the mutations run alone afterwards in one run of their own.
+        solo = {t for x in chosen if alone(x) for t in x.tests}
+        every = sorted({t for x in chosen for t in x.tests} - solo)
         start = time.monotonic()
         with ThreadPoolExecutor(jobs) as pool:
             clean = list(pool.map(run_in_a_copy, [s for s in (every[i::jobs] for i in range(jobs)) if s]))
+        if solo:
+            clean.append(run_in_a_copy(sorted(solo)))
         passed = all(rc == 0 for rc, _, _ in clean)
         print(
-            f"clean run of {len(every)} test selections: {'passed' if passed else 'FAILED'} "
+            f"clean run of {len(every) + len(solo)} test selections: {'passed' if passed else 'FAILED'} "
             f"in {time.monotonic() - start:.0f} s",
             flush=True,
         )
