@@ -168,12 +168,13 @@ class _DeviceMemory:
     def _sample(self, base: int) -> None:
         while not self._done.is_set():
             used = self._used()
-            self.most = max(self.most or 0, (used or base) - base)
+            self.most = max(self.most or 0, (base if used is None else used) - base)
             time.sleep(0.002)
 
     def __enter__(self) -> _DeviceMemory:
         base = self._used()
         if base is not None:
+            self.most = 0
             self._thread = threading.Thread(target=self._sample, args=(base,), daemon=True)
             self._thread.start()
         return self
@@ -278,12 +279,13 @@ def shapes(method: str, quick: bool, root: str, count: int) -> dict[str, Any]:
 
     rng = np.random.default_rng(count)
     rows = 16 if quick else 512
-    tree = {
-        f"w{i:03d}": jax.device_put(rng.standard_normal((rows + i, 1024), np.float32)) for i in range(count)
-    }
-    jax.block_until_ready(tree)
     times = []
-    for name in ("first", "second"):
+    for name in ("first", "second"):  # new arrays for each save, as after a training step
+        tree = {
+            f"w{i:03d}": jax.device_put(rng.standard_normal((rows + i, 1024), np.float32))
+            for i in range(count)
+        }
+        jax.block_until_ready(tree)
         t = time.perf_counter()
         _save(method, os.path.join(root, name), tree)
         times.append(time.perf_counter() - t)
@@ -357,10 +359,10 @@ def step_time(method: str, quick: bool, root: str) -> dict[str, Any]:
 
 # -- the run --------------------------------------------------------------------------------------
 def _share_compiles() -> None:
-    """The benchmark's own slow programs (the squeeze's sort took 54 s to compile on a v5e)
-    compiled once for all the run's processes, in jax's persistent cache. Only programs that take
-    5 s or more to compile are kept there: a saver's compile anew in each cold process, as in a
-    training job's first save."""
+    """The squeeze's step (its sort took 54 s to compile on a v5e) compiled once for the run's
+    processes, in jax's persistent cache. Only the squeeze's processes use the cache, and only
+    programs that take 5 s or more to compile are kept there; the cases that time saves compile
+    everything anew in each cold process, as a training job's first save does."""
     import jax
 
     cache = os.environ.get("BENCH_FULL_CHIP_CACHE")
@@ -456,7 +458,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
-        _share_compiles()
+        if args.child.startswith("squeeze:"):
+            _share_compiles()
         print(json.dumps(child(args.child, args.quick, args.tmp_root)), flush=True)
         os._exit(0)  # skip the accelerator runtime's teardown
     methods = args.methods.split(",")

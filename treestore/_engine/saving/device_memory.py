@@ -5,8 +5,8 @@ far less in use than it will hold at the step's peak. So the room a save may tak
 measured against the most it has ever held, not against what it holds now:
 ``bytes_limit - peak_bytes_in_use - peak_bytes_reserved`` (:func:`room`). A TPU reserves a
 program's temporaries apart from its buffers when it loads the program, so the step's
-temporaries show in the reserved bytes alone (a step sorting 8.9 GB of temporaries on a v5e left
-its peak in use at the tree's 4.2 GB). The peak counts a save's own earlier device copies too, so
+temporaries show in the reserved bytes alone (a step sorting 8.9 GiB of temporaries on a v5e left
+its peak in use at the tree's 4.2 GiB). The peak counts a save's own earlier device copies too, so
 the rule errs towards taking nothing. A device that reports no memory statistics (a CPU) has no
 bound here.
 
