@@ -41,6 +41,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from benchmarks.async_managers import AsyncManager
+
 SAVES = ["treestore", "treestore stats=False", "treestore device_path=never", "orbax", "safetensors"]
 LOADS = ["treestore", "orbax", "safetensors"]
 
@@ -214,32 +216,15 @@ def _abstract(tree: Any) -> Any:
 def async_blocked(method: str, root: str, make: Callable[[int], Any], saves: int) -> list[float]:
     """Seconds each of ``saves`` async saves blocked the loop (every save waited for after)."""
     blocked = []
-    if method == "treestore":
-        import treestore
-
-        with treestore.CheckpointManager(
-            root, async_save=True, retention=treestore.Retention(keep_last=2)
-        ) as m:
-            for step in range(saves):
-                tree = make(1000 + step)
-                t = time.perf_counter()
-                m.save(step, tree, force=True)
-                blocked.append(time.perf_counter() - t)
-                del tree
-                m.wait()
-    else:
-        import orbax.checkpoint as ocp
-
-        options = ocp.CheckpointManagerOptions(enable_async_checkpointing=True, max_to_keep=2)
-        m = ocp.CheckpointManager(root, options=options)
+    manager = AsyncManager(method, root)
+    try:
         for step in range(saves):
             tree = make(1000 + step)
-            t = time.perf_counter()
-            m.save(step, args=ocp.args.StandardSave(tree))
-            blocked.append(time.perf_counter() - t)
+            blocked.append(manager.save(step, tree))
             del tree
-            m.wait_until_finished()
-        m.close()
+            manager.wait()
+    finally:
+        manager.close()
     return blocked
 
 

@@ -45,6 +45,8 @@ import threading
 import time
 from typing import Any
 
+from benchmarks.async_managers import AsyncManager
+
 MiB, GiB = 1 << 20, 1 << 30
 CASES = ["squeeze", "full", "shapes", "stall", "step"]
 METHODS = ["treestore", "orbax"]
@@ -113,42 +115,6 @@ def _save(method: str, path: str, tree: Any) -> None:
         checkpointer.close()
 
 
-class _Async:
-    """The method's async checkpoint manager, keeping two steps."""
-
-    def __init__(self, method: str, root: str, keep_host_copies: bool = True) -> None:
-        self.method = method
-        if method == "treestore":
-            import treestore
-
-            options = treestore.SaveOptions(keep_host_copies=keep_host_copies)
-            self.m: Any = treestore.CheckpointManager(
-                root, retention=treestore.Retention(keep_last=2), options=options
-            )
-        else:
-            import orbax.checkpoint as ocp
-
-            options = ocp.CheckpointManagerOptions(enable_async_checkpointing=True, max_to_keep=2)
-            self.m = ocp.CheckpointManager(root, options=options)
-
-    def save(self, step: int, tree: Any) -> float:
-        """Seconds ``save`` blocked."""
-        t = time.perf_counter()
-        if self.method == "treestore":
-            self.m.save(step, tree, force=True)
-        else:
-            import orbax.checkpoint as ocp
-
-            self.m.save(step, args=ocp.args.StandardSave(tree))
-        return time.perf_counter() - t
-
-    def wait(self) -> None:
-        self.m.wait() if self.method == "treestore" else self.m.wait_until_finished()
-
-    def close(self) -> None:
-        self.m.close()
-
-
 class _DeviceMemory:
     """The most device memory taken above what the device held when the block began: buffers
     (``bytes_in_use``) plus what programs reserved for their temporaries (``bytes_reserved``, a
@@ -160,6 +126,7 @@ class _DeviceMemory:
         self.device = jax.devices()[0]
         self.most: int | None = None
         self._done = threading.Event()
+        self._thread: threading.Thread | None = None
 
     def _used(self) -> int | None:
         stats = self.device.memory_stats()
@@ -181,7 +148,7 @@ class _DeviceMemory:
 
     def __exit__(self, *exc: object) -> None:
         self._done.set()
-        if hasattr(self, "_thread"):
+        if self._thread is not None:
             self._thread.join()
 
 
@@ -213,7 +180,7 @@ def squeeze(method: str, quick: bool, root: str) -> dict[str, Any]:
                 raise
             n = n * 7 // 8
     assert step is not None
-    manager = _Async(method, os.path.join(root, "squeeze"))
+    manager = AsyncManager(method, os.path.join(root, "squeeze"))
     ran, blocked = 0, []
     try:
         for i in range(5):
@@ -246,7 +213,7 @@ def full(method: str, quick: bool, root: str) -> dict[str, Any]:
                 if mode == "sync":
                     _save(method, path, tree)
                 else:
-                    manager = _Async(method, path)
+                    manager = AsyncManager(method, path)
                     manager.save(1, tree)
                     manager.wait()
                     manager.close()
@@ -300,7 +267,7 @@ def stall(method: str, quick: bool, root: str, keep_host_copies: bool = True) ->
     tree_bytes = sum(int(x.nbytes) for x in tree.values())
     process = psutil.Process()
     baseline = process.memory_info().rss
-    manager = _Async(method, os.path.join(root, "stall"), keep_host_copies)
+    manager = AsyncManager(method, os.path.join(root, "stall"), keep_host_copies)
     blocked = []
     try:
         for i in range(5):
@@ -334,7 +301,7 @@ def step_time(method: str, quick: bool, root: str) -> dict[str, Any]:
     for _ in range(20):
         step()
     alone = [step() for _ in range(50)]
-    manager = _Async(method, os.path.join(root, "step"))
+    manager = AsyncManager(method, os.path.join(root, "step"))
     during: list[float] = []
     try:
         t = time.perf_counter()
