@@ -34,6 +34,7 @@ Progress goes to stderr; one markdown table per case to stdout.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -82,7 +83,10 @@ def _leaves(total: int, size: int, seed: int, dtype: str = "bfloat16", big: int 
     return out
 
 
+@functools.cache
 def _generate(rows: int, dtype: str) -> Any:
+    """One generator program per leaf shape: a program per leaf would hold the device's memory
+    for its temporaries (on a TPU, a loaded program reserves them)."""
     import jax
     import jax.numpy as jnp
 
@@ -90,15 +94,21 @@ def _generate(rows: int, dtype: str) -> Any:
 
 
 def _refresh(tree: dict[str, Any]) -> None:
-    """A training step's update: every leaf replaced by a new array (one leaf at a time, so the
-    device holds one leaf more at most). A save of the same arrays again would find jax's host
-    copies of the last save cached on them, which no training loop does."""
+    """A training step's update: every leaf replaced by a new array, written over the old one's
+    memory (donated, as a training step does), so a device with no room beside the tree can run
+    it. A save of the same arrays again would find jax's host copies of the last save cached on
+    them, which no training loop does."""
+    for k in tree:
+        tree[k] = _bump()(tree[k])
+    for x in tree.values():
+        x.block_until_ready()
+
+
+@functools.cache
+def _bump() -> Any:
     import jax
 
-    bump = jax.jit(lambda x: x + 1)
-    for k in tree:
-        tree[k] = bump(tree[k])
-    jax.block_until_ready(tree)
+    return jax.jit(lambda x: x + 1, donate_argnums=0)
 
 
 def _save(method: str, path: str, tree: Any) -> None:
