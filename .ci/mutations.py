@@ -793,6 +793,14 @@ MUTATIONS: list[Mutation] = [
         "slices in flight take device memory the step needs",
     ),
     m(
+        "leaf moved whole keeps its host copy on the caller's array",
+        "treestore/_engine/saving/device_fetch.py",
+        "    fresh.copy_to_host_async()\n    return fresh",
+        "    x.copy_to_host_async()\n    return x",
+        [f"{CHIP}::test_a_leaf_moved_whole_goes_through_a_new_array_over_the_same_device_buffers"],
+        "a sync save leaves the host bytes of every leaf it moved whole on the caller's tree",
+    ),
+    m(
         "host window unbounded",
         "treestore/_engine/saving/device_fetch.py",
         "if self.held and self.held + nbytes > self.limit:",
