@@ -36,7 +36,6 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 import urllib.request
@@ -229,45 +228,19 @@ def _local_bytes(folder: str) -> int:
 def run_job(n: int, endpoint: str, s3_url: str, local_url: str, orbax_dir: str, args: Any) -> str:
     """The output of a job of ``n`` worker processes (all of it, every process's)."""
     from tests.support import servers
+    from tests.support.process_jobs import run_processes
 
     port = servers.free_port()
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop("XLA_FLAGS", None)
     rest = [endpoint, s3_url, local_url, orbax_dir, str(args.runs), str(args.leaves), str(args.leaf_mib)]
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "benchmarks.multihost_restore",
-                "worker",
-                str(port),
-                str(i),
-                str(n),
-                *rest,
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=env,
-            cwd=ROOT,
-        )
-        for i in range(n)
-    ]
-    outputs = []
-    try:
-        for p in procs:
-            out, _ = p.communicate(timeout=1800)
-            outputs.append(out)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    for i, (p, out) in enumerate(zip(procs, outputs, strict=True)):
-        if p.returncode != 0 or f"OK {i}" not in out:
+    outputs = run_processes(
+        lambda i: ["-m", "benchmarks.multihost_restore", "worker", str(port), str(i), str(n), *rest],
+        n,
+        timeout=1800,
+    )
+    for i, (code, out) in enumerate(outputs):
+        if code != 0 or f"OK {i}" not in out:
             raise SystemExit(f"process {i} of {n} failed:\n{out[-4000:]}")
-    return "\n".join(outputs)
+    return "\n".join(out for _, out in outputs)
 
 
 def rows_of(n: int, output: str, stored: dict[str, int]) -> list[tuple[Any, ...]]:

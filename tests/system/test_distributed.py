@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import jax
@@ -17,48 +13,24 @@ from jax.sharding import PartitionSpec as P
 import treestore
 from tests.engine.test_stats import check as check_stats
 from tests.scripts.distributed_worker import expected
+from tests.support import servers
+from tests.support.process_jobs import run_processes
 from treestore._engine.reading import committed as _committed
 from treestore._format.manifest.codec import decode_any
 from treestore._format.manifest.frame import Frame
 
 WORKER = Path(__file__).parent.parent / "scripts" / "distributed_worker.py"
-ROOT = Path(__file__).parent.parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def run_job(store: str, mode: str, processes: int = 2) -> list[str]:
     """Run the worker's ``mode`` in a job of ``processes`` processes; each one's output."""
-    port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop("XLA_FLAGS", None)
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(WORKER), str(port), str(i), str(processes), store, mode],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=env,
-        )
-        for i in range(processes)
-    ]
-    outputs = []
-    try:
-        for p in procs:
-            out, _ = p.communicate(timeout=180)
-            outputs.append(out)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    for i, (p, out) in enumerate(zip(procs, outputs, strict=True)):
-        assert p.returncode == 0 and f"OK {i}" in out, f"process {i} failed:\n{out[-3000:]}"
-    return outputs
+    port = servers.free_port()
+    outputs = run_processes(
+        lambda i: [str(WORKER), str(port), str(i), str(processes), store, mode], processes, timeout=180
+    )
+    for i, (code, out) in enumerate(outputs):
+        assert code == 0 and f"OK {i}" in out, f"process {i} failed:\n{out[-3000:]}"
+    return [out for _, out in outputs]
 
 
 @pytest.mark.timeout(400)

@@ -10,10 +10,7 @@ sharing; process 0 reports what the server served for each restore.
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,9 +20,9 @@ import pytest
 import treestore
 from tests.scripts.restore_worker import expected
 from tests.support import servers
+from tests.support.process_jobs import run_processes
 
 WORKER = Path(__file__).parent.parent / "scripts" / "restore_worker.py"
-ROOT = Path(__file__).parent.parent.parent
 BARRIER_TIMEOUT = 4  # seconds, for the jobs whose process dies
 BOUNDED = {"TREESTORE_BARRIER_TIMEOUT": "30"}  # a job that hangs fails in seconds, not in 600
 
@@ -45,52 +42,30 @@ def run_job(
     devices: int,
     env: dict[str, str] | None = None,
     timeout: float = 150,
-) -> list[tuple[int | None, str]]:
-    """Each process's exit status and output (None: it was killed)."""
+) -> list[tuple[int, str]]:
+    """Each process's exit status and output."""
     port = servers.free_port()
-    environ = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    environ.pop("XLA_FLAGS", None)
     endpoint = backend.storage_options["endpoint_url"]
-    argv = [str(port), "0", str(processes), str(devices), endpoint, url, tree, steps]
-    procs = []
-    for i in range(processes):
-        argv[1] = str(i)
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, str(WORKER), *argv],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                env=environ,
-            )
-        )
-    outputs: list[tuple[int | None, str]] = []
-    deadline = time.monotonic() + timeout
-    try:
-        for p in procs:
-            out, _ = p.communicate(timeout=max(deadline - time.monotonic(), 1))
-            outputs.append((p.returncode, out))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    return outputs
+
+    def argv(i: int) -> list[str]:
+        return [str(WORKER), str(port), str(i), str(processes), str(devices), endpoint, url, tree, steps]
+
+    return run_processes(argv, processes, timeout=timeout, env=env)
 
 
-def total(outputs: list[tuple[int | None, str]]) -> int:
+def total(outputs: list[tuple[int, str]]) -> int:
     found = re.search(r"^STORED (\d+)", outputs[0][1], re.M)
     assert found, outputs[0][1][-3000:]
     return int(found.group(1))
 
 
-def served(outputs: list[tuple[int | None, str]], step: str) -> int:
+def served(outputs: list[tuple[int, str]], step: str) -> int:
     found = re.search(rf"^SERVED {re.escape(step)} .*\"get_bytes\": (\d+)", outputs[0][1], re.M)
     assert found, outputs[0][1][-3000:]
     return int(found.group(1))
 
 
-def check_ok(outputs: list[tuple[int | None, str]]) -> None:
+def check_ok(outputs: list[tuple[int, str]]) -> None:
     for i, (code, out) in enumerate(outputs):
         assert code == 0 and f"OK {i}" in out, f"process {i} failed:\n{out[-3000:]}"
 
