@@ -28,9 +28,10 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures as cf
+import contextlib
 import functools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -267,26 +268,21 @@ class Fetcher:
                 leaf.host = self._whole_on_host(leaf)
         if leaf.host is not None:
             return leaf.host[first:end]
-        try:
+        with _named(leaf):
             return whole(leaf.array)
-        except jax.errors.JaxRuntimeError as e:
-            raise _failed(leaf, e) from e
 
     def _whole_on_host(self, leaf: _Leaf) -> np.ndarray[Any, Any]:
-        try:
+        with _named(leaf):
             return to_host(whole(leaf.array)).reshape(-1).view(np.uint8)
-        except jax.errors.JaxRuntimeError as e:
-            raise _failed(leaf, e) from e
 
     def _store(self, piece: _Slice) -> None:
         """Wait for ``piece``'s bytes and submit every chunk that they complete."""
         leaf = piece.leaf
         try:
-            raw = to_host(piece.device).reshape(-1).view(np.uint8)
-        except BaseException as e:
+            with _named(leaf):
+                raw = to_host(piece.device).reshape(-1).view(np.uint8)
+        except BaseException:
             self.window.give(piece.reserved + piece.carry)
-            if isinstance(e, jax.errors.JaxRuntimeError):
-                raise _failed(leaf, e) from e
             raise
         piece.device = None
         step, nbytes = leaf.step, leaf.nbytes
@@ -340,12 +336,17 @@ class Fetcher:
         return future
 
 
-def _failed(leaf: _Leaf, error: BaseException) -> DeviceError:
-    return DeviceError(
-        f"{leaf.address}: the device did not hand over the leaf's bytes "
-        f"({leaf.array.dtype}{list(leaf.array.shape)}): {error}",
-        address=leaf.address,
-    )
+@contextlib.contextmanager
+def _named(leaf: _Leaf) -> Iterator[None]:
+    """A transfer of ``leaf`` that the device fails raises DeviceError naming the leaf."""
+    try:
+        yield
+    except jax.errors.JaxRuntimeError as error:
+        raise DeviceError(
+            f"{leaf.address}: the device did not hand over the leaf's bytes "
+            f"({leaf.array.dtype}{list(leaf.array.shape)}): {error}",
+            address=leaf.address,
+        ) from error
 
 
 __all__ = ["PROGRAMS", "SLICE", "Fetcher", "Window", "slicer", "to_host", "whole"]
