@@ -10,7 +10,11 @@ would be timed on nothing), and moved to the host by:
 * ``device_get``: ``jax.device_get`` of the list (every transfer started, then each waited for);
 * ``one by one``: ``np.asarray`` of each leaf in turn, none started ahead;
 * ``pinned_host``: ``jax.device_put`` of each leaf into the ``pinned_host`` memory kind, then
-  ``np.asarray`` of each (where the device has that kind).
+  ``np.asarray`` of each (where the device has that kind);
+* ``treestore fetch``: the path a save of device arrays takes
+  (:class:`treestore._engine.saving.device_fetch.Fetcher`, default ``SaveOptions``: leaves over
+  16 MiB cut into slices on the device, in a 64 MiB window), its chunks dropped as they come
+  instead of hashed, compressed and written.
 
 Two host figures go beside them: filling fresh memory (``np.empty`` then ``fill``: the page
 faults a fresh host buffer costs) and filling it again (memory bandwidth alone). On the CPU the
@@ -30,12 +34,13 @@ from typing import Any
 import numpy as np
 
 MiB = 1 << 20
-CASES = [  # dtype, leaf shape (of 256 MiB, 16 MiB, 4 MiB leaves)
+CASES = [  # dtype, leaf shape (of 256 MiB, 64 MiB, 16 MiB, 4 MiB leaves)
     ("bfloat16", (131072, 1024)),
     ("float32", (65536, 1024)),
     ("bfloat16", (16384, 8192)),
     ("bfloat16", (134217728,)),
     ("float32", (67108864,)),
+    ("bfloat16", (16384, 2048)),
     ("bfloat16", (4096, 2048)),
     ("float32", (2048, 2048)),
     ("int8", (2048, 2048)),
@@ -63,12 +68,37 @@ def _pinned(xs: list[Any]) -> list[np.ndarray[Any, Any]]:
     return [np.asarray(p) for p in moved]
 
 
+def _fetched(xs: list[Any]) -> int:
+    """Bytes of ``xs`` a save's fetcher hands over, chunk by chunk (each dropped at once)."""
+    import concurrent.futures as cf
+
+    from treestore._engine.saving.device_fetch import Fetcher, Window
+    from treestore._engine.write import SaveOptions
+
+    options = SaveOptions()
+    fetcher = Fetcher(Window(options.window), options.chunk_size)
+    got = [0]
+
+    def drop(raw: np.ndarray[Any, Any]) -> cf.Future[None]:
+        got[0] += raw.nbytes
+        done: cf.Future[None] = cf.Future()
+        done.set_result(None)
+        return done
+
+    for i, x in enumerate(xs):
+        step = max(x.dtype.itemsize, options.chunk_size // x.dtype.itemsize * x.dtype.itemsize)
+        fetcher.add(x, step, drop, address=f"l{i}")
+    fetcher.run()
+    return got[0]
+
+
 def _routes() -> dict[str, Callable[[list[Any]], Any]]:
     import jax
 
     routes: dict[str, Callable[[list[Any]], Any]] = {"device_get": jax.device_get, "one by one": _one_by_one}
     if any(m.kind == "pinned_host" for m in jax.devices()[0].addressable_memories()):
         routes["pinned_host"] = _pinned
+    routes["treestore fetch"] = _fetched
     return routes
 
 
@@ -110,7 +140,9 @@ def measure(total: int, repeat: int, cases: list[tuple[str, tuple[int, ...]]]) -
 
 
 def table(rows: list[dict[str, Any]], fill: tuple[float, float]) -> str:
-    routes = [k for k in ("device_get", "one by one", "pinned_host") if rows and k in rows[0]]
+    routes = [
+        k for k in ("device_get", "one by one", "pinned_host", "treestore fetch") if rows and k in rows[0]
+    ]
     lines = [
         "| dtype | leaf shape | leaves | GB | " + " | ".join(f"{r} (GB/s)" for r in routes) + " |",
         "|---|---|---:|---:|" + "---:|" * len(routes),

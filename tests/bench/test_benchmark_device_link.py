@@ -19,8 +19,9 @@ def test_the_quick_run_prints_a_rate_for_every_route_and_dtype() -> None:
     lines = [line for line in run.stdout.splitlines() if line.startswith("| ")]
     header, rows = lines[0], lines[1:]
     assert "device_get" in header and "pinned_host" in header  # the CPU has the pinned kind
+    assert "treestore fetch" in header
     assert [row.split("|")[1].strip() for row in rows] == ["bfloat16", "float32", "int8"]
     for row in rows:
         rates = [float(cell) for cell in row.split("|")[5:-1]]
-        assert len(rates) == 3 and all(rate > 0 for rate in rates), row
+        assert len(rates) == 4 and all(rate > 0 for rate in rates), row
     assert "fresh pages filled at" in run.stdout
