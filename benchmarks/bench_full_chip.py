@@ -213,10 +213,12 @@ def full(method: str, quick: bool, root: str) -> dict[str, Any]:
     import numpy as np
 
     cap = capacity(quick)
+    _log(f"[full:{method}] making the tree")
     tree = _leaves(int(cap * 0.8), cap // 64, 2, big=cap // 4)
     out: dict[str, Any] = {"tree": sum(int(x.nbytes) for x in tree.values())}
     for mode in ("sync", "async"):
         path = os.path.join(root, mode)
+        _log(f"[full:{method}] {mode} save")  # where a run cut short stopped
         t = time.perf_counter()
         try:
             with _DeviceMemory() as device_memory:
@@ -236,6 +238,7 @@ def full(method: str, quick: bool, root: str) -> dict[str, Any]:
         if method == "treestore":
             import treestore
 
+            _log(f"[full:{method}] {mode} save took {out[mode]} s; reading it back")
             store = treestore.Store(path)
             checkpoint = store.open(store.list()[-1].name)
             exact = all(
