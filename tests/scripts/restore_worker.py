@@ -19,6 +19,8 @@ other ``NAME`` in the store at ``URL-NAME``. ``how`` is one of:
 - ``dies-reading``: the last process kills itself (SIGKILL) as it reads its shards; the others
   must raise a TreestoreError (they print ``RAISED <class> <seconds> <message>``).
 - ``dies-sharing``: the last process kills itself as the collective starts, after the vote.
+- ``dies0-reading``: process 0, which holds the job's coordination service, kills itself as it
+  reads its shards.
 
 Prints ``OK <process id>`` at the end; the process exits with os._exit (a job whose process died
 cannot shut jax.distributed down cleanly), process 0 last.
@@ -126,7 +128,7 @@ def main() -> None:
         if index == 0 and how in ("share", "old"):
             counted(endpoint, reset=True)
         client.wait_at_barrier(f"test-{n}-go", 120_000)
-        if how.startswith("dies") and index == count - 1:
+        if how.startswith("dies") and index == (0 if how.startswith("dies0") else count - 1):
             _die_in(how)
         started = time.monotonic()
         try:
@@ -168,7 +170,7 @@ def _die_in(how: str) -> None:
     def die(*args: object, **kwargs: object) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
-    if how == "dies-reading":
+    if how.endswith("-reading"):
         _region.read_many = die  # type: ignore[assignment]
     else:
         _share._bounded = die  # type: ignore[assignment]

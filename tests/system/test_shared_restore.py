@@ -138,3 +138,23 @@ def test_a_process_killed_mid_restore_makes_every_survivor_raise(counting_s3, wh
         assert found, out[-3000:]
         assert float(found.group(2)) <= BARRIER_TIMEOUT + 10, found.group(0)
     assert time.monotonic() - started < 45
+
+
+@pytest.mark.timeout(300)
+def test_process_0_killed_mid_restore_ends_every_survivor_with_no_tree(counting_s3):
+    """Process 0 holds the job's coordination service: when it dies, jax's runtime ends the
+    other processes itself (it aborts them, a fatal error in its coordination agent), before any
+    vote of treestore's can raise. What treestore owes them still holds: none hangs, and none
+    returns a tree."""
+    counting_s3.reset()
+    url = counting_s3.url("killed-0")
+    treestore.save(url, expected("replicated"), "c", storage_options=counting_s3.storage_options)
+    env = {"TREESTORE_BARRIER_TIMEOUT": str(BARRIER_TIMEOUT)}
+    started = time.monotonic()
+    outputs = run_job(counting_s3, url, "replicated", "dies0-reading:c", 3, 1, env, timeout=45)
+    assert outputs[0][0] == -9, outputs[0]  # SIGKILL
+    for i, (code, out) in enumerate(outputs[1:], start=1):
+        raised = re.search(r"^RAISED \w+Error ", out, re.M) is not None
+        assert raised or (code != 0 and f"OK {i}" not in out), f"process {i}:\n{out[-3000:]}"
+        assert "LOADED" not in out and "the load returned" not in out, out[-3000:]
+    assert time.monotonic() - started < 45
