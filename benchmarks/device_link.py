@@ -19,14 +19,17 @@ would be timed on nothing), and moved to the host by:
 Two host figures go beside them: filling fresh memory (``np.empty`` then ``fill``: the page
 faults a fresh host buffer costs) and filling it again (memory bandwidth alone). On the CPU the
 transfers are views of device memory and the figures mean nothing; ``--quick`` is the test
-that the script runs. One markdown table goes to stdout; medians of ``--repeat`` runs.
+that the script runs. Each figure goes to stderr as it is measured (for a run cut short), then one
+markdown table to stdout; medians of ``--repeat`` runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -47,11 +50,18 @@ CASES = [  # dtype, leaf shape (of 256 MiB, 64 MiB, 16 MiB, 4 MiB leaves)
 ]
 
 
-def _make(dtype: str, shape: tuple[int, ...], count: int, seed: int) -> list[Any]:
+@functools.cache
+def _generator(dtype: str, shape: tuple[int, ...]) -> Any:
     import jax
     import jax.numpy as jnp
 
-    make = jax.jit(lambda key: jax.random.normal(key, shape, jnp.float32).astype(dtype))
+    return jax.jit(lambda key: jax.random.normal(key, shape, jnp.float32).astype(dtype))
+
+
+def _make(dtype: str, shape: tuple[int, ...], count: int, seed: int) -> list[Any]:
+    import jax
+
+    make = _generator(dtype, shape)
     xs = [make(jax.random.key(seed + i)) for i in range(count)]
     jax.block_until_ready(xs)
     return xs
@@ -72,6 +82,7 @@ def _fetched(xs: list[Any]) -> int:
     """Bytes of ``xs`` a save's fetcher hands over, chunk by chunk (each dropped at once)."""
     import concurrent.futures as cf
 
+    from treestore._engine.saving.chunking import chunk_step
     from treestore._engine.saving.device_fetch import Fetcher, Window
     from treestore._engine.write import SaveOptions
 
@@ -86,9 +97,10 @@ def _fetched(xs: list[Any]) -> int:
         return done
 
     for i, x in enumerate(xs):
-        step = max(x.dtype.itemsize, options.chunk_size // x.dtype.itemsize * x.dtype.itemsize)
-        fetcher.add(x, step, drop, address=f"l{i}")
+        fetcher.add(x, chunk_step(x.dtype.itemsize, options.chunk_size), drop, address=f"l{i}")
     fetcher.run()
+    if got[0] != sum(int(x.nbytes) for x in xs):  # a route that lost bytes would look fast
+        raise AssertionError(f"the fetcher handed over {got[0]} bytes of {sum(int(x.nbytes) for x in xs)}")
     return got[0]
 
 
@@ -135,6 +147,7 @@ def measure(total: int, repeat: int, cases: list[tuple[str, tuple[int, ...]]]) -
             for r in range(repeat):
                 rates.append(_rate(count * leaf, route, _make(dtype, shape, count, 1000 * r)))
             row[name] = statistics.median(rates)
+            print(f"{dtype} {shape} {name}: {row[name]:.2f} GB/s", file=sys.stderr, flush=True)
         rows.append(row)
     return rows
 

@@ -3,6 +3,7 @@ together on this machine, each one's exit status and output collected, none left
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import os
 import subprocess
 import sys
@@ -22,7 +23,8 @@ def run_processes(
 ) -> list[tuple[int, str]]:
     """Run ``python argv(i)`` for i in range(``count``), all at once, from the repository root
     (importable there, with jax's own device count: no inherited ``XLA_FLAGS``); each process's
-    exit status and output (stdout and stderr). Raises ``subprocess.TimeoutExpired`` when the
+    exit status and output (stdout and stderr). Every output is read as it comes, so no process
+    waits on a full pipe while another is read. Raises ``subprocess.TimeoutExpired`` when the
     job has not ended within ``timeout`` seconds; every process still running then is killed."""
     environ = {**os.environ, "PYTHONPATH": str(ROOT)}
     environ.pop("XLA_FLAGS", None)
@@ -38,15 +40,17 @@ def run_processes(
         )
         for i in range(count)
     ]
-    outputs = []
     deadline = time.monotonic() + timeout
+
+    def ended(p: subprocess.Popen[str]) -> tuple[int, str]:
+        out, _ = p.communicate(timeout=max(deadline - time.monotonic(), 1))
+        return p.returncode, out
+
     try:
-        for p in procs:
-            out, _ = p.communicate(timeout=max(deadline - time.monotonic(), 1))
-            outputs.append((p.returncode, out))
+        with cf.ThreadPoolExecutor(count) as pool:
+            return list(pool.map(ended, procs))
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
                 p.wait()
-    return outputs

@@ -150,11 +150,10 @@ def test_process_0_killed_mid_restore_ends_every_survivor_with_no_tree(counting_
     url = counting_s3.url("killed-0")
     treestore.save(url, expected("replicated"), "c", storage_options=counting_s3.storage_options)
     env = {"TREESTORE_BARRIER_TIMEOUT": str(BARRIER_TIMEOUT)}
-    started = time.monotonic()
     outputs = run_job(counting_s3, url, "replicated", "dies0-reading:c", 3, 1, env, timeout=45)
     assert outputs[0][0] == -9, outputs[0]  # SIGKILL
     for i, (code, out) in enumerate(outputs[1:], start=1):
         raised = re.search(r"^RAISED \w+Error ", out, re.M) is not None
-        assert raised or (code != 0 and f"OK {i}" not in out), f"process {i}:\n{out[-3000:]}"
-        assert "LOADED" not in out and "the load returned" not in out, out[-3000:]
-    assert time.monotonic() - started < 45
+        ended_by_jax = code == -6 and "JAX distributed service detected fatal errors" in out  # SIGABRT
+        assert raised or ended_by_jax, f"process {i}:\n{out[-3000:]}"
+        assert "the load returned" not in out, out[-3000:]

@@ -28,6 +28,12 @@ from treestore._tree.leaves import ArrayLeaf, ValueLeaf
 from treestore._tree.prepare import Prepared
 
 
+def chunk_step(itemsize: int, chunk_size: int) -> int:
+    """Raw bytes per chunk of a leaf of ``itemsize``-byte elements: ``chunk_size`` rounded down
+    to whole elements (one element at least)."""
+    return max(itemsize, chunk_size // itemsize * itemsize)
+
+
 def _plan_chunks(
     data: Any,
     options: SaveOptions,
@@ -39,8 +45,7 @@ def _plan_chunks(
 ) -> list[cf.Future[Measured]]:
     """The futures of the chunks of ``data``: host data's submitted now, a device array's (a leaf
     or piece kept on its device) appended as :meth:`Fetcher.run` fetches them."""
-    itemsize = data.dtype.itemsize
-    step = max(itemsize, options.chunk_size // itemsize * itemsize)
+    step = chunk_step(data.dtype.itemsize, options.chunk_size)
     width = plane_width(np.dtype(data.dtype))
     dtype = np.dtype(data.dtype) if measure else None
     if not isinstance(data, np.ndarray):

@@ -118,9 +118,10 @@ def whole(x: Any) -> Any:
     buffers, its transfer started, so that the host copy jax keeps on the array it fetched goes
     when the save drops it instead of staying on ``x`` while the caller holds it.
 
-    Not through pinned host memory: on a TPU v5e a bfloat16 leaf moved into pinned host memory
-    and read from there reached the host at 0.49 GB/s, against 1.67 GB/s for jax's own transfer
-    (docs/benchmarks.md, "On a full chip")."""
+    Not through pinned host memory: on a TPU v5e bfloat16 leaves of 256 MiB moved into pinned
+    host memory and read from there reached the host at 0.49 GB/s, against 1.67 GB/s for jax's
+    own transfer (docs/benchmarks.md, "On a full chip"); on the CPU its dispatch cost three
+    times this one's."""
     fresh = jax.make_array_from_single_device_arrays(
         x.shape, x.sharding, [shard.data for shard in x.addressable_shards]
     )
