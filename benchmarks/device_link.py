@@ -99,8 +99,9 @@ def _fetched(xs: list[Any]) -> int:
     for i, x in enumerate(xs):
         fetcher.add(x, chunk_step(x.dtype.itemsize, options.chunk_size), drop, address=f"l{i}")
     fetcher.run()
-    if got[0] != sum(int(x.nbytes) for x in xs):  # a route that lost bytes would look fast
-        raise AssertionError(f"the fetcher handed over {got[0]} bytes of {sum(int(x.nbytes) for x in xs)}")
+    held = sum(int(x.nbytes) for x in xs)
+    if got[0] != held:  # a route that lost bytes would look fast
+        raise AssertionError(f"the fetcher handed over {got[0]} bytes of {held}")
     return got[0]
 
 

@@ -93,32 +93,22 @@ def worker(argv: list[str]) -> None:
             client.wait_at_barrier(name, 600_000)
 
     spent = {"collective": 0.0, "votes": 0.0, "compile": 0.0}
-    bounded, agree, compiled = share._bounded, restore_vote.Vote.agree, share._compiled
 
-    def timed_bounded(*args: Any, **kwargs: Any) -> Any:
-        started = time.perf_counter()
-        try:
-            return bounded(*args, **kwargs)
-        finally:
-            spent["collective"] += time.perf_counter() - started
+    def timed(key: str, run: Any) -> Any:
+        """``run`` (a function, or a method once set on its class), its time added to spent[key]."""
 
-    def timed_compiled(*args: Any, **kwargs: Any) -> Any:
-        started = time.perf_counter()
-        try:
-            return compiled(*args, **kwargs)
-        finally:
-            spent["compile"] += time.perf_counter() - started
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return run(*args, **kwargs)
+            finally:
+                spent[key] += time.perf_counter() - started
 
-    def timed_agree(self: Any, token: str) -> None:
-        started = time.perf_counter()
-        try:
-            agree(self, token)
-        finally:
-            spent["votes"] += time.perf_counter() - started
+        return wrapper
 
-    share._bounded = timed_bounded  # type: ignore[assignment]
-    share._compiled = timed_compiled  # type: ignore[assignment]
-    restore_vote.Vote.agree = timed_agree  # type: ignore[method-assign]
+    share._bounded = timed("collective", share._bounded)  # type: ignore[assignment]
+    share._compiled = timed("compile", share._compiled)  # type: ignore[assignment]
+    restore_vote.Vote.agree = timed("votes", restore_vote.Vote.agree)  # type: ignore[method-assign]
     values = tree(int(leaves), int(leaf_mib))
     mesh = Mesh(np.array(jax.devices()).reshape(n, 1), ("data", "model"))
     sharding = NamedSharding(mesh, P())
