@@ -14,11 +14,10 @@ import numpy as np
 import pytest
 
 import treestore
+from tests.support.devices import ALWAYS
 from treestore._engine.saving import device_fetch
 from treestore._engine.saving.chunk_writer import ChunkWriter
 from treestore._format import stats as host_stats
-
-ALWAYS = dict(device_path="always", chunk_size=1 << 20, host_window=4 << 20)
 
 
 def _cases() -> list[np.ndarray]:

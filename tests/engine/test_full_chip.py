@@ -20,48 +20,11 @@ import pytest
 
 import treestore
 from tests.support.compiles import compiles
+from tests.support.devices import ALWAYS, OOM, MiB, counting, device_reports, raising
 from treestore._api.manager import save_queue
-from treestore._engine.saving import device_fetch, device_memory, snapshot
+from treestore._engine.saving import device_fetch, snapshot
 from treestore._tree.leaves import ArrayLeaf
 from treestore.errors import DeviceError
-
-MiB = 1 << 20
-ALWAYS = dict(device_path="always", chunk_size=1 << 20, host_window=4 << 20)  # slices of 2 MiB
-OOM = "RESOURCE_EXHAUSTED: Out of memory while trying to allocate 268435456 bytes."
-
-
-def _device_reports(
-    monkeypatch: pytest.MonkeyPatch, *, limit: int, in_use: int, peak: int, reserved: int = 0
-) -> None:
-    """Every device reports these memory statistics (a CPU reports none). ``reserved``: the peak
-    of the bytes a TPU reserves for programs' temporaries, apart from its buffers."""
-    stats = {
-        "bytes_limit": limit,
-        "bytes_in_use": in_use,
-        "peak_bytes_in_use": peak,
-        "bytes_reserved": reserved,
-        "peak_bytes_reserved": reserved,
-    }
-    monkeypatch.setattr(device_memory, "stats", lambda device: dict(stats))
-
-
-def _counting(monkeypatch: pytest.MonkeyPatch, module: Any, name: str) -> list[int]:
-    calls: list[int] = []
-    real = getattr(module, name)
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        calls.append(1)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(module, name, counted)
-    return calls
-
-
-def _raising(message: str = OOM) -> Any:
-    def fail(*args: Any, **kwargs: Any) -> Any:
-        raise jax.errors.JaxRuntimeError(message)
-
-    return fail
 
 
 def _live() -> int:
@@ -93,12 +56,12 @@ def test_a_device_without_room_for_slices_beside_the_step_s_peak_gets_none() -> 
     store = treestore.Store("memory://full-chip/no-slices")
     store.save(tree, "host", options=treestore.SaveOptions(**{**ALWAYS, "device_path": "never"}))
     with pytest.MonkeyPatch.context() as mp:
-        roomy = _counting(mp, device_fetch, "slicer")
+        roomy = counting(mp, device_fetch, "slicer")
         store.save(tree, "roomy", options=treestore.SaveOptions(**ALWAYS))
     assert roomy  # the big leaves are sliced where the device has room
     with pytest.MonkeyPatch.context() as mp:
-        _device_reports(mp, limit=16 << 30, in_use=1 << 30, peak=16 * (1 << 30) - 3 * MiB)
-        full = _counting(mp, device_fetch, "slicer")
+        device_reports(mp, limit=16 << 30, in_use=1 << 30, peak=16 * (1 << 30) - 3 * MiB)
+        full = counting(mp, device_fetch, "slicer")
         r = store.save(tree, "full", options=treestore.SaveOptions(**ALWAYS))
     assert full == []
     assert r.chunks_written == 0  # the chunks of the save from host memory, byte for byte
@@ -115,8 +78,8 @@ def test_an_async_snapshot_is_copied_on_the_device_only_beside_the_step_s_peak(
     the host, and the next step keeps its memory. With a peak of 4 GiB the copy is made on the
     device."""
     peak = (16 << 30) - 6 * MiB if room == "full" else 4 << 30
-    _device_reports(monkeypatch, limit=16 << 30, in_use=1 << 30, peak=peak)
-    copies = _counting(monkeypatch, snapshot, "_copier")
+    device_reports(monkeypatch, limit=16 << 30, in_use=1 << 30, peak=peak)
+    copies = counting(monkeypatch, snapshot, "_copier")
     tree = {"w": jnp.ones((512, 1024)), "s": jnp.arange(300_000.0)}
     with treestore.CheckpointManager(tmp_path / "run", options=treestore.SaveOptions(**ALWAYS)) as m:
         m.save(1, tree)
@@ -135,8 +98,8 @@ def test_a_step_s_reserved_temporaries_leave_no_room_for_a_device_snapshot(
     next step could not load (5 of 5 times, before the reserved bytes were counted). Here, scaled
     to this 4.4 MB tree: the step's reserved temporaries leave 6 MiB, too little for the copy and
     the 4 MiB window, so the snapshot is taken on the host."""
-    _device_reports(monkeypatch, limit=16 << 30, in_use=1 << 30, peak=1 << 30, reserved=(15 << 30) - 6 * MiB)
-    copies = _counting(monkeypatch, snapshot, "_copier")
+    device_reports(monkeypatch, limit=16 << 30, in_use=1 << 30, peak=1 << 30, reserved=(15 << 30) - 6 * MiB)
+    copies = counting(monkeypatch, snapshot, "_copier")
     tree = {"w": jnp.ones((512, 1024)), "s": jnp.arange(300_000.0)}
     with treestore.CheckpointManager(tmp_path / "run", options=treestore.SaveOptions(**ALWAYS)) as m:
         m.save(1, tree)
@@ -292,7 +255,7 @@ def test_a_slicing_program_out_of_memory_falls_back_to_whole_leaves(
         def slicer(x: Any, rows: int, flat: bool) -> Any:
             real(x, rows, flat)
             tried.append("run")
-            return _raising()
+            return raising()
 
         monkeypatch.setattr(device_fetch, "slicer", slicer)
     r = store.save(tree, "device", options=treestore.SaveOptions(**ALWAYS))
@@ -320,7 +283,7 @@ def test_a_failed_transfer_raises_a_device_error_and_commits_nothing(
 
             mp.setattr(device_fetch, "to_host", to_host)
         else:
-            mp.setattr(device_fetch, "whole", _raising("INTERNAL: transfer to host failed"))
+            mp.setattr(device_fetch, "whole", raising("INTERNAL: transfer to host failed"))
         with pytest.raises(DeviceError) as e:
             store.save(tree, "a", options=treestore.SaveOptions(**ALWAYS))
     assert e.value.address in tree and "transfer to host failed" in str(e.value)
@@ -334,7 +297,7 @@ def test_a_failed_transfer_raises_a_device_error_and_commits_nothing(
 def test_a_device_copy_that_fails_falls_back_to_a_host_snapshot(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(snapshot, "_copier", lambda: _raising())
+    monkeypatch.setattr(snapshot, "_copier", lambda: raising())
     tree = {"w": jnp.arange(400_000.0), "b": jnp.ones(3)}
     before = _live()
     with treestore.CheckpointManager(tmp_path / "run", options=treestore.SaveOptions(**ALWAYS)) as m:
@@ -356,7 +319,7 @@ def test_a_background_that_cannot_start_writes_at_once_and_frees_the_device_copi
         raise RuntimeError("can't start new thread")
 
     monkeypatch.setattr(save_queue.Background, "submit", no_thread)
-    copies = _counting(monkeypatch, snapshot, "_copier")
+    copies = counting(monkeypatch, snapshot, "_copier")
     tree = {"w": jnp.arange(400_000.0)}
     before = _live()
     with treestore.CheckpointManager(tmp_path / "run", options=treestore.SaveOptions(**ALWAYS)) as m:
@@ -382,7 +345,7 @@ def test_a_leaf_moved_whole_goes_through_a_new_array_over_the_same_device_buffer
 
 
 def test_leaves_moved_whole_store_the_same_bytes_as_the_host_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    moved = _counting(monkeypatch, device_fetch, "whole")
+    moved = counting(monkeypatch, device_fetch, "whole")
     tree = {"w": jnp.arange(100_000.0), "v": jnp.ones((300, 70))}
     store = treestore.Store("memory://full-chip/whole")
     store.save(tree, "a", options=treestore.SaveOptions(**{**ALWAYS, "small_leaf": 0}))
