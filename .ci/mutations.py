@@ -55,6 +55,7 @@ FUZZ = "tests/attacks/test_decoder_fuzz.py"
 SIZES = "tests/attacks/test_sizes.py"
 ADDRESSES = "tests/attacks/test_addresses.py"
 CHIP = "tests/engine/test_full_chip.py"
+STAGING = "tests/engine/test_snapshot_staging.py"
 LIMIT = "tests/format/test_memory_limit.py"
 SHARED = "tests/system/test_shared_restore.py"
 PLAN = "tests/engine/test_share_plan.py"
@@ -831,6 +832,30 @@ MUTATIONS: list[Mutation] = [
         "except ZeroDivisionError:  # no device memory",
         [f"{CHIP}::test_a_device_copy_that_fails_falls_back_to_a_host_snapshot"],
         "an async save fails for want of device memory instead of staging on the host",
+    ),
+    m(
+        "staged chunks left on the caller's buffer",
+        "treestore/_engine/saving/staging.py",
+        "chunks = [c.copy() if any(",
+        "chunks = [c if any(",
+        [f"{STAGING}::test_a_leaf_the_fetcher_moves_whole_is_copied_out_of_the_caller_s_buffer"],
+        "a CPU snapshot aliases the arrays the caller donates to its next step",
+    ),
+    m(
+        "snapshot staged through the fetcher on a device without room",
+        "treestore/_engine/saving/staging.py",
+        "            if not self._room[device]:\n                return False\n",
+        "",
+        [f"{STAGING}::test_a_device_without_room_for_a_window_of_slices_is_not_staged"],
+        "a snapshot with no room for slices moves its leaves one at a time, not all at once",
+    ),
+    m(
+        "staged chunks stored at another chunk size",
+        "treestore/_engine/saving/chunking.py",
+        "        if data.step == step:\n",
+        "        if True:\n",
+        [f"{STAGING}::test_chunks_staged_for_another_chunk_size_are_cut_again"],
+        "a save stores chunks of the snapshot's size, not its own: other objects, lost dedup",
     ),
     m(
         "background that cannot start keeps the device copies",

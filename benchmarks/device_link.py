@@ -82,8 +82,7 @@ def _fetched(xs: list[Any]) -> int:
     """Bytes of ``xs`` a save's fetcher hands over, chunk by chunk (each dropped at once)."""
     import concurrent.futures as cf
 
-    from treestore._engine.saving.chunking import chunk_step
-    from treestore._engine.saving.device_fetch import Fetcher, Window
+    from treestore._engine.saving.device_fetch import Fetcher, Window, chunk_step
     from treestore._engine.write import SaveOptions
 
     options = SaveOptions()

@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 from treestore._engine import write as _write
 from treestore._engine.saving.snapshot import Background, HostSnapshot
+from treestore._engine.saving.staging import Stager
 from treestore._tree import prepare as _prepare
 from treestore._tree.jax_import import imported as jax_imported
 from treestore._tree.leaves import Keep
@@ -29,7 +30,17 @@ class SaveQueue:
         """``tree`` validated and converted for a save; with a background, copied as well."""
         if self._background is None:
             return _prepare.prepare(tree, keep=self._options.keep)
-        return self.snapshot.take(tree, *self._device_snapshot(), window=self._options.window)
+        return self.snapshot.take(
+            tree, *self._device_snapshot(), window=self._options.window, stager=self._stager()
+        )
+
+    def _stager(self) -> Stager | None:
+        """What fetches the big arrays that a snapshot copies to host memory: the save's own
+        fetcher, in slices (None where the options keep no array on its devices)."""
+        keep, options = self._options.keep, self._options
+        if keep is None or not jax_imported():
+            return None
+        return Stager(options.chunk_size, options.window, cpu=keep.cpu)
 
     def _device_snapshot(self) -> tuple[Keep | None, int | None]:
         """Which arrays an async save may copy on their devices (None: none), and the bound on

@@ -15,9 +15,10 @@ import numpy as np
 
 from treestore._engine import locks as _locks
 from treestore._engine.saving.chunk_writer import ChunkWriter, Measured
-from treestore._engine.saving.device_fetch import Fetcher, Window
+from treestore._engine.saving.device_fetch import Fetcher, Window, chunk_step
 from treestore._engine.saving.packs import Packed, Packer
 from treestore._engine.saving.save_options import SaveOptions
+from treestore._engine.saving.staging import HostChunks
 from treestore._engine.threads import Batch, compute_threads, shared_pool
 from treestore._format import stats as _stats
 from treestore._format.codecs import plane_width
@@ -26,12 +27,6 @@ from treestore._format.manifest.leaf_table import LeafTable, PieceRow, Ref, ref_
 from treestore._format.manifest.records import ChunkRef
 from treestore._tree.leaves import ArrayLeaf, ValueLeaf
 from treestore._tree.prepare import Prepared
-
-
-def chunk_step(itemsize: int, chunk_size: int) -> int:
-    """Raw bytes per chunk of a leaf of ``itemsize``-byte elements: ``chunk_size`` rounded down
-    to whole elements (one element at least)."""
-    return max(itemsize, chunk_size // itemsize * itemsize)
 
 
 def _plan_chunks(
@@ -48,6 +43,10 @@ def _plan_chunks(
     step = chunk_step(data.dtype.itemsize, options.chunk_size)
     width = plane_width(np.dtype(data.dtype))
     dtype = np.dtype(data.dtype) if measure else None
+    if isinstance(data, HostChunks):  # an async save's snapshot: fetched already, in chunks
+        if data.step == step:
+            return [submit(chunk, width, True, dtype) for chunk in data.chunks]
+        data, private = data.host(), True  # cut for another chunk size: cut again
     if not isinstance(data, np.ndarray):
         return fetcher.add(data, step, lambda raw: submit(raw, width, True, dtype), address)
     raw = data.reshape(-1).view(np.uint8)

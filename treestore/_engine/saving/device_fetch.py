@@ -46,6 +46,12 @@ SLICE = 16 * MiB  # bytes a slice aims at (several chunks: one transfer each)
 PROGRAMS = 32  # compiled slicing programs kept, the most recently used
 
 
+def chunk_step(itemsize: int, chunk_size: int) -> int:
+    """Raw bytes per chunk of a leaf of ``itemsize``-byte elements: ``chunk_size`` rounded down
+    to whole elements (one element at least)."""
+    return max(itemsize, chunk_size // itemsize * itemsize)
+
+
 class Window:
     """A budget of host bytes for slices fetched and chunks not yet stored; safe across threads.
 
@@ -350,4 +356,4 @@ def _named(leaf: _Leaf) -> Iterator[None]:
         ) from error
 
 
-__all__ = ["PROGRAMS", "SLICE", "Fetcher", "Window", "slicer", "to_host", "whole"]
+__all__ = ["PROGRAMS", "SLICE", "Fetcher", "Window", "chunk_step", "slicer", "to_host", "whole"]

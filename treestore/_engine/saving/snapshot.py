@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from treestore._engine.saving import device_memory
+from treestore._engine.saving.staging import Stager
 from treestore._tree.jax_import import jax
 from treestore._tree.leaves import ArrayLeaf, Keep, Leaf, off_cpu, prepare_leaf
 from treestore._tree.prepare import Prepared, prepare
@@ -71,7 +72,12 @@ class HostSnapshot:
         self.release()
 
     def take(
-        self, tree: Any, on_device: Keep | None = None, device_limit: int | None = None, window: int = 0
+        self,
+        tree: Any,
+        on_device: Keep | None = None,
+        device_limit: int | None = None,
+        window: int = 0,
+        stager: Stager | None = None,
     ) -> Prepared:
         """Validate ``tree`` and copy its array leaves to host; raises before keeping anything.
 
@@ -79,7 +85,8 @@ class HostSnapshot:
         copies fit there (:func:`device_room`, with at most ``device_limit`` bytes in all, and
         ``window`` bytes more for the slices the save will cut from them): the copy is started,
         not waited for (the device orders it before any later use of the array, a donation
-        included), and the save fetches the copies while it writes.
+        included), and the save fetches the copies while it writes. Otherwise the big arrays
+        that ``stager`` wants are fetched in slices, into the save's chunks.
         """
         self.release()
         kept = self._kept
@@ -88,10 +95,18 @@ class HostSnapshot:
         new: dict[str, _Kept] = {}
         device: Keep | None = None  # on_device, once the validated leaves are known to fit
         on_device_copies: dict[int, Any] = {}  # id of a kept array: its copy on its devices
+        staged: set[int] = set()  # ids of the arrays the stager fetches
+        to_stage: dict[str, ArrayLeaf] = {}  # their leaves, with the arrays still on their devices
 
         def host_leaf(address: str, value: Any) -> Leaf:
             if device is not None and id(value) in on_device_copies:
                 return prepare_leaf(on_device_copies[id(value)], address, keep=device)
+            if stager is not None and id(value) in staged:
+                staging = prepare_leaf(value, address, keep=stager.keep)
+                assert isinstance(staging, ArrayLeaf)  # a jax array's leaf
+                to_stage[address] = staging
+                new[address] = _Kept(weakref.ref(value), staging, owned=False)
+                return staging
             old = kept.get(address)
             if (
                 old is not None
@@ -131,17 +146,18 @@ class HostSnapshot:
                     on_device_copies.update(zip(originals, made, strict=True))
                     copies.extend(made)
             for x in values:
-                if (
-                    isinstance(x, array)
-                    and id(x) not in same
-                    and off_cpu(x)
-                    and not (device is not None and device.kept(x))
-                ):
+                if not isinstance(x, array) or id(x) in same or (device is not None and device.kept(x)):
+                    continue
+                if stager is not None and stager.wants(x):
+                    staged.add(id(x))  # fetched in slices once every leaf is converted
+                elif off_cpu(x):
                     with contextlib.suppress(Exception):  # np.asarray below copies anyway
                         x.copy_to_host_async()
 
         try:
             prepared = prepare(tree, leaf=host_leaf, before=start_copies)
+            if stager is not None and to_stage:
+                prepared = self._staged(prepared, stager.fetch(to_stage), new)
         except BaseException:
             self._kept = {}  # some kept buffers may hold this tree's data now: trust none
             for copy in copies:
@@ -150,6 +166,14 @@ class HostSnapshot:
         self._kept = new
         self._copies = copies
         return prepared
+
+    @staticmethod
+    def _staged(prepared: Prepared, fetched: dict[str, ArrayLeaf], new: dict[str, _Kept]) -> Prepared:
+        """``prepared`` with the leaves the stager fetched in place of theirs (in ``new`` too)."""
+        for address, leaf in fetched.items():
+            new[address] = dataclasses.replace(new[address], leaf=leaf)
+        leaves = tuple((a, fetched.get(a, leaf)) for a, leaf in prepared.leaves)
+        return Prepared(prepared.nodes, leaves)
 
     def release(self) -> None:
         """Free the device copies of the last :meth:`take` (call once its tree is written)."""
