@@ -23,6 +23,7 @@ def _load(name: str, argtypes: list[Any]) -> Any:
 
 
 madvise = _load("madvise", [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int])
+malloc_trim = _load("malloc_trim", [ctypes.c_size_t])  # glibc: free heap pages back to the system
 
 
-__all__ = ["madvise"]
+__all__ = ["madvise", "malloc_trim"]

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from treestore._engine import libc
 from treestore._engine.saving import device_memory
 from treestore._engine.saving.staging import Stager
 from treestore._tree.jax_import import jax
@@ -67,9 +68,13 @@ class HostSnapshot:
         self._copies: list[Any] = []  # device copies of the last take
 
     def clear(self) -> None:
-        """Drop the kept host copies and free the device copies."""
+        """Drop the kept host copies, and give their memory back to the system where the C
+        library can (glibc keeps freed buffers of up to 32 MiB, as a snapshot's chunks are, for
+        reuse); free the device copies."""
         self._kept = {}
         self.release()
+        if libc.malloc_trim is not None:
+            libc.malloc_trim(0)
 
     def take(
         self,
