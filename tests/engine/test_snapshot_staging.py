@@ -229,3 +229,24 @@ def test_the_last_snapshot_s_chunks_are_dropped_before_the_next_is_staged() -> N
         mp.setattr(device_fetch.Fetcher, "run", run)
         snap.take(tree, stager=_stager())
     assert seen == [True]
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_a_manager_that_drops_its_host_copies_gives_their_memory_back(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, keep: bool
+) -> None:
+    """glibc keeps freed buffers of up to 32 MiB (a snapshot's chunks) for reuse: with
+    ``keep_host_copies=False`` the snapshot is dropped once written and the heap trimmed; with
+    True it is kept, for the next tree, and nothing is trimmed."""
+    from treestore._engine import libc
+
+    if libc.malloc_trim is None:
+        pytest.skip("no malloc_trim in this C library")
+    trims = counting(monkeypatch, libc, "malloc_trim")
+    options = treestore.SaveOptions(**{**STAGED, "keep_host_copies": keep})
+    with treestore.CheckpointManager(str(tmp_path / "run"), options=options) as m:
+        m.save(1, _tree(9))
+        m.wait()
+        assert (trims == []) == keep
+        held = m._saves.snapshot._kept
+        assert (len(held) == 3) == keep
