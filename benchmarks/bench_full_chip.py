@@ -243,7 +243,7 @@ def full(method: str, quick: bool, root: str) -> dict[str, Any]:
             checkpoint = store.open(store.list()[-1].name)
             exact = all(
                 np.array_equal(
-                    np.asarray(checkpoint[k].read()).view(np.uint16),
+                    checkpoint[k].region().view(np.uint16),  # host memory: the chip has no room
                     np.asarray(device_fetch.whole(x)).view(np.uint16),  # no copy left on x
                 )
                 for k, x in tree.items()
