@@ -18,6 +18,9 @@ in that room (the training guide says the same):
   to host memory, without a program);
 - an async save's device snapshot: a copy of the leaves it keeps on the device, only where the
   copy and the window of slices fit in the room together.
+
+An async save's host snapshot cuts its big leaves in slices too, within the same window and
+rule (:mod:`treestore._engine.saving.staging`).
 """
 
 from __future__ import annotations

@@ -50,12 +50,15 @@ class SaveOptions:
             0: never, the tree is copied to host memory before ``save`` returns). The copies
             are made only where they fit, with ``window`` bytes more for the save's slices, in
             what each device has never used (its limit less its peak use, so that the training
-            step's own peak is left to it); a tree that does not fit is copied to host memory.
+            step's own peak is left to it); a tree that does not fit is copied to host memory,
+            its leaves over 16 MiB in slices within ``window`` (where the devices have that
+            room), as a save fetches them.
         keep_host_copies: Whether an async save of :class:`CheckpointManager` keeps its host
             copies of the tree between saves, to copy the next tree into (True, the default:
             at most one host copy of the part of the tree not copied on the devices is held
-            between saves; False: they are dropped once each save is written, and the next save
-            allocates anew).
+            between saves; False: they are dropped once each save is written, the C library is
+            asked to give the memory back to the system (glibc's ``malloc_trim``), and the next
+            save allocates anew).
 
     Raises:
         InvalidInputError: A value is out of its range (or ``stats`` is not a bool).

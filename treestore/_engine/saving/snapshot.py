@@ -14,7 +14,10 @@ are never held at once. Where the devices have the memory beside the training st
 big arrays are copied on their devices instead (:func:`device_room`), which stalls the caller for
 the time it takes to start the copies, and the save fetches them in a bounded window of host
 memory as it writes (:mod:`treestore._engine.saving.device_fetch`). A copy program the devices
-cannot compile, load or run (no memory) is given up, and the tree copied to host memory.
+cannot compile, load or run (no memory) is given up, and the tree copied to host memory. There,
+arrays bigger than a slice go through the save's own fetcher, in slices, and are kept as the
+save's chunks (:mod:`treestore._engine.saving.staging`): several times faster than jax's
+whole-array transfer on a TPU.
 
 :class:`Background` runs one job at a time on one thread and keeps its error until it is collected.
 """
