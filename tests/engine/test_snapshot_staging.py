@@ -236,17 +236,34 @@ def test_a_manager_that_drops_its_host_copies_gives_their_memory_back(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch, keep: bool
 ) -> None:
     """glibc keeps freed buffers of up to 32 MiB (a snapshot's chunks) for reuse: with
-    ``keep_host_copies=False`` the snapshot is dropped once written and the heap trimmed; with
-    True it is kept, for the next tree, and nothing is trimmed."""
+    ``keep_host_copies=False`` the snapshot is dropped once written and the heap trimmed, when
+    nothing holds the chunks any more (the job's commit held the whole tree until it returned);
+    with True it is kept, for the next tree, and nothing is trimmed."""
     from treestore._engine import libc
 
     if libc.malloc_trim is None:
         pytest.skip("no malloc_trim in this C library")
-    trims = counting(monkeypatch, libc, "malloc_trim")
+    chunks: list[weakref.ref[Any]] = []
+    real_chunks = Stager._host_chunks
+
+    def host_chunks(self: Stager, x: Any, got: list[np.ndarray]) -> HostChunks:
+        out = real_chunks(self, x, got)
+        chunks.extend(weakref.ref(c if c.base is None else c.base) for c in out.chunks)
+        return out
+
+    alive_at_trim: list[int] = []
+
+    def trim(pad: int) -> int:
+        gc.collect()
+        alive_at_trim.append(sum(ref() is not None for ref in chunks))
+        return 0
+
+    monkeypatch.setattr(Stager, "_host_chunks", host_chunks)
+    monkeypatch.setattr(libc, "malloc_trim", trim)
     options = treestore.SaveOptions(**{**STAGED, "keep_host_copies": keep})
     with treestore.CheckpointManager(str(tmp_path / "run"), options=options) as m:
         m.save(1, _tree(9))
         m.wait()
-        assert (trims == []) == keep
-        held = m._saves.snapshot._kept
-        assert (len(held) == 3) == keep
+        assert chunks  # the big leaves were staged
+        assert alive_at_trim == ([] if keep else [0])
+        assert (len(m._saves.snapshot._kept) == 3) == keep

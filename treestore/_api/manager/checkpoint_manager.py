@@ -5,6 +5,7 @@ preemption, two tiers (fast local saves replicated to a remote store), and resum
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import time
@@ -284,9 +285,12 @@ class CheckpointManager:
                 "pass force=True to replace it",
                 checkpoint=step_name(step),
             )
-        prepared = self._saves.prepare(tree)  # async: copied, so the caller may change it
+        # Async: the tree is copied first, so the caller may change it. Only the commit holds the
+        # copy (no local of this frame), so that it is freed once written (SaveQueue.submit).
+        self._saves.submit(
+            step, functools.partial(self._commit, self._saves.prepare(tree), step, metadata, force)
+        )
         self._last_save = self._clock()
-        self._saves.submit(step, lambda: self._commit(prepared, step, metadata, force))
         if preempted:
             self._collect(block=True)
         return True

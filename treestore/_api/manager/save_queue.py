@@ -57,9 +57,12 @@ class SaveQueue:
             commit()
             return
 
+        held = [commit]  # the job lets go of the commit, and of the tree it holds, once it is written
+        del commit
+
         def job() -> None:
             try:
-                commit()
+                held.pop()()
             finally:
                 if self._options.keep_host_copies:
                     self.snapshot.release()  # the device copies, as soon as they are written
