@@ -51,8 +51,8 @@ class SaveOptions:
             are made only where they fit, with ``window`` bytes more for the save's slices, in
             what each device has never used (its limit less its peak use, so that the training
             step's own peak is left to it); a tree that does not fit is copied to host memory,
-            its leaves over 16 MiB in slices within ``window`` (where the devices have that
-            room), as a save fetches them.
+            its leaves (or shards) bigger than a slice cut into slices within ``window`` (where
+            the devices have that room), as a save fetches them.
         keep_host_copies: Whether an async save of :class:`CheckpointManager` keeps its host
             copies of the tree between saves, to copy the next tree into (True, the default:
             at most one host copy of the part of the tree not copied on the devices is held
