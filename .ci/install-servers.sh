@@ -4,7 +4,7 @@
 #   bash .ci/install-servers.sh VENV_DIR
 #
 # Idempotent: safe to run on every CI start. Installs
-#   - into VENV_DIR (pip): moto[s3] flask flask-cors gcp-storage-emulator aiohttp s3fs gcsfs adlfs
+#   - into VENV_DIR (uv where the venv has it, else pip): moto[s3] flask flask-cors gcp-storage-emulator aiohttp s3fs gcsfs adlfs
 #   - into .ci/azurite (npm, git-ignored): azurite@3.35.0 (3.36+ needs a newer Node than 20)
 # Uses apt only when node/npm are missing. Talks to package registries only.
 set -euo pipefail
@@ -20,9 +20,13 @@ if [[ ! -x "$PY" ]]; then
     exit 2
 fi
 
-# --- Python packages (pip skips what is already satisfied; no upgrades) -----------
-"$PY" -m pip install --quiet --disable-pip-version-check \
-    "moto[s3]>=5" flask flask-cors gcp-storage-emulator aiohttp s3fs gcsfs adlfs
+# --- Python packages (already satisfied ones are skipped; no upgrades) ------------
+SERVERS=("moto[s3]>=5" flask flask-cors gcp-storage-emulator aiohttp s3fs gcsfs adlfs)
+if [[ -x "$VENV/bin/uv" ]]; then
+    "$VENV/bin/uv" pip install --quiet --python "$PY" "${SERVERS[@]}"
+else
+    "$PY" -m pip install --quiet --disable-pip-version-check "${SERVERS[@]}"
+fi
 
 "$PY" - <<'EOF'
 import importlib.util, sys
