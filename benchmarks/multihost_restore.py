@@ -13,9 +13,9 @@ process (``P()``). Each process restores the tree ``--runs`` + 1 times per metho
   restore before issue 62) and ``share=True`` (each byte read by one process and shared);
 - treestore from a local folder, the same two ways;
 - orbax (``StandardCheckpointer``, OCDBT) from a local folder, and orbax's single-replica
-  restore (``SingleReplicaArrayHandler``: replica 0 reads, then broadcasts). orbax runs on
-  tensorstore, whose S3 driver this benchmark does not point at moto, so orbax is measured on
-  local files only.
+  restore (``SingleReplicaArrayHandler``: replica 0 reads, then broadcasts). orbax is measured
+  on local files only: orbax 0.12.8 did not save to moto's S3 (docs/benchmarks.md, "Restores by
+  many processes", says how it failed).
 
 Bytes read per restore, as a multiple of the checkpoint's stored bytes: from S3, what the
 server served (every process's reads); from local files, the sum over processes of
