@@ -802,16 +802,6 @@ MUTATIONS: list[Mutation] = [
         "a sync save leaves the host bytes of every leaf it moved whole on the caller's tree",
     ),
     m(
-        "last full slice read past the leaf's end",
-        "treestore/_engine/saving/device_fetch.py",
-        "start = min(first // row, count - height)",
-        "start = first // row",
-        [
-            "tests/engine/test_device_path.py::test_slices_of_whole_chunks_hand_over_the_leaf_s_bytes_whatever_its_rows"
-        ],
-        "jax clamps the slice back inside the leaf: its chunks are cut from the wrong bytes",
-    ),
-    m(
         "host window unbounded",
         "treestore/_engine/saving/device_fetch.py",
         "if self.held and self.held + nbytes > self.limit:",

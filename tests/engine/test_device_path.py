@@ -5,9 +5,7 @@ run as they are and take the real path."""
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import math
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -342,41 +340,9 @@ def _fetched(arrays: list, window: device_fetch.Window, chunk: int, target: int 
         pool.shutdown(wait=True)
 
 
-@pytest.mark.parametrize(
-    "shape",
-    [
-        (47, 48),  # rows of 192 bytes: the last full slice starts back from the leaf's end
-        (5, 301),  # rows bigger than a chunk, none dividing it
-        (900, 3),  # rows of 12 bytes
-        (40, 250),  # rows that divide the chunk: no row fetched twice
-    ],
-)
-def test_slices_of_whole_chunks_hand_over_the_leaf_s_bytes_whatever_its_rows(shape: tuple[int, int]) -> None:
-    """Every slice hands over whole chunks, its rows reaching back to the row that holds its
-    first byte and on to the one that holds its last: the chunks are the leaf's bytes cut every
-    ``chunk`` bytes, each a view of one slice (none put together from two), in the window."""
-    x = jnp.asarray(np.random.default_rng(5).standard_normal(shape).astype(np.float32))
-    window = device_fetch.Window(10_000)
-    kept: list[np.ndarray] = []
-
-    def keep(raw: np.ndarray) -> Any:
-        kept.append(raw)
-        done: cf.Future[None] = cf.Future()
-        done.set_result(None)
-        return done
-
-    fetcher = device_fetch.Fetcher(window, 1000, target=3000)
-    fetcher.add(x, 1000, keep)
-    fetcher.run()
-    raw = np.asarray(x).tobytes()
-    assert [c.tobytes() for c in kept] == [raw[i : i + 1000] for i in range(0, len(raw), 1000)]
-    assert all(c.base is not None for c in kept)
-    assert window.held == 0 and 0 < window.peak <= 10_000
-
-
 def test_the_fetcher_cuts_chunks_at_the_leaf_s_boundaries_whatever_its_slices() -> None:
-    """Slices asked smaller than a chunk (each hands over one chunk), a leaf whose one row is
-    bigger than a slice (fetched through a flat view) and an empty leaf: the chunks are the
+    """Slices smaller than a chunk (each chunk put together from several), a leaf whose one row
+    is bigger than a slice (fetched through a flat view) and an empty leaf: the chunks are the
     leaf's bytes cut every ``chunk`` bytes, and the window is empty again after."""
     rng = np.random.default_rng(4)
     small_slices = jnp.asarray(rng.standard_normal((30, 25)).astype(np.float32))  # rows of 100 bytes

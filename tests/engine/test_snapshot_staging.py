@@ -267,19 +267,3 @@ def test_a_manager_that_drops_its_host_copies_gives_their_memory_back(
         assert chunks  # the big leaves were staged
         assert alive_at_trim == ([] if keep else [0])
         assert (len(m._saves.snapshot._kept) == 3) == keep
-
-
-def test_a_staged_leaf_whose_rows_do_not_divide_a_chunk_is_held_once() -> None:
-    """A chunk that spanned two slices used to be copied into a buffer of its own while both
-    slices were kept: a (4096, 11008) bfloat16 leaf held 1.23x its bytes. Slices now hand over
-    whole chunks, fetching the rows at their two ends twice: every chunk is a view of one slice,
-    and the slices hold the leaf and less than two rows each."""
-    x = jnp.asarray(np.random.default_rng(10).standard_normal((700, 3001)).astype(np.float32))  # 8.4 MB
-    row = 3001 * 4  # no divisor of the 1 MiB chunk
-    leaves = dict(HostSnapshot().take({"w": x}, stager=_stager()).leaves)
-    chunks = _source(leaves["w"]).chunks
-    assert all(c.base is not None for c in chunks)  # none copied out
-    slices = {id(c.base): c.base.nbytes for c in chunks}
-    assert len(slices) >= 4
-    assert x.nbytes <= sum(slices.values()) < x.nbytes + 2 * row * len(slices)
-    np.testing.assert_array_equal(_source(leaves["w"]).host(), np.asarray(x))

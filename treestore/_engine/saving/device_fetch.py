@@ -9,12 +9,12 @@ transfer of each piece to the host starts as soon as the window has room for it,
 transfers run ahead of the hashing and compression, and the host bytes of a piece are given back to
 the window when the last chunk cut from it has been stored. Chunks are cut at the same boundaries
 as a save from host memory (every ``chunk_size`` raw bytes of the leaf), so both store the same
-chunk objects, and every chunk is a view of one slice: a slice hands over whole chunks, and its
-rows reach past them to the row that holds its first byte and the one that holds its last (less
-than a row more at each end, fetched twice), so that no chunk spans two slices and none is copied.
+chunk objects; a chunk that spans two slices is put together in a buffer of its own, which the
+window counts.
 
-Slices are made smaller where the window is small, and a leaf whose single row is bigger than a
-slice is fetched through a flat view of it.
+The window holds a slice and the chunks that span its two ends: slices are made smaller where
+the window is small, and a leaf whose single row is bigger than a slice is fetched through a flat
+view of it.
 
 Device memory: the slices in flight take at most the window's bytes on the devices. Where a
 device has less room than that beside the training step's peak
@@ -30,7 +30,6 @@ import collections
 import concurrent.futures as cf
 import contextlib
 import functools
-import itertools
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -74,10 +73,11 @@ class Window:
             self.peak = max(self.peak, self.held)
             return True
 
-    def take(self, nbytes: int) -> None:
-        """Take ``nbytes``, waiting until they fit, or until nothing is held."""
+    def take(self, nbytes: int, stuck: int = 0) -> None:
+        """Take ``nbytes``, waiting until they fit, or until only ``stuck`` bytes are held (bytes
+        that wait for these: the chunk a slice began, which the next slice finishes)."""
         with self._cond:
-            self._cond.wait_for(lambda: not self.held or self.held + nbytes <= self.limit)
+            self._cond.wait_for(lambda: self.held <= stuck or self.held + nbytes <= self.limit)
             self.held += nbytes
             self.peak = max(self.peak, self.held)
 
@@ -140,28 +140,14 @@ def to_host(x: Any) -> np.ndarray[Any, Any]:
     return np.asarray(x)
 
 
-@dataclass(frozen=True)
-class _Plan:
-    """One piece of a leaf to fetch: the slice of rows ``[start, start + rows)`` (``program``:
-    (rows, flat) of its slicing program; None: the whole leaf, no program), whose first byte is
-    leaf byte ``origin``, handing over the chunks of leaf bytes ``[first, end)``."""
-
-    program: tuple[int, bool] | None
-    start: int
-    origin: int
-    first: int
-    end: int
-    nbytes: int  # host bytes of the piece
-
-
 @dataclass
 class _Slice:
     leaf: _Leaf
-    device: Any  # the piece on its way to the host: a slice on the device, its transfer started
-    origin: int  # the leaf byte of its first byte
-    first: int  # the leaf byte of the first chunk it hands over (a chunk boundary)
-    end: int  # the leaf byte after the last
-    reserved: int  # window bytes taken for the piece's host copy
+    device: Any  # the slice on the device, its transfer started
+    first: int  # the leaf byte of its first byte
+    end: int  # the leaf byte after its last
+    reserved: int  # window bytes taken for the slice's host copy
+    carry: int  # window bytes taken for the chunk that begins in it and ends in a later one
 
 
 @dataclass
@@ -172,47 +158,50 @@ class _Leaf:
     address: str
     futures: list[cf.Future[Any]] = field(default_factory=list)
     host: np.ndarray[Any, Any] | None = None  # the leaf's bytes, once fetched whole after slicing failed
+    carry: np.ndarray[Any, Any] | None = None  # a chunk that spans slices, as it fills
+    carry_at: int = 0
+    carry_reserved: int = 0
 
     @property
     def nbytes(self) -> int:
         return int(self.array.nbytes)
 
-    def slices(self, target: int, limit: int) -> list[_Plan]:
-        """The pieces of the leaf: slices of whole chunks, about ``target`` bytes each and at
-        most ``limit`` with the rows at their ends (a flat view where rows are too big for
-        that); one piece and no program for a leaf of at most ``target`` bytes. Every slice but
-        the last has the same height (one program), and the last runs to the leaf's end."""
+    def slices(self, target: int) -> list[tuple[tuple[int, bool] | None, int, int, int]]:
+        """((rows, flat) of the slicing program, start row, first byte, end byte) of each slice
+        of the leaf; one piece and no program for a leaf of at most ``target`` bytes."""
         x = self.array
         nbytes = self.nbytes
         if nbytes <= target:
-            return [_Plan(None, 0, 0, 0, nbytes, nbytes)]
-        span = max(self.step, target // self.step * self.step)  # the bytes a slice hands over
+            return [(None, 0, 0, nbytes)]
         row = nbytes // x.shape[0] if x.ndim and x.shape[0] else nbytes
-        flat = x.ndim == 0 or row > target or span + 2 * row > limit
+        flat = x.ndim == 0 or row > target
         if flat:
             row, count = x.dtype.itemsize, x.size
         else:
             count = x.shape[0]
-        cuts = [*range(0, nbytes, span), nbytes]
-        spans = list(itertools.pairwise(cuts))
-        # the rows from the one holding a slice's first byte to the one holding its last
-        height = max((-(-end // row) - first // row for first, end in spans[:-1]), default=0)
-        out = []
-        for first, end in spans[:-1]:
-            start = min(first // row, count - height)  # near the end: from further back
-            out.append(_Plan((height, flat), start, start * row, first, end, height * row))
-        first, end = spans[-1]
-        start = first // row
-        out.append(_Plan((count - start, flat), start, start * row, first, end, (count - start) * row))
+        rows = max(1, min(count, target // row))
+        if row * rows % self.step and self.step % row == 0 and rows * row >= self.step:
+            rows -= rows % (self.step // row)  # slices of whole chunks: no chunk spans two
+        out: list[tuple[tuple[int, bool] | None, int, int, int]] = []
+        for first in range(0, count, rows):
+            height = min(rows, count - first)  # the last slice is shorter (compiled once more)
+            out.append(((height, flat), first, first * row, (first + height) * row))
         return out
+
+    def carry_begun(self, first: int, end: int) -> int:
+        """The size of the chunk that begins in leaf bytes [first, end) and ends after them."""
+        if end >= self.nbytes:
+            return 0
+        begin = (end - 1) // self.step * self.step
+        return min(begin + self.step, self.nbytes) - begin if begin >= first and end % self.step else 0
 
 
 class Fetcher:
     """Streams the chunks of device arrays to ``submit`` jobs in a window of host memory."""
 
     def __init__(self, window: Window, chunk_size: int, target: int = SLICE) -> None:
-        """Slices of about ``target`` bytes (fewer where the window is small: a slice, and two
-        chunks being stored, fit in the window); chunks of at most ``chunk_size``."""
+        """Slices of about ``target`` bytes (fewer where the window is small: a slice and the
+        two chunks that may span its ends fit in the window); chunks of at most ``chunk_size``."""
         self.window = window
         self.target = max(1, min(target, window.limit - 2 * chunk_size))
         self._leaves: list[_Leaf] = []
@@ -241,23 +230,25 @@ class Fetcher:
                 if not leaf.nbytes:
                     continue
                 target = self.target if self._may_slice(leaf.array) else leaf.nbytes
-                for plan in leaf.slices(target, self.window.limit):
-                    while not self.window.try_take(plan.nbytes):
+                for program, start, first, end in leaf.slices(target):
+                    size = end - first
+                    carry = leaf.carry_begun(first, end)
+                    while not self.window.try_take(size + carry):
                         if not pending:
-                            self.window.take(plan.nbytes)
+                            self.window.take(size + carry, stuck=leaf.carry_reserved)
                             break
                         self._store(pending.popleft())
                     try:
-                        device, origin = self._start(leaf, plan)
+                        device = self._start(leaf, program, start, first, end)
                     except BaseException:
-                        self.window.give(plan.nbytes)
+                        self.window.give(size + carry)
                         raise
-                    pending.append(_Slice(leaf, device, origin, plan.first, plan.end, plan.nbytes))
+                    pending.append(_Slice(leaf, device, first, end, size, carry))
             while pending:
                 self._store(pending.popleft())
         finally:
             for piece in pending:  # after an error: nothing will fetch them
-                self.window.give(piece.reserved)
+                self.window.give(piece.reserved + piece.carry)
             self._leaves = []
 
     def _may_slice(self, x: Any) -> bool:
@@ -269,43 +260,63 @@ class Fetcher:
                 return False
         return True
 
-    def _start(self, leaf: _Leaf, plan: _Plan) -> tuple[Any, int]:
-        """The piece ``plan`` of ``leaf`` on its way to the host, and the leaf byte of its first
-        byte: a slice cut on its device, or the whole leaf (no program). A slicing program that
-        the device cannot compile, load or run (no memory) is given up for the rest of the save:
-        the leaf is fetched whole and the piece cut from host memory."""
-        if leaf.host is None and plan.program is not None:
+    def _start(self, leaf: _Leaf, program: tuple[int, bool] | None, start: int, first: int, end: int) -> Any:
+        """The piece [first, end) of ``leaf`` on its way to the host: a slice cut on its device, or
+        the whole leaf (no program). A slicing program that the device cannot compile, load or
+        run (no memory) is given up for the rest of the save: the leaf is fetched whole and the
+        piece cut from host memory."""
+        if leaf.host is None and program is not None:
             try:
-                piece = slicer(leaf.array, *plan.program)(leaf.array, plan.start)
+                piece = slicer(leaf.array, *program)(leaf.array, start)
                 piece.copy_to_host_async()
-                return piece, plan.origin
+                return piece
             except jax.errors.JaxRuntimeError:
                 self._room = dict.fromkeys(leaf.array.devices(), False)
                 leaf.host = self._whole_on_host(leaf)
         if leaf.host is not None:
-            return leaf.host[plan.first : plan.end], plan.first
+            return leaf.host[first:end]
         with _named(leaf):
-            return whole(leaf.array), 0
+            return whole(leaf.array)
 
     def _whole_on_host(self, leaf: _Leaf) -> np.ndarray[Any, Any]:
         with _named(leaf):
             return to_host(whole(leaf.array)).reshape(-1).view(np.uint8)
 
     def _store(self, piece: _Slice) -> None:
-        """Wait for ``piece``'s bytes and submit the chunks it hands over, each a view of them."""
+        """Wait for ``piece``'s bytes and submit every chunk that they complete."""
         leaf = piece.leaf
         try:
             with _named(leaf):
                 raw = to_host(piece.device).reshape(-1).view(np.uint8)
         except BaseException:
-            self.window.give(piece.reserved)
+            self.window.give(piece.reserved + piece.carry)
             raise
         piece.device = None
-        step, origin, end = leaf.step, piece.origin, piece.end
-        views = [
-            self._submit(leaf, raw[at - origin : min(at + step, end) - origin])
-            for at in range(piece.first, end, step)
-        ]
+        step, nbytes = leaf.step, leaf.nbytes
+        views: list[cf.Future[Any]] = []
+        i = 0
+        if leaf.carry is not None:  # finish the chunk that a slice before began
+            take = min(len(leaf.carry) - leaf.carry_at, len(raw))
+            leaf.carry[leaf.carry_at : leaf.carry_at + take] = raw[:take]
+            leaf.carry_at += take
+            i = take
+            if leaf.carry_at == len(leaf.carry):
+                reserved = leaf.carry_reserved
+                job = self._submit(leaf, leaf.carry)
+                job.add_done_callback(lambda _: self.window.give(reserved))
+                leaf.carry, leaf.carry_reserved = None, 0
+        while i < len(raw):
+            at = piece.first + i
+            chunk_end = min(at - at % step + step, nbytes)
+            if chunk_end <= piece.end:
+                views.append(self._submit(leaf, raw[i : i + chunk_end - at]))
+                i += chunk_end - at
+            else:  # the chunk runs on into the next slice: copied out, counted in piece.carry
+                leaf.carry = np.empty(chunk_end - at, np.uint8)
+                leaf.carry_at = len(raw) - i
+                leaf.carry[: leaf.carry_at] = raw[i:]
+                leaf.carry_reserved = piece.carry
+                i = len(raw)
         self._give_after(views, piece.reserved)
 
     def _give_after(self, jobs: list[cf.Future[Any]], nbytes: int) -> None:
