@@ -340,6 +340,26 @@ def _fetched(arrays: list, window: device_fetch.Window, chunk: int, target: int 
         pool.shutdown(wait=True)
 
 
+@pytest.mark.parametrize(
+    "shape",
+    [
+        (47, 48),  # rows of 192 bytes
+        (5, 301),  # rows bigger than a chunk, none dividing it
+        (900, 3),  # rows of 12 bytes
+        (40, 250),  # rows that divide the chunk: no chunk spans two slices
+    ],
+)
+def test_the_fetcher_hands_over_the_leaf_s_bytes_in_chunks_whatever_its_rows(shape: tuple[int, int]) -> None:
+    """Slices of whole rows, chunks every ``chunk`` bytes of the leaf: the chunks that span two
+    slices are put together, and every chunk is the leaf's bytes, in the window."""
+    x = jnp.asarray(np.random.default_rng(5).standard_normal(shape).astype(np.float32))
+    window = device_fetch.Window(10_000)
+    chunks = _fetched([x], window, chunk=1000, target=3000)
+    raw = np.asarray(x).tobytes()
+    assert chunks == [raw[i : i + 1000] for i in range(0, len(raw), 1000)]
+    assert window.held == 0 and 0 < window.peak <= 10_000
+
+
 def test_the_fetcher_cuts_chunks_at_the_leaf_s_boundaries_whatever_its_slices() -> None:
     """Slices smaller than a chunk (each chunk put together from several), a leaf whose one row
     is bigger than a slice (fetched through a flat view) and an empty leaf: the chunks are the

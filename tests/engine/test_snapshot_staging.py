@@ -267,3 +267,19 @@ def test_a_manager_that_drops_its_host_copies_gives_their_memory_back(
         assert chunks  # the big leaves were staged
         assert alive_at_trim == ([] if keep else [0])
         assert (len(m._saves.snapshot._kept) == 3) == keep
+
+
+def test_a_staged_leaf_whose_rows_do_not_divide_a_chunk_holds_at_most_a_chunk_more_per_slice() -> None:
+    """Slices are cut at whole rows; a chunk that spans two slices is put together in a buffer of
+    its own while both slices are kept. So a leaf whose rows do not divide the chunk holds at
+    most one chunk per slice more than its bytes (up to a quarter, with 16 MiB slices and 4 MiB
+    chunks), and every other chunk is a view of a slice."""
+    x = jnp.asarray(np.random.default_rng(10).standard_normal((700, 3001)).astype(np.float32))  # 8.4 MB
+    leaves = dict(HostSnapshot().take({"w": x}, stager=_stager()).leaves)
+    chunks = _source(leaves["w"]).chunks
+    slices = {id(c.base): c.base.nbytes for c in chunks if c.base is not None}
+    carried = [c for c in chunks if c.base is None]
+    assert len(slices) >= 4 and carried  # rows of 12,004 bytes: chunks span slices
+    held = sum(slices.values()) + sum(c.nbytes for c in carried)
+    assert x.nbytes < held <= x.nbytes + len(slices) * (1 << 20)
+    np.testing.assert_array_equal(_source(leaves["w"]).host(), np.asarray(x))
