@@ -788,7 +788,7 @@ MUTATIONS: list[Mutation] = [
     m(
         "slices cut on a device without room",
         "treestore/_engine/saving/device_fetch.py",
-        "target = self.target if self._may_slice(leaf.array) else leaf.nbytes",
+        "target = self.target if self.may_slice(leaf.array) else leaf.nbytes",
         "target = self.target",
         [f"{CHIP}::test_a_device_without_room_for_slices_beside_the_step_s_peak_gets_none"],
         "slices in flight take device memory the step needs",
@@ -844,8 +844,8 @@ MUTATIONS: list[Mutation] = [
     m(
         "snapshot staged through the fetcher on a device without room",
         "treestore/_engine/saving/staging.py",
-        "            if not self._room[device]:\n                return False\n",
-        "",
+        "        return self._fetcher.may_slice(x)\n",
+        "        return True\n",
         [f"{STAGING}::test_a_device_without_room_for_a_window_of_slices_is_not_staged"],
         "a snapshot with no room for slices moves its leaves one at a time, not all at once",
     ),

@@ -229,7 +229,7 @@ class Fetcher:
             for leaf in self._leaves:
                 if not leaf.nbytes:
                     continue
-                target = self.target if self._may_slice(leaf.array) else leaf.nbytes
+                target = self.target if self.may_slice(leaf.array) else leaf.nbytes
                 for program, start, first, end in leaf.slices(target):
                     size = end - first
                     carry = leaf.carry_begun(first, end)
@@ -251,7 +251,7 @@ class Fetcher:
                 self.window.give(piece.reserved + piece.carry)
             self._leaves = []
 
-    def _may_slice(self, x: Any) -> bool:
+    def may_slice(self, x: Any) -> bool:
         """Whether every device of ``x`` has room for a window of slices beside the step's peak."""
         for device in x.devices():
             if device not in self._room:

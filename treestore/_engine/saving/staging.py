@@ -12,9 +12,9 @@ chunk that spans two slices is copied into a buffer of its own while both slices
 leaf whose rows do not divide the chunk size holds up to one chunk per slice twice.
 
 Device memory: the slices in flight take at most ``window`` bytes of a device, and only arrays
-whose devices all have that room beside the training step's peak are staged
-(:func:`treestore._engine.saving.device_memory.fits`); the others are copied whole by jax, with
-no program.
+whose devices all have that room beside the training step's peak are staged (the fetcher's own
+rule, :meth:`~treestore._engine.saving.device_fetch.Fetcher.may_slice`); the others are copied
+whole by jax, with no program.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from typing import Any
 
 import numpy as np
 
-from treestore._engine.saving import device_memory
 from treestore._engine.saving.device_fetch import Fetcher, Window, chunk_step
 from treestore._tree.leaves import ArrayLeaf, Keep, off_cpu
 
@@ -63,10 +62,9 @@ class Stager:
 
     def __init__(self, chunk_size: int, window: int, cpu: bool = False) -> None:
         self.chunk_size = chunk_size
-        self.window = window
-        target = Fetcher(Window(window), chunk_size).target  # a leaf no bigger moves whole anyway
-        self.keep = Keep(min_bytes=target + 1, cpu=cpu)
-        self._room: dict[Any, bool] = {}  # device: whether a window of slices fits beside the step
+        self._fetcher = Fetcher(Window(window), chunk_size)
+        # a leaf no bigger than a slice moves whole anyway
+        self.keep = Keep(min_bytes=self._fetcher.target + 1, cpu=cpu)
 
     def wants(self, x: Any) -> bool:
         """Whether the jax array ``x`` is staged: its pieces are bigger than a slice, and every
@@ -78,18 +76,13 @@ class Stager:
             shard = int(np.prod(sharding.shard_shape(x.shape), dtype=np.int64)) * x.dtype.itemsize
             if shard < self.keep.min_bytes:
                 return False
-        for device in sharding.device_set:
-            if device not in self._room:
-                self._room[device] = device_memory.fits({device: self.window})
-            if not self._room[device]:
-                return False
-        return True
+        return self._fetcher.may_slice(x)
 
     def fetch(self, leaves: dict[str, ArrayLeaf]) -> dict[str, ArrayLeaf]:
         """``leaves`` (prepared with :attr:`keep`: their arrays, or their big pieces, on their
         devices) with those arrays fetched to host memory as :class:`HostChunks`; a transfer
         that fails raises DeviceError naming its leaf."""
-        fetcher = Fetcher(Window(self.window), self.chunk_size)
+        fetcher = self._fetcher  # the one that found the room: it slices what it said it could
         made: dict[int, tuple[Any, list[np.ndarray[Any, Any]]]] = {}
 
         def plan(x: Any, address: str) -> None:
