@@ -82,7 +82,8 @@ def test_a_save_through_the_device_path_stores_the_same_chunks() -> None:
 
 def test_the_host_window_bounds_the_bytes_in_flight(monkeypatch: pytest.MonkeyPatch) -> None:
     """Bytes fetched from the device and not yet stored, counted at the two ends (not by the
-    window itself), never exceed ``host_window``."""
+    window itself), never exceed ``host_window``. The leaves divide into whole slices, so that
+    every byte fetched is stored once (no last slice starting back)."""
     window = 4 << 20
     state = {"fetched": 0, "stored": 0, "most": 0}
     fetch, put = device_fetch.to_host, ChunkWriter.put_measured
@@ -102,7 +103,7 @@ def test_the_host_window_bounds_the_bytes_in_flight(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(device_fetch, "to_host", counted_fetch)
     monkeypatch.setattr(ChunkWriter, "put_measured", counted_put)
     rng = np.random.default_rng(3)
-    tree = {f"w{i}": jnp.asarray(rng.standard_normal((777, 1111)).astype(np.float32)) for i in range(6)}
+    tree = {f"w{i}": jnp.asarray(rng.standard_normal((768, 2048)).astype(np.float32)) for i in range(6)}
     treestore.save("memory://device-path/window", tree, "a", options=treestore.SaveOptions(**ALWAYS))
     total = sum(int(x.nbytes) for x in tree.values())
     assert state["fetched"] >= total > 4 * window  # every byte came through the window, many times over
@@ -321,13 +322,17 @@ def test_an_async_snapshot_over_its_device_bound_is_copied_to_host(tmp_path, mon
     assert (calls == []) == (bound is not None)
 
 
-def _fetched(arrays: list, window: device_fetch.Window, chunk: int, target: int | None = None) -> list[bytes]:  # type: ignore[type-arg]
+def _fetched(
+    arrays: list,  # type: ignore[type-arg]
+    window: device_fetch.Window,
+    chunk: int,
+    target: int = device_fetch.SLICE,
+    exact: bool = False,
+) -> list[bytes]:
     """The chunks a Fetcher with ``window`` submits for ``arrays``, each leaf's in order."""
     import concurrent.futures as cf
 
-    fetcher = (
-        device_fetch.Fetcher(window, chunk) if target is None else device_fetch.Fetcher(window, chunk, target)
-    )
+    fetcher = device_fetch.Fetcher(window, chunk, target, exact=exact)
     pool = cf.ThreadPoolExecutor(2)
     futures = [
         fetcher.add(x, chunk, lambda raw: pool.submit(lambda r=raw: bytes(r)))  # type: ignore[misc]
@@ -340,24 +345,41 @@ def _fetched(arrays: list, window: device_fetch.Window, chunk: int, target: int 
         pool.shutdown(wait=True)
 
 
+@pytest.mark.parametrize("exact", [True, False])
 @pytest.mark.parametrize(
-    "shape",
+    ("shape", "twice"),
     [
-        (47, 48),  # rows of 192 bytes
-        (5, 301),  # rows bigger than a chunk, none dividing it
-        (900, 3),  # rows of 12 bytes
-        (40, 250),  # rows that divide the chunk: no chunk spans two slices
+        ((47, 48), True),  # rows of 192 bytes: slices of whole chunks, reaching a row past each end
+        ((5, 301), False),  # rows bigger than a chunk: chunks that span slices put together
+        ((20, 150), False),  # rows of 600 bytes, two more than a chunk: the same
+        ((900, 7), True),  # rows of 28 bytes
+        ((900, 3), False),  # rows of 12 bytes, 250 to a slice of three whole chunks
+        ((40, 250), False),  # rows that divide the chunk: no chunk spans two slices
     ],
 )
-def test_the_fetcher_hands_over_the_leaf_s_bytes_in_chunks_whatever_its_rows(shape: tuple[int, int]) -> None:
-    """Slices of whole rows, chunks every ``chunk`` bytes of the leaf: the chunks that span two
-    slices are put together, and every chunk is the leaf's bytes, in the window."""
+def test_the_fetcher_hands_over_the_leaf_s_bytes_in_chunks_whatever_its_rows(
+    shape: tuple[int, int], twice: bool, exact: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Slices of whole rows, chunks every ``chunk`` bytes of the leaf, in the window. Where two
+    rows fit in a chunk, a slice's rows reach past its whole chunks to the rows that hold their
+    first and last bytes (at most two rows per slice fetched twice); where they do not, the
+    chunks that span two slices are put together. Every slice has one height (one program),
+    the last starting back from the leaf's end; ``exact``, it fetches no byte twice instead."""
+    fetched: list[int] = []
+    to_host = device_fetch.to_host
+    monkeypatch.setattr(device_fetch, "to_host", lambda piece: fetched.append(piece.nbytes) or to_host(piece))
     x = jnp.asarray(np.random.default_rng(5).standard_normal(shape).astype(np.float32))
     window = device_fetch.Window(10_000)
-    chunks = _fetched([x], window, chunk=1000, target=3000)
+    chunks = _fetched([x], window, chunk=1000, target=3000, exact=exact)
     raw = np.asarray(x).tobytes()
     assert chunks == [raw[i : i + 1000] for i in range(0, len(raw), 1000)]
     assert window.held == 0 and 0 < window.peak <= 10_000
+    rows_twice = 2 * 4 * shape[1] * len(fetched) if twice else 0
+    if exact:
+        assert x.nbytes + (rows_twice > 0) <= sum(fetched) <= x.nbytes + rows_twice
+    else:
+        assert len(set(fetched)) == 1  # one height
+        assert x.nbytes <= sum(fetched) < x.nbytes + fetched[0] + rows_twice
 
 
 def test_the_fetcher_cuts_chunks_at_the_leaf_s_boundaries_whatever_its_slices() -> None:

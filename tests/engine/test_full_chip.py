@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import gc
 import math
+import threading
 import weakref
 from typing import Any
 
@@ -22,7 +23,7 @@ import treestore
 from tests.support.compiles import compiles
 from tests.support.devices import ALWAYS, OOM, MiB, counting, device_reports, raising
 from treestore._api.manager import save_queue
-from treestore._engine.saving import device_fetch, snapshot
+from treestore._engine.saving import device_fetch, slicing, snapshot
 from treestore._tree.leaves import ArrayLeaf
 from treestore.errors import DeviceError
 
@@ -56,12 +57,12 @@ def test_a_device_without_room_for_slices_beside_the_step_s_peak_gets_none() -> 
     store = treestore.Store("memory://full-chip/no-slices")
     store.save(tree, "host", options=treestore.SaveOptions(**{**ALWAYS, "device_path": "never"}))
     with pytest.MonkeyPatch.context() as mp:
-        roomy = counting(mp, device_fetch, "slicer")
+        roomy = counting(mp, slicing, "slicer")
         store.save(tree, "roomy", options=treestore.SaveOptions(**ALWAYS))
     assert roomy  # the big leaves are sliced where the device has room
     with pytest.MonkeyPatch.context() as mp:
         device_reports(mp, limit=16 << 30, in_use=1 << 30, peak=16 * (1 << 30) - 3 * MiB)
-        full = counting(mp, device_fetch, "slicer")
+        full = counting(mp, slicing, "slicer")
         r = store.save(tree, "full", options=treestore.SaveOptions(**ALWAYS))
     assert full == []
     assert r.chunks_written == 0  # the chunks of the save from host memory, byte for byte
@@ -151,19 +152,58 @@ def test_a_save_of_many_leaf_shapes_compiles_no_program() -> None:
 
 def test_compile_log_counting_sees_a_slicing_program(monkeypatch: pytest.MonkeyPatch) -> None:
     """The counter above counts programs: a leaf over a slice, of a shape never sliced before,
-    compiles one, and a second leaf of that shape none; the set of programs kept is bounded."""
-    monkeypatch.setattr(device_fetch, "_programs", collections.OrderedDict())
-    monkeypatch.setattr(device_fetch, "PROGRAMS", 2)
+    compiles one, and a second leaf of that shape none; the set of programs kept is bounded.
+    (Shapes no other test slices: jax keeps what it compiled.)"""
+    monkeypatch.setattr(slicing, "_programs", collections.OrderedDict())
+    monkeypatch.setattr(slicing, "PROGRAMS", 2)
     rng = np.random.default_rng(6)
     tree = {
-        f"w{i}": jnp.asarray(rng.standard_normal((777 + i % 3, 1111)).astype(np.float32)) for i in range(6)
+        f"w{i}": jnp.asarray(rng.standard_normal((787 + i % 3, 1117)).astype(np.float32)) for i in range(6)
     }
     jax.block_until_ready(tree)
     store = treestore.Store("memory://full-chip/programs")
     with compiles() as compiled:
         store.save(tree, "a", options=treestore.SaveOptions(**ALWAYS))
     assert len(compiled) >= 3  # each of the three shapes' slices at least once
-    assert len(device_fetch._programs) <= 2
+    assert len(slicing._programs) <= 2
+    _assert_same(store, "a", tree)
+
+
+def test_a_leaf_compiles_one_slicing_program_whatever_its_length(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A leaf that does not divide into whole slices has one program for all its slices, the
+    last starting back from its end (it was compiled a second time, for the shorter last one);
+    the chunks are the same as a save from host memory's."""
+    monkeypatch.setattr(slicing, "_programs", collections.OrderedDict())
+    x = jnp.asarray(np.random.default_rng(16).standard_normal((1237, 1019)).astype(np.float32))  # 2.4 slices
+    store = treestore.Store("memory://full-chip/one-program")
+    store.save({"w": x}, "host", options=treestore.SaveOptions(**{**ALWAYS, "device_path": "never"}))
+    with compiles() as compiled:
+        store.save({"w": x}, "device", options=treestore.SaveOptions(**ALWAYS))
+    assert len(compiled) == 1
+    assert store.open("device").chunk_objects() == store.open("host").chunk_objects()
+
+
+def test_the_slicing_programs_of_a_save_are_compiled_ahead_on_threads_of_their_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A cold save of leaves of several shapes over a slice starts compiling every program it
+    will ask for before its first transfer, several at once, instead of each when its leaf
+    comes; the save's own thread compiles none."""
+    monkeypatch.setattr(slicing, "_programs", collections.OrderedDict())
+    real = slicing._slice_rows
+    threads: list[str] = []
+
+    def traced(rows: int, flat: bool) -> Any:
+        threads.append(threading.current_thread().name)
+        return real(rows, flat)
+
+    monkeypatch.setattr(slicing, "_slice_rows", traced)
+    rng = np.random.default_rng(17)
+    tree = {f"w{i}": jnp.asarray(rng.standard_normal((900 + i, 1031)).astype(np.float32)) for i in range(5)}
+    store = treestore.Store("memory://full-chip/ahead")
+    store.save(tree, "a", options=treestore.SaveOptions(**ALWAYS))
+    assert len(threads) == 5 and all(t.startswith("treestore-compile") for t in threads)
+    assert len(set(threads)) > 1  # several at once
     _assert_same(store, "a", tree)
 
 
@@ -239,7 +279,7 @@ def test_a_slicing_program_out_of_memory_falls_back_to_whole_leaves(
     store = treestore.Store("memory://full-chip/slicer-oom-" + when)
     store.save(tree, "host", options=treestore.SaveOptions(**{**ALWAYS, "device_path": "never"}))
     before = _live()
-    monkeypatch.setattr(device_fetch, "_programs", collections.OrderedDict())
+    monkeypatch.setattr(slicing, "_programs", collections.OrderedDict())
     tried: list[str] = []
 
     class Unloadable:
@@ -248,16 +288,16 @@ def test_a_slicing_program_out_of_memory_falls_back_to_whole_leaves(
             raise jax.errors.JaxRuntimeError(OOM)
 
     if when == "compile":
-        monkeypatch.setattr(device_fetch, "_slice_rows", lambda rows, flat: Unloadable())
+        monkeypatch.setattr(slicing, "_slice_rows", lambda rows, flat: Unloadable())
     else:
-        real = device_fetch.slicer
+        real = slicing.slicer
 
         def slicer(x: Any, rows: int, flat: bool) -> Any:
             real(x, rows, flat)
             tried.append("run")
             return raising()
 
-        monkeypatch.setattr(device_fetch, "slicer", slicer)
+        monkeypatch.setattr(slicing, "slicer", slicer)
     r = store.save(tree, "device", options=treestore.SaveOptions(**ALWAYS))
     assert tried and set(tried) == {when}
     assert r.chunks_written == 0

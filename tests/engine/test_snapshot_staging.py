@@ -20,7 +20,7 @@ import pytest
 import treestore
 from tests.support.devices import ALWAYS, MiB, counting, device_reports, raising
 from treestore._engine import write as _write
-from treestore._engine.saving import device_fetch
+from treestore._engine.saving import device_fetch, slicing
 from treestore._engine.saving.snapshot import HostSnapshot
 from treestore._engine.saving.staging import HostChunks, Stager
 from treestore._tree.leaves import ArrayLeaf
@@ -83,7 +83,7 @@ def test_an_async_save_stages_in_slices_and_stores_the_objects_and_records_of_a_
     tree = _tree(1)
     store = treestore.Store(str(tmp_path / "run"))
     store.save(tree, "host", options=treestore.SaveOptions(**{**ALWAYS, "device_path": "never"}))
-    sliced = counting(monkeypatch, device_fetch, "slicer")
+    sliced = counting(monkeypatch, slicing, "slicer")
     before_wait: list[int] = []
     staged = _async_save(tmp_path / "run", tree, during=lambda: before_wait.append(len(sliced)))
     assert before_wait[0] >= 12 // 2 + 3 // 2  # the big leaves' slices, cut before save returned
@@ -115,8 +115,8 @@ def test_a_leaf_the_fetcher_moves_whole_is_copied_out_of_the_caller_s_buffer(
     """Where a slicing program cannot run, the fetcher moves the leaf whole; on a CPU its host
     data is a view of the caller's own buffer, which the caller may donate. The snapshot copies
     those chunks (and only those)."""
-    monkeypatch.setattr(device_fetch, "_programs", collections.OrderedDict())
-    monkeypatch.setattr(device_fetch, "slicer", lambda x, rows, flat: raising())
+    monkeypatch.setattr(slicing, "_programs", collections.OrderedDict())
+    monkeypatch.setattr(slicing, "slicer", lambda x, rows, flat: raising())
     tree = _tree(3)
     leaves = dict(HostSnapshot().take(tree, stager=_stager()).leaves)
     for k in ("a", "b"):
@@ -136,7 +136,7 @@ def test_a_device_without_room_for_a_window_of_slices_is_not_staged(
     store = treestore.Store(str(tmp_path / "run"))
     store.save(tree, "host", options=treestore.SaveOptions(**{**ALWAYS, "device_path": "never"}))
     device_reports(monkeypatch, limit=16 << 30, in_use=1 << 30, peak=(16 << 30) - 3 * MiB)
-    sliced = counting(monkeypatch, device_fetch, "slicer")
+    sliced = counting(monkeypatch, slicing, "slicer")
     fetched = counting(monkeypatch, device_fetch, "whole")
     staged = _async_save(tmp_path / "run", tree)
     assert sliced == [] and fetched == []
@@ -185,7 +185,7 @@ def test_chunks_staged_for_another_chunk_size_are_cut_again(tmp_path: Any) -> No
 
 def test_one_array_at_two_addresses_is_fetched_once(monkeypatch: pytest.MonkeyPatch) -> None:
     x = jnp.arange(1_000_000.0)  # 4 MB: two slices
-    sliced = counting(monkeypatch, device_fetch, "slicer")
+    sliced = counting(monkeypatch, slicing, "slicer")
     leaves = dict(HostSnapshot().take({"p": x, "q": x}, stager=_stager()).leaves)
     assert len(sliced) == 2
     assert _source(leaves["p"]) is _source(leaves["q"])
@@ -269,17 +269,30 @@ def test_a_manager_that_drops_its_host_copies_gives_their_memory_back(
         assert (len(m._saves.snapshot._kept) == 3) == keep
 
 
-def test_a_staged_leaf_whose_rows_do_not_divide_a_chunk_holds_at_most_a_chunk_more_per_slice() -> None:
-    """Slices are cut at whole rows; a chunk that spans two slices is put together in a buffer of
-    its own while both slices are kept. So a leaf whose rows do not divide the chunk holds at
-    most one chunk per slice more than its bytes (up to a quarter, with 16 MiB slices and 4 MiB
-    chunks), and every other chunk is a view of a slice."""
+def test_a_staged_leaf_whose_rows_do_not_divide_a_chunk_holds_no_chunk_twice() -> None:
+    """Slices hand over whole chunks, their rows reaching past them to the rows that hold their
+    first and last bytes: every chunk is a view of a slice, none is copied, and the slices kept
+    hold at most two rows each more than the leaf's bytes."""
     x = jnp.asarray(np.random.default_rng(10).standard_normal((700, 3001)).astype(np.float32))  # 8.4 MB
     leaves = dict(HostSnapshot().take({"w": x}, stager=_stager()).leaves)
     chunks = _source(leaves["w"]).chunks
     slices = {id(c.base): c.base.nbytes for c in chunks if c.base is not None}
+    assert len(slices) >= 4 and all(c.base is not None for c in chunks)  # rows of 12,004 bytes
+    assert x.nbytes < sum(slices.values()) <= x.nbytes + len(slices) * 2 * 12_004
+    np.testing.assert_array_equal(_source(leaves["w"]).host(), np.asarray(x))
+
+
+def test_a_staged_leaf_of_rows_over_half_a_chunk_holds_at_most_a_chunk_more_per_slice() -> None:
+    """Where two rows are more than a chunk, slices are cut at whole rows and a chunk that spans
+    two slices is put together in a buffer of its own while both slices are kept: at most one
+    chunk per slice more than the leaf's bytes, every other chunk a view of a slice."""
+    x = jnp.asarray(np.random.default_rng(11).standard_normal((12, 150_001)).astype(np.float32))  # 7.2 MB
+    leaves = dict(HostSnapshot().take({"w": x}, stager=_stager()).leaves)
+    chunks = _source(leaves["w"]).chunks
+    slices = {id(c.base): c.base.nbytes for c in chunks if c.base is not None}
     carried = [c for c in chunks if c.base is None]
-    assert len(slices) >= 4 and carried  # rows of 12,004 bytes: chunks span slices
+    assert len(slices) >= 3 and carried  # rows of 600,004 bytes: chunks span slices
+    assert sum(slices.values()) == x.nbytes  # no row fetched twice
     held = sum(slices.values()) + sum(c.nbytes for c in carried)
     assert x.nbytes < held <= x.nbytes + len(slices) * (1 << 20)
     np.testing.assert_array_equal(_source(leaves["w"]).host(), np.asarray(x))

@@ -2,15 +2,20 @@
 
 A save of arrays that live on an accelerator does not copy the whole tree to the host first. A leaf
 no bigger than a slice is moved to host memory whole, with no program; a bigger leaf is cut on its
-device into slices of rows, by a slicing program compiled once per leaf shape, dtype, sharding and
-slice height and kept in a bounded set (:data:`PROGRAMS`). So the programs a save compiles grow
-with the distinct shapes of its leaves over a slice only, never with its many small ones. The
+device into slices of rows of one height, by a slicing program compiled once per leaf shape,
+dtype and sharding (:mod:`treestore._engine.saving.slicing`): the last slice starts back from
+the leaf's end, fetching again a part of its neighbour's bytes. So the programs a save compiles
+grow with the distinct shapes of its leaves over a slice only, never with its many small ones,
+and a save starts compiling them all before its first transfer. The
 transfer of each piece to the host starts as soon as the window has room for it, so that the
 transfers run ahead of the hashing and compression, and the host bytes of a piece are given back to
 the window when the last chunk cut from it has been stored. Chunks are cut at the same boundaries
 as a save from host memory (every ``chunk_size`` raw bytes of the leaf), so both store the same
-chunk objects; a chunk that spans two slices is put together in a buffer of its own, which the
-window counts.
+chunk objects, and a chunk is a view of the slice it came in. Slices hand over whole chunks: where
+the leaf's rows do not divide the chunk size, a slice's rows reach from the one that holds its
+first chunk's first byte to the one that holds its last chunk's last byte (two rows at most are
+fetched twice). Where rows are too big for that (two rows more than a chunk), a chunk that spans
+two slices is put together in a buffer of its own instead, which the window counts.
 
 The window holds a slice and the chunks that span its two ends: slices are made smaller where
 the window is small, and a leaf whose single row is bigger than a slice is fetched through a flat
@@ -29,7 +34,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures as cf
 import contextlib
-import functools
+import itertools
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -37,13 +42,12 @@ from typing import Any
 
 import numpy as np
 
-from treestore._engine.saving import device_memory
+from treestore._engine.saving import device_memory, slicing
 from treestore._tree.jax_import import jax
 from treestore.errors import DeviceError
 
 MiB = 2**20
 SLICE = 16 * MiB  # bytes a slice aims at (several chunks: one transfer each)
-PROGRAMS = 32  # compiled slicing programs kept, the most recently used
 
 
 def chunk_step(itemsize: int, chunk_size: int) -> int:
@@ -87,38 +91,6 @@ class Window:
             self._cond.notify_all()
 
 
-@functools.cache
-def _slice_rows(rows: int, flat: bool) -> Any:
-    """A jitted ``(x, start) -> rows`` rows of ``x`` (of its flat view when ``flat``)."""
-    lax = jax.lax
-
-    def take(x: Any, start: Any) -> Any:
-        return lax.dynamic_slice_in_dim(x.reshape(-1) if flat else x, start, rows, 0)
-
-    return jax.jit(take)
-
-
-_programs: collections.OrderedDict[tuple[Any, ...], Any] = collections.OrderedDict()
-_programs_lock = threading.Lock()
-
-
-def slicer(x: Any, rows: int, flat: bool) -> Any:
-    """The compiled program that takes ``rows`` rows of arrays like ``x`` from a start row; the
-    :data:`PROGRAMS` used last are kept (a program dropped is freed, and compiled again if asked)."""
-    key = (x.shape, x.dtype, x.sharding, rows, flat)
-    with _programs_lock:
-        program = _programs.get(key)
-        if program is not None:
-            _programs.move_to_end(key)
-            return program
-    program = _slice_rows(rows, flat).lower(x, 0).compile()
-    with _programs_lock:
-        _programs[key] = program
-        while len(_programs) > PROGRAMS:
-            _programs.popitem(last=False)
-    return program
-
-
 def whole(x: Any) -> Any:
     """``x`` on its way to host memory, with no program: a new array over the same device
     buffers, its transfer started, so that the host copy jax keeps on the array it fetched goes
@@ -140,12 +112,28 @@ def to_host(x: Any) -> np.ndarray[Any, Any]:
     return np.asarray(x)
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """One piece of a leaf to fetch: ``rows`` rows (of the flat view with ``flat``) from row
+    ``start``, leaf bytes ``[origin, origin + nbytes)``, of which it hands over ``[first, end)``;
+    no program (``rows`` None) for the whole leaf."""
+
+    rows: int | None
+    flat: bool
+    start: int
+    origin: int
+    nbytes: int
+    first: int
+    end: int
+
+
 @dataclass
 class _Slice:
     leaf: _Leaf
     device: Any  # the slice on the device, its transfer started
-    first: int  # the leaf byte of its first byte
-    end: int  # the leaf byte after its last
+    origin: int  # the leaf byte of its first byte
+    first: int  # the leaf byte of the first byte it hands over
+    end: int  # the leaf byte after the last
     reserved: int  # window bytes taken for the slice's host copy
     carry: int  # window bytes taken for the chunk that begins in it and ends in a later one
 
@@ -166,26 +154,46 @@ class _Leaf:
     def nbytes(self) -> int:
         return int(self.array.nbytes)
 
-    def slices(self, target: int) -> list[tuple[tuple[int, bool] | None, int, int, int]]:
-        """((rows, flat) of the slicing program, start row, first byte, end byte) of each slice
-        of the leaf; one piece and no program for a leaf of at most ``target`` bytes."""
+    def slices(self, target: int, exact: bool) -> list[_Plan]:
+        """The pieces of the leaf: slices of rows of about ``target`` bytes, every one of the same
+        height (one program), or one piece and no program for a leaf of at most ``target`` bytes.
+
+        Where two rows fit in a chunk, slices hand over whole chunks: a slice's rows reach from
+        the one that holds its first byte to the one that holds its last (a row more at each end
+        at most). Otherwise they hand over whole rows. The last slice starts back from the leaf's
+        end so that it has the others' height, fetching again some of the bytes its neighbour
+        hands over (less than a slice), unless ``exact``: then a last slice that would fetch any
+        byte twice has a height (and a program) of its own.
+        """
         x = self.array
         nbytes = self.nbytes
         if nbytes <= target:
-            return [(None, 0, 0, nbytes)]
+            return [_Plan(None, False, 0, 0, nbytes, 0, nbytes)]
         row = nbytes // x.shape[0] if x.ndim and x.shape[0] else nbytes
         flat = x.ndim == 0 or row > target
         if flat:
             row, count = x.dtype.itemsize, x.size
         else:
             count = x.shape[0]
-        rows = max(1, min(count, target // row))
-        if row * rows % self.step and self.step % row == 0 and rows * row >= self.step:
-            rows -= rows % (self.step // row)  # slices of whole chunks: no chunk spans two
-        out: list[tuple[tuple[int, bool] | None, int, int, int]] = []
-        for first in range(0, count, rows):
-            height = min(rows, count - first)  # the last slice is shorter (compiled once more)
-            out.append(((height, flat), first, first * row, (first + height) * row))
+        step = self.step
+        if target >= step and (step % row == 0 or 2 * row <= step):
+            span = target // step * step  # whole chunks
+        else:
+            span = max(1, target // row) * row  # whole rows
+        cuts = [*range(0, nbytes, span), nbytes]
+        spans = list(itertools.pairwise(cuts))
+        height = max(-(-end // row) - first // row for first, end in spans[:-1])
+        out = []
+        for first, end in spans:
+            start = first // row
+            if start + height > count:  # near the end: from further back
+                if exact and (first, end) == spans[-1]:
+                    out.append(
+                        _Plan(count - start, flat, start, start * row, (count - start) * row, first, end)
+                    )
+                    continue
+                start = count - height
+            out.append(_Plan(height, flat, start, start * row, height * row, first, end))
         return out
 
     def carry_begun(self, first: int, end: int) -> int:
@@ -199,10 +207,13 @@ class _Leaf:
 class Fetcher:
     """Streams the chunks of device arrays to ``submit`` jobs in a window of host memory."""
 
-    def __init__(self, window: Window, chunk_size: int, target: int = SLICE) -> None:
+    def __init__(self, window: Window, chunk_size: int, target: int = SLICE, exact: bool = False) -> None:
         """Slices of about ``target`` bytes (fewer where the window is small: a slice and the
-        two chunks that may span its ends fit in the window); chunks of at most ``chunk_size``."""
+        two chunks that may span its ends fit in the window); chunks of at most ``chunk_size``.
+        ``exact``: fetch no byte twice where a program more avoids it (for chunks that are kept,
+        as a snapshot's are: see :meth:`_Leaf.slices`)."""
         self.window = window
+        self.exact = exact
         self.target = max(1, min(target, window.limit - 2 * chunk_size))
         self._leaves: list[_Leaf] = []
         self._room: dict[Any, bool] = {}  # device: whether slices in flight fit beside the step
@@ -226,30 +237,44 @@ class Fetcher:
         (not stored). Transfers are started ahead while the window has room."""
         pending: collections.deque[_Slice] = collections.deque()
         try:
+            slicing.compile_ahead(self._programs())
             for leaf in self._leaves:
                 if not leaf.nbytes:
                     continue
                 target = self.target if self.may_slice(leaf.array) else leaf.nbytes
-                for program, start, first, end in leaf.slices(target):
-                    size = end - first
-                    carry = leaf.carry_begun(first, end)
+                for plan in leaf.slices(target, self.exact):
+                    size = plan.nbytes
+                    carry = leaf.carry_begun(plan.first, plan.end)
                     while not self.window.try_take(size + carry):
                         if not pending:
                             self.window.take(size + carry, stuck=leaf.carry_reserved)
                             break
                         self._store(pending.popleft())
                     try:
-                        device = self._start(leaf, program, start, first, end)
+                        device, origin = self._start(leaf, plan)
                     except BaseException:
                         self.window.give(size + carry)
                         raise
-                    pending.append(_Slice(leaf, device, first, end, size, carry))
+                    pending.append(_Slice(leaf, device, origin, plan.first, plan.end, size, carry))
             while pending:
                 self._store(pending.popleft())
         finally:
             for piece in pending:  # after an error: nothing will fetch them
                 self.window.give(piece.reserved + piece.carry)
             self._leaves = []
+
+    def _programs(self) -> list[tuple[Any, int, bool]]:
+        """(array, rows, flat) of each slicing program the planned leaves will ask for."""
+        out = []
+        for leaf in self._leaves:
+            try:
+                if leaf.nbytes and self.may_slice(leaf.array):
+                    out += [
+                        (leaf.array, p.rows, p.flat) for p in leaf.slices(self.target, self.exact) if p.rows
+                    ]
+            except Exception:  # as a deleted array's: raised by the fetch, at its leaf
+                continue
+        return out
 
     def may_slice(self, x: Any) -> bool:
         """Whether every device of ``x`` has room for a window of slices beside the step's peak."""
@@ -260,23 +285,23 @@ class Fetcher:
                 return False
         return True
 
-    def _start(self, leaf: _Leaf, program: tuple[int, bool] | None, start: int, first: int, end: int) -> Any:
-        """The piece [first, end) of ``leaf`` on its way to the host: a slice cut on its device, or
-        the whole leaf (no program). A slicing program that the device cannot compile, load or
-        run (no memory) is given up for the rest of the save: the leaf is fetched whole and the
-        piece cut from host memory."""
-        if leaf.host is None and program is not None:
+    def _start(self, leaf: _Leaf, plan: _Plan) -> tuple[Any, int]:
+        """The piece ``plan`` of ``leaf`` on its way to the host, and the leaf byte of its first
+        byte: a slice cut on its device, or the whole leaf (no program). A slicing program that
+        the device cannot compile, load or run (no memory) is given up for the rest of the save:
+        the leaf is fetched whole and the piece cut from host memory."""
+        if leaf.host is None and plan.rows is not None:
             try:
-                piece = slicer(leaf.array, *program)(leaf.array, start)
+                piece = slicing.slicer(leaf.array, plan.rows, plan.flat)(leaf.array, plan.start)
                 piece.copy_to_host_async()
-                return piece
+                return piece, plan.origin
             except jax.errors.JaxRuntimeError:
                 self._room = dict.fromkeys(leaf.array.devices(), False)
                 leaf.host = self._whole_on_host(leaf)
         if leaf.host is not None:
-            return leaf.host[first:end]
+            return leaf.host[plan.first : plan.end], plan.first
         with _named(leaf):
-            return whole(leaf.array)
+            return whole(leaf.array), 0
 
     def _whole_on_host(self, leaf: _Leaf) -> np.ndarray[Any, Any]:
         with _named(leaf):
@@ -292,6 +317,7 @@ class Fetcher:
             self.window.give(piece.reserved + piece.carry)
             raise
         piece.device = None
+        raw = raw[piece.first - piece.origin : piece.end - piece.origin]  # the bytes it hands over
         step, nbytes = leaf.step, leaf.nbytes
         views: list[cf.Future[Any]] = []
         i = 0
@@ -356,4 +382,4 @@ def _named(leaf: _Leaf) -> Iterator[None]:
         ) from error
 
 
-__all__ = ["PROGRAMS", "SLICE", "Fetcher", "Window", "chunk_step", "slicer", "to_host", "whole"]
+__all__ = ["SLICE", "Fetcher", "Window", "chunk_step", "to_host", "whole"]

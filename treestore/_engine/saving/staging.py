@@ -62,7 +62,7 @@ class Stager:
 
     def __init__(self, chunk_size: int, window: int, cpu: bool = False) -> None:
         self.chunk_size = chunk_size
-        self._fetcher = Fetcher(Window(window), chunk_size)
+        self._fetcher = Fetcher(Window(window), chunk_size, exact=True)  # its chunks are kept
         # a leaf no bigger than a slice moves whole anyway
         self.keep = Keep(min_bytes=self._fetcher.target + 1, cpu=cpu)
 

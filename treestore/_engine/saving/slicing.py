@@ -1,0 +1,92 @@
+"""The compiled programs that cut slices of rows from device arrays, for a save's fetch.
+
+One program per (leaf shape, dtype, sharding, slice height, flat view), kept for the
+:data:`PROGRAMS` used last (a program dropped is freed, and compiled again if asked). A fetch
+asks for every program it will need before its first transfer (:func:`compile_ahead`), and
+they are compiled :data:`COMPILERS` at once on threads of their own: a cold save of leaves of
+several shapes waits for about one compile, not for each in turn.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures as cf
+import functools
+import threading
+from typing import Any
+
+from treestore._tree.jax_import import jax
+
+PROGRAMS = 32  # compiled slicing programs kept, the most recently used
+COMPILERS = 4  # slicing programs compiled at once ahead of a fetch
+
+
+@functools.cache
+def _slice_rows(rows: int, flat: bool) -> Any:
+    """A jitted ``(x, start) -> rows`` rows of ``x`` (of its flat view when ``flat``)."""
+    lax = jax.lax
+
+    def take(x: Any, start: Any) -> Any:
+        return lax.dynamic_slice_in_dim(x.reshape(-1) if flat else x, start, rows, 0)
+
+    return jax.jit(take)
+
+
+_programs: collections.OrderedDict[tuple[Any, ...], cf.Future[Any]] = collections.OrderedDict()
+_programs_lock = threading.Lock()
+
+
+def slicer(x: Any, rows: int, flat: bool) -> Any:
+    """The compiled program that takes ``rows`` rows of arrays like ``x`` from a start row
+    (compiled here, or waited for where :func:`compile_ahead` started it); the
+    :data:`PROGRAMS` used last are kept (a program dropped is freed, and compiled again if asked).
+    A compile that fails raises its error, and is tried again by the next call."""
+    future, mine = _entry(x, rows, flat)
+    if mine:
+        _compile(future, x, rows, flat)
+    return future.result()
+
+
+def compile_ahead(wanted: list[tuple[Any, int, bool]]) -> None:
+    """Start compiling, :data:`COMPILERS` at a time on threads of their own, the slicing programs
+    of ``wanted`` ((array, rows, flat) each) not compiled yet, the first :data:`PROGRAMS` of
+    them: a fetch that will cut slices of several shapes waits for one compile at a time at
+    most, not for each in turn. Errors are raised by :func:`slicer`, when the program is asked for."""
+    keys = {(x.shape, x.dtype, x.sharding, rows, flat): (x, rows, flat) for x, rows, flat in wanted}
+    pool = None
+    for x, rows, flat in list(keys.values())[:PROGRAMS]:
+        future, mine = _entry(x, rows, flat)
+        if mine:
+            pool = pool or cf.ThreadPoolExecutor(COMPILERS, thread_name_prefix="treestore-compile")
+            pool.submit(_compile, future, x, rows, flat)
+    if pool is not None:
+        pool.shutdown(wait=False)
+
+
+def _entry(x: Any, rows: int, flat: bool) -> tuple[cf.Future[Any], bool]:
+    """The kept future of the program, and whether the caller is to compile it (it was not kept)."""
+    key = (x.shape, x.dtype, x.sharding, rows, flat)
+    with _programs_lock:
+        future = _programs.get(key)
+        if future is not None:
+            _programs.move_to_end(key)
+            return future, False
+        future = _programs[key] = cf.Future()
+        while len(_programs) > PROGRAMS:
+            _programs.popitem(last=False)
+        return future, True
+
+
+def _compile(future: cf.Future[Any], x: Any, rows: int, flat: bool) -> None:
+    """Compile the program of ``future``; one that fails is dropped from the kept set."""
+    try:
+        future.set_result(_slice_rows(rows, flat).lower(x, 0).compile())
+    except BaseException as exc:
+        key = (x.shape, x.dtype, x.sharding, rows, flat)
+        with _programs_lock:
+            if _programs.get(key) is future:
+                del _programs[key]
+        future.set_exception(exc)
+
+
+__all__ = ["COMPILERS", "PROGRAMS", "compile_ahead", "slicer"]
