@@ -207,6 +207,25 @@ def test_the_slicing_programs_of_a_save_are_compiled_ahead_on_threads_of_their_o
     _assert_same(store, "a", tree)
 
 
+def test_a_save_whose_compile_threads_cannot_start_compiles_on_its_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No thread can be started to compile ahead (the process is out of threads or memory): the
+    save compiles its slicing programs itself, and saves; none is left waiting for a compile."""
+    monkeypatch.setattr(slicing, "_programs", collections.OrderedDict())
+
+    def no_threads(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(slicing, "ThreadPoolExecutor", no_threads)
+    x = jnp.asarray(np.random.default_rng(18).standard_normal((1301, 1021)).astype(np.float32))
+    store = treestore.Store("memory://full-chip/no-compile-threads")
+    for name in ("a", "b"):
+        store.save({"w": x}, name, options=treestore.SaveOptions(**ALWAYS))
+    assert all(f.done() for f in slicing._programs.values()) and slicing._programs
+    _assert_same(store, "b", {"w": x})
+
+
 # -- one tree, one record --------------------------------------------------------------------------
 def _record_cases() -> dict[str, np.ndarray]:
     rng = np.random.default_rng(7)

@@ -10,9 +10,9 @@ several shapes waits for about one compile, not for each in turn.
 from __future__ import annotations
 
 import collections
-import concurrent.futures as cf
 import functools
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from treestore._tree.jax_import import jax
@@ -32,7 +32,7 @@ def _slice_rows(rows: int, flat: bool) -> Any:
     return jax.jit(take)
 
 
-_programs: collections.OrderedDict[tuple[Any, ...], cf.Future[Any]] = collections.OrderedDict()
+_programs: collections.OrderedDict[tuple[Any, ...], Future[Any]] = collections.OrderedDict()
 _programs_lock = threading.Lock()
 
 
@@ -56,14 +56,18 @@ def compile_ahead(wanted: list[tuple[Any, int, bool]]) -> None:
     pool = None
     for x, rows, flat in list(keys.values())[:PROGRAMS]:
         future, mine = _entry(x, rows, flat)
-        if mine:
-            pool = pool or cf.ThreadPoolExecutor(COMPILERS, thread_name_prefix="treestore-compile")
+        if not mine:
+            continue
+        try:
+            pool = pool or ThreadPoolExecutor(COMPILERS, thread_name_prefix="treestore-compile")
             pool.submit(_compile, future, x, rows, flat)
+        except RuntimeError:  # no thread to compile on (out of threads or memory): compile here
+            _compile(future, x, rows, flat)
     if pool is not None:
         pool.shutdown(wait=False)
 
 
-def _entry(x: Any, rows: int, flat: bool) -> tuple[cf.Future[Any], bool]:
+def _entry(x: Any, rows: int, flat: bool) -> tuple[Future[Any], bool]:
     """The kept future of the program, and whether the caller is to compile it (it was not kept)."""
     key = (x.shape, x.dtype, x.sharding, rows, flat)
     with _programs_lock:
@@ -71,13 +75,13 @@ def _entry(x: Any, rows: int, flat: bool) -> tuple[cf.Future[Any], bool]:
         if future is not None:
             _programs.move_to_end(key)
             return future, False
-        future = _programs[key] = cf.Future()
+        future = _programs[key] = Future()
         while len(_programs) > PROGRAMS:
             _programs.popitem(last=False)
         return future, True
 
 
-def _compile(future: cf.Future[Any], x: Any, rows: int, flat: bool) -> None:
+def _compile(future: Future[Any], x: Any, rows: int, flat: bool) -> None:
     """Compile the program of ``future``; one that fails is dropped from the kept set."""
     try:
         future.set_result(_slice_rows(rows, flat).lower(x, 0).compile())
