@@ -369,6 +369,14 @@ MUTATIONS: list[Mutation] = [
         [f"{SHARED}::test_four_processes_read_each_replicated_byte_once"],
         "the devices take a leaf's bytes from replica 0's segment, whoever read it",
     ),
+    m(
+        "restore: a leaf cut on the host from another reader's segment",
+        "treestore/_engine/reading/share.py",
+        "        raw = np.asarray(shard.data)[s.reader, s.offset : s.offset + n]",
+        "        raw = np.asarray(shard.data)[0, s.offset : s.offset + n]",
+        [f"{SHARED}::test_four_processes_read_each_replicated_byte_once"],
+        "on CPU devices a leaf's bytes come from replica 0's segment, whoever read it",
+    ),
     # --- structure validation ------------------------------------------------------------------
     m(
         "leaf not checked to sit at its address",

@@ -95,6 +95,11 @@ def main() -> None:
 
     import treestore
 
+    if os.environ.get("RESTORE_WORKER_CUT") == "device":  # the accelerators' cut, on CPU devices
+        from treestore._engine.reading import share
+
+        share.cuts_on_device = lambda mesh: True
+
     client = jax._src.distributed.global_state.client
     options = {
         "endpoint_url": endpoint,

@@ -83,17 +83,20 @@ def damaged(backend: servers.Backend, url: str) -> None:
 
 
 @pytest.mark.timeout(300)
-def test_two_processes_read_each_replicated_byte_once(counting_s3):
+@pytest.mark.parametrize("cut", ["host", "device"])
+def test_two_processes_read_each_replicated_byte_once(counting_s3, cut):
     """2 processes of 2 devices, a (data, model) mesh: leaves replicated everywhere, replicated
     along data (across processes), sharded, bfloat16 with -0.0 and NaN payloads, bool, a 0-d
     array, int4 (not shareable: read by each holder). Each process reads about half the
     checkpoint; without sharing both read the replicated leaves. A chunk damaged in the leaf one
-    process reads makes both raise ChunkDamagedError."""
+    process reads makes both raise ChunkDamagedError. The leaves are cut from the gathered bytes
+    on the host (CPU devices), or by the accelerators' compiled cut, forced on."""
     counting_s3.reset()
-    url = counting_s3.url("two")
+    url = counting_s3.url(f"two-{cut}")
     damaged(counting_s3, url)
     steps = "save:c,share:c,old:c,fails:bad"
-    outputs = run_job(counting_s3, url, "mixed", steps, processes=2, devices=2, env=BOUNDED)
+    env = {**BOUNDED, "RESTORE_WORKER_CUT": cut}
+    outputs = run_job(counting_s3, url, "mixed", steps, processes=2, devices=2, env=env)
     check_ok(outputs)
     once, each, checkpoint = served(outputs, "share:c"), served(outputs, "old:c"), total(outputs)
     assert once <= 1.05 * checkpoint, (once, checkpoint)
@@ -105,12 +108,14 @@ def test_two_processes_read_each_replicated_byte_once(counting_s3):
 
 
 @pytest.mark.timeout(300)
-def test_four_processes_read_each_replicated_byte_once(counting_s3):
+@pytest.mark.parametrize("cut", ["host", "device"])
+def test_four_processes_read_each_replicated_byte_once(counting_s3, cut):
     """4 processes of 1 device on a (2, 2) mesh of processes: leaves replicated over all four,
-    along one axis (two processes each), and sharded."""
+    along one axis (two processes each), and sharded; cut on the host, and by the compiled cut."""
     counting_s3.reset()
-    url = counting_s3.url("four")
-    outputs = run_job(counting_s3, url, "mixed", "save:c,share:c,old:c", processes=4, devices=1, env=BOUNDED)
+    url = counting_s3.url(f"four-{cut}")
+    env = {**BOUNDED, "RESTORE_WORKER_CUT": cut}
+    outputs = run_job(counting_s3, url, "mixed", "save:c,share:c,old:c", processes=4, devices=1, env=env)
     check_ok(outputs)
     once, each, checkpoint = served(outputs, "share:c"), served(outputs, "old:c"), total(outputs)
     assert once <= 1.05 * checkpoint, (once, checkpoint)

@@ -7,9 +7,12 @@ on every process:
    index (in the device's replica group), every chunk checked against its digest as any load
    does, and lays their bytes one after the other in the device's *segment* (zeros past them).
 2. It compiles the batch's programs: over the mesh, an ``all_gather`` of the segments along
-   the replicated axes; and, one per kind of leaf (partition, region shape, dtype), the cut of a
-   leaf's region from its reader's gathered segment, its bytes taken back as the leaf's dtype
-   (a bitcast: the bits as stored; -0.0 and NaN payloads included).
+   the replicated axes; and, on accelerators, one per kind of leaf (partition, region shape,
+   dtype), the cut of a leaf's region from its reader's gathered segment, its bytes taken back as
+   the leaf's dtype (a bitcast: the bits as stored; -0.0 and NaN payloads included). On CPU
+   devices the gathered segments are in host memory already: a leaf's region is copied out of
+   them on the host, with no program (a compile per kind of leaf cost a job's first restore more
+   than reading its bytes did).
 3. Every process votes (:class:`Agreement`): each says it read and prepared everything and what
    it is about to share, as a digest every process must match; a process that failed, or a plan
    that differs, makes every process raise before any collective starts, and one that never
@@ -70,11 +73,35 @@ def restore_shared(
         agreement.agree(batch_token(token, batch))
         gathered = _bounded(functools.partial(gather, segments), agreement.timeout, columns.name)
         for s in batch.leaves:  # on this process's devices alone: no other process waits on it
+            if cutters is None:
+                out[s.position] = _cut_on_host(gathered, s)
+                continue
             start = np.array([s.reader, s.offset // ALIGN], np.int32)
             starts = jax.make_array_from_callback((2,), _replicated(batch.mesh), start.__getitem__)
             out[s.position] = cutters[_signature(s)](gathered, starts)
         del gathered
     return out
+
+
+def cuts_on_device(mesh: Any) -> bool:
+    """Whether the leaves are cut from the gathered segments by a program on the devices (on
+    accelerators), or on the host (CPU devices: the gathered bytes are in host memory already,
+    and a copy of a leaf's bytes costs less than compiling a program to take them)."""
+    return any(d.platform != "cpu" for d in mesh.devices.flat)
+
+
+def _cut_on_host(gathered: Any, s: Shared) -> Any:
+    """Leaf ``s`` from the gathered segments on CPU devices: on each of this process's devices,
+    its region's bytes in its reader's segment, copied out and taken back as its dtype (the
+    bits as stored, as the device cut's bitcast; a bool is a byte that is not zero)."""
+    n = s.region_bytes
+    arrays = []
+    for shard in gathered.addressable_shards:
+        raw = np.asarray(shard.data)[s.reader, s.offset : s.offset + n]
+        leaf = raw != 0 if s.dtype == np.bool_ else np.array(raw).view(s.dtype)
+        arrays.append(jax.device_put(leaf.reshape(s.region_shape), shard.device))
+    sharding = jax.sharding.NamedSharding(gathered.sharding.mesh, s.sharding.spec)
+    return jax.make_array_from_single_device_arrays(s.shape, sharding, arrays)
 
 
 def batch_token(token: str, batch: Batch) -> str:
@@ -128,19 +155,21 @@ def _segments(reader: ChunkReader, columns: Columns, batch: Batch, threads: int,
     return jax.make_array_from_single_device_arrays((batch.size * mesh.devices.size,), everywhere, arrays)
 
 
-def _compiled(
-    batch: Batch, everywhere: Any
-) -> tuple[Callable[..., Any], dict[Signature, Callable[..., Any]]]:
-    """The batch's gather and its cuts (one per kind of leaf), compiled."""
+def _compiled(batch: Batch, everywhere: Any) -> Programs:
+    """The batch's gather and its cuts (one per kind of leaf; none where the leaves are cut on
+    the host: :func:`cuts_on_device`), compiled."""
     mesh = batch.mesh
+    gather = _gather(mesh, batch.axes)
     segments = jax.ShapeDtypeStruct((batch.size * mesh.devices.size,), np.uint8, sharding=everywhere)
+    if not cuts_on_device(mesh):
+        return gather.lower(segments).compile(), None
     replicas = batch.leaves[0].layout.replicas
     gathered = jax.ShapeDtypeStruct((mesh.devices.size * replicas, batch.size), np.uint8, sharding=everywhere)
     starts = jax.ShapeDtypeStruct((2,), np.int32, sharding=_replicated(mesh))
     cutters = {}
     for signature in dict.fromkeys(_signature(s) for s in batch.leaves):
         cutters[signature] = _cut(mesh, *signature).lower(gathered, starts).compile()
-    return _gather(mesh, batch.axes).lower(segments).compile(), cutters
+    return gather.lower(segments).compile(), cutters
 
 
 def _reads(batch: Batch, device: Any) -> list[tuple[int, int]]:
@@ -162,7 +191,7 @@ def _asked(columns: Columns, s: Shared, groups: list[int]) -> tuple[_region.Leaf
 Signature = tuple[Any, tuple[int, ...], np.dtype[Any]]  # spec, region shape, dtype
 
 
-Programs = tuple[Callable[..., Any], dict[Signature, Callable[..., Any]]]  # the gather, the cuts
+Programs = tuple[Callable[..., Any], dict[Signature, Callable[..., Any]] | None]  # the gather, the cuts
 
 
 def _signature(s: Shared) -> Signature:
