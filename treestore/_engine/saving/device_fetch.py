@@ -2,9 +2,10 @@
 
 A save of arrays that live on an accelerator does not copy the whole tree to the host first. A leaf
 no bigger than a slice is moved to host memory whole, with no program; a bigger leaf is cut on its
-device into slices of rows of one height, by a slicing program compiled once per leaf shape,
-dtype and sharding (:mod:`treestore._engine.saving.slicing`): the last slice starts back from
-the leaf's end, fetching again a part of its neighbour's bytes. So the programs a save compiles
+device into slices of rows as even as whole chunks allow, by a slicing program compiled once per
+leaf shape, dtype and sharding (:mod:`treestore._engine.saving.slicing`): the last slice starts
+back from the leaf's end where that fetches again at most a chunk of its neighbour's bytes, and
+has a height of its own (a second program) otherwise. So the programs a save compiles
 grow with the distinct shapes of its leaves over a slice only, never with its many small ones,
 and a save starts compiling them all before its first transfer. The
 transfer of each piece to the host starts as soon as the window has room for it, so that the
@@ -155,15 +156,16 @@ class _Leaf:
         return int(self.array.nbytes)
 
     def slices(self, target: int, exact: bool) -> list[_Plan]:
-        """The pieces of the leaf: slices of rows of about ``target`` bytes, every one of the same
-        height (one program), or one piece and no program for a leaf of at most ``target`` bytes.
+        """The pieces of the leaf: slices of rows of at most about ``target`` bytes, as even as
+        whole chunks (or rows) allow, or one piece and no program for a leaf of at most
+        ``target`` bytes.
 
         Where two rows fit in a chunk, slices hand over whole chunks: a slice's rows reach from
         the one that holds its first byte to the one that holds its last (a row more at each end
-        at most). Otherwise they hand over whole rows. The last slice starts back from the leaf's
-        end so that it has the others' height, fetching again some of the bytes its neighbour
-        hands over (less than a slice), unless ``exact``: then a last slice that would fetch any
-        byte twice has a height (and a program) of its own.
+        at most). Otherwise they hand over whole rows. Every slice has the same height (one
+        program), the last starting back from the leaf's end where it would fetch again at most
+        a chunk of the bytes its neighbour hands over (none with ``exact``); a shorter last slice
+        has a height (and a program) of its own.
         """
         x = self.array
         nbytes = self.nbytes
@@ -176,21 +178,21 @@ class _Leaf:
         else:
             count = x.shape[0]
         step = self.step
-        if target >= step and (step % row == 0 or 2 * row <= step):
-            span = target // step * step  # whole chunks
-        else:
-            span = max(1, target // row) * row  # whole rows
+        unit = step if target >= step and (step % row == 0 or 2 * row <= step) else row
+        units = -(-nbytes // unit)  # whole chunks (or rows) in the leaf
+        pieces = -(-units // max(1, target // unit))
+        span = -(-units // pieces) * unit
         cuts = [*range(0, nbytes, span), nbytes]
         spans = list(itertools.pairwise(cuts))
         height = max(-(-end // row) - first // row for first, end in spans[:-1])
+        twice = 0 if exact else step  # bytes the last slice may fetch again
         out = []
         for first, end in spans:
             start = first // row
             if start + height > count:  # near the end: from further back
-                if exact and (first, end) == spans[-1]:
-                    out.append(
-                        _Plan(count - start, flat, start, start * row, (count - start) * row, first, end)
-                    )
+                if (first, end) == spans[-1] and (start + height - count) * row > twice:
+                    rows = count - start
+                    out.append(_Plan(rows, flat, start, start * row, rows * row, first, end))
                     continue
                 start = count - height
             out.append(_Plan(height, flat, start, start * row, height * row, first, end))
@@ -268,7 +270,7 @@ class Fetcher:
         out = []
         for leaf in self._leaves:
             try:
-                if leaf.nbytes and self.may_slice(leaf.array):
+                if leaf.nbytes > self.target and self.may_slice(leaf.array):
                     out += [
                         (leaf.array, p.rows, p.flat) for p in leaf.slices(self.target, self.exact) if p.rows
                     ]
@@ -292,7 +294,8 @@ class Fetcher:
         the leaf is fetched whole and the piece cut from host memory."""
         if leaf.host is None and plan.rows is not None:
             try:
-                piece = slicing.slicer(leaf.array, plan.rows, plan.flat)(leaf.array, plan.start)
+                program = slicing.slicer(leaf.array, plan.rows, plan.flat)
+                piece = program(leaf.array, slicing.start_of(leaf.array, plan.flat, plan.start))
                 piece.copy_to_host_async()
                 return piece, plan.origin
             except jax.errors.JaxRuntimeError:

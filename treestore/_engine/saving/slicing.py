@@ -15,6 +15,8 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+import numpy as np
+
 from treestore._tree.jax_import import jax
 
 PROGRAMS = 32  # compiled slicing programs kept, the most recently used
@@ -37,39 +39,61 @@ _programs_lock = threading.Lock()
 
 
 def slicer(x: Any, rows: int, flat: bool) -> Any:
-    """The compiled program that takes ``rows`` rows of arrays like ``x`` from a start row
-    (compiled here, or waited for where :func:`compile_ahead` started it); the
-    :data:`PROGRAMS` used last are kept (a program dropped is freed, and compiled again if asked).
-    A compile that fails raises its error, and is tried again by the next call."""
+    """The compiled program that takes ``rows`` rows of arrays like ``x`` from a start row (a
+    ``start_type`` scalar: :func:`start_of`), compiled here, or waited for where
+    :func:`compile_ahead` started it; the :data:`PROGRAMS` used last are kept (a program dropped
+    is freed, and compiled again if asked). A compile that fails raises its error, and is tried
+    again by the next call."""
     future, mine = _entry(x, rows, flat)
     if mine:
         _compile(future, x, rows, flat)
     return future.result()
 
 
+def start_of(x: Any, flat: bool, start: int) -> np.integer[Any]:
+    """The start row of a slice of ``x``, typed as its program was compiled for (int32, or
+    int64 for a flat view of more than 2**31 elements): not left to the jax config of the
+    calling thread, which may differ from the compiling one's (``jax.enable_x64``)."""
+    return _start_type(x, flat).type(start)
+
+
 def compile_ahead(wanted: list[tuple[Any, int, bool]]) -> None:
     """Start compiling, :data:`COMPILERS` at a time on threads of their own, the slicing programs
     of ``wanted`` ((array, rows, flat) each) not compiled yet, the first :data:`PROGRAMS` of
     them: a fetch that will cut slices of several shapes waits for one compile at a time at
-    most, not for each in turn. Errors are raised by :func:`slicer`, when the program is asked for."""
-    keys = {(x.shape, x.dtype, x.sharding, rows, flat): (x, rows, flat) for x, rows, flat in wanted}
+    most, not for each in turn. Errors are raised by :func:`slicer`, when the program is asked
+    for; where no thread can be started, the programs are compiled here."""
+    keys = {_key(x, rows, flat): (x, rows, flat) for x, rows, flat in wanted}
     pool = None
-    for x, rows, flat in list(keys.values())[:PROGRAMS]:
-        future, mine = _entry(x, rows, flat)
-        if not mine:
-            continue
-        try:
-            pool = pool or ThreadPoolExecutor(COMPILERS, thread_name_prefix="treestore-compile")
-            pool.submit(_compile, future, x, rows, flat)
-        except RuntimeError:  # no thread to compile on (out of threads or memory): compile here
-            _compile(future, x, rows, flat)
-    if pool is not None:
-        pool.shutdown(wait=False)
+    try:
+        for x, rows, flat in list(keys.values())[:PROGRAMS]:
+            future, mine = _entry(x, rows, flat)
+            if not mine:
+                continue
+            try:
+                pool = pool or ThreadPoolExecutor(COMPILERS, thread_name_prefix="treestore-compile")
+                pool.submit(_compile, future, x, rows, flat)
+            except (RuntimeError, MemoryError):  # no thread to compile on: compile here
+                _compile(future, x, rows, flat)  # (a job queued anyway finds it claimed)
+            except BaseException as exc:  # interrupted: nobody is to wait on it
+                _fail(future, _key(x, rows, flat), exc)
+                raise
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=False)
+
+
+def _key(x: Any, rows: int, flat: bool) -> tuple[Any, ...]:
+    return (x.shape, x.dtype, x.sharding, rows, flat)
+
+
+def _start_type(x: Any, flat: bool) -> np.dtype[Any]:
+    return np.dtype(np.int64 if flat and x.size >= 2**31 else np.int32)
 
 
 def _entry(x: Any, rows: int, flat: bool) -> tuple[Future[Any], bool]:
     """The kept future of the program, and whether the caller is to compile it (it was not kept)."""
-    key = (x.shape, x.dtype, x.sharding, rows, flat)
+    key = _key(x, rows, flat)
     with _programs_lock:
         future = _programs.get(key)
         if future is not None:
@@ -82,15 +106,33 @@ def _entry(x: Any, rows: int, flat: bool) -> tuple[Future[Any], bool]:
 
 
 def _compile(future: Future[Any], x: Any, rows: int, flat: bool) -> None:
-    """Compile the program of ``future``; one that fails is dropped from the kept set."""
+    """Compile the program of ``future``, unless another thread has claimed it; one that fails
+    is dropped from the kept set, and an interrupt raised again once the waiters are told."""
+    with _programs_lock:
+        if future.running() or future.done() or not future.set_running_or_notify_cancel():
+            return
+    key = _key(x, rows, flat)
     try:
-        future.set_result(_slice_rows(rows, flat).lower(x, 0).compile())
+        start = jax.ShapeDtypeStruct((), _start_type(x, flat))
+        program = _slice_rows(rows, flat).lower(x, start).compile()
+    except Exception as exc:
+        _fail(future, key, exc)
     except BaseException as exc:
-        key = (x.shape, x.dtype, x.sharding, rows, flat)
-        with _programs_lock:
-            if _programs.get(key) is future:
-                del _programs[key]
+        _fail(future, key, exc)
+        raise
+    else:
+        future.set_result(program)
+
+
+def _fail(future: Future[Any], key: tuple[Any, ...], exc: BaseException) -> None:
+    """Drop ``future`` from the kept set and tell its waiters (an interrupt, as an error of theirs)."""
+    with _programs_lock:
+        if _programs.get(key) is future:
+            del _programs[key]
+    if not future.done():
+        if not isinstance(exc, Exception):
+            exc = RuntimeError(f"compiling a slicing program was interrupted ({type(exc).__name__})")
         future.set_exception(exc)
 
 
-__all__ = ["COMPILERS", "PROGRAMS", "compile_ahead", "slicer"]
+__all__ = ["COMPILERS", "PROGRAMS", "compile_ahead", "slicer", "start_of"]

@@ -7,9 +7,11 @@ has no device room for a copy of the tree and copies it to host memory instead, 
 go through the same fetcher (:class:`Stager`), with a job that keeps every chunk the fetcher hands
 over instead of storing it. The chunks are the save's own (every ``chunk_step`` raw bytes of the
 leaf), so the save stores them as they are (:class:`HostChunks`): the same objects and statistics
-as a save from the devices or from host memory, and no second pass over the bytes. The price: a
-chunk that spans two slices is copied into a buffer of its own while both slices are kept, so a
-leaf whose rows do not divide the chunk size holds up to one chunk per slice twice.
+as a save from the devices or from host memory, and no second pass over the bytes. The fetcher is
+exact: no slice fetches again bytes that another hands over, beyond the two rows at most that a
+slice of whole chunks reaches past them where rows do not divide the chunk size. Where single rows
+are bigger than half a chunk, a chunk that spans two slices is copied into a buffer of its own
+while both slices are kept: such a leaf holds up to one chunk per slice twice.
 
 Device memory: the slices in flight take at most ``window`` bytes of a device, and only arrays
 whose devices all have that room beside the training step's peak are staged (the fetcher's own
