@@ -10,9 +10,10 @@ Usage (from the repository root)::
 The package and the tests are copied to a temporary folder and the tests run there, so the copy
 is what gets imported (each run checks it, through a small pytest plugin). Each mutation
 replaces exact snippets of one file; a snippet that is not found exactly once is an error (the
-code moved: update the table). One run with no mutation must pass first. A mutation is caught
-when its tests fail (pytest exit status 1); an error (collection error, timeout, the copy not
-imported) is reported as such and counts as a failure of this script, like a survivor.
+code moved: update the table). The tests must pass with no mutation (the clean run: each test
+once, in one copy or another), or no verdict counts. A mutation is caught when its tests fail
+(pytest exit status 1); an error (collection error, timeout, the copy not imported) is reported
+as such and counts as a failure of this script, like a survivor.
 
 Two runs go at once by default (``-j``), each in a copy of its own; mutations whose tests start
 processes of their own and bound them by timeouts (tests/system), or catch them by a race
@@ -28,6 +29,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -1013,26 +1015,36 @@ def main() -> int:
             finally:
                 copies.put(dest)
 
-        # The clean run: the tests of the mutations run together split over the copies, those
-        # of the mutations run alone afterwards in one run of their own.
+        # The clean run: the tests of the mutations run together, split over runs at the head of
+        # the queue of runs at once; those of the mutations run alone, in one run of their own
+        # after every other run. The copies are the same tree, so a test that passed in one copy
+        # passes in each: every test runs once, and its mutations wait for no copy but their own.
+        # No verdict counts unless the whole clean run passed; once a part fails, no mutation
+        # starts.
         solo = {t for x in chosen if alone(x) for t in x.tests}
         every = sorted({t for x in chosen for t in x.tests} - solo)
-        start = time.monotonic()
-        with ThreadPoolExecutor(jobs) as pool:
-            clean = list(pool.map(run_in_a_copy, [s for s in (every[i::jobs] for i in range(jobs)) if s]))
-        if solo:
-            clean.append(run_in_a_copy(sorted(solo)))
-        passed = all(rc == 0 for rc, _, _ in clean)
-        print(
-            f"clean run of {len(every) + len(solo)} test selections: {'passed' if passed else 'FAILED'} "
-            f"in {time.monotonic() - start:.0f} s",
-            flush=True,
-        )
-        if not passed:
-            print("\n".join(out for _, _, out in clean))
-            print("the tests fail without any mutation (or the copy is not what they import)")
-            return 1
         together = [x for x in chosen if not alone(x)]
+        failed = threading.Event()
+        skipped = (None, 0.0, "not run: the clean run failed")
+
+        def clean_part(tests: list[str]) -> tuple[int | None, float, str]:
+            outcome = run_in_a_copy(tests)
+            if outcome[0] != 0:
+                failed.set()
+            return outcome
+
+        def mutated(x: Mutation) -> tuple[int | None, float, str]:
+            return skipped if failed.is_set() else run_in_a_copy(list(x.tests), x)
+
+        def clean_passed(parts: list[tuple[int | None, float, str]], what: str) -> bool:
+            passed = all(rc == 0 for rc, _, _ in parts)
+            took = time.monotonic() - start
+            print(f"{what}: {'passed' if passed else 'FAILED'} in {took:.0f} s", flush=True)
+            if not passed:
+                print("\n".join(out for _, _, out in parts))
+                print("the tests fail without any mutation (or the copy is not what they import)")
+            return passed
+
         rows = []
 
         def report(x: Mutation, rc: int | None, took: float, out: str) -> None:
@@ -1042,11 +1054,19 @@ def main() -> int:
             if args.verbose or verdict != "caught":
                 print(out)
 
+        start = time.monotonic()
         with ThreadPoolExecutor(jobs) as pool:
-            for x, (rc, took, out) in zip(
-                together, pool.map(lambda x: run_in_a_copy(list(x.tests), x), together), strict=True
-            ):
-                report(x, rc, took, out)
+            parts = [pool.submit(clean_part, s) for s in (every[i::jobs] for i in range(jobs)) if s]
+            runs = [pool.submit(mutated, x) for x in together]
+            if not clean_passed([p.result() for p in parts], f"clean run of {len(every)} test selections"):
+                pool.shutdown(cancel_futures=True)
+                return 1
+            for x, run in zip(together, runs, strict=True):
+                report(x, *run.result())
+        if solo:
+            start = time.monotonic()
+            if not clean_passed([run_in_a_copy(sorted(solo))], f"clean run of {len(solo)} run alone"):
+                return 1
         for x in chosen:
             if alone(x):
                 report(x, *run_in_a_copy(list(x.tests), x))
