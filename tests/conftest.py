@@ -58,6 +58,33 @@ azure_backend = servers.azure_backend
 http_backend = servers.http_backend
 faultmem = faults.faultmem  # a faultmem:// store URL (tests/support/faults.py)
 
+# The longest tests, longest first (each well over 20 s in CI). xdist hands tests out in collection
+# order; collected last (tests/system is), they left one worker running them alone at the end
+# while the other sat idle. A whole module moves at once, so its module fixtures still start once.
+LONGEST_FIRST = (
+    "tests/api/test_two_tier.py",
+    "tests/format/test_memory_limit.py",
+    "tests/bench/test_benchmark_device_link.py",
+    "tests/bench/test_benchmark_device.py",
+    "tests/bench/test_benchmark_full_chip.py",
+    "tests/system/",
+    "tests/attacks/test_bounded.py",
+    "tests/docs/test_site.py",
+    "tests/format/test_damage_fuzz.py",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The modules of LONGEST_FIRST first, in its order; every other test after them, in the
+    order it was collected (a stable sort: the same order on every worker)."""
+
+    def rank(item: pytest.Item) -> int:
+        path = item.nodeid.split("::", 1)[0]
+        found = (i for i, first in enumerate(LONGEST_FIRST) if path.startswith(first))
+        return next(found, len(LONGEST_FIRST))
+
+    items.sort(key=rank)
+
 
 @pytest.fixture(params=["local", "memory"])
 def store_url(request: pytest.FixtureRequest, tmp_path) -> str:
