@@ -112,3 +112,25 @@ def test_a_save_inside_an_enable_x64_context_calls_its_programs_as_they_were_com
         x = jnp.asarray(np.arange(700_000, dtype=np.float64).reshape(1000, 700))  # 5.6 MB: sliced
         store.save({"w": x}, "a", options=treestore.SaveOptions(**ALWAYS))
         np.testing.assert_array_equal(np.asarray(store.load("a")["w"]), np.asarray(x))
+
+
+def test_the_programs_of_a_sharded_leaf_are_kept_for_every_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A leaf sharded over eight devices is fetched shard by shard, a program for each device:
+    the kept set bounds programs per device, so that saving it again compiles nothing (bounded
+    in all, it dropped each device's program before the next save asked for it)."""
+    from tests.support.compiles import compiles
+
+    monkeypatch.setattr(slicing, "_programs", collections.OrderedDict())
+    monkeypatch.setattr(slicing, "PROGRAMS", 4)
+    devices = jax.devices()[:8]
+    assert len(devices) == 8  # the tests' CPU has eight
+    mesh = jax.sharding.Mesh(np.array(devices), ("d",))
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("d"))
+    rng = np.random.default_rng(19)
+    x = jax.device_put(rng.standard_normal((8 * 700, 1031)).astype(np.float32), sharding)  # 2.9 MB shards
+    store = treestore.Store("memory://slicing/sharded")
+    store.save({"w": x}, "a", options=treestore.SaveOptions(**ALWAYS))
+    with compiles() as compiled:
+        store.save({"w": x}, "b", options=treestore.SaveOptions(**ALWAYS))
+    assert compiled == []
+    np.testing.assert_array_equal(np.asarray(store.load("b")["w"]), np.asarray(x))

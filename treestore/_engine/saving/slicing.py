@@ -1,7 +1,9 @@
 """The compiled programs that cut slices of rows from device arrays, for a save's fetch.
 
-One program per (leaf shape, dtype, sharding, slice height, flat view), kept for the
-:data:`PROGRAMS` used last (a program dropped is freed, and compiled again if asked). A fetch
+One program per (leaf shape, dtype, sharding, slice height, flat view): a sharded leaf's pieces
+are fetched one by one, a program for each device. The programs used last are kept,
+:data:`PROGRAMS` per local device (a program dropped is freed, jax's caches of it with it, and
+compiled again if asked). A fetch
 asks for every program it will need before its first transfer (:func:`compile_ahead`), and
 they are compiled :data:`COMPILERS` at once on threads of their own: a cold save of leaves of
 several shapes waits for about one compile, not for each in turn.
@@ -10,7 +12,6 @@ several shapes waits for about one compile, not for each in turn.
 from __future__ import annotations
 
 import collections
-import functools
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -19,13 +20,13 @@ import numpy as np
 
 from treestore._tree.jax_import import jax
 
-PROGRAMS = 32  # compiled slicing programs kept, the most recently used
+PROGRAMS = 32  # compiled slicing programs kept per local device, the most recently used
 COMPILERS = 4  # slicing programs compiled at once ahead of a fetch
 
 
-@functools.cache
 def _slice_rows(rows: int, flat: bool) -> Any:
-    """A jitted ``(x, start) -> rows`` rows of ``x`` (of its flat view when ``flat``)."""
+    """A jitted ``(x, start) -> rows`` rows of ``x`` (of its flat view when ``flat``): a new
+    function for each program, so that jax's caches of what it compiled go with the program."""
     lax = jax.lax
 
     def take(x: Any, start: Any) -> Any:
@@ -41,8 +42,8 @@ _programs_lock = threading.Lock()
 def slicer(x: Any, rows: int, flat: bool) -> Any:
     """The compiled program that takes ``rows`` rows of arrays like ``x`` from a start row (a
     ``start_type`` scalar: :func:`start_of`), compiled here, or waited for where
-    :func:`compile_ahead` started it; the :data:`PROGRAMS` used last are kept (a program dropped
-    is freed, and compiled again if asked). A compile that fails raises its error, and is tried
+    :func:`compile_ahead` started it; the programs used last are kept (:func:`_kept`; a program
+    dropped is freed, and compiled again if asked). A compile that fails raises its error, and is tried
     again by the next call."""
     future, mine = _entry(x, rows, flat)
     if mine:
@@ -59,14 +60,14 @@ def start_of(x: Any, flat: bool, start: int) -> np.integer[Any]:
 
 def compile_ahead(wanted: list[tuple[Any, int, bool]]) -> None:
     """Start compiling, :data:`COMPILERS` at a time on threads of their own, the slicing programs
-    of ``wanted`` ((array, rows, flat) each) not compiled yet, the first :data:`PROGRAMS` of
-    them: a fetch that will cut slices of several shapes waits for one compile at a time at
-    most, not for each in turn. Errors are raised by :func:`slicer`, when the program is asked
-    for; where no thread can be started, the programs are compiled here."""
+    of ``wanted`` ((array, rows, flat) each) not compiled yet, as many of them as are kept: a
+    fetch that will cut slices of several shapes waits for one compile at a time at most, not
+    for each in turn. Errors are raised by :func:`slicer`, when the program is asked for; where
+    no thread can be started, the programs are compiled here."""
     keys = {_key(x, rows, flat): (x, rows, flat) for x, rows, flat in wanted}
     pool = None
     try:
-        for x, rows, flat in list(keys.values())[:PROGRAMS]:
+        for x, rows, flat in list(keys.values())[: _kept()]:
             future, mine = _entry(x, rows, flat)
             if not mine:
                 continue
@@ -81,6 +82,11 @@ def compile_ahead(wanted: list[tuple[Any, int, bool]]) -> None:
     finally:
         if pool is not None:
             pool.shutdown(wait=False)
+
+
+def _kept() -> int:
+    """How many programs are kept: :data:`PROGRAMS` for each device of this process."""
+    return PROGRAMS * max(1, jax.local_device_count())
 
 
 def _key(x: Any, rows: int, flat: bool) -> tuple[Any, ...]:
@@ -100,7 +106,7 @@ def _entry(x: Any, rows: int, flat: bool) -> tuple[Future[Any], bool]:
             _programs.move_to_end(key)
             return future, False
         future = _programs[key] = Future()
-        while len(_programs) > PROGRAMS:
+        while len(_programs) > _kept():
             _programs.popitem(last=False)
         return future, True
 
