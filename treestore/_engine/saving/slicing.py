@@ -64,6 +64,8 @@ def compile_ahead(wanted: list[tuple[Any, int, bool]]) -> None:
     fetch that will cut slices of several shapes waits for one compile at a time at most, not
     for each in turn. Errors are raised by :func:`slicer`, when the program is asked for; where
     no thread can be started, the programs are compiled here."""
+    if not wanted:  # nothing to slice (a tree of numpy leaves does not import jax)
+        return
     keys = {_key(x, rows, flat): (x, rows, flat) for x, rows, flat in wanted}
     pool = None
     try:
