@@ -5,12 +5,12 @@ no bigger than a slice is moved to host memory whole, with no program; a bigger 
 device into slices of rows as even as whole chunks allow, by a slicing program compiled once per
 leaf shape, dtype and sharding (:mod:`treestore._engine.saving.slicing`): the last slice starts
 back from the leaf's end where that fetches again at most a chunk of its neighbour's bytes, and
-has a height of its own (a second program) otherwise. So the programs a save compiles
-grow with the distinct shapes of its leaves over a slice only, never with its many small ones,
-and a save starts compiling them all before its first transfer. The
-transfer of each piece to the host starts as soon as the window has room for it, so that the
-transfers run ahead of the hashing and compression, and the host bytes of a piece are given back to
-the window when the last chunk cut from it has been stored. Chunks are cut at the same boundaries
+has a height of its own (a second program) otherwise. So the programs a save compiles grow with
+the distinct shapes of its leaves over a slice only, never with its many small ones, and a save
+starts compiling them all before its first transfer. The transfer of each piece to the host
+starts as soon as the window has room for it, so that the transfers run ahead of the hashing and
+compression, and the host bytes of a piece are given back to the window when the last chunk cut
+from it has been stored. Chunks are cut at the same boundaries
 as a save from host memory (every ``chunk_size`` raw bytes of the leaf), so both store the same
 chunk objects, and a chunk is a view of the slice it came in. Slices hand over whole chunks: where
 the leaf's rows do not divide the chunk size, a slice's rows reach from the one that holds its
@@ -239,7 +239,7 @@ class Fetcher:
         (not stored). Transfers are started ahead while the window has room."""
         pending: collections.deque[_Slice] = collections.deque()
         try:
-            slicing.compile_ahead(self._programs())
+            slicing.compile_ahead(self._wanted())
             for leaf in self._leaves:
                 if not leaf.nbytes:
                     continue
@@ -265,7 +265,7 @@ class Fetcher:
                 self.window.give(piece.reserved + piece.carry)
             self._leaves = []
 
-    def _programs(self) -> list[tuple[Any, int, bool]]:
+    def _wanted(self) -> list[tuple[Any, int, bool]]:
         """(array, rows, flat) of each slicing program the planned leaves will ask for."""
         out = []
         for leaf in self._leaves:

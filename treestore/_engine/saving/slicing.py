@@ -3,10 +3,9 @@
 One program per (leaf shape, dtype, sharding, slice height, flat view): a sharded leaf's pieces
 are fetched one by one, a program for each device. The programs used last are kept,
 :data:`PROGRAMS` per local device (a program dropped is freed, jax's caches of it with it, and
-compiled again if asked). A fetch
-asks for every program it will need before its first transfer (:func:`compile_ahead`), and
-they are compiled :data:`COMPILERS` at once on threads of their own: a cold save of leaves of
-several shapes waits for about one compile, not for each in turn.
+compiled again if asked). A fetch asks for every program it will need before its first transfer
+(:func:`compile_ahead`), and they are compiled :data:`COMPILERS` at once on threads of their
+own: a cold save of leaves of several shapes waits for about one compile, not for each in turn.
 """
 
 from __future__ import annotations
@@ -40,11 +39,10 @@ _programs_lock = threading.Lock()
 
 
 def slicer(x: Any, rows: int, flat: bool) -> Any:
-    """The compiled program that takes ``rows`` rows of arrays like ``x`` from a start row (a
-    ``start_type`` scalar: :func:`start_of`), compiled here, or waited for where
-    :func:`compile_ahead` started it; the programs used last are kept (:func:`_kept`; a program
-    dropped is freed, and compiled again if asked). A compile that fails raises its error, and is tried
-    again by the next call."""
+    """The compiled program that takes ``rows`` rows of arrays like ``x`` from a start row (as
+    :func:`start_of` types it), compiled here, or waited for where :func:`compile_ahead` started
+    it; the programs used last are kept (:func:`_kept`; a program dropped is freed, and compiled
+    again if asked). A compile that fails raises its error, and is tried again by the next call."""
     future, mine = _entry(x, rows, flat)
     if mine:
         _compile(future, x, rows, flat)
