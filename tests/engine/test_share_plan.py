@@ -16,6 +16,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import treestore
+from treestore._engine.reading import share_plan
 from treestore._engine.reading.committed import read_columns, read_commit_record
 from treestore._engine.reading.share_plan import Layout, Shared, _placed, _units, key_of, wire_dtype
 from treestore._format.manifest.record_views import stored
@@ -79,6 +80,21 @@ def test_small_leaves_in_one_pack_get_one_reader():
     assert _units(leaves, columns, 2**20) == [[0, 1], [2]]
     batch = _placed(None, ("data",), leaves, columns)
     assert batch.leaves[0].reader == batch.leaves[1].reader != batch.leaves[2].reader
+
+
+def test_batches_are_filled_largest_first(monkeypatch):
+    """Batches of at most BATCH_BYTES are filled largest first: in plan order, the biases before
+    four big leaves that fill a batch would have left the last big leaf a batch of its own, its
+    bytes on one replica index and zeros on the other, moved by the all-gather all the same."""
+    values = {f"b{i}": np.full(8, i, np.float32) for i in range(2)}
+    values.update({f"w{i}": np.full(2**15, i, np.float32) for i in range(4)})  # 128 KiB each
+    columns = _columns(values)
+    monkeypatch.setattr(share_plan, "BATCH_BYTES", 4 * 2**17)
+    leaves = replicated(columns, list(values), 2)
+    runs = share_plan._runs(leaves, columns)
+    assert [[s.slot.address for s in run] for run in runs] == [["w0", "w1", "w2", "w3"], ["b0", "b1"]]
+    sizes = [_placed(None, ("data",), run, columns).size for run in runs]
+    assert sizes == [2 * 2**17, 64]  # no segment of zeros beside another's big leaf
 
 
 def test_what_travels_bit_for_bit():

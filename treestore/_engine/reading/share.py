@@ -40,6 +40,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from treestore._engine.reading import region as _region
+from treestore._engine.reading.memory import allocate, allocate_many
 from treestore._engine.reading.read import ChunkReader
 from treestore._engine.reading.share_plan import ALIGN, Batch, Shared
 from treestore._format.manifest.columns import Columns
@@ -74,7 +75,7 @@ def restore_shared(
         gathered = _bounded(functools.partial(gather, segments), agreement.timeout, columns.name)
         for s in batch.leaves:  # on this process's devices alone: no other process waits on it
             if cutters is None:
-                out[s.position] = _cut_on_host(gathered, s)
+                out[s.position] = _cut_on_host(gathered, s, columns.name)
                 continue
             start = np.array([s.reader, s.offset // ALIGN], np.int32)
             starts = jax.make_array_from_callback((2,), _replicated(batch.mesh), start.__getitem__)
@@ -90,16 +91,23 @@ def cuts_on_device(mesh: Any) -> bool:
     return any(d.platform != "cpu" for d in mesh.devices.flat)
 
 
-def _cut_on_host(gathered: Any, s: Shared) -> Any:
+def _cut_on_host(gathered: Any, s: Shared, checkpoint: str) -> Any:
     """Leaf ``s`` from the gathered segments on CPU devices: on each of this process's devices,
     its region's bytes in its reader's segment, copied out and taken back as its dtype (the
-    bits as stored, as the device cut's bitcast; a bool is a byte that is not zero)."""
+    bits as stored, as the device cut's bitcast; a bool is a byte that is not zero), in memory
+    of its own: a leaf does not keep the batch's gathered bytes alive."""
     n = s.region_bytes
+    shards = gathered.addressable_shards
+    outs = allocate_many([(n,)] * len(shards), s.slot.address, checkpoint, np.uint8)
     arrays = []
-    for shard in gathered.addressable_shards:
+    for shard, out in zip(shards, outs, strict=True):
         raw = np.asarray(shard.data)[s.reader, s.offset : s.offset + n]
-        leaf = raw != 0 if s.dtype == np.bool_ else np.array(raw).view(s.dtype)
-        arrays.append(jax.device_put(leaf.reshape(s.region_shape), shard.device))
+        if s.dtype == np.bool_:
+            np.not_equal(raw, 0, out=out.view(np.bool_))
+        else:
+            out[:] = raw
+        # Aligned: jax takes it onto the CPU device as it is, with no second copy.
+        arrays.append(jax.device_put(out.view(s.dtype).reshape(s.region_shape), shard.device))
     sharding = jax.sharding.NamedSharding(gathered.sharding.mesh, s.sharding.spec)
     return jax.make_array_from_single_device_arrays(s.shape, sharding, arrays)
 
@@ -145,13 +153,17 @@ def _segments(reader: ChunkReader, columns: Columns, batch: Batch, threads: int,
         data.update(((j, k), out) for k, out in zip(wanted[j], outs, strict=True))
     arrays = []
     for d in devices:
-        segment = np.zeros(batch.size, np.uint8)
-        for j, k in jobs[d]:
+        segment = allocate(batch.size, f"segment of {len(batch.leaves)} shared leaves", columns.name)
+        end = 0  # the bytes not laid yet are zeros, not what the memory held before
+        for j, k in sorted(jobs[d], key=lambda job: batch.leaves[job[0]].offset):
             s = batch.leaves[j]
             got = data[j, k] if data[j, k].dtype == s.dtype else data[j, k].astype(s.dtype)
             bits = np.ascontiguousarray(got).reshape(-1).view(np.uint8)
+            segment[end : s.offset] = 0
             segment[s.offset : s.offset + s.region_bytes] = bits
-        arrays.append(jax.device_put(segment, d))
+            end = s.offset + s.region_bytes
+        segment[end:] = 0
+        arrays.append(jax.device_put(segment, d))  # aligned: taken as it is, not copied
     return jax.make_array_from_single_device_arrays((batch.size * mesh.devices.size,), everywhere, arrays)
 
 

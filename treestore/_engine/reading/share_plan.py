@@ -214,18 +214,32 @@ def plan(sharded: Sequence[tuple[_template.Slot, Any]], columns: Columns) -> tup
             continue
         shared = Shared(position, slot, sharding, shape, dtype, lay)
         found.setdefault((sharding.mesh, lay.axes), []).append(shared)
-    batches = []
-    for (mesh, axes), leaves in found.items():
-        run: list[Shared] = []
-        size = 0
-        for s in leaves:
-            if run and size + s.nbytes > BATCH_BYTES:
-                batches.append(_placed(mesh, axes, run, columns))
-                run, size = [], 0
-            run.append(s)
-            size += s.nbytes
-        batches.append(_placed(mesh, axes, run, columns))
+    batches = [
+        _placed(mesh, axes, run, columns)
+        for (mesh, axes), leaves in found.items()
+        for run in _runs(leaves, columns)
+    ]
     return batches, rest
+
+
+def _runs(leaves: list[Shared], columns: Columns) -> list[list[Shared]]:
+    """``leaves`` in runs of at most :data:`BATCH_BYTES` (a bigger unit alone), one batch each:
+    units (:func:`_units`) largest first, ties in plan order, each into the first run with room
+    for it; each run's leaves in plan order. Taken in plan order instead, a tree's last big leaf
+    could make a batch alone, its segment on one replica index and zeros on the others, which
+    the all-gather would move all the same."""
+    units = _units(leaves, columns, BATCH_BYTES)
+    runs: list[list[int]] = []
+    sizes: list[int] = []
+    for unit in sorted(units, key=lambda u: (-sum(leaves[j].nbytes for j in u), u[0])):
+        size = sum(leaves[j].nbytes for j in unit)
+        at = next((i for i, used in enumerate(sizes) if used + size <= BATCH_BYTES), len(runs))
+        if at == len(runs):
+            runs.append([])
+            sizes.append(0)
+        runs[at] += unit
+        sizes[at] += size
+    return [[leaves[j] for j in sorted(run)] for run in runs]
 
 
 def _placed(mesh: Any, axes: tuple[str, ...], leaves: list[Shared], columns: Columns) -> Batch:
