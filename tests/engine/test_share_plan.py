@@ -18,6 +18,7 @@ from jax.sharding import PartitionSpec as P
 import treestore
 from treestore._engine.reading import share_plan
 from treestore._engine.reading.committed import read_columns, read_commit_record
+from treestore._engine.reading.region import leaf_pieces, objects_met
 from treestore._engine.reading.share_plan import Layout, Shared, _placed, _units, key_of, wire_dtype
 from treestore._format.manifest.record_views import stored
 from treestore._storage.registry import open_storage
@@ -95,6 +96,32 @@ def test_batches_are_filled_largest_first(monkeypatch):
     assert [[s.slot.address for s in run] for run in runs] == [["w0", "w1", "w2", "w3"], ["b0", "b1"]]
     sizes = [_placed(None, ("data",), run, columns).size for run in runs]
     assert sizes == [2 * 2**17, 64]  # no segment of zeros beside another's big leaf
+
+
+def test_a_leaf_bigger_than_a_readers_share_is_split_at_chunk_boundaries():
+    """A leaf more than a reader's share of its batch is read in parts, row ranges of its region
+    that begin and end where its chunks do, one per reader: alone in a batch, whole, its reader
+    would read everything and the others gather zeros beside it (four times the leaf)."""
+    values = {"big": np.arange(1000 * 64, dtype=np.float32).reshape(1000, 64)}  # 250 KiB
+    columns = _columns(values, treestore.SaveOptions(chunk_size=2**15, small_leaf=1024))  # 32 KiB: 128 rows
+    (leaf,) = replicated(columns, ["big"], 4)
+    batch = _placed(None, ("data",), [leaf], columns)
+    assert sorted(s.rows for s in batch.leaves) == [(0, 256), (256, 512), (512, 768), (768, 1000)]
+    assert sorted(s.reader for s in batch.leaves) == [0, 1, 2, 3]
+    assert batch.size == 256 * 256  # the biggest part, not the leaf
+    starts = {s.rows: s.start for s in batch.leaves}
+    assert starts[(256, 512)] == 256 * 64 * 4 and starts[(0, 256)] == 0
+    pieces = leaf_pieces(columns, leaf.index)
+    met = [objects_met(pieces, s.region(0)) for s in batch.leaves]
+    assert sum(len(m) for m in met) == len(set().union(*met))  # no chunk read for two parts
+
+
+def test_a_leaf_is_not_split_where_no_chunk_boundary_falls_between_its_rows():
+    values = {"big": np.zeros((10, 3000), np.float32), "small": np.zeros(8, np.float32)}  # 12000-byte rows
+    columns = _columns(values, treestore.SaveOptions(chunk_size=2**15, small_leaf=1024))  # chunk ends mid-row
+    leaves = replicated(columns, ["big", "small"], 4)
+    batch = _placed(None, ("data",), leaves, columns)
+    assert [s.rows for s in batch.leaves] == [None, None]
 
 
 def test_what_travels_bit_for_bit():

@@ -5,7 +5,9 @@ usage: restore_worker.py PORT PROCESS_ID PROCESSES DEVICES ENDPOINT URL TREE STE
 Each process has DEVICES CPU devices (gloo collectives between processes); the mesh is
 (data, model): ``data`` across processes, ``model`` across each process's devices, or with one
 device per process, a (2, PROCESSES / 2) mesh of the processes. TREE names the tree
-(:func:`expected`) and its partition specs (:func:`specs`). STEPS is a comma-separated list of
+(:func:`expected`) and its partition specs (:func:`specs`); ``split`` is the ``mixed`` tree saved
+in chunks of 64 KiB, so that a shared restore reads its big leaves in parts (process 0 prints
+``SPLIT <address> <rows of each part>`` for each). STEPS is a comma-separated list of
 ``how:checkpoint``, run in order by every process; checkpoint ``c`` is in the store at URL, any
 other ``NAME`` in the store at ``URL-NAME``. ``how`` is one of:
 
@@ -95,6 +97,21 @@ def main() -> None:
 
     import treestore
 
+    kind = tree
+    saving = treestore.SaveOptions(chunk_size=2**16, small_leaf=4096) if kind == "split" else None
+    if index == 0:  # each leaf a shared restore reads in parts, as the plan splits it
+        from treestore._engine.reading import share_plan
+
+        parts_of = share_plan._parts
+
+        def reported(s, columns, share):  # type: ignore[no-untyped-def]
+            found = parts_of(s, columns, share)
+            if len(found) > 1:
+                print(f"SPLIT {s.slot.address} {[p.rows for p in found]}", flush=True)
+            return found
+
+        share_plan._parts = reported
+
     if os.environ.get("RESTORE_WORKER_CUT") == "device":  # the accelerators' cut, on CPU devices
         from treestore._engine.reading import share
 
@@ -123,7 +140,7 @@ def main() -> None:
                 k: jax.make_array_from_callback(v.shape, shardings[k], lambda i, v=v: v[i])
                 for k, v in values.items()
             }
-            treestore.save(store, tree, name, storage_options=options)
+            treestore.save(store, tree, name, options=saving, storage_options=options)
             if index == 0:
                 import fsspec
 

@@ -111,12 +111,16 @@ def test_two_processes_read_each_replicated_byte_once(counting_s3, cut):
 @pytest.mark.parametrize("cut", ["host", "device"])
 def test_four_processes_read_each_replicated_byte_once(counting_s3, cut):
     """4 processes of 1 device on a (2, 2) mesh of processes: leaves replicated over all four,
-    along one axis (two processes each), and sharded; cut on the host, and by the compiled cut."""
+    along one axis (two processes each), and sharded; cut on the host, and by the compiled cut.
+    Saved in small chunks, the big replicated leaves are each read in parts by several
+    processes, every chunk once."""
     counting_s3.reset()
     url = counting_s3.url(f"four-{cut}")
     env = {**BOUNDED, "RESTORE_WORKER_CUT": cut}
-    outputs = run_job(counting_s3, url, "mixed", "save:c,share:c,old:c", processes=4, devices=1, env=env)
+    outputs = run_job(counting_s3, url, "split", "save:c,share:c,old:c", processes=4, devices=1, env=env)
     check_ok(outputs)
+    split = dict(re.findall(r"^SPLIT (\w+) (.*)$", outputs[0][1], re.M))
+    assert {"full", "rows"} <= set(split), outputs[0][1][-3000:]
     once, each, checkpoint = served(outputs, "share:c"), served(outputs, "old:c"), total(outputs)
     assert once <= 1.05 * checkpoint, (once, checkpoint)
     assert each >= 2.5 * checkpoint, (each, checkpoint)

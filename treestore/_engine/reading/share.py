@@ -3,16 +3,17 @@
 For each batch of a load's shared leaves (:mod:`treestore._engine.reading.share_plan`), the same
 on every process:
 
-1. Each process reads, for each of its devices, the regions the plan gives that device's replica
-   index (in the device's replica group), every chunk checked against its digest as any load
-   does, and lays their bytes one after the other in the device's *segment* (zeros past them).
+1. Each process reads, for each of its devices, the regions (or parts of regions) the plan
+   gives that device's replica index (in the device's replica group), every chunk checked
+   against its digest as any load does, and lays their bytes one after the other in the
+   device's *segment* (zeros between and past them).
 2. It compiles the batch's programs: over the mesh, an ``all_gather`` of the segments along
    the replicated axes; and, on accelerators, one per kind of leaf (partition, region shape,
-   dtype), the cut of a leaf's region from its reader's gathered segment, its bytes taken back as
-   the leaf's dtype (a bitcast: the bits as stored; -0.0 and NaN payloads included). On CPU
-   devices the gathered segments are in host memory already: a leaf's region is copied out of
-   them on the host, with no program (a compile per kind of leaf cost a job's first restore more
-   than reading its bytes did).
+   dtype, parts), the cut of a leaf's region from its readers' gathered segments, its parts'
+   bytes one after the other taken back as the leaf's dtype (a bitcast: the bits as stored;
+   -0.0 and NaN payloads included). On CPU devices the gathered segments are in host memory
+   already: a leaf's region is copied out of them on the host, with no program (a compile per
+   kind of leaf cost a job's first restore more than reading its bytes did).
 3. Every process votes (:class:`Agreement`): each says it read and prepared everything and what
    it is about to share, as a digest every process must match; a process that failed, or a plan
    that differs, makes every process raise before any collective starts, and one that never
@@ -73,13 +74,13 @@ def restore_shared(
         segments, (gather, cutters) = _prepared(reader, columns, batch, threads)
         agreement.agree(batch_token(token, batch))
         gathered = _bounded(functools.partial(gather, segments), agreement.timeout, columns.name)
-        for s in batch.leaves:  # on this process's devices alone: no other process waits on it
+        for parts in _leaves(batch):  # on this process's devices alone: no other process waits on it
             if cutters is None:
-                out[s.position] = _cut_on_host(gathered, s, columns.name)
+                out[parts[0].position] = _cut_on_host(gathered, parts, columns.name)
                 continue
-            start = np.array([s.reader, s.offset // ALIGN], np.int32)
-            starts = jax.make_array_from_callback((2,), _replicated(batch.mesh), start.__getitem__)
-            out[s.position] = cutters[_signature(s)](gathered, starts)
+            start = np.array([[s.reader, s.offset // ALIGN] for s in parts], np.int32)
+            starts = jax.make_array_from_callback(start.shape, _replicated(batch.mesh), start.__getitem__)
+            out[parts[0].position] = cutters[_signature(parts)](gathered, starts)
         del gathered
     return out
 
@@ -91,33 +92,48 @@ def cuts_on_device(mesh: Any) -> bool:
     return any(d.platform != "cpu" for d in mesh.devices.flat)
 
 
-def _cut_on_host(gathered: Any, s: Shared, checkpoint: str) -> Any:
-    """Leaf ``s`` from the gathered segments on CPU devices: on each of this process's devices,
-    its region's bytes in its reader's segment, copied out and taken back as its dtype (the
-    bits as stored, as the device cut's bitcast; a bool is a byte that is not zero), in memory
-    of its own: a leaf does not keep the batch's gathered bytes alive."""
-    n = s.region_bytes
+def _leaves(batch: Batch) -> list[list[Shared]]:
+    """The batch's leaves, each as its parts in the order of their rows (one part: the leaf
+    whole)."""
+    found: dict[int, list[Shared]] = {}
+    for s in batch.leaves:
+        found.setdefault(s.position, []).append(s)
+    return [sorted(parts, key=lambda s: s.start) for parts in found.values()]
+
+
+def _cut_on_host(gathered: Any, parts: list[Shared], checkpoint: str) -> Any:
+    """A leaf (its ``parts``) from the gathered segments on CPU devices: on each of this
+    process's devices, each part's bytes in its reader's segment copied out, one after the
+    other, and taken back as the leaf's dtype (the bits as stored, as the device cut's bitcast;
+    a bool is a byte that is not zero), in memory of its own: a leaf does not keep the batch's
+    gathered bytes alive."""
+    s = parts[0]
+    n = math.prod(s.whole_shape) * s.dtype.itemsize
     shards = gathered.addressable_shards
     outs = allocate_many([(n,)] * len(shards), s.slot.address, checkpoint, np.uint8)
     arrays = []
     for shard, out in zip(shards, outs, strict=True):
-        raw = np.asarray(shard.data)[s.reader, s.offset : s.offset + n]
-        if s.dtype == np.bool_:
-            np.not_equal(raw, 0, out=out.view(np.bool_))
-        else:
-            out[:] = raw
+        held = np.asarray(shard.data)
+        for part in parts:
+            raw = held[part.reader, part.offset : part.offset + part.region_bytes]
+            into = out[part.start : part.start + part.region_bytes]
+            if s.dtype == np.bool_:
+                np.not_equal(raw, 0, out=into.view(np.bool_))
+            else:
+                into[:] = raw
         # Aligned: jax takes it onto the CPU device as it is, with no second copy.
-        arrays.append(jax.device_put(out.view(s.dtype).reshape(s.region_shape), shard.device))
+        arrays.append(jax.device_put(out.view(s.dtype).reshape(s.whole_shape), shard.device))
     sharding = jax.sharding.NamedSharding(gathered.sharding.mesh, s.sharding.spec)
     return jax.make_array_from_single_device_arrays(s.shape, sharding, arrays)
 
 
 def batch_token(token: str, batch: Batch) -> str:
     """What a batch shares, as a digest every process must agree on: the checkpoint (``token``),
-    the mesh, and each leaf's address, shape, dtype, partition, reader and offset."""
+    the mesh, and each leaf's (or part's) address, shape, dtype, partition, rows, reader and
+    offset."""
     parts = [token, f"{batch.mesh.axis_names}|{[d.id for d in batch.mesh.devices.flat]}|{batch.size}"]
     parts += [
-        f"{s.slot.address}|{s.shape}|{s.dtype}|{tuple(s.sharding.spec)}|{s.reader}|{s.offset}"
+        f"{s.slot.address}|{s.shape}|{s.dtype}|{tuple(s.sharding.spec)}|{s.rows}|{s.reader}|{s.offset}"
         for s in batch.leaves
     ]
     return digest("\n".join(parts).encode()).hex()
@@ -177,9 +193,9 @@ def _compiled(batch: Batch, everywhere: Any) -> Programs:
         return gather.lower(segments).compile(), None
     replicas = batch.leaves[0].layout.replicas
     gathered = jax.ShapeDtypeStruct((mesh.devices.size * replicas, batch.size), np.uint8, sharding=everywhere)
-    starts = jax.ShapeDtypeStruct((2,), np.int32, sharding=_replicated(mesh))
     cutters = {}
-    for signature in dict.fromkeys(_signature(s) for s in batch.leaves):
+    for signature in dict.fromkeys(_signature(parts) for parts in _leaves(batch)):
+        starts = jax.ShapeDtypeStruct((len(signature[3]), 2), np.int32, sharding=_replicated(mesh))
         cutters[signature] = _cut(mesh, *signature).lower(gathered, starts).compile()
     return gather.lower(segments).compile(), cutters
 
@@ -197,17 +213,20 @@ def _reads(batch: Batch, device: Any) -> list[tuple[int, int]]:
 
 def _asked(columns: Columns, s: Shared, groups: list[int]) -> tuple[_region.LeafPieces, list[Any]]:
     """What :func:`_region.read_many` reads of leaf ``s``: its regions of ``groups``."""
-    return _region.leaf_pieces(columns, s.index), [s.layout.regions[k] for k in groups]
+    return _region.leaf_pieces(columns, s.index), [s.region(k) for k in groups]
 
 
-Signature = tuple[Any, tuple[int, ...], np.dtype[Any]]  # spec, region shape, dtype
+Signature = tuple[
+    Any, tuple[int, ...], np.dtype[Any], tuple[int, ...]
+]  # spec, region shape, dtype, parts' bytes
 
 
 Programs = tuple[Callable[..., Any], dict[Signature, Callable[..., Any]] | None]  # the gather, the cuts
 
 
-def _signature(s: Shared) -> Signature:
-    return (s.sharding.spec, s.region_shape, s.dtype)
+def _signature(parts: list[Shared]) -> Signature:
+    s = parts[0]
+    return (s.sharding.spec, s.whole_shape, s.dtype, tuple(p.region_bytes for p in parts))
 
 
 def _replicated(mesh: Any) -> Any:
@@ -228,18 +247,22 @@ def _gather(mesh: Any, axes: tuple[str, ...]) -> Any:
 
 
 @functools.lru_cache(maxsize=256)
-def _cut(mesh: Any, spec: Any, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Any:
-    """A leaf of ``shape`` (a region) and ``dtype`` cut from the gathered segments at
-    ``starts`` (its reader, its offset in units of :data:`ALIGN`), its bytes taken back as its
-    dtype, onto ``spec``: one program per kind of leaf, however many leaves of that kind (a
-    program per leaf took XLA about 13 ms each to compile)."""
+def _cut(mesh: Any, spec: Any, shape: tuple[int, ...], dtype: np.dtype[Any], sizes: tuple[int, ...]) -> Any:
+    """A leaf of ``shape`` (a region) and ``dtype`` cut from the gathered segments: its parts,
+    of ``sizes`` bytes, at ``starts`` (each part's reader, and its offset in units of
+    :data:`ALIGN`), one after the other, their bytes taken back as its dtype, onto ``spec``: one
+    program per kind of leaf, however many leaves of that kind (a program per leaf took XLA
+    about 13 ms each to compile)."""
     everywhere = jax.sharding.PartitionSpec(tuple(mesh.axis_names))
-    n = math.prod(shape) * dtype.itemsize
-    rows = -(-n // ALIGN)
 
     def body(gathered: Any, starts: Any) -> Any:
         blocks = gathered.reshape(gathered.shape[0], -1, ALIGN)
-        raw = jax.lax.dynamic_slice(blocks, (starts[0], starts[1], 0), (1, rows, ALIGN)).reshape(-1)[:n]
+        pieces = []
+        for i, n in enumerate(sizes):
+            rows = -(-n // ALIGN)
+            at = (starts[i, 0], starts[i, 1], 0)
+            pieces.append(jax.lax.dynamic_slice(blocks, at, (1, rows, ALIGN)).reshape(-1)[:n])
+        raw = pieces[0] if len(pieces) == 1 else jax.numpy.concatenate(pieces)
         if dtype == np.bool_:
             return (raw != 0).reshape(shape)
         if dtype.itemsize == 1:

@@ -4,16 +4,19 @@ A leaf restored onto a ``NamedSharding`` whose mesh spans every process of the j
 that sharding replicates along mesh axes crossing processes, is *shared*. Its devices fall into
 replica groups (those holding one region of it: devices that differ only along its replicated
 axes), and a device's place in its group is its *replica index*, its coordinates along those
-axes. Each shared leaf gets one replica index: in every group the device at that index reads the
-group's region from storage (checked against its digests) and the group's other devices get the
-bytes from an all-gather along the replicated axes (:mod:`treestore._engine.reading.share`).
+axes. Each shared leaf, or each part of one, gets one replica index: in every group the device
+at that index reads the group's region (or the part's rows of it) from storage (checked against
+its digests) and the group's other devices get the bytes from an all-gather along the
+replicated axes (:mod:`treestore._engine.reading.share`).
 
 The leaves that share a mesh and replicated axes are planned together, in batches of at most
-:data:`BATCH_BYTES`: each replica index gets about as many bytes (largest leaves first, each to
-the least loaded index), so every device, and every process, reads about as much; the leaves
-whose regions need one stored object (small leaves in one pack) get one index, so that object
-is read once per group. A device's bytes of a batch are one *segment*: the regions it reads, one
-after the other, at offsets every process computes alike.
+:data:`BATCH_BYTES` (largest first): each replica index gets about as many bytes (largest
+first, each to the least loaded index), so every device, and every process, reads about as
+much. A leaf bigger than a replica index's share of its batch is read in parts, row ranges split
+where its stored chunks end; the leaves whose regions need one stored object (small leaves in
+one pack) get one index, so that object is read once per group. A device's bytes of a batch
+are one *segment*: the regions and parts it reads, one after the other, at offsets every
+process computes alike.
 
 This module only plans, from the template's shardings and the manifest alone: every process
 makes the same plan. A leaf whose dtype cannot travel bit for bit as bytes (sub-byte types,
@@ -24,7 +27,9 @@ replica group within one process, is read as before, by every process that holds
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -154,9 +159,11 @@ def crosses(like: Any) -> bool:
 
 @dataclass(frozen=True)
 class Shared:
-    """A leaf read once and shared: its position among the load's sharded leaves, its slot,
-    sharding, shape and the template's dtype, its layout, the replica index whose devices read
-    its regions (``reader``), and where its region's bytes lie in their segments (``offset``)."""
+    """A leaf read once and shared, or a part of it: its position among the load's sharded
+    leaves, its slot, sharding, shape and the template's dtype, its layout, the rows of each of
+    its regions (along the region's first axis) this part is (``rows``; None: all of them), the
+    replica index whose devices read them (``reader``), and where their bytes lie in their
+    segments (``offset``). A leaf's parts, in the order of their rows, make its regions."""
 
     position: int
     slot: _template.Slot
@@ -166,6 +173,7 @@ class Shared:
     layout: Layout
     reader: int = 0
     offset: int = 0
+    rows: tuple[int, int] | None = None
 
     @property
     def index(self) -> int:
@@ -174,13 +182,34 @@ class Shared:
         return self.slot.entry.index
 
     @property
-    def region_shape(self) -> tuple[int, ...]:
+    def whole_shape(self) -> tuple[int, ...]:
+        """The shape of one of the leaf's regions (they are alike: its axes split evenly)."""
         return tuple(r.stop - r.start for r in self.layout.regions[0])
 
     @property
+    def region_shape(self) -> tuple[int, ...]:
+        """The shape of this part of one of the leaf's regions."""
+        whole = self.whole_shape
+        return whole if self.rows is None else (self.rows[1] - self.rows[0], *whole[1:])
+
+    @property
     def region_bytes(self) -> int:
-        """The bytes of one of its regions (they are alike: its axes split evenly)."""
+        """The bytes of this part of one of the leaf's regions."""
         return math.prod(self.region_shape) * self.dtype.itemsize
+
+    @property
+    def start(self) -> int:
+        """Where this part's bytes begin in its region's."""
+        row = math.prod(self.whole_shape[1:]) * self.dtype.itemsize
+        return 0 if self.rows is None else self.rows[0] * row
+
+    def region(self, k: int) -> Region:
+        """This part of the region of replica group ``k``."""
+        whole = self.layout.regions[k]
+        if self.rows is None:
+            return whole
+        first = whole[0].start
+        return (slice(first + self.rows[0], first + self.rows[1]), *whole[1:])
 
     @property
     def nbytes(self) -> int:
@@ -243,26 +272,80 @@ def _runs(leaves: list[Shared], columns: Columns) -> list[list[Shared]]:
 
 
 def _placed(mesh: Any, axes: tuple[str, ...], leaves: list[Shared], columns: Columns) -> Batch:
-    """``leaves`` given their readers and offsets: units (leaves sharing a stored object) go
-    out largest first, ties in plan order, each to the least loaded replica index (ties to the
-    lowest), each leaf placed after those before it in its reader's segment (at a multiple of
-    :data:`ALIGN` bytes)."""
+    """``leaves`` given their readers and offsets: a leaf bigger than a reader's share of the
+    batch split into parts (:func:`_parts`); units (leaves sharing a stored object, or a part
+    alone) go out largest first, ties in plan order, each to the least loaded replica index
+    (ties to the lowest), each leaf or part placed after those before it in its reader's segment
+    (at a multiple of :data:`ALIGN` bytes)."""
     replicas = leaves[0].layout.replicas
-    units = _units(leaves, columns, sum(s.region_bytes for s in leaves) / replicas)
+    share = sum(s.region_bytes for s in leaves) / replicas
+    entries: list[Shared] = []
+    units: list[list[int]] = []
+    for unit in _units(leaves, columns, share):
+        if len(unit) == 1 and leaves[unit[0]].region_bytes > share:
+            for part in _parts(leaves[unit[0]], columns, share):
+                units.append([len(entries)])
+                entries.append(part)
+            continue
+        units.append(list(range(len(entries), len(entries) + len(unit))))
+        entries += [leaves[j] for j in unit]
     load = [0] * replicas
     reader: dict[int, int] = {}
-    for unit in sorted(units, key=lambda u: (-sum(leaves[j].region_bytes for j in u), u[0])):
+    for unit in sorted(units, key=lambda u: (-sum(entries[j].region_bytes for j in u), u[0])):
         r = min(range(replicas), key=lambda i: (load[i], i))
         for j in unit:
             reader[j] = r
-            load[r] += leaves[j].region_bytes
+            load[r] += entries[j].region_bytes
     offset = [0] * replicas
     placed = []
-    for j, s in enumerate(leaves):
-        r = reader[j]
-        placed.append(Shared(s.position, s.slot, s.sharding, s.shape, s.dtype, s.layout, r, offset[r]))
+    for j in sorted(reader, key=lambda j: (entries[j].position, entries[j].rows or (0, 0))):
+        s, r = entries[j], reader[j]
+        placed.append(dataclasses.replace(s, reader=r, offset=offset[r]))
         offset[r] += -(-s.region_bytes // ALIGN) * ALIGN
     return Batch(mesh, axes, tuple(placed), max(offset))
+
+
+def _parts(s: Shared, columns: Columns, share: float) -> list[Shared]:
+    """Leaf ``s``, bigger than ``share``, as parts of about that many bytes: row ranges of its
+    regions, split only where every stored piece the regions meet has a chunk boundary (so that
+    no chunk is read for two parts); the leaf whole where no such row lies within it."""
+    rows = s.whole_shape[0] if s.whole_shape else 0
+    pieces = _region.leaf_pieces(columns, s.index)
+    clean = sorted(set.intersection(*(_clean_rows(pieces, r) for r in s.layout.regions)))
+    count = min(s.layout.replicas, math.ceil(s.region_bytes / share))
+    cuts = [0]
+    for i in range(1, count):
+        target = rows * i / count
+        best = min(clean, key=lambda x: (abs(x - target), x), default=None)
+        if best is not None and cuts[-1] < best < rows:
+            cuts.append(best)
+    if len(cuts) == 1:
+        return [s]
+    cuts.append(rows)
+    return [dataclasses.replace(s, rows=(a, b)) for a, b in itertools.pairwise(cuts)]
+
+
+def _clean_rows(pieces: _region.LeafPieces, region: Region) -> set[int]:
+    """The rows strictly within ``region``'s first axis (counted from its start) at which a read
+    of the rows before and one of the rows after meet no stored chunk in common: in every piece
+    of the leaf whose rows run across such a row, a chunk ends there."""
+    if not region:
+        return set()
+    lo, hi = region[0].start, region[0].stop
+    candidates: set[int] = set()
+    inner: list[tuple[int, int, set[int]]] = []  # a piece's first and last row, its clean rows
+    for p in range(len(pieces.first)):
+        start, end = pieces.starts[p].tolist(), pieces.ends[p].tolist()
+        if any(max(r.start, a) >= min(r.stop, b) for r, a, b in zip(region, start, end, strict=True)):
+            continue  # the region does not meet this piece
+        row = math.prod(b - a for a, b in zip(start[1:], end[1:], strict=True)) * pieces.dtype.itemsize
+        first = int(pieces.first[p])
+        ends = np.cumsum(pieces.columns.chunks["raw"][first : first + int(pieces.count[p])], dtype=np.int64)
+        mine = {start[0] + int(e) // row for e in ends.tolist() if row and e % row == 0}
+        inner.append((start[0], end[0], mine))
+        candidates |= mine | {start[0], end[0]}
+    found = {x for x in candidates if lo < x < hi and all(x in m for a, b, m in inner if a < x < b)}
+    return {x - lo for x in found}
 
 
 def _units(leaves: Sequence[Shared], columns: Columns, most: float) -> list[list[int]]:
