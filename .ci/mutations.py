@@ -280,7 +280,7 @@ MUTATIONS: list[Mutation] = [
         "treestore/_engine/reading/share_plan.py",
         "    if not replicated:\n        return None\n",
         "    if True:\n        return None\n",
-        [f"{SHARED}::test_two_processes_read_each_replicated_byte_once"],
+        [f"{SHARED}::test_two_processes_read_each_replicated_byte_once[host]"],
         "every process reads every replicated byte from the store: N times the checkpoint at N processes",
     ),
     m(
@@ -312,7 +312,7 @@ MUTATIONS: list[Mutation] = [
         "treestore/_engine/reading/share.py",
         "            into = out[part.start : part.start + part.region_bytes]",
         "            into = out[: part.region_bytes]",
-        [f"{SHARED}::test_four_processes_read_each_replicated_byte_once"],
+        [f"{SHARED}::test_four_processes_read_each_replicated_byte_once[host]"],
         "on CPU devices every part of a split leaf is copied to the leaf's first rows",
     ),
     m(
@@ -328,7 +328,7 @@ MUTATIONS: list[Mutation] = [
         "treestore/_engine/reading/share.py",
         "        agreement.agree(batch_token(token, batch))\n",
         "",
-        [f"{SHARED}::test_two_processes_read_each_replicated_byte_once"],
+        [f"{SHARED}::test_two_processes_read_each_replicated_byte_once[host]"],
         "a process whose read failed leaves the others in the collective until the timeout",
     ),
     m(
@@ -376,7 +376,7 @@ MUTATIONS: list[Mutation] = [
         "treestore/_engine/reading/share.py",
         "        return jax.lax.bitcast_convert_type(raw.reshape((*shape, dtype.itemsize)), dtype)",
         "        return jax.lax.bitcast_convert_type(raw.reshape((*shape, -1))[..., ::-1], dtype)",
-        [f"{SHARED}::test_two_processes_read_each_replicated_byte_once"],
+        [f"{SHARED}::test_two_processes_read_each_replicated_byte_once[device]"],
         "the bytes of a wide dtype are put together in the wrong order: every value changes",
     ),
     m(
@@ -384,7 +384,7 @@ MUTATIONS: list[Mutation] = [
         "treestore/_engine/reading/share.py",
         "            start = np.array([[s.reader, s.offset // ALIGN] for s in parts], np.int32)",
         "            start = np.array([[0, s.offset // ALIGN] for s in parts], np.int32)",
-        [f"{SHARED}::test_four_processes_read_each_replicated_byte_once"],
+        [f"{SHARED}::test_four_processes_read_each_replicated_byte_once[device]"],
         "the devices take a leaf's bytes from replica 0's segment, whoever read it",
     ),
     m(
@@ -392,7 +392,7 @@ MUTATIONS: list[Mutation] = [
         "treestore/_engine/reading/share.py",
         "            raw = held[part.reader, part.offset : part.offset + part.region_bytes]",
         "            raw = held[0, part.offset : part.offset + part.region_bytes]",
-        [f"{SHARED}::test_four_processes_read_each_replicated_byte_once"],
+        [f"{SHARED}::test_four_processes_read_each_replicated_byte_once[host]"],
         "on CPU devices a leaf's bytes come from replica 0's segment, whoever read it",
     ),
     # --- structure validation ------------------------------------------------------------------
