@@ -294,7 +294,7 @@ MUTATIONS: list[Mutation] = [
     m(
         "restore: leaves of one pack read by several readers",
         "treestore/_engine/reading/share_plan.py",
-        "        at = next(found, None)  # objects sorted: the same units on every process",
+        "        at = packs[0] if packs else next(found, None)",
         "        at = None",
         [f"{PLAN}::test_small_leaves_in_one_pack_get_one_reader"],
         "a pack of small leaves is read once per reader of one of its leaves, not once",
@@ -306,6 +306,14 @@ MUTATIONS: list[Mutation] = [
         "        best = round(target)",
         [f"{PLAN}::test_a_leaf_is_not_split_where_no_chunk_boundary_falls_between_its_rows"],
         "two processes each read the chunk their parts of a leaf share: the store serves it twice",
+    ),
+    m(
+        "restore: a leaf's parts split within one pack",
+        "treestore/_engine/reading/share_plan.py",
+        "        if met is not None:  # one span from the first that needs one of these packs to this part",
+        "        if False:",
+        [f"{PLAN}::test_a_leaf_whose_pieces_share_a_pack_is_read_whole"],
+        "a leaf saved in small packed pieces is read in parts: each part's process reads the pack",
     ),
     m(
         "restore: a leaf's parts laid over each other on the host",

@@ -93,9 +93,9 @@ def test_batches_are_filled_largest_first(monkeypatch):
     monkeypatch.setattr(share_plan, "BATCH_BYTES", 4 * 2**17)
     leaves = replicated(columns, list(values), 2)
     runs = share_plan._runs(leaves, columns)
-    assert [[s.slot.address for s in run] for run in runs] == [["w0", "w1", "w2", "w3"], ["b0", "b1"]]
-    sizes = [_placed(None, ("data",), run, columns).size for run in runs]
-    assert sizes == [2 * 2**17, 64]  # no segment of zeros beside another's big leaf
+    assert [[s.slot.address for s in run] for run, _ in runs] == [["w0", "w1", "w2", "w3"], ["b0", "b1"]]
+    sizes = [_placed(None, ("data",), run, columns, units).size for run, units in runs]
+    assert sizes == [2 * 2**17, 128]  # no segment of zeros beside a big leaf; the biases, packed, one reader
 
 
 def test_a_leaf_bigger_than_a_readers_share_is_split_at_chunk_boundaries():
@@ -122,6 +122,33 @@ def test_a_leaf_is_not_split_where_no_chunk_boundary_falls_between_its_rows():
     leaves = replicated(columns, ["big", "small"], 4)
     batch = _placed(None, ("data",), leaves, columns)
     assert [s.rows for s in batch.leaves] == [None, None]
+
+
+def test_a_leaf_whose_pieces_share_a_pack_is_read_whole():
+    """A leaf saved in small pieces, packed together: a part of it would need the whole pack,
+    so the pack would be read once per part's reader; the leaf is read whole instead."""
+    mesh = Mesh(np.array(jax.devices()[:2]), ("x",))
+    value = np.arange(1024 * 16, dtype=np.float32).reshape(1024, 16)  # two pieces of 32 KiB
+    leaf = jax.make_array_from_callback(value.shape, NamedSharding(mesh, P("x")), lambda i: value[i])
+    columns = _columns({"w": leaf})
+    pieces = leaf_pieces(columns, 0)
+    assert len(pieces.first) == 2 and set(columns.chunks["pack"][pieces.first].tolist()) == {0}
+    batch = _placed(None, ("data",), replicated(columns, ["w"], 4), columns)
+    assert [s.rows for s in batch.leaves] == [None]
+
+
+def test_the_leaves_of_one_pack_stay_one_unit_past_a_readers_share(monkeypatch):
+    """Big leaves filling the batches first, the biases are a batch of their own, whose share
+    per reader is less than their pack: still one reader reads the pack, not each of four."""
+    values = {f"w{i}": np.full(2**15, i, np.float32) for i in range(4)}  # 128 KiB each
+    values.update({f"b{i}": np.full(256, i, np.float32) for i in range(8)})  # 1 KiB each, packed
+    columns = _columns(values)
+    monkeypatch.setattr(share_plan, "BATCH_BYTES", 4 * 2**17)
+    runs = share_plan._runs(replicated(columns, list(values), 4), columns)
+    (small, units) = runs[1]
+    assert [s.slot.address for s in small] == [f"b{i}" for i in range(8)]
+    batch = _placed(None, ("data",), small, columns, units)
+    assert {s.reader for s in batch.leaves} == {0}
 
 
 def test_what_travels_bit_for_bit():

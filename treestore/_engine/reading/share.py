@@ -74,6 +74,7 @@ def restore_shared(
         segments, (gather, cutters) = _prepared(reader, columns, batch, threads)
         agreement.agree(batch_token(token, batch))
         gathered = _bounded(functools.partial(gather, segments), agreement.timeout, columns.name)
+        del segments  # not held while the next batch is read
         for parts in _leaves(batch):  # on this process's devices alone: no other process waits on it
             if cutters is None:
                 out[parts[0].position] = _cut_on_host(gathered, parts, columns.name)

@@ -244,21 +244,21 @@ def plan(sharded: Sequence[tuple[_template.Slot, Any]], columns: Columns) -> tup
         shared = Shared(position, slot, sharding, shape, dtype, lay)
         found.setdefault((sharding.mesh, lay.axes), []).append(shared)
     batches = [
-        _placed(mesh, axes, run, columns)
+        _placed(mesh, axes, run, columns, units)
         for (mesh, axes), leaves in found.items()
-        for run in _runs(leaves, columns)
+        for run, units in _runs(leaves, columns)
     ]
     return batches, rest
 
 
-def _runs(leaves: list[Shared], columns: Columns) -> list[list[Shared]]:
-    """``leaves`` in runs of at most :data:`BATCH_BYTES` (a bigger unit alone), one batch each:
-    units (:func:`_units`) largest first, ties in plan order, each into the first run with room
-    for it; each run's leaves in plan order. Taken in plan order instead, a tree's last big leaf
-    could make a batch alone, its segment on one replica index and zeros on the others, which
-    the all-gather would move all the same."""
-    units = _units(leaves, columns, BATCH_BYTES)
-    runs: list[list[int]] = []
+def _runs(leaves: list[Shared], columns: Columns) -> list[tuple[list[Shared], list[list[int]]]]:
+    """``leaves`` in runs of at most :data:`BATCH_BYTES` (a bigger unit alone), one batch each,
+    with their units (positions in the run): units (:func:`_units`) largest first, ties in plan
+    order, each into the first run with room for it; each run's leaves in plan order. Taken in
+    plan order instead, a tree's last big leaf could make a batch alone, its segment on one
+    replica index and zeros on the others, which the all-gather would move all the same."""
+    units = _units(leaves, columns, BATCH_BYTES / leaves[0].layout.replicas)
+    runs: list[list[list[int]]] = []
     sizes: list[int] = []
     for unit in sorted(units, key=lambda u: (-sum(leaves[j].nbytes for j in u), u[0])):
         size = sum(leaves[j].nbytes for j in unit)
@@ -266,32 +266,43 @@ def _runs(leaves: list[Shared], columns: Columns) -> list[list[Shared]]:
         if at == len(runs):
             runs.append([])
             sizes.append(0)
-        runs[at] += unit
+        runs[at].append(unit)
         sizes[at] += size
-    return [[leaves[j] for j in sorted(run)] for run in runs]
+    out = []
+    for run in runs:
+        members = sorted(j for unit in run for j in unit)
+        index = {j: i for i, j in enumerate(members)}
+        out.append(([leaves[j] for j in members], sorted([index[j] for j in unit] for unit in run)))
+    return out
 
 
-def _placed(mesh: Any, axes: tuple[str, ...], leaves: list[Shared], columns: Columns) -> Batch:
+def _placed(
+    mesh: Any,
+    axes: tuple[str, ...],
+    leaves: list[Shared],
+    columns: Columns,
+    units: list[list[int]] | None = None,
+) -> Batch:
     """``leaves`` given their readers and offsets: a leaf bigger than a reader's share of the
-    batch split into parts (:func:`_parts`); units (leaves sharing a stored object, or a part
-    alone) go out largest first, ties in plan order, each to the least loaded replica index
-    (ties to the lowest), each leaf or part placed after those before it in its reader's segment
-    (at a multiple of :data:`ALIGN` bytes)."""
+    batch split into parts (:func:`_parts`); units (``units``, or :func:`_units` of the batch;
+    a part alone) go out largest first, ties in plan order, each to the least loaded replica
+    index (ties to the lowest), each leaf or part placed after those before it in its reader's
+    segment (at a multiple of :data:`ALIGN` bytes)."""
     replicas = leaves[0].layout.replicas
     share = sum(s.region_bytes for s in leaves) / replicas
     entries: list[Shared] = []
-    units: list[list[int]] = []
-    for unit in _units(leaves, columns, share):
+    placing: list[list[int]] = []
+    for unit in _units(leaves, columns, share) if units is None else units:
         if len(unit) == 1 and leaves[unit[0]].region_bytes > share:
             for part in _parts(leaves[unit[0]], columns, share):
-                units.append([len(entries)])
+                placing.append([len(entries)])
                 entries.append(part)
             continue
-        units.append(list(range(len(entries), len(entries) + len(unit))))
+        placing.append(list(range(len(entries), len(entries) + len(unit))))
         entries += [leaves[j] for j in unit]
     load = [0] * replicas
     reader: dict[int, int] = {}
-    for unit in sorted(units, key=lambda u: (-sum(entries[j].region_bytes for j in u), u[0])):
+    for unit in sorted(placing, key=lambda u: (-sum(entries[j].region_bytes for j in u), u[0])):
         r = min(range(replicas), key=lambda i: (load[i], i))
         for j in unit:
             reader[j] = r
@@ -307,8 +318,10 @@ def _placed(mesh: Any, axes: tuple[str, ...], leaves: list[Shared], columns: Col
 
 def _parts(s: Shared, columns: Columns, share: float) -> list[Shared]:
     """Leaf ``s``, bigger than ``share``, as parts of about that many bytes: row ranges of its
-    regions, split only where every stored piece the regions meet has a chunk boundary (so that
-    no chunk is read for two parts); the leaf whole where no such row lies within it."""
+    regions, split only where every stored piece the regions meet has a chunk boundary, and
+    never between two parts that need one pack (pieces of the leaf packed together): no
+    stored object is read for two parts but a chunk that two of them hold alike (deduplicated:
+    zeros), read once by each. The leaf whole where no such row lies within it."""
     rows = s.whole_shape[0] if s.whole_shape else 0
     pieces = _region.leaf_pieces(columns, s.index)
     clean = sorted(set.intersection(*(_clean_rows(pieces, r) for r in s.layout.regions)))
@@ -319,56 +332,99 @@ def _parts(s: Shared, columns: Columns, share: float) -> list[Shared]:
         best = min(clean, key=lambda x: (abs(x - target), x), default=None)
         if best is not None and cuts[-1] < best < rows:
             cuts.append(best)
-    if len(cuts) == 1:
-        return [s]
     cuts.append(rows)
-    return [dataclasses.replace(s, rows=(a, b)) for a, b in itertools.pairwise(cuts)]
+    spans: list[tuple[int, int, set[Any]]] = []  # rows, and the packs they need
+    for a, b in itertools.pairwise(cuts):
+        part = dataclasses.replace(s, rows=(a, b))
+        packs = {o for k in range(len(s.layout.regions)) for o in _region.objects_met(pieces, part.region(k))}
+        packs = {o for o in packs if o[0] == "pack"}
+        met = next((i for i, (_, _, seen) in enumerate(spans) if seen & packs), None)
+        if met is not None:  # one span from the first that needs one of these packs to this part
+            a = spans[met][0]
+            packs = packs.union(*(seen for _, _, seen in spans[met:]))
+            del spans[met:]
+        spans.append((a, b, packs))
+    if len(spans) == 1:
+        return [s]
+    return [dataclasses.replace(s, rows=(a, b)) for a, b, _ in spans]
 
 
 def _clean_rows(pieces: _region.LeafPieces, region: Region) -> set[int]:
     """The rows strictly within ``region``'s first axis (counted from its start) at which a read
     of the rows before and one of the rows after meet no stored chunk in common: in every piece
-    of the leaf whose rows run across such a row, a chunk ends there."""
+    of the leaf that the region meets and whose rows run across such a row, a chunk ends there."""
     if not region:
         return set()
     lo, hi = region[0].start, region[0].stop
-    candidates: set[int] = set()
-    inner: list[tuple[int, int, set[int]]] = []  # a piece's first and last row, its clean rows
-    for p in range(len(pieces.first)):
-        start, end = pieces.starts[p].tolist(), pieces.ends[p].tolist()
-        if any(max(r.start, a) >= min(r.stop, b) for r, a, b in zip(region, start, end, strict=True)):
-            continue  # the region does not meet this piece
-        row = math.prod(b - a for a, b in zip(start[1:], end[1:], strict=True)) * pieces.dtype.itemsize
-        first = int(pieces.first[p])
-        ends = np.cumsum(pieces.columns.chunks["raw"][first : first + int(pieces.count[p])], dtype=np.int64)
-        mine = {start[0] + int(e) // row for e in ends.tolist() if row and e % row == 0}
-        inner.append((start[0], end[0], mine))
-        candidates |= mine | {start[0], end[0]}
-    found = {x for x in candidates if lo < x < hi and all(x in m for a, b, m in inner if a < x < b)}
-    return {x - lo for x in found}
+    bounds = np.array([(r.start, r.stop) for r in region], np.int64)
+    meets = np.all((np.maximum(pieces.starts, bounds[:, 0]) < np.minimum(pieces.ends, bounds[:, 1])), axis=1)
+    met = np.flatnonzero(meets)
+    first_row, last_row = pieces.starts[met, 0], pieces.ends[met, 0]
+    row = np.prod(pieces.ends[met, 1:] - pieces.starts[met, 1:], axis=1) * pieces.dtype.itemsize
+    # Every chunk of the pieces met, with the piece it belongs to and where it ends in it.
+    count = pieces.count[met]
+    owner = np.repeat(np.arange(len(met)), count)
+    within = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)
+    raw = pieces.columns.chunks["raw"][pieces.first[met][owner] + within].astype(np.int64)
+    ends = np.cumsum(raw)
+    ends -= np.repeat(np.concatenate([[0], ends])[np.cumsum(count) - count], count)
+    at_row = ends % np.maximum(row[owner], 1) == 0
+    ended = first_row[owner][at_row] + ends[at_row] // row[owner][at_row]
+    inside = (first_row[owner][at_row] < ended) & (ended < last_row[owner][at_row])
+    ended = ended[inside]
+    candidates = np.unique(np.concatenate([first_row, last_row, ended]))
+    candidates = candidates[(lo < candidates) & (candidates < hi)]
+    # A row is clean where every piece running across it ends a chunk there.
+    across = np.searchsorted(np.sort(first_row), candidates, "left") - np.searchsorted(
+        np.sort(last_row), candidates, "right"
+    )
+    values, counts = np.unique(ended, return_counts=True)
+    ending = np.zeros(len(candidates), np.int64)
+    found = np.searchsorted(values, candidates)
+    hit = found < len(values)
+    hit[hit] = values[found[hit]] == candidates[hit]
+    ending[hit] = counts[found[hit]]
+    return {int(x) - lo for x in candidates[across == ending]}
 
 
 def _units(leaves: Sequence[Shared], columns: Columns, most: float) -> list[list[int]]:
-    """The leaves (their positions in ``leaves``) as units of reading: leaves whose regions need
-    a stored object in common (small leaves in one pack) make one unit, up to ``most`` bytes of
-    a region each, so that the object is read once per replica group."""
-    units: list[list[int]] = []
+    """The leaves (their positions in ``leaves``) as units of reading, so that a stored object
+    is read once per replica group: leaves that need one pack (small leaves, or a leaf's small
+    pieces) make one unit, whatever its size; leaves that need one chunk (deduplicated: alike
+    bytes) join a unit while it holds at most ``most`` bytes of a region (past that the chunk is
+    read once by each unit: a unit of every zero leaf would leave one reader the whole batch).
+    Units in the order of their first leaves."""
+    parent: list[int] = []  # units merged when a leaf needs packs two units read
+
+    def root(u: int) -> int:
+        while parent[u] != u:
+            u = parent[u]
+        return u
+
     sizes: list[int] = []
+    unit_of: list[int] = []
     owner: dict[tuple[str, Any], int] = {}  # stored object -> the unit that reads it
-    for j, s in enumerate(leaves):
+    for s in leaves:
         pieces = _region.leaf_pieces(columns, s.index)
         objects = sorted(set().union(*(_region.objects_met(pieces, r) for r in s.layout.regions)))
-        found = (u for o in objects if (u := owner.get(o)) is not None and sizes[u] + s.region_bytes <= most)
-        at = next(found, None)  # objects sorted: the same units on every process
+        packs = sorted({root(owner[o]) for o in objects if o[0] == "pack" and o in owner})
+        found = (u for o in objects if o in owner and sizes[u := root(owner[o])] + s.region_bytes <= most)
+        at = packs[0] if packs else next(found, None)  # objects sorted: the same units on every process
         if at is None:
-            at = len(units)
-            units.append([])
+            at = len(parent)
+            parent.append(at)
             sizes.append(0)
-        units[at].append(j)
+        for other in packs[1:]:
+            parent[other] = at
+            sizes[at] += sizes[other]
+        unit_of.append(at)
         sizes[at] += s.region_bytes
         for o in objects:
             owner.setdefault(o, at)
-    return units
+    units: dict[int, list[int]] = {}
+    for j, u in enumerate(unit_of):
+        units.setdefault(root(u), []).append(j)
+    return sorted(units.values())
 
 
 __all__ = [
