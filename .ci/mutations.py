@@ -23,7 +23,9 @@ processes of their own and bound them by timeouts (tests/system), or catch them 
 from __future__ import annotations
 
 import argparse
+import compileall
 import os
+import py_compile
 import queue
 import shutil
 import subprocess
@@ -938,6 +940,12 @@ def copy_tree(dest: Path) -> None:
     shutil.copytree(ROOT / "tests", dest / "tests", ignore=ignore)
     shutil.copy2(ROOT / "pyproject.toml", dest / "pyproject.toml")
     (dest / "_mutation_probe.py").write_text(PROBE)
+    # Compiled once, checked against their source's hash at each import: a run compiles only the
+    # file its mutation changed (the runs write no bytecode), not every module it imports.
+    for folder in ("treestore", "tests"):
+        compileall.compile_dir(
+            dest / folder, quiet=1, invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH
+        )
 
 
 def apply(dest: Path, mutation: Mutation) -> str | None:
