@@ -78,7 +78,7 @@ def test_bigger_leaves_go_first_each_to_the_least_loaded():
 def test_small_leaves_in_one_pack_get_one_reader():
     columns = _columns({"a": np.arange(4.0), "b": np.arange(5.0), "big": np.zeros(2**17)})
     leaves = replicated(columns, ["a", "b", "big"], 2)
-    assert _units(leaves, columns, 2**20) == [[0, 1], [2]]
+    assert _units(leaves, [share_plan._objects(columns, s) for s in leaves], columns, 2**20) == [[0, 1], [2]]
     batch = _placed(None, ("data",), leaves, columns)
     assert batch.leaves[0].reader == batch.leaves[1].reader != batch.leaves[2].reader
 
@@ -94,7 +94,7 @@ def test_batches_are_filled_largest_first(monkeypatch):
     leaves = replicated(columns, list(values), 2)
     runs = share_plan._runs(leaves, columns)
     assert [[s.slot.address for s in run] for run, _ in runs] == [["w0", "w1", "w2", "w3"], ["b0", "b1"]]
-    sizes = [_placed(None, ("data",), run, columns, units).size for run, units in runs]
+    sizes = [_placed(None, ("data",), run, columns, objects).size for run, objects in runs]
     assert sizes == [2 * 2**17, 128]  # no segment of zeros beside a big leaf; the biases, packed, one reader
 
 
@@ -145,10 +145,33 @@ def test_the_leaves_of_one_pack_stay_one_unit_past_a_readers_share(monkeypatch):
     columns = _columns(values)
     monkeypatch.setattr(share_plan, "BATCH_BYTES", 4 * 2**17)
     runs = share_plan._runs(replicated(columns, list(values), 4), columns)
-    (small, units) = runs[1]
+    (small, objects) = runs[1]
     assert [s.slot.address for s in small] == [f"b{i}" for i in range(8)]
-    batch = _placed(None, ("data",), small, columns, units)
+    batch = _placed(None, ("data",), small, columns, objects)
     assert {s.reader for s in batch.leaves} == {0}
+
+
+def test_leaves_of_alike_chunks_are_spread_over_the_readers():
+    """Zero leaves share their chunks (deduplicated): as one unit they would give one reader
+    the whole batch; each reader reads the chunk once instead, and the leaves are spread."""
+    values = {f"z{i}": np.zeros(2**15, np.float32) for i in range(16)}  # 128 KiB each, alike
+    columns = _columns(values)
+    ((run, objects),) = share_plan._runs(replicated(columns, list(values), 4), columns)
+    batch = _placed(None, ("data",), run, columns, objects)
+    assert Counter(s.reader for s in batch.leaves) == {0: 4, 1: 4, 2: 4, 3: 4}
+
+
+def test_a_leaf_in_several_packs_is_cut_where_one_pack_ends():
+    """A leaf saved in eight small pieces, packed three, three and two to a pack: its parts end
+    where a pack does, so each pack has one reader."""
+    mesh = Mesh(np.array(jax.devices()[:8]), ("x",))
+    value = np.arange(1024 * 64, dtype=np.float32).reshape(1024, 64)  # pieces of 32 KiB
+    leaf = jax.make_array_from_callback(value.shape, NamedSharding(mesh, P("x")), lambda i: value[i])
+    columns = _columns({"w": leaf}, treestore.SaveOptions(pack_size=3 * 2**15))
+    pieces = leaf_pieces(columns, 0)
+    assert columns.chunks["pack"][pieces.first].tolist() == [0, 0, 0, 1, 1, 1, 2, 2]
+    batch = _placed(None, ("data",), replicated(columns, ["w"], 4), columns)
+    assert sorted(s.rows for s in batch.leaves) == [(0, 384), (384, 768), (768, 1024)]
 
 
 def test_what_travels_bit_for_bit():

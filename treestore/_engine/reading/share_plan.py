@@ -244,21 +244,22 @@ def plan(sharded: Sequence[tuple[_template.Slot, Any]], columns: Columns) -> tup
         shared = Shared(position, slot, sharding, shape, dtype, lay)
         found.setdefault((sharding.mesh, lay.axes), []).append(shared)
     batches = [
-        _placed(mesh, axes, run, columns, units)
+        _placed(mesh, axes, run, columns, objects)
         for (mesh, axes), leaves in found.items()
-        for run, units in _runs(leaves, columns)
+        for run, objects in _runs(leaves, columns)
     ]
     return batches, rest
 
 
-def _runs(leaves: list[Shared], columns: Columns) -> list[tuple[list[Shared], list[list[int]]]]:
+def _runs(leaves: list[Shared], columns: Columns) -> list[tuple[list[Shared], list[Objects]]]:
     """``leaves`` in runs of at most :data:`BATCH_BYTES` (a bigger unit alone), one batch each,
-    with their units (positions in the run): units (:func:`_units`) largest first, ties in plan
-    order, each into the first run with room for it; each run's leaves in plan order. Taken in
-    plan order instead, a tree's last big leaf could make a batch alone, its segment on one
-    replica index and zeros on the others, which the all-gather would move all the same."""
-    units = _units(leaves, columns, BATCH_BYTES / leaves[0].layout.replicas)
-    runs: list[list[list[int]]] = []
+    with the stored objects each of them needs: units (:func:`_units`) largest first, ties in
+    plan order, each into the first run with room for it; each run's leaves in plan order.
+    Taken in plan order instead, a tree's last big leaf could make a batch alone, its segment
+    on one replica index and zeros on the others, which the all-gather would move all the same."""
+    objects = [_objects(columns, s) for s in leaves]
+    units = _units(leaves, objects, columns, BATCH_BYTES / leaves[0].layout.replicas)
+    runs: list[list[int]] = []
     sizes: list[int] = []
     for unit in sorted(units, key=lambda u: (-sum(leaves[j].nbytes for j in u), u[0])):
         size = sum(leaves[j].nbytes for j in unit)
@@ -266,14 +267,17 @@ def _runs(leaves: list[Shared], columns: Columns) -> list[tuple[list[Shared], li
         if at == len(runs):
             runs.append([])
             sizes.append(0)
-        runs[at].append(unit)
+        runs[at] += unit
         sizes[at] += size
-    out = []
-    for run in runs:
-        members = sorted(j for unit in run for j in unit)
-        index = {j: i for i, j in enumerate(members)}
-        out.append(([leaves[j] for j in members], sorted([index[j] for j in unit] for unit in run)))
-    return out
+    return [([leaves[j] for j in sorted(run)], [objects[j] for j in sorted(run)]) for run in runs]
+
+
+Objects = list[tuple[str, Any]]  # the stored objects a leaf's regions need, sorted
+
+
+def _objects(columns: Columns, s: Shared) -> Objects:
+    pieces = _region.leaf_pieces(columns, s.index)
+    return sorted(set().union(*(_region.objects_met(pieces, r) for r in s.layout.regions)))
 
 
 def _placed(
@@ -281,18 +285,19 @@ def _placed(
     axes: tuple[str, ...],
     leaves: list[Shared],
     columns: Columns,
-    units: list[list[int]] | None = None,
+    objects: list[Objects] | None = None,
 ) -> Batch:
     """``leaves`` given their readers and offsets: a leaf bigger than a reader's share of the
-    batch split into parts (:func:`_parts`); units (``units``, or :func:`_units` of the batch;
-    a part alone) go out largest first, ties in plan order, each to the least loaded replica
-    index (ties to the lowest), each leaf or part placed after those before it in its reader's
-    segment (at a multiple of :data:`ALIGN` bytes)."""
+    batch split into parts (:func:`_parts`); units (:func:`_units` of the batch, from the
+    ``objects`` each leaf needs; a part alone) go out largest first, ties in plan order, each to
+    the least loaded replica index (ties to the lowest), each leaf or part placed after those
+    before it in its reader's segment (at a multiple of :data:`ALIGN` bytes)."""
     replicas = leaves[0].layout.replicas
     share = sum(s.region_bytes for s in leaves) / replicas
     entries: list[Shared] = []
     placing: list[list[int]] = []
-    for unit in _units(leaves, columns, share) if units is None else units:
+    objects = [_objects(columns, s) for s in leaves] if objects is None else objects
+    for unit in _units(leaves, objects, columns, share):
         if len(unit) == 1 and leaves[unit[0]].region_bytes > share:
             for part in _parts(leaves[unit[0]], columns, share):
                 placing.append([len(entries)])
@@ -318,43 +323,44 @@ def _placed(
 
 def _parts(s: Shared, columns: Columns, share: float) -> list[Shared]:
     """Leaf ``s``, bigger than ``share``, as parts of about that many bytes: row ranges of its
-    regions, split only where every stored piece the regions meet has a chunk boundary, and
-    never between two parts that need one pack (pieces of the leaf packed together): no
+    regions, split only where every stored piece the regions meet has a chunk boundary and no
+    pack (pieces of the leaf packed together) holds rows on both sides, in any region: no
     stored object is read for two parts but a chunk that two of them hold alike (deduplicated:
     zeros), read once by each. The leaf whole where no such row lies within it."""
     rows = s.whole_shape[0] if s.whole_shape else 0
     pieces = _region.leaf_pieces(columns, s.index)
-    clean = sorted(set.intersection(*(_clean_rows(pieces, r) for r in s.layout.regions)))
+    found = [_clean_rows(pieces, r) for r in s.layout.regions]
+    clean = np.array(sorted(set.intersection(*(c for c, _ in found))), np.int64)
+    spans = np.concatenate([packs for _, packs in found])  # [pack, first row, last row]
+    if len(spans) and len(clean):
+        first = np.full(int(spans[:, 0].max()) + 1, np.iinfo(np.int64).max)
+        last = np.full(len(first), np.iinfo(np.int64).min)
+        np.minimum.at(first, spans[:, 0], spans[:, 1])
+        np.maximum.at(last, spans[:, 0], spans[:, 2])
+        inside = np.any((first[:, None] < clean[None, :]) & (clean[None, :] < last[:, None]), axis=0)
+        clean = clean[~inside]
     count = min(s.layout.replicas, math.ceil(s.region_bytes / share))
     cuts = [0]
     for i in range(1, count):
         target = rows * i / count
-        best = min(clean, key=lambda x: (abs(x - target), x), default=None)
+        best = min(clean.tolist(), key=lambda x: (abs(x - target), x), default=None)
         if best is not None and cuts[-1] < best < rows:
             cuts.append(best)
-    cuts.append(rows)
-    spans: list[tuple[int, int, set[Any]]] = []  # rows, and the packs they need
-    for a, b in itertools.pairwise(cuts):
-        part = dataclasses.replace(s, rows=(a, b))
-        packs = {o for k in range(len(s.layout.regions)) for o in _region.objects_met(pieces, part.region(k))}
-        packs = {o for o in packs if o[0] == "pack"}
-        met = next((i for i, (_, _, seen) in enumerate(spans) if seen & packs), None)
-        if met is not None:  # one span from the first that needs one of these packs to this part
-            a = spans[met][0]
-            packs = packs.union(*(seen for _, _, seen in spans[met:]))
-            del spans[met:]
-        spans.append((a, b, packs))
-    if len(spans) == 1:
+    if len(cuts) == 1:
         return [s]
-    return [dataclasses.replace(s, rows=(a, b)) for a, b, _ in spans]
+    cuts.append(rows)
+    return [dataclasses.replace(s, rows=(a, b)) for a, b in itertools.pairwise(cuts)]
 
 
-def _clean_rows(pieces: _region.LeafPieces, region: Region) -> set[int]:
+def _clean_rows(pieces: _region.LeafPieces, region: Region) -> tuple[set[int], np.ndarray]:
     """The rows strictly within ``region``'s first axis (counted from its start) at which a read
     of the rows before and one of the rows after meet no stored chunk in common: in every piece
-    of the leaf that the region meets and whose rows run across such a row, a chunk ends there."""
+    of the leaf that the region meets and whose rows run across such a row, a chunk ends there;
+    and the packs the region meets, with the first and last of their rows in it (a row
+    within them, for one pack or another, is not clean either), one [pack, first, last] each."""
+    spans = np.zeros((0, 3), np.int64)
     if not region:
-        return set()
+        return set(), spans
     lo, hi = region[0].start, region[0].stop
     bounds = np.array([(r.start, r.stop) for r in region], np.int64)
     meets = np.all((np.maximum(pieces.starts, bounds[:, 0]) < np.minimum(pieces.ends, bounds[:, 1])), axis=1)
@@ -365,9 +371,18 @@ def _clean_rows(pieces: _region.LeafPieces, region: Region) -> set[int]:
     count = pieces.count[met]
     owner = np.repeat(np.arange(len(met)), count)
     within = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)
-    raw = pieces.columns.chunks["raw"][pieces.first[met][owner] + within].astype(np.int64)
+    chunk = pieces.first[met][owner] + within
+    raw = pieces.columns.chunks["raw"][chunk].astype(np.int64)
     ends = np.cumsum(raw)
     ends -= np.repeat(np.concatenate([[0], ends])[np.cumsum(count) - count], count)
+    # The rows of each packed chunk, first to last (the pack's rows: a cut between them, both
+    # sides would read the pack).
+    pack = pieces.columns.chunks["pack"][chunk].astype(np.int64)
+    packed = np.flatnonzero(pack >= 0)
+    per_row = np.maximum(row[owner][packed], 1)
+    first_of = first_row[owner][packed] + (ends[packed] - raw[packed]) // per_row
+    last_of = first_row[owner][packed] - (-ends[packed] // per_row)
+    spans = np.stack([pack[packed], first_of - lo, last_of - lo], axis=1)
     at_row = ends % np.maximum(row[owner], 1) == 0
     ended = first_row[owner][at_row] + ends[at_row] // row[owner][at_row]
     inside = (first_row[owner][at_row] < ended) & (ended < last_row[owner][at_row])
@@ -384,43 +399,55 @@ def _clean_rows(pieces: _region.LeafPieces, region: Region) -> set[int]:
     hit = found < len(values)
     hit[hit] = values[found[hit]] == candidates[hit]
     ending[hit] = counts[found[hit]]
-    return {int(x) - lo for x in candidates[across == ending]}
+    return {int(x) - lo for x in candidates[across == ending]}, spans
 
 
-def _units(leaves: Sequence[Shared], columns: Columns, most: float) -> list[list[int]]:
+def _units(
+    leaves: Sequence[Shared], objects: Sequence[Objects], columns: Columns, most: float
+) -> list[list[int]]:
     """The leaves (their positions in ``leaves``) as units of reading, so that a stored object
-    is read once per replica group: leaves that need one pack (small leaves, or a leaf's small
-    pieces) make one unit, whatever its size; leaves that need one chunk (deduplicated: alike
-    bytes) join a unit while it holds at most ``most`` bytes of a region (past that the chunk is
-    read once by each unit: a unit of every zero leaf would leave one reader the whole batch).
-    Units in the order of their first leaves."""
-    parent: list[int] = []  # units merged when a leaf needs packs two units read
+    is read once per replica group where the units stay about even: a leaf joins the units
+    that read objects it needs (``objects``) while, together, they hold at most ``most`` bytes
+    of a region, or, for a pack (small leaves, or a leaf's small pieces), at most the pack's raw
+    bytes where that is more (a pack of biases is one unit in their batch, however small its
+    share). Past that the object is read once by each unit needing it: one unit for a chain of
+    packs, or for every zero leaf (alike chunks), would give one reader the whole batch. Units
+    in the order of their first leaves."""
+    parent: list[int] = []  # units merged when a leaf needs objects two units read
 
     def root(u: int) -> int:
         while parent[u] != u:
             u = parent[u]
         return u
 
+    def room(o: tuple[str, Any]) -> float:
+        return max(most, int(columns.packs["raw"][o[1]])) if o[0] == "pack" else most
+
     sizes: list[int] = []
     unit_of: list[int] = []
     owner: dict[tuple[str, Any], int] = {}  # stored object -> the unit that reads it
-    for s in leaves:
-        pieces = _region.leaf_pieces(columns, s.index)
-        objects = sorted(set().union(*(_region.objects_met(pieces, r) for r in s.layout.regions)))
-        packs = sorted({root(owner[o]) for o in objects if o[0] == "pack" and o in owner})
-        found = (u for o in objects if o in owner and sizes[u := root(owner[o])] + s.region_bytes <= most)
-        at = packs[0] if packs else next(found, None)  # objects sorted: the same units on every process
-        if at is None:
+    for s, needs in zip(leaves, objects, strict=True):
+        joins: list[int] = []  # objects sorted: the same units on every process
+        held = s.region_bytes
+        for o in needs:
+            u = root(owner[o]) if o in owner else None
+            if u is not None and u not in joins and held + sizes[u] <= room(o):
+                joins.append(u)
+                held += sizes[u]
+        if joins:
+            at = joins[0]
+        else:
             at = len(parent)
             parent.append(at)
             sizes.append(0)
-        for other in packs[1:]:
+        for other in joins[1:]:
             parent[other] = at
             sizes[at] += sizes[other]
         unit_of.append(at)
         sizes[at] += s.region_bytes
-        for o in objects:
-            owner.setdefault(o, at)
+        for o in needs:
+            if o not in owner or (root(owner[o]) != at and sizes[root(owner[o])] > room(o)):
+                owner[o] = at  # a full unit's object goes to the next unit that needs it
     units: dict[int, list[int]] = {}
     for j, u in enumerate(unit_of):
         units.setdefault(root(u), []).append(j)
