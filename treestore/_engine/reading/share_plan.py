@@ -375,18 +375,18 @@ def _clean_rows(pieces: _region.LeafPieces, region: Region) -> tuple[set[int], n
     raw = pieces.columns.chunks["raw"][chunk].astype(np.int64)
     ends = np.cumsum(raw)
     ends -= np.repeat(np.concatenate([[0], ends])[np.cumsum(count) - count], count)
+    # Each chunk's piece: its first and last row, and the bytes of one of its rows.
+    top, bottom, per_row = first_row[owner], last_row[owner], np.maximum(row[owner], 1)
     # The rows of each packed chunk, first to last (the pack's rows: a cut between them, both
     # sides would read the pack).
     pack = pieces.columns.chunks["pack"][chunk].astype(np.int64)
     packed = np.flatnonzero(pack >= 0)
-    per_row = np.maximum(row[owner][packed], 1)
-    first_of = first_row[owner][packed] + (ends[packed] - raw[packed]) // per_row
-    last_of = first_row[owner][packed] - (-ends[packed] // per_row)
+    first_of = top[packed] + (ends[packed] - raw[packed]) // per_row[packed]
+    last_of = top[packed] - (-ends[packed] // per_row[packed])
     spans = np.stack([pack[packed], first_of - lo, last_of - lo], axis=1)
-    at_row = ends % np.maximum(row[owner], 1) == 0
-    ended = first_row[owner][at_row] + ends[at_row] // row[owner][at_row]
-    inside = (first_row[owner][at_row] < ended) & (ended < last_row[owner][at_row])
-    ended = ended[inside]
+    at_row = ends % per_row == 0
+    ended = top[at_row] + ends[at_row] // per_row[at_row]
+    ended = ended[(top[at_row] < ended) & (ended < bottom[at_row])]
     candidates = np.unique(np.concatenate([first_row, last_row, ended]))
     candidates = candidates[(lo < candidates) & (candidates < hi)]
     # A row is clean where every piece running across it ends a chunk there.
