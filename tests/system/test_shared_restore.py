@@ -71,11 +71,19 @@ def check_ok(outputs: list[tuple[int, str]]) -> None:
         assert code == 0 and f"OK {i}" in out, f"process {i} failed:\n{out[-3000:]}"
 
 
-def damaged(backend: servers.Backend, url: str) -> None:
-    """Checkpoint ``bad`` of the mixed tree at ``url``-bad, one chunk of leaf ``full`` damaged."""
-    treestore.save(f"{url}-bad", expected("mixed"), "bad", storage_options=backend.storage_options)
+def damaged(backend: servers.Backend, url: str, split: bool = False) -> None:
+    """Checkpoint ``bad`` of the mixed tree at ``url``-bad, one chunk of leaf ``full`` damaged:
+    its only chunk, or (``split``: saved in the split tree's chunks of 64 KiB, which a shared
+    restore reads in parts) its eleventh of sixteen, inside the part of a reader other than
+    process 0."""
+    options = treestore.SaveOptions(chunk_size=2**16, small_leaf=4096) if split else None
+    treestore.save(
+        f"{url}-bad", expected("mixed"), "bad", options=options, storage_options=backend.storage_options
+    )
     manifest = treestore.Store(f"{url}-bad", storage_options=backend.storage_options).manifest("bad")
-    (chunk,) = next(e for e in manifest.leaves if e.address == "full").chunks
+    chunks = next(e for e in manifest.leaves if e.address == "full").chunks
+    assert len(chunks) == (16 if split else 1), len(chunks)
+    chunk = chunks[10 if split else 0]
     fs = backend.filesystem()
     path = next(p for p in fs.find(f"{url}-bad/chunks") if p.endswith(chunk.digest.hex()))
     data = bytearray(fs.cat_file(path))
@@ -114,17 +122,27 @@ def test_four_processes_read_each_replicated_byte_once(counting_s3, cut):
     """4 processes of 1 device on a (2, 2) mesh of processes: leaves replicated over all four,
     along one axis (two processes each), and sharded; cut on the host, and by the compiled cut.
     Saved in small chunks, the big replicated leaves are each read in parts by several
-    processes, every chunk once."""
+    processes, every chunk once. A chunk damaged inside one reader's part makes all four raise
+    ChunkDamagedError: the reader names it, the three others learn of it from the vote."""
     counting_s3.reset()
     url = counting_s3.url(f"four-{cut}")
+    steps = "save:c,share:c,old:c"
+    if cut == "host":  # the damage is found by the read, before any cut
+        damaged(counting_s3, url, split=True)
+        steps += ",fails:bad"
     env = {**BOUNDED, "RESTORE_WORKER_CUT": cut}
-    outputs = run_job(counting_s3, url, "split", "save:c,share:c,old:c", processes=4, devices=1, env=env)
+    outputs = run_job(counting_s3, url, "split", steps, processes=4, devices=1, env=env)
     check_ok(outputs)
     split = dict(re.findall(r"^SPLIT (\w+) (.*)$", outputs[0][1], re.M))
     assert {"full", "rows"} <= set(split), outputs[0][1][-3000:]
     once, each, checkpoint = served(outputs, "share:c"), served(outputs, "old:c"), total(outputs)
     assert once <= 1.05 * checkpoint, (once, checkpoint)
     assert each >= 2.5 * checkpoint, (each, checkpoint)
+    if cut == "host":
+        raised = [re.search(r"^RAISED (\w+) .*", out, re.M) for _, out in outputs]
+        assert all(r and r.group(1) == "ChunkDamagedError" for r in raised), [o[-2000:] for _, o in outputs]
+        learnt = [i for i, r in enumerate(raised) if r and "checkpoint 'bad' failed: process" in r.group(0)]
+        assert len(learnt) == 3 and 0 in learnt, raised  # process 0's part holds no damage
 
 
 @pytest.mark.timeout(300)
