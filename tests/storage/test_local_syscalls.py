@@ -21,15 +21,36 @@ CHUNKS = 40
 
 
 @pytest.fixture
-def calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[collections.Counter[str]]:
-    """Counts of the ``os`` functions in CALLS, from every thread, while the test runs."""
+def calls(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[collections.Counter[str]]:
+    """Counts of the ``os`` functions in CALLS, from every thread, while the test runs: of those
+    given a path, the calls on paths under ``tmp_path``, and of those given a descriptor, the
+    calls on descriptors opened there (threads that earlier tests left running in this process
+    ask about files of their own); every ``urandom``."""
     counts: collections.Counter[str] = collections.Counter()
+    under = str(tmp_path) + os.sep
+    opened: set[int] = set()
+
+    def ours(args: tuple[object, ...]) -> bool:
+        if not args:
+            return True
+        first = args[0]
+        if isinstance(first, int) and not isinstance(first, bool):
+            return first in opened
+        if isinstance(first, (str, bytes, os.PathLike)):
+            return os.fsdecode(first).startswith(under)
+        return True
+
     for name in CALLS:
         real = getattr(os, name)
 
         def counted(*args: object, _real=real, _name=name, **kwargs: object) -> object:
-            counts[_name] += 1
-            return _real(*args, **kwargs)
+            counting = _name == "urandom" or ours(args)  # urandom is given a byte count
+            if counting:
+                counts[_name] += 1
+            result = _real(*args, **kwargs)
+            if counting and _name == "open":
+                opened.add(result)
+            return result
 
         monkeypatch.setattr(os, name, counted)
     yield counts
