@@ -27,7 +27,7 @@ def calls(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[collectio
     calls on descriptors opened there (threads that earlier tests left running in this process
     ask about files of their own); every ``urandom``."""
     counts: collections.Counter[str] = collections.Counter()
-    under = str(tmp_path) + os.sep
+    root = str(tmp_path)
     opened: set[int] = set()
 
     def ours(args: tuple[object, ...]) -> bool:
@@ -37,7 +37,8 @@ def calls(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[collectio
         if isinstance(first, int) and not isinstance(first, bool):
             return first in opened
         if isinstance(first, (str, bytes, os.PathLike)):
-            return os.fsdecode(first).startswith(under)
+            path = os.fsdecode(first)
+            return path == root or path.startswith(root + os.sep)
         return True
 
     for name in CALLS:
