@@ -53,10 +53,16 @@ def replicated(columns, addresses: list[str], processes: int) -> list[Shared]:
     return out
 
 
+def placed(leaves: list[Shared], columns) -> share_plan.Batch:
+    """One batch of ``leaves`` over a mesh of one ``data`` axis, as :func:`share_plan.plan`
+    places a run, with the objects each leaf needs."""
+    return _placed(None, ("data",), leaves, columns, [share_plan._objects(columns, s) for s in leaves])
+
+
 def test_the_readers_are_spread_evenly_over_the_replicas():
     values = {f"w{i}": np.full(2**15, i, np.float32) for i in range(8)}  # 128 KiB: a chunk each
     columns = _columns(values)
-    batch = _placed(None, ("data",), replicated(columns, sorted(values), 4), columns)
+    batch = placed(replicated(columns, sorted(values), 4), columns)
     assert Counter(s.reader for s in batch.leaves) == {0: 2, 1: 2, 2: 2, 3: 2}
     assert batch.size == 2 * 2**17
     for r in range(4):  # each reader's regions one after the other in its segment
@@ -68,7 +74,7 @@ def test_bigger_leaves_go_first_each_to_the_least_loaded():
     rows = {"a": 2, "b": 3, "c": 1, "d": 2}  # 3 + 1 against 2 + 2, not 3 + 2 against 1 + 1
     values = {k: np.zeros((n, 2**14), np.float32) for k, n in rows.items()}
     columns = _columns(values)
-    batch = _placed(None, ("data",), replicated(columns, list(rows), 2), columns)
+    batch = placed(replicated(columns, list(rows), 2), columns)
     load = Counter()
     for s in batch.leaves:
         load[s.reader] += s.region_bytes
@@ -79,7 +85,7 @@ def test_small_leaves_in_one_pack_get_one_reader():
     columns = _columns({"a": np.arange(4.0), "b": np.arange(5.0), "big": np.zeros(2**17)})
     leaves = replicated(columns, ["a", "b", "big"], 2)
     assert _units(leaves, [share_plan._objects(columns, s) for s in leaves], columns, 2**20) == [[0, 1], [2]]
-    batch = _placed(None, ("data",), leaves, columns)
+    batch = placed(leaves, columns)
     assert batch.leaves[0].reader == batch.leaves[1].reader != batch.leaves[2].reader
 
 
@@ -105,7 +111,7 @@ def test_a_leaf_bigger_than_a_readers_share_is_split_at_chunk_boundaries():
     values = {"big": np.arange(1000 * 64, dtype=np.float32).reshape(1000, 64)}  # 250 KiB
     columns = _columns(values, treestore.SaveOptions(chunk_size=2**15, small_leaf=1024))  # 32 KiB: 128 rows
     (leaf,) = replicated(columns, ["big"], 4)
-    batch = _placed(None, ("data",), [leaf], columns)
+    batch = placed([leaf], columns)
     assert sorted(s.rows for s in batch.leaves) == [(0, 256), (256, 512), (512, 768), (768, 1000)]
     assert sorted(s.reader for s in batch.leaves) == [0, 1, 2, 3]
     assert batch.size == 256 * 256  # the biggest part, not the leaf
@@ -120,7 +126,7 @@ def test_a_leaf_is_not_split_where_no_chunk_boundary_falls_between_its_rows():
     values = {"big": np.zeros((10, 3000), np.float32), "small": np.zeros(8, np.float32)}  # 12000-byte rows
     columns = _columns(values, treestore.SaveOptions(chunk_size=2**15, small_leaf=1024))  # chunk ends mid-row
     leaves = replicated(columns, ["big", "small"], 4)
-    batch = _placed(None, ("data",), leaves, columns)
+    batch = placed(leaves, columns)
     assert [s.rows for s in batch.leaves] == [None, None]
 
 
@@ -133,7 +139,7 @@ def test_a_leaf_whose_pieces_share_a_pack_is_read_whole():
     columns = _columns({"w": leaf})
     pieces = leaf_pieces(columns, 0)
     assert len(pieces.first) == 2 and set(columns.chunks["pack"][pieces.first].tolist()) == {0}
-    batch = _placed(None, ("data",), replicated(columns, ["w"], 4), columns)
+    batch = placed(replicated(columns, ["w"], 4), columns)
     assert [s.rows for s in batch.leaves] == [None]
 
 
@@ -170,7 +176,7 @@ def test_a_leaf_in_several_packs_is_cut_where_one_pack_ends():
     columns = _columns({"w": leaf}, treestore.SaveOptions(pack_size=3 * 2**15))
     pieces = leaf_pieces(columns, 0)
     assert columns.chunks["pack"][pieces.first].tolist() == [0, 0, 0, 1, 1, 1, 2, 2]
-    batch = _placed(None, ("data",), replicated(columns, ["w"], 4), columns)
+    batch = placed(replicated(columns, ["w"], 4), columns)
     assert sorted(s.rows for s in batch.leaves) == [(0, 384), (384, 768), (768, 1024)]
 
 

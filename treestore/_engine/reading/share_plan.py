@@ -285,7 +285,7 @@ def _placed(
     axes: tuple[str, ...],
     leaves: list[Shared],
     columns: Columns,
-    objects: list[Objects] | None = None,
+    objects: list[Objects],
 ) -> Batch:
     """``leaves`` given their readers and offsets: a leaf bigger than a reader's share of the
     batch split into parts (:func:`_parts`); units (:func:`_units` of the batch, from the
@@ -296,7 +296,6 @@ def _placed(
     share = sum(s.region_bytes for s in leaves) / replicas
     entries: list[Shared] = []
     placing: list[list[int]] = []
-    objects = [_objects(columns, s) for s in leaves] if objects is None else objects
     for unit in _units(leaves, objects, columns, share):
         if len(unit) == 1 and leaves[unit[0]].region_bytes > share:
             for part in _parts(leaves[unit[0]], columns, share):
