@@ -369,11 +369,11 @@ def _clean_rows(pieces: _region.LeafPieces, region: Region) -> tuple[set[int], n
     # Every chunk of the pieces met, with the piece it belongs to and where it ends in it.
     count = pieces.count[met]
     owner = np.repeat(np.arange(len(met)), count)
-    within = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)
-    chunk = pieces.first[met][owner] + within
+    before = np.repeat(np.cumsum(count) - count, count)  # each chunk's piece's first, in the list
+    chunk = pieces.first[met][owner] + np.arange(int(count.sum())) - before
     raw = pieces.columns.chunks["raw"][chunk].astype(np.int64)
     ends = np.cumsum(raw)
-    ends -= np.repeat(np.concatenate([[0], ends])[np.cumsum(count) - count], count)
+    ends -= np.concatenate([[0], ends])[before]
     # Each chunk's piece: its first and last row, and the bytes of one of its rows.
     top, bottom, per_row = first_row[owner], last_row[owner], np.maximum(row[owner], 1)
     # The rows of each packed chunk, first to last (the pack's rows: a cut between them, both
